@@ -95,7 +95,11 @@ def _libtorch_impl(rctx):
                 print("WARNING: " + msg + "; binaries built against it will not run there.")
             else:
                 fail("\n\n%s: %s\n" % (msg, _SETUP_HINT))
-    rctx.symlink(torch + "/include", "include")
+    # Every header folder but google/: torch ships an old protobuf's headers there, which would shadow
+    # the installed protobuf that our generated code needs.
+    for entry in rctx.path(torch + "/include").readdir():
+        if entry.basename != "google":
+            rctx.symlink(entry, "include/" + entry.basename)
     rctx.file("WORKSPACE", 'workspace(name = "%s")\n' % rctx.name)
 
     # Libraries are linked by absolute path with an absolute rpath (not copied into Bazel's _solib

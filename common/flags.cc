@@ -1,0 +1,83 @@
+// Command-line parsing over abseil's flag registry (see flags.h).
+#include "common/flags.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace stagehand {
+namespace {
+
+absl::Status Unknown(absl::string_view name) {
+  return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, "; see --help"));
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv) {
+  ParsedFlags out;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") {
+      if (i + 1 < argc) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", argv[i + 1], "'"));
+      break;
+    }
+    if (arg == "-h" || arg == "--help" || arg == "-help" || arg == "--helpfull") {
+      out.help = true;
+      continue;
+    }
+    if (!absl::StartsWith(arg, "-")) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'; flags look like --name=value"));
+    arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
+    absl::string_view name = arg, value;
+    bool has_value = false;
+    if (size_t eq = arg.find('='); eq != arg.npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && !has_value && absl::StartsWith(name, "no")) {
+      flag = absl::FindCommandLineFlag(name.substr(2));
+      if (flag == nullptr || !flag->IsOfType<bool>()) return Unknown(name);
+      name = name.substr(2);
+      value = "false";
+      has_value = true;
+    }
+    if (flag == nullptr || flag->IsRetired()) return Unknown(name);
+    if (!has_value) {
+      if (flag->IsOfType<bool>()) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, ": ", error));
+    }
+    out.given.insert(std::string(name));
+  }
+  return out;
+}
+
+std::string FlagsHelp(absl::string_view usage, absl::string_view file_suffix) {
+  std::vector<absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::EndsWith(flag->Filename(), file_suffix)) flags.push_back(flag);
+  }
+  std::sort(flags.begin(), flags.end(), [](auto* a, auto* b) { return a->Name() < b->Name(); });
+  std::string out = absl::StrCat(usage, "\n\nFlags:\n");
+  for (auto* f : flags) {
+    absl::StrAppend(&out, "  --", f->Name(), " (", f->Help(), ")\n      default: ",
+                    f->DefaultValue().empty() ? "\"\"" : f->DefaultValue(), "\n");
+  }
+  return out;
+}
+
+}  // namespace stagehand

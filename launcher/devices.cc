@@ -1,0 +1,78 @@
+// Reads the visible GPUs through libcuda.so.1, opened with dlopen: the launcher links no CUDA library.
+#include "launcher/devices.h"
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace stagehand {
+namespace {
+
+// The few driver entry points we need, with the driver's own signatures (CUresult is an int enum,
+// CUdevice an int, CUuuid 16 bytes).
+using CuInit = int (*)(unsigned int);
+using CuDeviceGetCount = int (*)(int*);
+using CuDeviceGet = int (*)(int*, int);
+using CuDeviceGetName = int (*)(char*, int, int);
+using CuDeviceTotalMem = int (*)(size_t*, int);
+using CuDeviceGetUuid = int (*)(unsigned char*, int);
+
+std::string FormatUuid(const unsigned char* b) {
+  char s[64];
+  std::snprintf(s, sizeof(s), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+                b[15]);
+  return s;
+}
+
+}  // namespace
+
+DeviceInventory QueryDevices() {
+  DeviceInventory inv;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    inv.cuda_visible_devices = v;
+    inv.cuda_visible_devices_set = true;
+  }
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    inv.note = "no CUDA driver (libcuda.so.1 cannot be loaded)";
+    return inv;
+  }
+  auto init = reinterpret_cast<CuInit>(dlsym(lib, "cuInit"));
+  auto count_fn = reinterpret_cast<CuDeviceGetCount>(dlsym(lib, "cuDeviceGetCount"));
+  auto get = reinterpret_cast<CuDeviceGet>(dlsym(lib, "cuDeviceGet"));
+  auto name_fn = reinterpret_cast<CuDeviceGetName>(dlsym(lib, "cuDeviceGetName"));
+  auto mem_fn = reinterpret_cast<CuDeviceTotalMem>(dlsym(lib, "cuDeviceTotalMem_v2"));
+  auto uuid_fn = reinterpret_cast<CuDeviceGetUuid>(dlsym(lib, "cuDeviceGetUuid_v2"));
+  if (!uuid_fn) uuid_fn = reinterpret_cast<CuDeviceGetUuid>(dlsym(lib, "cuDeviceGetUuid"));
+  if (!init || !count_fn || !get || !name_fn || !mem_fn || !uuid_fn) {
+    inv.note = "the CUDA driver lacks an entry point the launcher needs";
+    return inv;
+  }
+  int count = 0;
+  if (int rc = init(0); rc != 0) {
+    inv.note = absl::StrCat("cuInit failed with CUDA error ", rc, " (no usable GPU)");
+    return inv;
+  }
+  if (count_fn(&count) != 0 || count == 0) {
+    inv.note = "the CUDA driver reports no device";
+    return inv;
+  }
+  for (int i = 0; i < count; ++i) {
+    int dev = 0;
+    char name[256] = {0};
+    size_t total = 0;
+    unsigned char uuid[16] = {0};
+    if (get(&dev, i) != 0) continue;
+    name_fn(name, sizeof(name), dev);
+    mem_fn(&total, dev);
+    uuid_fn(uuid, dev);
+    inv.gpus.push_back({i, FormatUuid(uuid), name, static_cast<int64_t>(total)});
+  }
+  return inv;  // the library stays loaded: unloading a driver is not worth the risk
+}
+
+}  // namespace stagehand

@@ -1,0 +1,165 @@
+// Job resolution and validation: flags over the job file over defaults, checked against the devices.
+#include "launcher/job.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/text_format.h"
+
+namespace stagehand {
+namespace {
+
+constexpr int kDefaultCpuWorkers = 2;
+
+void ApplyDefaults(JobSpec& spec) {
+  if (spec.steps() == 0) spec.set_steps(10);
+  if (spec.model().empty()) spec.set_model("allreduce");
+  if (spec.tensor_elements() == 0) spec.set_tensor_elements(1 << 20);
+  Timeouts& t = *spec.mutable_timeouts();
+  if (t.register_ms() == 0) t.set_register_ms(60000);
+  if (t.heartbeat_interval_ms() == 0) t.set_heartbeat_interval_ms(100);
+  if (t.heartbeat_timeout_ms() == 0) t.set_heartbeat_timeout_ms(10000);
+  if (t.progress_timeout_ms() == 0) t.set_progress_timeout_ms(300000);
+  if (t.nccl_init_ms() == 0) t.set_nccl_init_ms(60000);
+  if (t.grace_ms() == 0) t.set_grace_ms(3000);
+}
+
+absl::Status Positive(const char* flag, int64_t v) {
+  if (v >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", v, ": must be at least 1"));
+}
+
+void ApplyRequest(const JobRequest& r, JobSpec& spec) {
+  if (r.steps) spec.set_steps(*r.steps);
+  if (!r.model.empty()) spec.set_model(r.model);
+  if (r.tensor_elements) spec.set_tensor_elements(*r.tensor_elements);
+  if (r.seed) spec.set_seed(*r.seed);
+  Timeouts& t = *spec.mutable_timeouts();
+  if (r.heartbeat_timeout_ms) t.set_heartbeat_timeout_ms(*r.heartbeat_timeout_ms);
+  if (r.progress_timeout_ms) t.set_progress_timeout_ms(*r.progress_timeout_ms);
+  if (r.register_timeout_ms) t.set_register_ms(*r.register_timeout_ms);
+  if (r.nccl_init_timeout_ms) t.set_nccl_init_ms(*r.nccl_init_timeout_ms);
+  if (r.grace_ms) t.set_grace_ms(*r.grace_ms);
+}
+
+absl::Status ValidateCounts(const JobRequest& r, const JobSpec& spec) {
+  if (r.gpus) {
+    if (absl::Status s = Positive("gpus", *r.gpus); !s.ok()) return s;
+  }
+  if (r.workers) {
+    if (absl::Status s = Positive("workers", *r.workers); !s.ok()) return s;
+  }
+  if (absl::Status s = Positive("steps", spec.steps()); !s.ok()) return s;
+  if (absl::Status s = Positive("tensor_elements", spec.tensor_elements()); !s.ok()) return s;
+  const Timeouts& t = spec.timeouts();
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"heartbeat_timeout", t.heartbeat_timeout_ms()},
+                         {"progress_timeout", t.progress_timeout_ms()}, {"register_timeout", t.register_ms()},
+                         {"nccl_init_timeout", t.nccl_init_ms()}, {"grace_period", t.grace_ms()}}) {
+    if (v < 1) return absl::InvalidArgumentError(absl::StrCat("--", name, ": must be a positive duration"));
+  }
+  if (t.heartbeat_timeout_ms() < 2 * t.heartbeat_interval_ms()) {
+    return absl::InvalidArgumentError(absl::StrCat("--heartbeat_timeout must be at least twice the heartbeat interval (",
+                                                   t.heartbeat_interval_ms(), " ms)"));
+  }
+  const auto& models = KnownModels();
+  if (std::find(models.begin(), models.end(), spec.model()) == models.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("--model=", spec.model(), ": unknown model; known: ",
+                                                   absl::StrJoin(models, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+std::string Visible(const DeviceInventory& inv) {
+  std::string s = absl::StrCat(inv.gpus.size(), inv.gpus.size() == 1 ? " is" : " are", " visible");
+  if (inv.cuda_visible_devices_set) absl::StrAppend(&s, " (CUDA_VISIBLE_DEVICES=", inv.cuda_visible_devices, ")");
+  return s;
+}
+
+// Picks the device kind and worker count; fills `out` with GPUs and notes.
+absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, ResolvedJob& out) {
+  JobSpec& spec = out.spec;
+  std::string device = r.device;
+  if (device.empty() || device == "auto") {
+    if (spec.device() == DEVICE_KIND_CPU || (spec.device() == DEVICE_KIND_UNSPECIFIED && inv.gpus.empty() && !r.gpus)) {
+      device = "cpu";
+    } else {
+      device = "cuda";
+    }
+  }
+  if (device == "cpu") {
+    if (r.gpus) return absl::InvalidArgumentError("--gpus and --device=cpu contradict each other; use --workers=N for CPU workers");
+    int n = r.workers ? *r.workers : (spec.workers() > 0 ? spec.workers() : kDefaultCpuWorkers);
+    if (r.device != "cpu" && spec.device() != DEVICE_KIND_CPU) {
+      out.notes.push_back(absl::StrCat("no GPU visible (", inv.note, "): running ", n,
+                                       " CPU workers; pass --device=cpu --workers=N to choose the count"));
+    }
+    spec.set_device(DEVICE_KIND_CPU);
+    spec.set_workers(n);
+    return absl::OkStatus();
+  }
+  if (device != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("--device=", device, ": unknown device; use cuda, cpu or auto"));
+  }
+  int n = r.gpus ? *r.gpus : (spec.workers() > 0 ? spec.workers() : static_cast<int>(inv.gpus.size()));
+  if (r.workers && *r.workers != n) {
+    return absl::InvalidArgumentError(absl::StrCat("--workers=", *r.workers, " with ", n,
+                                                   " GPUs: GPU jobs run one worker per GPU; drop --workers or pass --gpus"));
+  }
+  if (inv.gpus.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("asked for GPUs but none is visible (", inv.note,
+                                                   "); pass --device=cpu to run CPU workers"));
+  }
+  if (n > static_cast<int>(inv.gpus.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("asked for ", n, " GPUs but ", Visible(inv), "; pass --gpus=",
+                                                   inv.gpus.size(), " or fewer"));
+  }
+  spec.set_device(DEVICE_KIND_CUDA);
+  spec.set_workers(n);
+  out.gpus.assign(inv.gpus.begin(), inv.gpus.begin() + n);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const std::vector<std::string>& KnownModels() {
+  static const auto* models = new std::vector<std::string>{"allreduce"};
+  return *models;
+}
+
+absl::StatusOr<JobSpec> ReadJobFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat("--job=", path, ": cannot read it: ", std::strerror(errno)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  JobSpec spec;
+  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &spec)) {
+    return absl::InvalidArgumentError(absl::StrCat("--job=", path,
+                                                   ": not a JobSpec in protobuf text format (see protos/job.proto)"));
+  }
+  return spec;
+}
+
+absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceInventory& inventory) {
+  ResolvedJob out;
+  if (!request.job_file.empty()) {
+    absl::StatusOr<JobSpec> spec = ReadJobFile(request.job_file);
+    if (!spec.ok()) return spec.status();
+    out.spec = *std::move(spec);
+  }
+  ApplyRequest(request, out.spec);
+  ApplyDefaults(out.spec);
+  if (absl::Status s = ValidateCounts(request, out.spec); !s.ok()) return s;
+  if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
+  if (out.spec.name().empty()) out.spec.set_name(out.spec.model());
+  return out;
+}
+
+}  // namespace stagehand

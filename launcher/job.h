@@ -1,0 +1,49 @@
+// Turns what the user asked for (flags, an optional job file) and what the machine shows into a
+// validated JobSpec, before any process starts. Every refusal says what to change.
+#ifndef STAGEHAND_LAUNCHER_JOB_H_
+#define STAGEHAND_LAUNCHER_JOB_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "launcher/devices.h"
+#include "protos/job.pb.h"
+
+namespace stagehand {
+
+// The launcher's flags that shape the job; unset optionals leave the job file's (or the default) value.
+struct JobRequest {
+  std::string job_file;           // protobuf text format JobSpec; "" for none
+  std::optional<int> gpus;        // --gpus
+  std::string device;             // --device: "", "auto", "cuda", "cpu"
+  std::optional<int> workers;     // --workers (CPU workers; with cuda it must equal the GPU count)
+  std::optional<int64_t> steps;
+  std::string model;
+  std::optional<int64_t> tensor_elements;
+  std::optional<int64_t> seed;
+  std::optional<int64_t> heartbeat_timeout_ms;
+  std::optional<int64_t> progress_timeout_ms;
+  std::optional<int64_t> register_timeout_ms;
+  std::optional<int64_t> nccl_init_timeout_ms;
+  std::optional<int64_t> grace_ms;
+};
+
+struct ResolvedJob {
+  JobSpec spec;
+  std::vector<GpuInfo> gpus;       // the GPUs the workers get, one each (empty for CPU workers)
+  std::vector<std::string> notes;  // lines to print before starting ("no GPU visible: ...")
+};
+
+// The models a worker can run, for messages and validation.
+const std::vector<std::string>& KnownModels();
+
+absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceInventory& inventory);
+
+// Reads a JobSpec in protobuf text format. INVALID_ARGUMENT naming the file and what is wrong.
+absl::StatusOr<JobSpec> ReadJobFile(const std::string& path);
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_LAUNCHER_JOB_H_

@@ -1,0 +1,195 @@
+// One launch from start to end (see launch.h).
+#include "launcher/launch.h"
+
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "google/protobuf/text_format.h"
+#include "launcher/coordinator_service.h"
+#include "launcher/supervisor.h"
+
+extern char** environ;
+
+namespace stagehand {
+namespace {
+
+std::string RandomHex(int bytes) {
+  std::string raw(bytes, '\0');
+  ssize_t n = getrandom(raw.data(), raw.size(), 0);
+  if (n != bytes) LOG(FATAL) << "getrandom failed: " << std::strerror(errno);
+  return absl::BytesToHexString(raw);
+}
+
+// `bazel run` starts us in the runfiles tree; paths the user typed are relative to where they were.
+std::string UserPath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  const char* wd = std::getenv("BUILD_WORKING_DIRECTORY");
+  return wd ? absl::StrCat(wd, "/", path) : path;
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i < path.size() && path[i] != '/') continue;
+    std::string prefix = path.substr(0, i);
+    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot create the run directory ", prefix, ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string ExeDir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string exe(buf, n);
+  return exe.substr(0, exe.rfind('/'));
+}
+
+// The worker sits beside the launcher in the bundle, and in ../worker/ in bazel-bin.
+absl::StatusOr<std::string> FindWorker(const std::string& given) {
+  std::vector<std::string> candidates;
+  if (!given.empty()) {
+    candidates = {UserPath(given)};
+  } else {
+    candidates = {ExeDir() + "/worker", ExeDir() + "/../worker/worker"};
+  }
+  for (const std::string& c : candidates) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("no worker binary at ", candidates[0],
+                                                 given.empty() ? " or beside the launcher's bazel-bin folder" : "",
+                                                 "; pass --worker_binary=PATH"));
+}
+
+std::vector<std::string> WorkerEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    absl::string_view v(*e);
+    // Set per worker by the supervisor, or forced below.
+    if (absl::StartsWith(v, "CUDA_VISIBLE_DEVICES=") || absl::StartsWith(v, "STAGEHAND_") ||
+        absl::StartsWith(v, "NCCL_NVLS_ENABLE=") || absl::StartsWith(v, "TORCH_SYMM_MEM_DISABLE_MULTICAST=") ||
+        absl::StartsWith(v, "NVSHMEM_DISABLE_NVLS=")) {
+      continue;
+    }
+    env.emplace_back(v);
+  }
+  // NVLink multicast can take shared GPUs out of service: off in every process we start.
+  env.push_back("NCCL_NVLS_ENABLE=0");
+  env.push_back("TORCH_SYMM_MEM_DISABLE_MULTICAST=1");
+  env.push_back("NVSHMEM_DISABLE_NVLS=1");
+  return env;
+}
+
+std::string Seconds(const std::optional<absl::Duration>& d) {
+  return d ? absl::StrFormat("%.3f", absl::ToDoubleSeconds(*d)) : "-";
+}
+
+void WriteLedger(const std::vector<RankLedger>& ledger, const std::string& path) {
+  std::string table = "rank\tspawned\tcuda_ready\tregistered\tnccl_ready\tfirst_step\n";
+  for (const RankLedger& l : ledger) {
+    absl::StrAppend(&table, l.rank, "\t", Seconds(l.spawned), "\t", Seconds(l.cuda_ready), "\t",
+                    Seconds(l.registered), "\t", Seconds(l.nccl_ready), "\t", Seconds(l.first_step), "\n");
+  }
+  std::ofstream(path) << table;
+  std::string out = "stagehand: startup ledger (seconds since launch)\n";
+  absl::StrAppend(&out, absl::StrFormat("  %4s %8s %10s %10s %10s %10s\n", "rank", "spawned", "cuda_ready", "registered",
+                                        "nccl_ready", "first_step"));
+  for (const RankLedger& l : ledger) {
+    absl::StrAppend(&out, absl::StrFormat("  %4d %8s %10s %10s %10s %10s\n", l.rank, Seconds(l.spawned),
+                                          Seconds(l.cuda_ready), Seconds(l.registered), Seconds(l.nccl_ready),
+                                          Seconds(l.first_step)));
+  }
+  std::fputs(out.c_str(), stdout);
+}
+
+// Runs the supervisor until every worker is gone, feeding it signals.
+void Supervise(Supervisor& supervisor) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGCHLD);
+  int interrupts = 0;
+  while (!supervisor.Tick()) {
+    timespec tick{0, 20 * 1000 * 1000};
+    siginfo_t info;
+    int sig = sigtimedwait(&set, &info, &tick);
+    if (sig == SIGINT || sig == SIGTERM) {
+      ++interrupts;
+      std::fprintf(stdout, "stagehand: %s: %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                   interrupts == 1 ? "stopping the workers (again to kill them at once)" : "killing the workers");
+      std::fflush(stdout);
+      supervisor.Interrupt(sig, interrupts > 1);
+    }
+  }
+}
+
+}  // namespace
+
+int Launch(const LaunchOptions& options) {
+  absl::StatusOr<ResolvedJob> job = ResolveJob(options.job, QueryDevices());
+  absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
+  if (!job.ok() || !worker.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", std::string((job.ok() ? worker.status() : job.status()).message()).c_str());
+    return kExitUsage;
+  }
+  for (const std::string& note : job->notes) std::printf("stagehand: %s\n", note.c_str());
+  const std::string job_id = RandomHex(4);
+  std::string run_dir = UserPath(options.run_dir);
+  if (run_dir.empty()) {
+    run_dir = UserPath(absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()), "-",
+                                    job->spec.name(), "-", job_id));
+  }
+  if (absl::Status s = MakeDirs(run_dir); !s.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(job->spec, &text);
+  std::ofstream(run_dir + "/job.textproto") << text;
+
+  CoordinatorState state(job->spec, job_id, RandomHex(32));
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options.coordinator_address, &state);
+  if (!server.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", std::string(server.status().message()).c_str());
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitLaunchFailed;
+  }
+  std::unique_ptr<ProcessSpawner> spawner = NewPosixProcessSpawner();
+  SupervisorOptions so{*worker, (*server)->address(), run_dir, WorkerEnvironment(), job->gpus};
+  Supervisor supervisor(&state, spawner.get(), so);
+  std::printf("stagehand: job %s: %d %s worker%s, %lld steps of %s; coordinator %s; run directory %s\n", job_id.c_str(),
+              job->spec.workers(), job->spec.device() == DEVICE_KIND_CUDA ? "GPU" : "CPU",
+              job->spec.workers() == 1 ? "" : "s", static_cast<long long>(job->spec.steps()), job->spec.model().c_str(),
+              (*server)->address().c_str(), run_dir.c_str());
+  std::fflush(stdout);
+  (void)supervisor.Start();
+  Supervise(supervisor);
+  const absl::Duration elapsed = absl::Now() - supervisor.launch_time();
+  (*server)->Stop();
+  WriteLedger(supervisor.Ledger(), run_dir + "/startup_ledger.tsv");
+  if (supervisor.exit_code() == kExitSuccess) {
+    std::printf("stagehand: done: %d workers, %lld steps in %.2f s; run directory %s\n", job->spec.workers(),
+                static_cast<long long>(job->spec.steps()), absl::ToDoubleSeconds(elapsed), run_dir.c_str());
+  } else {
+    std::printf("stagehand: FAILED (exit %d): %s; run directory %s\n", supervisor.exit_code(),
+                supervisor.root_cause().c_str(), run_dir.c_str());
+  }
+  std::fflush(stdout);
+  return supervisor.exit_code();
+}
+
+}  // namespace stagehand

@@ -1,0 +1,101 @@
+// stagehand launcher: `launcher --gpus=N` runs a job with one worker per GPU (or CPU workers), serves
+// the coordinator over gRPC and supervises the workers. Flags are defined here only.
+#include <signal.h>
+#include <sys/prctl.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "common/flags.h"
+#include "launcher/launch.h"
+#include "launcher/process.h"
+#include "launcher/supervisor.h"
+
+ABSL_FLAG(int, gpus, -1, "GPUs to use, one worker each: the first N visible (default: all visible; "
+                         "with none visible, 2 CPU workers)");
+ABSL_FLAG(std::string, device, "auto", "auto, cuda or cpu");
+ABSL_FLAG(int, workers, -1, "number of CPU workers with --device=cpu (default 2)");
+ABSL_FLAG(int64_t, steps, -1, "steps to run (default 10)");
+ABSL_FLAG(std::string, model, "", "what each step runs: allreduce (a checked all-reduce of --tensor_elements floats)");
+ABSL_FLAG(int64_t, tensor_elements, -1, "elements of the all-reduced tensor (default 1048576)");
+ABSL_FLAG(int64_t, seed, -1, "random seed (default 0)");
+ABSL_FLAG(std::string, job, "", "a JobSpec in protobuf text format (protos/job.proto); flags override it");
+ABSL_FLAG(std::string, run_dir, "", "where logs and reports go (default runs/<time>-<name>-<job id>)");
+ABSL_FLAG(std::string, coordinator_address, "127.0.0.1:0", "HOST:PORT the coordinator serves on (port 0 picks one)");
+ABSL_FLAG(std::string, worker_binary, "", "the worker executable (default: beside the launcher)");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, -1, "a worker silent this long is dead (default 10000)");
+ABSL_FLAG(int64_t, progress_timeout_ms, -1, "a run with no finished step for this long is stalled (default 300000)");
+ABSL_FLAG(int64_t, register_timeout_ms, -1, "every worker must register within this (default 60000)");
+ABSL_FLAG(int64_t, nccl_init_timeout_ms, -1, "communicator setup deadline (default 60000)");
+ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
+
+namespace {
+
+constexpr char kUsage[] =
+    "stagehand launcher: runs a job with one worker process per GPU, coordinated over gRPC.\n"
+    "\n"
+    "  launcher --gpus=2 --steps=100            two GPUs\n"
+    "  launcher --device=cpu --workers=4        four CPU workers\n"
+    "  launcher --job=job.textproto             a JobSpec file (flags override it)\n"
+    "\n"
+    "Exit codes: 0 success; 1 a worker failed; 2 bad flags or job (nothing started); 3 a worker hung\n"
+    "(missed heartbeats, no progress, or never registered); 4 workers could not be started;\n"
+    "130 interrupted by SIGINT; 143 stopped by SIGTERM.";
+
+template <typename T>
+std::optional<T> Given(const stagehand::ParsedFlags& p, const char* name, const absl::Flag<T>& flag) {
+  if (p.given.count(name) == 0) return std::nullopt;
+  return absl::GetFlag(flag);
+}
+
+stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
+  stagehand::LaunchOptions o;
+  stagehand::JobRequest& j = o.job;
+  j.job_file = absl::GetFlag(FLAGS_job);
+  j.gpus = Given(p, "gpus", FLAGS_gpus);
+  j.device = absl::GetFlag(FLAGS_device);
+  j.workers = Given(p, "workers", FLAGS_workers);
+  j.steps = Given(p, "steps", FLAGS_steps);
+  j.model = absl::GetFlag(FLAGS_model);
+  j.tensor_elements = Given(p, "tensor_elements", FLAGS_tensor_elements);
+  j.seed = Given(p, "seed", FLAGS_seed);
+  j.heartbeat_timeout_ms = Given(p, "heartbeat_timeout_ms", FLAGS_heartbeat_timeout_ms);
+  j.progress_timeout_ms = Given(p, "progress_timeout_ms", FLAGS_progress_timeout_ms);
+  j.register_timeout_ms = Given(p, "register_timeout_ms", FLAGS_register_timeout_ms);
+  j.nccl_init_timeout_ms = Given(p, "nccl_init_timeout_ms", FLAGS_nccl_init_timeout_ms);
+  j.grace_ms = Given(p, "grace_period_ms", FLAGS_grace_period_ms);
+  o.run_dir = absl::GetFlag(FLAGS_run_dir);
+  o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
+  o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Blocked before any thread exists, so every thread inherits the mask and only Launch() receives
+  // them (sigtimedwait). Children get a clean mask from the spawner.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<stagehand::ParsedFlags> parsed = stagehand::ParseFlags(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", std::string(parsed.status().message()).c_str());
+    return stagehand::kExitUsage;
+  }
+  if (parsed->help) {
+    std::fputs(stagehand::FlagsHelp(kUsage, "launcher/main.cc").c_str(), stdout);
+    return 0;
+  }
+  if (absl::Status s = stagehand::BecomeSubreaper(); !s.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
+    return stagehand::kExitLaunchFailed;
+  }
+  return stagehand::Launch(OptionsFromFlags(*parsed));
+}

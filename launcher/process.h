@@ -1,0 +1,65 @@
+// Spawning and supervising worker processes, behind an interface so that the supervisor's logic can
+// be unit-tested with a fake (fake_process.h). The real spawner is PosixProcessSpawner.
+#ifndef STAGEHAND_LAUNCHER_PROCESS_H_
+#define STAGEHAND_LAUNCHER_PROCESS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace stagehand {
+
+// The environment variable naming the inherited file descriptor from which a child reads the job
+// secret (until EOF). The secret never appears in argv or in the environment.
+inline constexpr char kSecretFdEnv[] = "STAGEHAND_SECRET_FD";
+
+struct ProcessSpec {
+  std::vector<std::string> argv;  // argv[0] is the path of the executable
+  std::vector<std::string> env;   // the child's whole environment, "NAME=value"
+  std::string output_prefix;      // each line the child writes (stdout and stderr) is printed with it
+  std::string log_path;           // and appended, without the prefix, to this file (if not empty)
+  std::string secret;             // written to a pipe whose read end the child inherits
+};
+
+struct ProcessExit {
+  int pid = 0;
+  int exit_code = -1;  // when it exited; -1 when a signal ended it
+  int signal = 0;      // the signal that ended it; 0 when it exited
+};
+
+class ProcessSpawner {
+ public:
+  virtual ~ProcessSpawner() = default;
+
+  // Starts a child that leads its own process group. Returns its pid.
+  virtual absl::StatusOr<int> Spawn(const ProcessSpec& spec) = 0;
+
+  // Sends a signal to the process group of a child this spawner started (pid = its group id).
+  virtual void SignalGroup(int pid, int signal) = 0;
+
+  // Children (of this spawner) that ended since the last call. Never blocks.
+  virtual std::vector<ProcessExit> Reap() = 0;
+
+  // Waits until the output of an ended child has been forwarded to the end (or the timeout passes:
+  // a grandchild may hold the pipe open), so that its last lines come before what follows.
+  virtual void DrainOutput(int pid, absl::Duration timeout) = 0;
+};
+
+// The real spawner: fork/exec; the child gets its own process group, PR_SET_PDEATHSIG(SIGKILL) with a
+// getppid() check (so it dies with the launcher, even if the launcher is killed with SIGKILL), a reset
+// signal mask, and its stdout and stderr on one pipe that a thread forwards line by line with the
+// prefix to this process's stdout and to the log file.
+// Spawn() must be called from a thread that lives as long as the children: PR_SET_PDEATHSIG fires when
+// the thread that forked exits.
+std::unique_ptr<ProcessSpawner> NewPosixProcessSpawner();
+
+// Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER), so that orphaned grandchildren are
+// reparented to it and reaped, not to init.
+absl::Status BecomeSubreaper();
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_LAUNCHER_PROCESS_H_

@@ -1,0 +1,193 @@
+// Supervision of one run (see supervisor.h).
+#include "launcher/supervisor.h"
+
+#include <signal.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace stagehand {
+namespace {
+
+// How long workers get to notice the coordinator's stop (through their heartbeat) and leave by
+// themselves, aborting their communicators, before they are sent SIGTERM.
+absl::Duration StopNotice(const Timeouts& t) { return absl::Milliseconds(3 * t.heartbeat_interval_ms() + 200); }
+
+std::string SignalName(int sig) {
+  const char* d = strsignal(sig);
+  return absl::StrCat(sig, " (", d ? d : "?", ")");
+}
+
+}  // namespace
+
+Supervisor::Supervisor(CoordinatorState* state, ProcessSpawner* spawner, SupervisorOptions options,
+                       std::function<absl::Time()> now)
+    : state_(state),
+      spawner_(spawner),
+      options_(std::move(options)),
+      now_(std::move(now)),
+      launch_(now_()),
+      slots_(state->job().workers()) {}
+
+ProcessSpec Supervisor::SpecFor(int index) const {
+  const JobSpec& job = state_->job();
+  ProcessSpec spec;
+  spec.argv = {options_.worker_binary,
+               absl::StrCat("--coordinator=", options_.coordinator_address),
+               absl::StrCat("--job_id=", state_->job_id()),
+               absl::StrCat("--worker_index=", index),
+               "--incarnation=1",
+               job.device() == DEVICE_KIND_CUDA ? "--device=cuda" : "--device=cpu"};
+  spec.env = options_.env;
+  // Pinned by UUID, which names the same GPU whatever the launcher's own CUDA_VISIBLE_DEVICES said;
+  // CPU workers see no GPU at all.
+  std::string visible = job.device() == DEVICE_KIND_CUDA ? options_.gpus[index].uuid : "";
+  spec.env.push_back("CUDA_VISIBLE_DEVICES=" + visible);
+  spec.env.push_back(absl::StrCat("STAGEHAND_WORKER_INDEX=", index));
+  spec.output_prefix = absl::StrCat("[rank ", index, "] ");
+  spec.log_path = absl::StrCat(options_.run_dir, "/rank", index, ".log");
+  spec.secret = state_->secret();
+  return spec;
+}
+
+absl::Status Supervisor::Start() {
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    absl::StatusOr<int> pid = spawner_->Spawn(SpecFor(i));
+    if (!pid.ok()) {
+      BeginStop(kExitLaunchFailed, absl::StrCat("could not start worker ", i, ": ", pid.status().message()));
+      for (int j = i; j < static_cast<int>(slots_.size()); ++j) slots_[j].exited = true;  // never started
+      return pid.status();
+    }
+    slots_[i].pid = *pid;
+    slots_[i].spawned = now_();
+  }
+  return absl::OkStatus();
+}
+
+std::string Supervisor::Describe(int rank) const {
+  std::vector<WorkerState> workers = state_->Workers();
+  const WorkerState& w = workers[rank];
+  const Slot& s = slots_[rank];
+  std::string where = w.registered ? absl::StrCat(" (host ", w.host, ", pid ", s.pid, ")") : absl::StrCat(" (pid ", s.pid, ")");
+  return absl::StrCat("rank ", rank, where);
+}
+
+void Supervisor::OnExit(const ProcessExit& e) {
+  int rank = -1;
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    if (slots_[i].pid == e.pid && !slots_[i].exited) rank = i;
+  }
+  if (rank < 0) return;
+  Slot& s = slots_[rank];
+  s.exited = true;
+  s.exit_code = e.exit_code;
+  s.signal = e.signal;
+  spawner_->DrainOutput(e.pid, absl::Milliseconds(200));  // its last words come before ours
+  if (stopping_) return;
+  const WorkerState w = state_->Workers()[rank];
+  if (e.signal == 0 && e.exit_code == 0 && w.finished && w.ok) return;
+  std::string how = e.signal != 0 ? absl::StrCat("was killed by signal ", SignalName(e.signal))
+                                  : absl::StrCat("exited with code ", e.exit_code);
+  std::string cause = absl::StrCat(Describe(rank), " ", how, " after ", w.steps_done, " steps");
+  if (w.finished && !w.ok && !w.error.empty()) absl::StrAppend(&cause, ": ", w.error);
+  BeginStop(kExitWorkerFailed, cause);
+}
+
+void Supervisor::CheckDeadlines() {
+  if (stopping_) return;
+  const Timeouts& t = state_->job().timeouts();
+  const absl::Time now = now_();
+  std::vector<WorkerState> workers = state_->Workers();
+  for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
+    const WorkerState& w = workers[r];
+    if (slots_[r].exited || w.finished) continue;
+    if (!w.registered && now - launch_ > absl::Milliseconds(t.register_ms())) {
+      return BeginStop(kExitWorkerHung, absl::StrCat(Describe(r), " did not register within ",
+                                                     absl::FormatDuration(absl::Milliseconds(t.register_ms()))));
+    }
+    if (!w.registered) continue;
+    if (now - w.last_heartbeat > absl::Milliseconds(t.heartbeat_timeout_ms())) {
+      return BeginStop(kExitWorkerHung, absl::StrCat(Describe(r), " stopped heartbeating (none for ",
+                                                     absl::FormatDuration(absl::Trunc(now - w.last_heartbeat, absl::Milliseconds(1))),
+                                                     ") after ", w.steps_done, " steps"));
+    }
+    if (now - w.last_progress > absl::Milliseconds(t.progress_timeout_ms())) {
+      return BeginStop(kExitWorkerHung, absl::StrCat(Describe(r), " made no progress for ",
+                                                     absl::FormatDuration(absl::Milliseconds(t.progress_timeout_ms())),
+                                                     " (stuck after ", w.steps_done, " steps)"));
+    }
+  }
+}
+
+void Supervisor::BeginStop(int exit_code, const std::string& cause) {
+  if (stopping_) return;
+  stopping_ = true;
+  stop_began_ = now_();
+  exit_code_ = exit_code;
+  root_cause_ = cause;
+  state_->Stop(cause);
+}
+
+void Supervisor::Escalate() {
+  const Timeouts& t = state_->job().timeouts();
+  const absl::Duration since = now_() - stop_began_;
+  auto signal_all = [&](int sig) {
+    for (const Slot& s : slots_) {
+      if (!s.exited && s.pid > 0) spawner_->SignalGroup(s.pid, sig);
+    }
+  };
+  if (!sent_term_ && since >= StopNotice(t)) {
+    sent_term_ = true;
+    signal_all(SIGTERM);
+    signal_all(SIGCONT);  // a stopped (SIGSTOP) worker only acts on SIGTERM once it runs again
+  }
+  if (!sent_kill_ && since >= StopNotice(t) + absl::Milliseconds(t.grace_ms())) {
+    sent_kill_ = true;
+    signal_all(SIGKILL);
+  }
+}
+
+bool Supervisor::Tick() {
+  for (const ProcessExit& e : spawner_->Reap()) OnExit(e);
+  CheckDeadlines();
+  bool all_gone = true;
+  for (const Slot& s : slots_) all_gone = all_gone && s.exited;
+  if (all_gone) return true;
+  if (stopping_) Escalate();
+  return false;
+}
+
+void Supervisor::Interrupt(int signal, bool force) {
+  BeginStop(128 + signal, absl::StrCat("interrupted by ", signal == SIGINT ? "SIGINT" : "SIGTERM"));
+  if (!force) return;
+  sent_term_ = sent_kill_ = true;
+  for (const Slot& s : slots_) {
+    if (!s.exited && s.pid > 0) spawner_->SignalGroup(s.pid, SIGKILL);
+  }
+}
+
+std::vector<RankLedger> Supervisor::Ledger() const {
+  std::vector<RankLedger> out;
+  std::vector<WorkerState> workers = state_->Workers();
+  for (int r = 0; r < static_cast<int>(slots_.size()); ++r) {
+    RankLedger l;
+    l.rank = r;
+    const WorkerState& w = workers[r];
+    if (slots_[r].pid > 0) l.spawned = slots_[r].spawned - launch_;
+    if (w.registered) l.registered = w.registered_at - launch_;
+    auto milestone = [&](Milestone m) -> std::optional<absl::Duration> {
+      auto it = w.milestones.find(m);
+      if (it == w.milestones.end()) return std::nullopt;
+      return it->second - launch_;  // worker clock: same host, same clock
+    };
+    l.cuda_ready = milestone(MILESTONE_CUDA_READY);
+    l.nccl_ready = milestone(MILESTONE_NCCL_READY);
+    l.first_step = milestone(MILESTONE_FIRST_STEP);
+    out.push_back(l);
+  }
+  return out;
+}
+
+}  // namespace stagehand

@@ -1,0 +1,95 @@
+// Supervision of one run: spawns a worker per slot, watches exits, heartbeats and progress, stops the
+// job on the first failure (coordinator stop, then SIGTERM, a grace period, SIGKILL), and names the
+// root cause. Driven by Tick() from the launcher's main loop; no threads of its own, so unit tests
+// drive it with a fake spawner and a fake clock.
+#ifndef STAGEHAND_LAUNCHER_SUPERVISOR_H_
+#define STAGEHAND_LAUNCHER_SUPERVISOR_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "launcher/coordinator.h"
+#include "launcher/devices.h"
+#include "launcher/process.h"
+
+namespace stagehand {
+
+// Exit codes of the launcher (README.md lists them).
+enum ExitCode {
+  kExitSuccess = 0,
+  kExitWorkerFailed = 1,     // a worker exited non-zero, was killed, or reported an error
+  kExitUsage = 2,            // bad flags or job: nothing was started
+  kExitWorkerHung = 3,       // a worker missed heartbeats, stalled, or never registered
+  kExitLaunchFailed = 4,     // a worker could not be started, or the coordinator could not serve
+  kExitInterrupted = 130,    // SIGINT (128 + 2); SIGTERM gives 143
+};
+
+struct SupervisorOptions {
+  std::string worker_binary;
+  std::string coordinator_address;
+  std::string run_dir;
+  std::vector<std::string> env;   // the environment every worker starts from
+  std::vector<GpuInfo> gpus;      // one per worker for GPU jobs (pinned by UUID)
+};
+
+struct RankLedger {
+  int rank = 0;
+  std::optional<absl::Duration> spawned, cuda_ready, registered, nccl_ready, first_step;  // since launch
+};
+
+class Supervisor {
+ public:
+  Supervisor(CoordinatorState* state, ProcessSpawner* spawner, SupervisorOptions options,
+             std::function<absl::Time()> now = absl::Now);
+
+  // Spawns every worker. On error the workers already started are being stopped; keep ticking.
+  absl::Status Start();
+
+  // One pass over exits and deadlines. Returns true once every worker is gone and the run is over.
+  bool Tick();
+
+  // SIGINT or SIGTERM: the first stops gracefully; a second (force) kills every worker at once.
+  void Interrupt(int signal, bool force);
+
+  int exit_code() const { return exit_code_; }
+  const std::string& root_cause() const { return root_cause_; }  // empty on success
+  std::vector<RankLedger> Ledger() const;
+  absl::Time launch_time() const { return launch_; }
+
+ private:
+  struct Slot {
+    int pid = 0;
+    absl::Time spawned = absl::InfinitePast();
+    bool exited = false;
+    int exit_code = -1;
+    int signal = 0;
+  };
+
+  ProcessSpec SpecFor(int index) const;
+  void OnExit(const ProcessExit& e);
+  void CheckDeadlines();
+  void BeginStop(int exit_code, const std::string& cause);
+  void Escalate();
+  std::string Describe(int rank) const;
+
+  CoordinatorState* const state_;
+  ProcessSpawner* const spawner_;
+  const SupervisorOptions options_;
+  const std::function<absl::Time()> now_;
+  const absl::Time launch_;
+  std::vector<Slot> slots_;
+  bool stopping_ = false;
+  absl::Time stop_began_;
+  bool sent_term_ = false;
+  bool sent_kill_ = false;
+  int exit_code_ = kExitSuccess;
+  std::string root_cause_;
+};
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_LAUNCHER_SUPERVISOR_H_

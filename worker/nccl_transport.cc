@@ -1,0 +1,136 @@
+// NCCL transport (see nccl_transport.h). Communicators are non-blocking (config.blocking = 0) so that
+// initialisation has a deadline and Abort() from another thread unblocks a stuck collective.
+#include "worker/nccl_transport.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+
+namespace stagehand {
+namespace {
+
+absl::Status NcclError(ncclResult_t r, absl::string_view what) {
+  return absl::InternalError(absl::StrCat(what, ": ", ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")"));
+}
+
+#define STAGEHAND_NCCL_RETURN_IF_ERROR(call)                                  \
+  do {                                                                        \
+    ncclResult_t r_ = (call);                                                 \
+    if (r_ != ncclSuccess && r_ != ncclInProgress) return NcclError(r_, #call); \
+  } while (0)
+
+ncclDataType_t ToNccl(DType d) {
+  switch (d) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kInt64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+class NcclTransport final : public Transport {
+ public:
+  NcclTransport(ncclComm_t comm, int rank, int world, cudaStream_t stream)
+      : comm_(comm), rank_(rank), world_(world), stream_(stream) {}
+  ~NcclTransport() override {
+    if (!aborted_.exchange(true)) ncclCommDestroy(comm_);
+  }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string name() const override { return "nccl"; }
+
+  absl::Status AllReduceSum(void* data, int64_t count, DType dtype) override {
+    if (aborted_) return absl::CancelledError("transport aborted");
+    STAGEHAND_NCCL_RETURN_IF_ERROR(ncclAllReduce(data, data, count, ToNccl(dtype), ncclSum, comm_, stream_));
+    return WaitEnqueued("ncclAllReduce");
+  }
+  absl::Status Send(const void* data, int64_t bytes, int peer) override {
+    if (aborted_) return absl::CancelledError("transport aborted");
+    STAGEHAND_NCCL_RETURN_IF_ERROR(ncclSend(data, bytes, ncclUint8, peer, comm_, stream_));
+    return WaitEnqueued("ncclSend");
+  }
+  absl::Status Recv(void* data, int64_t bytes, int peer) override {
+    if (aborted_) return absl::CancelledError("transport aborted");
+    STAGEHAND_NCCL_RETURN_IF_ERROR(ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_));
+    return WaitEnqueued("ncclRecv");
+  }
+  void Abort() override {
+    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+
+ private:
+  // A non-blocking communicator may still be enqueuing when a call returns ncclInProgress.
+  absl::Status WaitEnqueued(absl::string_view what) {
+    for (;;) {
+      if (aborted_) return absl::CancelledError("transport aborted");
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      if (r != ncclSuccess) return NcclError(r, "ncclCommGetAsyncError");
+      if (state == ncclSuccess) return absl::OkStatus();
+      if (state != ncclInProgress) return NcclError(state, what);
+      std::this_thread::yield();
+    }
+  }
+
+  ncclComm_t comm_;
+  const int rank_;
+  const int world_;
+  cudaStream_t stream_;
+  std::atomic<bool> aborted_{false};
+};
+
+absl::StatusOr<ncclUniqueId> ExchangeUniqueId(const NcclTransportOptions& o, KeyValueStore& kv, absl::Time deadline) {
+  // The unique id lets anyone join the communicator: it goes only through the authenticated store
+  // and is never logged.
+  const std::string key = absl::StrCat(o.key_prefix, "/nccl/unique_id");
+  ncclUniqueId id;
+  if (o.rank == 0) {
+    STAGEHAND_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+    if (absl::Status s = kv.Set(key, std::string(id.internal, sizeof(id.internal))); !s.ok()) return s;
+    return id;
+  }
+  absl::StatusOr<std::string> value = kv.Get(key, deadline - absl::Now());
+  if (!value.ok()) return value.status();
+  if (value->size() != sizeof(id.internal)) return absl::InternalError("malformed NCCL unique id in the store");
+  std::copy(value->begin(), value->end(), id.internal);
+  return id;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(const NcclTransportOptions& o, KeyValueStore& kv) {
+  const absl::Time deadline = absl::Now() + o.init_timeout;
+  absl::StatusOr<ncclUniqueId> id = ExchangeUniqueId(o, kv, deadline);
+  if (!id.ok()) return id.status();
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  STAGEHAND_NCCL_RETURN_IF_ERROR(ncclCommInitRankConfig(&comm, o.world_size, *id, o.rank, &config));
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+      ncclCommAbort(comm);
+      return NcclError(r != ncclSuccess ? r : state, "ncclCommInitRankConfig");
+    }
+    if (state == ncclSuccess) break;
+    if (absl::Now() > deadline) {
+      ncclCommAbort(comm);
+      return absl::DeadlineExceededError(absl::StrCat("NCCL communicator not ready within ",
+                                                      absl::FormatDuration(o.init_timeout), " (rank ", o.rank,
+                                                      " of ", o.world_size, "); aborted it"));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  return std::unique_ptr<Transport>(
+      new NcclTransport(comm, o.rank, o.world_size, static_cast<cudaStream_t>(o.stream)));
+}
+
+}  // namespace stagehand

@@ -1,0 +1,52 @@
+// The communication interface of a worker, with two implementations: NCCL on GPUs
+// (nccl_transport.h) and a CPU transport over TCP for machines without GPUs and for CI
+// (cpu_transport.h). Buffers are raw pointers so that transports need no LibTorch headers.
+#ifndef STAGEHAND_WORKER_TRANSPORT_H_
+#define STAGEHAND_WORKER_TRANSPORT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace stagehand {
+
+enum class DType { kFloat32, kFloat64, kBFloat16, kInt64 };
+
+int64_t DTypeSize(DType dtype);
+
+// Operations run in the order they are called. On the NCCL transport they are enqueued on the stream
+// the transport was made with (like any other GPU work) and the call returns once they are enqueued;
+// on the CPU transport they are complete when the call returns.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string name() const = 0;  // "nccl" or "cpu"
+
+  // In place: every rank ends with the elementwise sum over ranks, bit-identical on every rank.
+  virtual absl::Status AllReduceSum(void* data, int64_t count, DType dtype) = 0;
+  virtual absl::Status Send(const void* data, int64_t bytes, int peer) = 0;
+  virtual absl::Status Recv(void* data, int64_t bytes, int peer) = 0;
+
+  // Makes every operation in flight and every later one fail instead of blocking. Safe to call from
+  // another thread (a watchdog, or the heartbeat thread when the job is stopping).
+  virtual void Abort() = 0;
+};
+
+// The rendezvous a transport needs: a write-once key-value store shared by the ranks of a job
+// (the coordinator's, over gRPC; an in-memory one in tests).
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  // Waits up to `timeout` for the key; DEADLINE_EXCEEDED when it does not come.
+  virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
+};
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_WORKER_TRANSPORT_H_
