@@ -51,9 +51,10 @@ absl::Status CoordinatorState::CheckSecret(absl::string_view presented) const {
 
 absl::Status CoordinatorState::CheckRank(int rank) const {
   if (rank >= 0 && rank < static_cast<int>(workers_.size())) return absl::OkStatus();
+  const int workers = static_cast<int>(workers_.size());
   return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is out of range: job \"", job_id_,
-                                                 "\" has ", workers_.size(), " workers (ranks 0 to ",
-                                                 static_cast<int>(workers_.size()) - 1, ")"));
+                                                 "\" has ", workers, " workers (ranks 0 to ",
+                                                 workers - 1, ")"));
 }
 
 absl::StatusOr<Assignment> CoordinatorState::Register(const RegisterRequest& request,
@@ -97,8 +98,9 @@ absl::Status CoordinatorState::RecordRegistration(const RegisterRequest& request
     LOG(INFO) << "worker " << request.worker_index() << " incarnation " << request.incarnation()
               << " (pid " << request.pid() << ") replaces incarnation " << slot.incarnation
               << " (pid " << slot.pid << ")";
+  } else {
+    ++registered_count_;
   }
-  ++registered_count_;
   // A new incarnation is a fresh start: nothing of the old one's progress carries over.
   const absl::Time now = now_();
   slot = WorkerState();

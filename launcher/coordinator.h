@@ -83,7 +83,8 @@ class CoordinatorState {
  private:
   absl::Status CheckRank(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Register's steps: fill (or replace, or confirm) the slot; wait for the others; answer.
-  absl::Status RecordRegistration(const RegisterRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RecordRegistration(const RegisterRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AwaitAllRegistered(int rank, int64_t incarnation, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Assignment BuildAssignment(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

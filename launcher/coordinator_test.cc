@@ -29,7 +29,8 @@ absl::Time ShortDeadline() { return absl::Now() + absl::Milliseconds(50); }
 // A waiter that times out and then finds the state changed returns the same code as one that was
 // woken; the time it took tells them apart.
 void ExpectWokenBeforeDeadline(absl::Time start) {
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the waiter was not woken: it hit its deadline";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5))
+      << "the waiter was not woken: it hit its deadline";
 }
 
 JobSpec MakeJob(int workers) {

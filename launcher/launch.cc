@@ -98,8 +98,9 @@ std::string Seconds(const std::optional<absl::Duration>& d) {
   return d ? absl::StrFormat("%.3f", absl::ToDoubleSeconds(*d)) : "-";
 }
 
-void WriteLedger(const std::vector<RankLedger>& ledger, const std::string& path) {
-  std::string table = "rank\tspawned\tcuda_ready\tregistered\tnccl_ready\tfirst_step\n";
+void WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, const std::string& path) {
+  std::string table = absl::StrCat("# launch_unix_micros=", absl::ToUnixMicros(launch), "\n");
+  absl::StrAppend(&table, "rank\tspawned\tcuda_ready\tregistered\tnccl_ready\tfirst_step\n");
   for (const RankLedger& l : ledger) {
     absl::StrAppend(&table, l.rank, "\t", Seconds(l.spawned), "\t", Seconds(l.cuda_ready), "\t",
                     Seconds(l.registered), "\t", Seconds(l.nccl_ready), "\t", Seconds(l.first_step), "\n");
@@ -169,7 +170,7 @@ int Launch(const LaunchOptions& options) {
     return server.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitLaunchFailed;
   }
   std::unique_ptr<ProcessSpawner> spawner = NewPosixProcessSpawner();
-  SupervisorOptions so{*worker, (*server)->address(), run_dir, WorkerEnvironment(), job->gpus};
+  SupervisorOptions so{*worker, (*server)->address(), run_dir, WorkerEnvironment(), job->gpus, options.launch};
   Supervisor supervisor(&state, spawner.get(), so);
   std::printf("stagehand: job %s: %d %s worker%s, %lld steps of %s; coordinator %s; run directory %s\n", job_id.c_str(),
               job->spec.workers(), job->spec.device() == DEVICE_KIND_CUDA ? "GPU" : "CPU",
@@ -180,7 +181,7 @@ int Launch(const LaunchOptions& options) {
   Supervise(supervisor);
   const absl::Duration elapsed = absl::Now() - supervisor.launch_time();
   (*server)->Stop();
-  WriteLedger(supervisor.Ledger(), run_dir + "/startup_ledger.tsv");
+  WriteLedger(supervisor.Ledger(), supervisor.launch_time(), run_dir + "/startup_ledger.tsv");
   if (supervisor.exit_code() == kExitSuccess) {
     std::printf("stagehand: done: %d workers, %lld steps in %.2f s; run directory %s\n", job->spec.workers(),
                 static_cast<long long>(job->spec.steps()), absl::ToDoubleSeconds(elapsed), run_dir.c_str());

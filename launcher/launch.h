@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "absl/time/clock.h"
 #include "launcher/job.h"
 
 namespace stagehand {
@@ -15,6 +16,7 @@ struct LaunchOptions {
   std::string run_dir;              // "" for runs/<time>-<name>-<id> under the working directory
   std::string coordinator_address;  // host:port; port 0 picks one
   std::string worker_binary;        // "" to find it beside the launcher
+  absl::Time launch = absl::Now();  // when the launcher process started (the ledger counts from it)
 };
 
 // SIGINT, SIGTERM and SIGCHLD must be blocked in every thread before this is called (main() does it

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/time/clock.h"
 #include "common/flags.h"
 #include "launcher/launch.h"
 #include "launcher/process.h"
@@ -74,6 +75,7 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const absl::Time launch = absl::Now();  // the startup ledger counts from here
   // Blocked before any thread exists, so every thread inherits the mask and only Launch() receives
   // them (sigtimedwait). Children get a clean mask from the spawner.
   sigset_t set;
@@ -97,5 +99,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return stagehand::kExitLaunchFailed;
   }
-  return stagehand::Launch(OptionsFromFlags(*parsed));
+  stagehand::LaunchOptions options = OptionsFromFlags(*parsed);
+  options.launch = launch;
+  return stagehand::Launch(options);
 }

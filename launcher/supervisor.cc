@@ -28,7 +28,7 @@ Supervisor::Supervisor(CoordinatorState* state, ProcessSpawner* spawner, Supervi
       spawner_(spawner),
       options_(std::move(options)),
       now_(std::move(now)),
-      launch_(now_()),
+      launch_(options_.launch == absl::InfinitePast() ? now_() : options_.launch),
       slots_(state->job().workers()) {}
 
 ProcessSpec Supervisor::SpecFor(int index) const {

@@ -34,6 +34,7 @@ struct SupervisorOptions {
   std::string run_dir;
   std::vector<std::string> env;   // the environment every worker starts from
   std::vector<GpuInfo> gpus;      // one per worker for GPU jobs (pinned by UUID)
+  absl::Time launch = absl::InfinitePast();  // when the launcher started; default: construction
 };
 
 struct RankLedger {

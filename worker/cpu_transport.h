@@ -35,6 +35,18 @@ struct CpuTransportOptions {
 //   ALREADY_EXISTS     the address key already holds another address (key_prefix reused).
 //   DEADLINE_EXCEEDED  a peer did not publish, connect or answer within connect_timeout.
 //   UNAVAILABLE        a peer closed its connection during the handshake, or a socket call failed.
+// The rendezvous cannot be aborted (there is no Transport yet): connect_timeout bounds it.
+//
+// Errors of the returned transport's operations:
+//   INVALID_ARGUMENT   peer out of range or this rank, negative size or count.
+//   UNIMPLEMENTED      AllReduceSum of bfloat16.
+//   UNAVAILABLE        the peer closed the connection ("rank 2 closed the connection") or a socket failed.
+//   INTERNAL           Recv got a message of another length than asked for (the schedules disagree).
+//   DEADLINE_EXCEEDED  io_timeout passed (the message names the peer).
+//   FAILED_PRECONDITION  an earlier error left the connection to that peer out of step.
+//   CANCELLED          Abort() was called ("transport aborted").
+// AllReduceSum reduces at rank 0 in rank order and broadcasts the result: deterministic and
+// bit-identical on every rank.
 absl::StatusOr<std::unique_ptr<Transport>> ConnectCpuTransport(const CpuTransportOptions& options,
                                                                KeyValueStore& kv);
 
