@@ -1,0 +1,525 @@
+// Unit tests of the Supervisor: a FakeProcessSpawner stands for the worker processes, a real
+// CoordinatorState for what they report, and one fake clock, advanced by the test, for both.
+#include "launcher/supervisor.h"
+
+#include <signal.h>
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "launcher/coordinator.h"
+#include "launcher/fake_process.h"
+
+namespace stagehand {
+
+// Found by argument-dependent lookup, so it lives in stagehand, not in the anonymous namespace.
+void PrintTo(const FakeProcessSpawner::SentSignal& s, std::ostream* os) {
+  *os << "{pid " << s.pid << ", signal " << s.signal << "}";
+}
+
+namespace {
+
+using ::testing::AllOf;
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::SizeIs;
+
+using Sent = FakeProcessSpawner::SentSignal;
+
+constexpr char kJobId[] = "job-7";
+constexpr char kSecret[] = "s3cret-token-1234";
+constexpr char kWorkerBinary[] = "/opt/stagehand/worker";
+constexpr char kCoordinatorAddress[] = "127.0.0.1:40123";
+
+// The job's timeouts, chosen apart from each other so that a test shows which one fired.
+constexpr int64_t kHeartbeatIntervalMs = 100;
+constexpr int64_t kHeartbeatTimeoutMs = 1000;
+constexpr int64_t kProgressTimeoutMs = 10000;
+constexpr int64_t kRegisterMs = 5000;
+constexpr int64_t kGraceMs = 3000;
+// supervisor.cc's StopNotice: three heartbeat intervals and 200 ms.
+constexpr absl::Duration kStopNotice = absl::Milliseconds(3 * kHeartbeatIntervalMs + 200);
+constexpr absl::Duration kGrace = absl::Milliseconds(kGraceMs);
+constexpr absl::Duration kTick = absl::Milliseconds(1);
+
+// Read by the coordinator from registering threads, advanced by the test.
+class FakeClock {
+ public:
+  absl::Time Now() const {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+  std::function<absl::Time()> AsFunction() {
+    return [this] { return Now(); };
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
+};
+
+// Fails its `fail_at`-th Spawn (1-based), which FakeProcessSpawner alone cannot do inside Start().
+class SpawnerFailingAt : public FakeProcessSpawner {
+ public:
+  absl::StatusOr<int> Spawn(const ProcessSpec& spec) override {
+    if (++calls_ == fail_at) FailNextSpawn(absl::ResourceExhaustedError("fork: Cannot allocate memory"));
+    return FakeProcessSpawner::Spawn(spec);
+  }
+  int fail_at = 0;  // 0: never
+
+ private:
+  int calls_ = 0;
+};
+
+JobSpec MakeJob(int workers, DeviceKind device) {
+  JobSpec job;
+  job.set_name("test");
+  job.set_device(device);
+  job.set_workers(workers);
+  job.set_steps(10);
+  job.set_model("allreduce");
+  Timeouts& t = *job.mutable_timeouts();
+  t.set_register_ms(kRegisterMs);
+  t.set_heartbeat_interval_ms(kHeartbeatIntervalMs);
+  t.set_heartbeat_timeout_ms(kHeartbeatTimeoutMs);
+  t.set_progress_timeout_ms(kProgressTimeoutMs);
+  t.set_nccl_init_ms(60000);
+  t.set_grace_ms(kGraceMs);
+  return job;
+}
+
+std::string Uuid(int i) { return absl::StrCat("GPU-", i, "1234567-89ab-cdef-0123-456789abcdef"); }
+
+int Pid(int rank) { return FakeProcessSpawner::kFirstPid + rank; }
+
+RegisterRequest MakeRegister(int index) {
+  RegisterRequest r;
+  r.set_job_id(kJobId);
+  r.set_worker_index(index);
+  r.set_incarnation(1);
+  r.set_host("host-a");
+  r.set_pid(Pid(index));
+  r.mutable_device()->set_kind(DEVICE_KIND_CPU);
+  return r;
+}
+
+class SupervisorTest : public ::testing::Test {
+ protected:
+  void Init(int workers, DeviceKind device = DEVICE_KIND_CPU) {
+    state_ = std::make_unique<CoordinatorState>(MakeJob(workers, device), kJobId, kSecret, clock_.AsFunction());
+    SupervisorOptions options;
+    options.worker_binary = kWorkerBinary;
+    options.coordinator_address = kCoordinatorAddress;
+    options.run_dir = "/tmp/run-1";
+    options.env = {"PATH=/usr/bin:/bin", "NCCL_NVLS_ENABLE=0"};
+    if (device == DEVICE_KIND_CUDA) {
+      for (int i = 0; i < workers; ++i) {
+        GpuInfo g;
+        g.ordinal = i;
+        g.uuid = Uuid(i);
+        options.gpus.push_back(g);
+      }
+    }
+    supervisor_ = std::make_unique<Supervisor>(state_.get(), &spawner_, options, clock_.AsFunction());
+  }
+
+  void StartAndRegisterAll() {
+    ASSERT_TRUE(supervisor_->Start().ok());
+    RegisterAll();
+  }
+
+  // Register returns only once every slot has registered, so each worker calls it from its own
+  // thread. The deadline is real time, far enough never to be reached once all have registered.
+  void RegisterAll() {
+    const int workers = state_->job().workers();
+    std::vector<absl::Status> results(workers);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < workers; ++i) {
+      threads.emplace_back(
+          [&, i] { results[i] = state_->Register(MakeRegister(i), absl::Now() + absl::Seconds(10)).status(); });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+  }
+
+  void Heartbeat(int rank, int64_t steps_done) {
+    HeartbeatRequest r;
+    r.set_rank(rank);
+    r.set_incarnation(1);
+    r.set_steps_done(steps_done);
+    ASSERT_TRUE(state_->Heartbeat(r).ok());
+  }
+
+  void ReportSteps(int rank, int64_t steps) {
+    for (int64_t s = 0; s < steps; ++s) {
+      ReportStepRequest r;
+      r.set_rank(rank);
+      r.set_step(s);
+      r.set_step_seconds(0.01);
+      ASSERT_TRUE(state_->ReportStep(r).ok());
+    }
+  }
+
+  void Finish(int rank, bool ok, int64_t steps_done, const std::string& error = "") {
+    FinishRequest r;
+    r.set_rank(rank);
+    r.set_ok(ok);
+    r.set_error(error);
+    r.set_steps_done(steps_done);
+    ASSERT_TRUE(state_->Finish(r).ok());
+  }
+
+  void ReportMilestone(int rank, Milestone m, absl::Duration since_launch) {
+    ReportMilestoneRequest r;
+    r.set_rank(rank);
+    r.set_milestone(m);
+    r.set_unix_micros(absl::ToUnixMicros(supervisor_->launch_time() + since_launch));
+    ASSERT_TRUE(state_->ReportMilestone(r).ok());
+  }
+
+  // Ticks, advancing the clock by `d` first.
+  bool TickAfter(absl::Duration d) {
+    clock_.Advance(d);
+    return supervisor_->Tick();
+  }
+
+  FakeClock clock_;
+  SpawnerFailingAt spawner_;
+  std::unique_ptr<CoordinatorState> state_;
+  std::unique_ptr<Supervisor> supervisor_;
+};
+
+TEST_F(SupervisorTest, Start_CpuJob_SpawnsOneWorkerPerSlotWithArgvAndNoGpu) {
+  Init(2);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  const std::vector<ProcessSpec> specs = spawner_.specs();
+  ASSERT_THAT(specs, SizeIs(2));
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(absl::StrCat("worker ", i));
+    ASSERT_THAT(specs[i].argv, Not(IsEmpty()));
+    EXPECT_EQ(specs[i].argv[0], kWorkerBinary);
+    EXPECT_THAT(specs[i].argv, Contains(absl::StrCat("--worker_index=", i)));
+    EXPECT_THAT(specs[i].argv, Contains(absl::StrCat("--job_id=", kJobId)));
+    EXPECT_THAT(specs[i].argv, Contains(absl::StrCat("--coordinator=", kCoordinatorAddress)));
+    EXPECT_THAT(specs[i].argv, Contains("--device=cpu"));
+    EXPECT_THAT(specs[i].env, Contains("PATH=/usr/bin:/bin"));
+    EXPECT_THAT(specs[i].env, Contains("CUDA_VISIBLE_DEVICES="));
+  }
+  EXPECT_THAT(spawner_.running(), ElementsAre(Pid(0), Pid(1)));
+  EXPECT_FALSE(supervisor_->Tick());
+}
+
+TEST_F(SupervisorTest, Start_GpuJob_PinsEachWorkerToItsGpuByUuid) {
+  Init(2, DEVICE_KIND_CUDA);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  const std::vector<ProcessSpec> specs = spawner_.specs();
+  ASSERT_THAT(specs, SizeIs(2));
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(absl::StrCat("worker ", i));
+    EXPECT_THAT(specs[i].argv, Contains("--device=cuda"));
+    EXPECT_THAT(specs[i].argv, Contains(absl::StrCat("--worker_index=", i)));
+    std::vector<std::string> visible;
+    for (const std::string& e : specs[i].env) {
+      if (absl::StartsWith(e, "CUDA_VISIBLE_DEVICES=")) visible.push_back(e);
+    }
+    EXPECT_THAT(visible, ElementsAre("CUDA_VISIBLE_DEVICES=" + Uuid(i)));
+  }
+}
+
+TEST_F(SupervisorTest, Start_Secret_GoesThroughSpecSecretOnly) {
+  Init(2);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  for (const ProcessSpec& spec : spawner_.specs()) {
+    EXPECT_EQ(spec.secret, kSecret);
+    EXPECT_THAT(spec.argv, Not(Contains(HasSubstr(kSecret))));
+    EXPECT_THAT(spec.env, Not(Contains(HasSubstr(kSecret))));
+  }
+}
+
+TEST_F(SupervisorTest, Tick_AllFinishOkAndExitZero_SucceedsWithEmptyRootCause) {
+  Init(2);
+  StartAndRegisterAll();
+  for (int r = 0; r < 2; ++r) {
+    ReportSteps(r, 10);
+    Finish(r, true, 10);
+  }
+  spawner_.Exit(Pid(0), 0);
+  EXPECT_FALSE(TickAfter(kTick)) << "rank 1 is still running";
+  spawner_.Exit(Pid(1), 0);
+  EXPECT_TRUE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitSuccess);
+  EXPECT_THAT(supervisor_->root_cause(), IsEmpty());
+  EXPECT_FALSE(state_->stopping());
+  EXPECT_THAT(spawner_.signals(), IsEmpty());
+}
+
+TEST_F(SupervisorTest, Tick_WorkerKilledBySigkill_FailsNamingRankSignalAndSteps) {
+  Init(3);
+  StartAndRegisterAll();
+  ReportSteps(1, 5);
+  spawner_.Kill(Pid(1), SIGKILL);
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(),
+              AllOf(HasSubstr("rank 1"), HasSubstr("signal 9"), HasSubstr("after 5 steps")));
+  EXPECT_TRUE(state_->stopping());
+  EXPECT_THAT(spawner_.signals(), IsEmpty()) << "the workers get the stop notice first";
+}
+
+TEST_F(SupervisorTest, Tick_AfterFailure_TermsAfterStopNoticeAndKillsAfterGrace) {
+  Init(3);
+  StartAndRegisterAll();
+  spawner_.Kill(Pid(1), SIGKILL);
+  EXPECT_FALSE(supervisor_->Tick());
+
+  EXPECT_FALSE(TickAfter(kStopNotice - kTick));
+  EXPECT_THAT(spawner_.signals(), IsEmpty());
+  EXPECT_FALSE(TickAfter(kTick));
+  // SIGCONT follows SIGTERM so that a stopped worker acts on it; the dead rank 1 gets nothing.
+  EXPECT_THAT(spawner_.signals(), ElementsAre(Sent{Pid(0), SIGTERM}, Sent{Pid(2), SIGTERM},
+                                              Sent{Pid(0), SIGCONT}, Sent{Pid(2), SIGCONT}));
+
+  EXPECT_FALSE(TickAfter(kGrace - kTick));
+  EXPECT_THAT(spawner_.signals(), SizeIs(4));
+  spawner_.Exit(Pid(2), 3);  // rank 2 left on SIGTERM; rank 0 ignores it
+  EXPECT_FALSE(TickAfter(kTick));
+  EXPECT_THAT(spawner_.signals(), SizeIs(5));
+  EXPECT_EQ(spawner_.signals().back(), (Sent{Pid(0), SIGKILL}));
+
+  spawner_.Kill(Pid(0), SIGKILL);
+  EXPECT_TRUE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("rank 1")) << "the consequences do not replace the cause";
+}
+
+TEST_F(SupervisorTest, Tick_WorkerExitsNonZeroAfterReportingError_RootCauseIncludesError) {
+  Init(2);
+  StartAndRegisterAll();
+  ReportSteps(0, 3);
+  Finish(0, false, 3, "CUDA error: out of memory");
+  spawner_.Exit(Pid(0), 1);
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(),
+              AllOf(HasSubstr("rank 0"), HasSubstr("exited with code 1"), HasSubstr("CUDA error: out of memory")));
+}
+
+TEST_F(SupervisorTest, Tick_WorkerExitsZeroWithoutFinishing_Fails) {
+  Init(2);
+  StartAndRegisterAll();
+  spawner_.Exit(Pid(1), 0);
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 1"), HasSubstr("exited with code 0")));
+}
+
+// The failed rank reports its error, and the other rank, told to stop through its heartbeat, leaves
+// (code 3) before the failed one is reaped: the root cause is still the failed rank's error.
+TEST_F(SupervisorTest, Tick_ConsequenceExitsBeforeFailedRank_RootCauseNamesFailedRank) {
+  Init(2);
+  StartAndRegisterAll();
+  Finish(0, false, 2, "CUDA error: out of memory");
+  spawner_.Exit(Pid(1), 3);
+  supervisor_->Tick();
+  spawner_.Exit(Pid(0), 1);
+  EXPECT_TRUE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 0"), HasSubstr("CUDA error: out of memory")));
+}
+
+// A worker that reported an error but does not exit (stuck tearing down) is stopped like any failed
+// one: kExitWorkerFailed covers a worker that "reported an error", and nothing else would end the run.
+TEST_F(SupervisorTest, Tick_WorkerReportsErrorAndHangs_IsStoppedWithItsError) {
+  Init(1);
+  StartAndRegisterAll();
+  Finish(0, false, 2, "NCCL error: unhandled system error");
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 0"), HasSubstr("NCCL error")));
+  EXPECT_FALSE(TickAfter(kStopNotice));
+  EXPECT_THAT(spawner_.signals(), Contains(Sent{Pid(0), SIGTERM}));
+}
+
+TEST_F(SupervisorTest, Tick_NoHeartbeatPastTimeout_IsHungWithStoppedHeartbeating) {
+  Init(2);
+  StartAndRegisterAll();
+  const absl::Duration half = absl::Milliseconds(kHeartbeatTimeoutMs / 2);
+  clock_.Advance(half);
+  Heartbeat(0, 0);  // rank 0 lives on; rank 1 is silent since it registered
+  EXPECT_FALSE(TickAfter(half - kTick));
+  EXPECT_FALSE(state_->stopping());
+  EXPECT_FALSE(TickAfter(2 * kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerHung);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 1"), HasSubstr("stopped heartbeating")));
+  EXPECT_TRUE(state_->stopping());
+}
+
+TEST_F(SupervisorTest, Tick_NoProgressPastTimeout_IsHungWithMadeNoProgress) {
+  Init(2);
+  StartAndRegisterAll();
+  // Both heartbeat every 500 ms; rank 1 advances a step each time, rank 0 stays at 3 steps.
+  Heartbeat(0, 3);
+  const absl::Duration beat = absl::Milliseconds(500);
+  int64_t steps1 = 0;
+  absl::Duration elapsed;
+  while (elapsed + beat < absl::Milliseconds(kProgressTimeoutMs)) {
+    EXPECT_FALSE(TickAfter(beat));
+    elapsed += beat;
+    Heartbeat(0, 3);
+    Heartbeat(1, ++steps1);
+    ASSERT_FALSE(state_->stopping()) << "stopped after " << elapsed << ": " << supervisor_->root_cause();
+  }
+  EXPECT_FALSE(TickAfter(absl::Milliseconds(kProgressTimeoutMs) - elapsed + kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerHung);
+  EXPECT_THAT(supervisor_->root_cause(),
+              AllOf(HasSubstr("rank 0"), HasSubstr("made no progress"), HasSubstr("stuck after 3 steps")));
+}
+
+TEST_F(SupervisorTest, Tick_WorkerNeverRegisters_IsHungWithDidNotRegister) {
+  Init(2);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  // Rank 0 registers (a deadline already past records it without waiting) and keeps heartbeating.
+  EXPECT_EQ(state_->Register(MakeRegister(0), absl::InfinitePast()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  const absl::Duration beat = absl::Milliseconds(500);
+  for (absl::Duration t = beat; t <= absl::Milliseconds(kRegisterMs); t += beat) {
+    EXPECT_FALSE(TickAfter(beat));
+    Heartbeat(0, 0);
+  }
+  EXPECT_FALSE(state_->stopping()) << supervisor_->root_cause();
+  EXPECT_FALSE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerHung);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 1"), HasSubstr("did not register")));
+}
+
+TEST_F(SupervisorTest, Interrupt_Sigint_StopsCoordinatorAndExits130) {
+  Init(2);
+  StartAndRegisterAll();
+  supervisor_->Interrupt(SIGINT, /*force=*/false);
+  EXPECT_TRUE(state_->stopping());
+  EXPECT_EQ(supervisor_->exit_code(), kExitInterrupted);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("SIGINT"));
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_THAT(spawner_.signals(), IsEmpty()) << "the workers get the stop notice first";
+  spawner_.Exit(Pid(0), 3);
+  spawner_.Exit(Pid(1), 3);
+  EXPECT_TRUE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), 130);
+}
+
+TEST_F(SupervisorTest, Interrupt_SecondForced_KillsLiveWorkersAtOnce) {
+  Init(3);
+  StartAndRegisterAll();
+  supervisor_->Interrupt(SIGINT, /*force=*/false);
+  spawner_.Exit(Pid(2), 3);
+  EXPECT_FALSE(supervisor_->Tick());
+  supervisor_->Interrupt(SIGINT, /*force=*/true);
+  EXPECT_THAT(spawner_.signals(), ElementsAre(Sent{Pid(0), SIGKILL}, Sent{Pid(1), SIGKILL}));
+  // Escalation has nothing left to send.
+  EXPECT_FALSE(TickAfter(kStopNotice + kGrace));
+  EXPECT_THAT(spawner_.signals(), SizeIs(2));
+  spawner_.Kill(Pid(0), SIGKILL);
+  spawner_.Kill(Pid(1), SIGKILL);
+  EXPECT_TRUE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitInterrupted);
+}
+
+TEST_F(SupervisorTest, Interrupt_Sigterm_Exits143) {
+  Init(2);
+  StartAndRegisterAll();
+  supervisor_->Interrupt(SIGTERM, /*force=*/false);
+  EXPECT_EQ(supervisor_->exit_code(), 143);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("SIGTERM"));
+  EXPECT_TRUE(state_->stopping());
+}
+
+TEST_F(SupervisorTest, Interrupt_AfterWorkerFailure_KeepsTheFailure) {
+  Init(2);
+  StartAndRegisterAll();
+  spawner_.Kill(Pid(1), SIGSEGV);
+  EXPECT_FALSE(supervisor_->Tick());
+  supervisor_->Interrupt(SIGINT, /*force=*/false);
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 1"), HasSubstr("signal 11")));
+}
+
+TEST_F(SupervisorTest, Start_SecondSpawnFails_ExitsLaunchFailedAndStopsTheFirst) {
+  Init(3);
+  spawner_.fail_at = 2;
+  absl::Status s = supervisor_->Start();
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(supervisor_->exit_code(), kExitLaunchFailed);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("worker 1"), HasSubstr("Cannot allocate memory")));
+  EXPECT_TRUE(state_->stopping());
+  EXPECT_THAT(spawner_.specs(), SizeIs(1)) << "nothing is started after the failure";
+
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_FALSE(TickAfter(kStopNotice));
+  EXPECT_THAT(spawner_.signals(), ElementsAre(Sent{Pid(0), SIGTERM}, Sent{Pid(0), SIGCONT}));
+  EXPECT_FALSE(TickAfter(kGrace));
+  EXPECT_THAT(spawner_.signals(), Contains(Sent{Pid(0), SIGKILL}));
+  spawner_.Kill(Pid(0), SIGKILL);
+  EXPECT_TRUE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitLaunchFailed);
+}
+
+TEST_F(SupervisorTest, Start_FirstSpawnFails_IsOverAtOnce) {
+  Init(2);
+  spawner_.fail_at = 1;
+  EXPECT_FALSE(supervisor_->Start().ok());
+  EXPECT_THAT(spawner_.specs(), IsEmpty());
+  EXPECT_TRUE(supervisor_->Tick());
+  EXPECT_EQ(supervisor_->exit_code(), kExitLaunchFailed);
+  EXPECT_THAT(spawner_.signals(), IsEmpty());
+}
+
+TEST_F(SupervisorTest, Ledger_RecordsSpawnRegistrationAndMilestones) {
+  Init(2);
+  clock_.Advance(absl::Milliseconds(5));
+  ASSERT_TRUE(supervisor_->Start().ok());
+  std::vector<RankLedger> ledger = supervisor_->Ledger();
+  ASSERT_THAT(ledger, SizeIs(2));
+  EXPECT_EQ(ledger[1].rank, 1);
+  EXPECT_EQ(ledger[1].spawned, absl::Milliseconds(5));
+  EXPECT_FALSE(ledger[1].registered.has_value());
+
+  clock_.Advance(absl::Milliseconds(100));
+  RegisterAll();
+  // Worker clock times, reported after registration as the worker does (CUDA ready came before).
+  ReportMilestone(0, MILESTONE_CUDA_READY, absl::Milliseconds(50));
+  ReportMilestone(0, MILESTONE_NCCL_READY, absl::Milliseconds(200));
+  ReportMilestone(0, MILESTONE_FIRST_STEP, absl::Milliseconds(300));
+
+  ledger = supervisor_->Ledger();
+  ASSERT_THAT(ledger, SizeIs(2));
+  EXPECT_EQ(ledger[0].rank, 0);
+  EXPECT_EQ(ledger[0].spawned, absl::Milliseconds(5));
+  EXPECT_EQ(ledger[0].registered, absl::Milliseconds(105));
+  EXPECT_EQ(ledger[0].cuda_ready, absl::Milliseconds(50));
+  EXPECT_EQ(ledger[0].nccl_ready, absl::Milliseconds(200));
+  EXPECT_EQ(ledger[0].first_step, absl::Milliseconds(300));
+  EXPECT_EQ(ledger[1].registered, absl::Milliseconds(105));
+  EXPECT_FALSE(ledger[1].cuda_ready.has_value());
+  EXPECT_FALSE(ledger[1].nccl_ready.has_value());
+  EXPECT_FALSE(ledger[1].first_step.has_value());
+}
+
+}  // namespace
+}  // namespace stagehand
