@@ -277,13 +277,12 @@ absl::Status CoordinatorState::Finish(const FinishRequest& request) {
   slot.finished = true;
   slot.ok = request.ok();
   slot.error = request.error();
+  slot.failed_before_stop = !request.ok() && !stop_reason_;
   slot.steps_done = std::max(slot.steps_done, request.steps_done());
-  LOG(INFO) << "rank " << request.rank() << " finished "
-            << (request.ok() ? "ok" : "with an error: " + request.error()) << " after "
-            << slot.steps_done << " steps";
   // The first failure names the root cause; later ones are usually its consequences.
   if (!request.ok() && !stop_reason_) {
-    StopLocked(absl::StrCat("rank ", request.rank(), " failed: ", request.error()));
+    StopLocked(absl::StrCat("rank ", request.rank(), " (host ", slot.host, ", pid ", slot.pid, ") failed after ",
+                            slot.steps_done, " steps: ", request.error()));
   }
   return absl::OkStatus();
 }
@@ -302,6 +301,11 @@ void CoordinatorState::StopLocked(const std::string& reason) {
 bool CoordinatorState::stopping() const {
   absl::ReaderMutexLock lock(&mu_);
   return stop_reason_.has_value();
+}
+
+std::optional<std::string> CoordinatorState::stop_reason() const {
+  absl::MutexLock lock(&mu_);
+  return stop_reason_;
 }
 
 std::vector<WorkerState> CoordinatorState::Workers() const {

@@ -34,6 +34,7 @@ struct WorkerState {
   std::map<int, absl::Time> milestones;              // Milestone -> worker clock time
   bool finished = false;
   bool ok = false;
+  bool failed_before_stop = false;  // reported a failure while the job still ran: a candidate root cause
   std::string error;
 };
 
@@ -75,6 +76,7 @@ class CoordinatorState {
   // FAILED_PRECONDITION, heartbeats answer stop=true with the reason. The first reason is kept.
   void Stop(const std::string& reason);
   bool stopping() const;
+  std::optional<std::string> stop_reason() const;  // the first reason given to Stop()
 
   // Snapshots for the supervisor and the reports.
   std::vector<WorkerState> Workers() const;

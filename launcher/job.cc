@@ -1,6 +1,8 @@
 // Job resolution and validation: flags over the job file over defaults, checked against the devices.
 #include "launcher/job.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -85,6 +87,7 @@ std::string Visible(const DeviceInventory& inv) {
 absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, ResolvedJob& out) {
   JobSpec& spec = out.spec;
   std::string device = r.device;
+  if ((device.empty() || device == "auto") && r.gpus) device = "cuda";  // the flag overrides the job file
   if (device.empty() || device == "auto") {
     if (spec.device() == DEVICE_KIND_CPU || (spec.device() == DEVICE_KIND_UNSPECIFIED && inv.gpus.empty() && !r.gpus)) {
       device = "cpu";
@@ -133,6 +136,10 @@ const std::vector<std::string>& KnownModels() {
 }
 
 absl::StatusOr<JobSpec> ReadJobFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("--job=", path, ": not a file"));
+  }
   std::ifstream in(path);
   if (!in) {
     return absl::InvalidArgumentError(absl::StrCat("--job=", path, ": cannot read it: ", std::strerror(errno)));
@@ -154,8 +161,10 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
     if (!spec.ok()) return spec.status();
     out.spec = *std::move(spec);
   }
-  ApplyRequest(request, out.spec);
+  // Defaults fill what the job file left unset (proto3 zeros); flags come last, so that a flag's 0 is
+  // refused rather than mistaken for "unset".
   ApplyDefaults(out.spec);
+  ApplyRequest(request, out.spec);
   if (absl::Status s = ValidateCounts(request, out.spec); !s.ok()) return s;
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());

@@ -29,7 +29,8 @@ Supervisor::Supervisor(CoordinatorState* state, ProcessSpawner* spawner, Supervi
       options_(std::move(options)),
       now_(std::move(now)),
       launch_(options_.launch == absl::InfinitePast() ? now_() : options_.launch),
-      slots_(state->job().workers()) {}
+      slots_(state->job().workers()),
+      reported_(state->job().workers(), false) {}
 
 ProcessSpec Supervisor::SpecFor(int index) const {
   const JobSpec& job = state_->job();
@@ -40,7 +41,9 @@ ProcessSpec Supervisor::SpecFor(int index) const {
                absl::StrCat("--worker_index=", index),
                "--incarnation=1",
                job.device() == DEVICE_KIND_CUDA ? "--device=cuda" : "--device=cpu"};
-  spec.env = options_.env;
+  for (const std::string& e : options_.env) {
+    if (e.rfind("CUDA_VISIBLE_DEVICES=", 0) != 0) spec.env.push_back(e);  // set below, once
+  }
   // Pinned by UUID, which names the same GPU whatever the launcher's own CUDA_VISIBLE_DEVICES said;
   // CPU workers see no GPU at all.
   std::string visible = job.device() == DEVICE_KIND_CUDA ? options_.gpus[index].uuid : "";
@@ -53,11 +56,17 @@ ProcessSpec Supervisor::SpecFor(int index) const {
 }
 
 absl::Status Supervisor::Start() {
+  if (state_->job().device() == DEVICE_KIND_CUDA && options_.gpus.size() < slots_.size()) {
+    for (Slot& s : slots_) s.exited = true;
+    Record(Kind::kLaunch, kExitLaunchFailed,
+           absl::StrCat(slots_.size(), " GPU workers but ", options_.gpus.size(), " GPUs given"));
+    return absl::InvalidArgumentError(root_cause());
+  }
   for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
     absl::StatusOr<int> pid = spawner_->Spawn(SpecFor(i));
     if (!pid.ok()) {
-      BeginStop(kExitLaunchFailed, absl::StrCat("could not start worker ", i, ": ", pid.status().message()));
       for (int j = i; j < static_cast<int>(slots_.size()); ++j) slots_[j].exited = true;  // never started
+      Record(Kind::kLaunch, kExitLaunchFailed, absl::StrCat("could not start worker ", i, ": ", pid.status().message()));
       return pid.status();
     }
     slots_[i].pid = *pid;
@@ -74,6 +83,33 @@ std::string Supervisor::Describe(int rank) const {
   return absl::StrCat("rank ", rank, where);
 }
 
+void Supervisor::Record(Kind kind, int exit_code, std::string text) {
+  if (interrupt_signal_ != 0 || sent_term_) return;  // what happens while we stop the run is not a cause
+  incidents_.push_back({kind, now_(), exit_code, std::move(text)});
+  BeginStop(incidents_.front().text);
+}
+
+const Supervisor::Incident* Supervisor::RootIncident() const {
+  const Incident* best = nullptr;
+  for (const Incident& i : incidents_) {
+    if (best == nullptr || i.kind < best->kind) best = &i;  // ties: the earlier one, already in `best`
+  }
+  return best;
+}
+
+int Supervisor::exit_code() const {
+  if (const Incident* i = RootIncident()) return i->exit_code;
+  return interrupt_signal_ != 0 ? 128 + interrupt_signal_ : kExitSuccess;
+}
+
+std::string Supervisor::root_cause() const {
+  if (const Incident* i = RootIncident()) return i->text;
+  if (interrupt_signal_ == 0) return "";
+  return absl::StrCat("interrupted by ", interrupt_signal_ == SIGINT    ? "SIGINT"
+                                         : interrupt_signal_ == SIGTERM ? "SIGTERM"
+                                                                        : SignalName(interrupt_signal_));
+}
+
 void Supervisor::OnExit(const ProcessExit& e) {
   int rank = -1;
   for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
@@ -85,18 +121,30 @@ void Supervisor::OnExit(const ProcessExit& e) {
   s.exit_code = e.exit_code;
   s.signal = e.signal;
   spawner_->DrainOutput(e.pid, absl::Milliseconds(200));  // its last words come before ours
-  if (stopping_) return;
+  CheckReports();  // a failure it reported before exiting is the better description
   const WorkerState w = state_->Workers()[rank];
   if (e.signal == 0 && e.exit_code == 0 && w.finished && w.ok) return;
+  if (e.signal == 0 && e.exit_code == kWorkerExitStopped && stopping_) return;  // it did as told
+  if (e.signal == 0 && w.finished && !w.ok) return;  // it reported why (an incident if it came first)
   std::string how = e.signal != 0 ? absl::StrCat("was killed by signal ", SignalName(e.signal))
                                   : absl::StrCat("exited with code ", e.exit_code);
-  std::string cause = absl::StrCat(Describe(rank), " ", how, " after ", w.steps_done, " steps");
-  if (w.finished && !w.ok && !w.error.empty()) absl::StrAppend(&cause, ": ", w.error);
-  BeginStop(kExitWorkerFailed, cause);
+  Record(Kind::kCrash, kExitWorkerFailed, absl::StrCat(Describe(rank), " ", how, " after ", w.steps_done, " steps"));
+}
+
+void Supervisor::CheckReports() {
+  std::vector<WorkerState> workers = state_->Workers();
+  for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
+    // A failure reported once the job was stopping is most likely a consequence of the stop.
+    if (reported_[r] || !workers[r].failed_before_stop) continue;
+    reported_[r] = true;
+    Record(Kind::kReportedFailure, kExitWorkerFailed,
+           absl::StrCat(Describe(r), " failed after ", workers[r].steps_done, " steps: ", workers[r].error));
+  }
 }
 
 void Supervisor::CheckDeadlines() {
-  if (stopping_) return;
+  CheckReports();
+  if (stopping_) return;  // once stopping, a silent worker is a consequence
   const Timeouts& t = state_->job().timeouts();
   const absl::Time now = now_();
   std::vector<WorkerState> workers = state_->Workers();
@@ -104,29 +152,29 @@ void Supervisor::CheckDeadlines() {
     const WorkerState& w = workers[r];
     if (slots_[r].exited || w.finished) continue;
     if (!w.registered && now - launch_ > absl::Milliseconds(t.register_ms())) {
-      return BeginStop(kExitWorkerHung, absl::StrCat(Describe(r), " did not register within ",
-                                                     absl::FormatDuration(absl::Milliseconds(t.register_ms()))));
+      return Record(Kind::kHang, kExitWorkerHung, absl::StrCat(Describe(r), " did not register within ",
+                                                               absl::FormatDuration(absl::Milliseconds(t.register_ms()))));
     }
     if (!w.registered) continue;
     if (now - w.last_heartbeat > absl::Milliseconds(t.heartbeat_timeout_ms())) {
-      return BeginStop(kExitWorkerHung, absl::StrCat(Describe(r), " stopped heartbeating (none for ",
-                                                     absl::FormatDuration(absl::Trunc(now - w.last_heartbeat, absl::Milliseconds(1))),
-                                                     ") after ", w.steps_done, " steps"));
+      return Record(Kind::kHang, kExitWorkerHung,
+                    absl::StrCat(Describe(r), " stopped heartbeating (none for ",
+                                 absl::FormatDuration(absl::Trunc(now - w.last_heartbeat, absl::Milliseconds(1))),
+                                 ") after ", w.steps_done, " steps"));
     }
     if (now - w.last_progress > absl::Milliseconds(t.progress_timeout_ms())) {
-      return BeginStop(kExitWorkerHung, absl::StrCat(Describe(r), " made no progress for ",
-                                                     absl::FormatDuration(absl::Milliseconds(t.progress_timeout_ms())),
-                                                     " (stuck after ", w.steps_done, " steps)"));
+      return Record(Kind::kHang, kExitWorkerHung,
+                    absl::StrCat(Describe(r), " made no progress for ",
+                                 absl::FormatDuration(absl::Milliseconds(t.progress_timeout_ms())), " (stuck after ",
+                                 w.steps_done, " steps)"));
     }
   }
 }
 
-void Supervisor::BeginStop(int exit_code, const std::string& cause) {
+void Supervisor::BeginStop(const std::string& cause) {
   if (stopping_) return;
   stopping_ = true;
   stop_began_ = now_();
-  exit_code_ = exit_code;
-  root_cause_ = cause;
   state_->Stop(cause);
 }
 
@@ -160,7 +208,10 @@ bool Supervisor::Tick() {
 }
 
 void Supervisor::Interrupt(int signal, bool force) {
-  BeginStop(128 + signal, absl::StrCat("interrupted by ", signal == SIGINT ? "SIGINT" : "SIGTERM"));
+  if (!stopping_) {
+    interrupt_signal_ = signal;
+    BeginStop(root_cause());
+  }
   if (!force) return;
   sent_term_ = sent_kill_ = true;
   for (const Slot& s : slots_) {

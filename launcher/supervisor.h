@@ -28,6 +28,9 @@ enum ExitCode {
   kExitInterrupted = 130,    // SIGINT (128 + 2); SIGTERM gives 143
 };
 
+// The worker's exit code when it left because the coordinator told it to (worker/main.cc).
+inline constexpr int kWorkerExitStopped = 3;
+
 struct SupervisorOptions {
   std::string worker_binary;
   std::string coordinator_address;
@@ -56,8 +59,9 @@ class Supervisor {
   // SIGINT or SIGTERM: the first stops gracefully; a second (force) kills every worker at once.
   void Interrupt(int signal, bool force);
 
-  int exit_code() const { return exit_code_; }
-  const std::string& root_cause() const { return root_cause_; }  // empty on success
+  // The run's verdict: the best-ranked incident (see Incident), else the interrupt, else success.
+  int exit_code() const;
+  std::string root_cause() const;  // empty on success
   std::vector<RankLedger> Ledger() const;
   absl::Time launch_time() const { return launch_; }
 
@@ -70,10 +74,24 @@ class Supervisor {
     int signal = 0;
   };
 
+  // Something that went wrong. The first one stops the job; the root cause is chosen among those seen
+  // before the workers are signalled, by kind, then by time: when rank 2 is killed, rank 0 may report
+  // "rank 2 closed the connection" before rank 2's exit is reaped, and the crash must still be named.
+  enum class Kind { kCrash = 0, kReportedFailure = 1, kHang = 2, kLaunch = 3 };
+  struct Incident {
+    Kind kind;
+    absl::Time when;
+    int exit_code;
+    std::string text;
+  };
+
   ProcessSpec SpecFor(int index) const;
+  void Record(Kind kind, int exit_code, std::string text);
+  const Incident* RootIncident() const;
   void OnExit(const ProcessExit& e);
+  void CheckReports();
   void CheckDeadlines();
-  void BeginStop(int exit_code, const std::string& cause);
+  void BeginStop(const std::string& cause);
   void Escalate();
   std::string Describe(int rank) const;
 
@@ -87,8 +105,9 @@ class Supervisor {
   absl::Time stop_began_;
   bool sent_term_ = false;
   bool sent_kill_ = false;
-  int exit_code_ = kExitSuccess;
-  std::string root_cause_;
+  std::vector<Incident> incidents_;
+  std::vector<bool> reported_;  // per rank: its Finish(ok=false) is among the incidents
+  int interrupt_signal_ = 0;    // the first SIGINT/SIGTERM, when it came before any incident
 };
 
 }  // namespace stagehand

@@ -317,8 +317,22 @@ TEST_F(SupervisorTest, Tick_WorkerExitsNonZeroAfterReportingError_RootCauseInclu
   spawner_.Exit(Pid(0), 1);
   EXPECT_FALSE(supervisor_->Tick());
   EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  // The report, which says why, is the root cause rather than the exit that followed it.
   EXPECT_THAT(supervisor_->root_cause(),
-              AllOf(HasSubstr("rank 0"), HasSubstr("exited with code 1"), HasSubstr("CUDA error: out of memory")));
+              AllOf(HasSubstr("rank 0"), HasSubstr("failed after 3 steps"), HasSubstr("CUDA error: out of memory")));
+}
+
+// Rank 2 is killed; rank 0 reports "closed the connection" before rank 2's exit is reaped. The crash,
+// not its consequence, is the root cause.
+TEST_F(SupervisorTest, Tick_PeerReportsBeforeCrashIsReaped_RootCauseIsTheCrash) {
+  Init(3);
+  StartAndRegisterAll();
+  Finish(0, false, 5, "UNAVAILABLE: rank 2 closed the connection");
+  EXPECT_FALSE(supervisor_->Tick());
+  spawner_.Kill(Pid(2), SIGKILL);
+  EXPECT_FALSE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 2"), HasSubstr("signal 9")));
 }
 
 TEST_F(SupervisorTest, Tick_WorkerExitsZeroWithoutFinishing_Fails) {
