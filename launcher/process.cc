@@ -59,8 +59,8 @@ std::string ErrnoText(int err) {
 class UniqueFd {
  public:
   explicit UniqueFd(int fd = -1) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) : fd_(other.release()) {}
-  UniqueFd& operator=(UniqueFd&& other) {
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
     reset(other.release());
     return *this;
   }

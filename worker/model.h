@@ -1,0 +1,90 @@
+// The reference GPT (../shared/targets.md) in LibTorch, cut into pipeline layers: layer 0 is the token
+// embedding, layers 1..L the transformer blocks, layer L+1 the head (final LayerNorm and the vocabulary
+// projection). A stage owns a contiguous range of layers. Parameters are initialised per layer from
+// (seed, layer index), so every way of cutting the model gives the same parameters as the whole.
+#ifndef STAGEHAND_WORKER_MODEL_H_
+#define STAGEHAND_WORKER_MODEL_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace stagehand {
+
+struct GptConfig {
+  int64_t vocab = 32768;
+  int64_t hidden = 2048;
+  int64_t heads = 16;
+  int64_t layers = 24;   // transformer blocks
+  int64_t seq = 1024;
+  bool bf16_autocast = true;  // bf16 autocast over fp32 parameters (CUDA); false: plain fp32
+
+  int64_t pipeline_layers() const { return layers + 2; }  // embedding, blocks, head
+};
+
+// "tiny" (CPU tests: vocab 256, hidden 64, 4 heads, 4 layers, seq 32, fp32) and "gpt-1.3b" (the
+// reference sizes). INVALID_ARGUMENT naming the known presets otherwise.
+absl::StatusOr<GptConfig> GptPreset(const std::string& name);
+// Checks sizes (positive; hidden divisible by heads). INVALID_ARGUMENT saying what to change.
+absl::Status ValidateConfig(const GptConfig& config);
+
+// One pipeline stage: layers [first, last) of the model.
+class GptStageImpl : public torch::nn::Module {
+ public:
+  GptStageImpl(const GptConfig& config, int first, int last, uint64_t seed);
+
+  // input: token ids [B, S] (int64) when the stage holds layer 0, else hidden states [B, S, H] (fp32).
+  // Returns hidden states [B, S, H] (fp32), or logits [B, S, V] when the stage holds the head.
+  torch::Tensor forward(const torch::Tensor& input);
+
+  bool has_embedding() const { return first_ == 0; }
+  bool has_head() const { return last_ == config_.pipeline_layers(); }
+  int first() const { return first_; }
+  int last() const { return last_; }
+
+ private:
+  GptConfig config_;
+  int first_, last_;
+  torch::nn::ModuleList layers_{nullptr};
+};
+TORCH_MODULE(GptStage);
+
+// Mean token cross-entropy in fp32. logits [B, S, V], targets [B, S] int64.
+torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+// Fused AdamW (ATen's _fused_adamw_) over a set of parameters; state is created on first use.
+class FusedAdamW {
+ public:
+  FusedAdamW(std::vector<torch::Tensor> params, double lr = 1e-4, double beta1 = 0.9, double beta2 = 0.95,
+             double eps = 1e-8, double weight_decay = 0.1);
+  void Step();      // uses each parameter's .grad(); parameters without a gradient are skipped
+  void ZeroGrad();  // sets gradients to None
+
+ private:
+  std::vector<torch::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
+  double lr_, beta1_, beta2_, eps_, weight_decay_;
+};
+
+// Training data. Batch(step, index) is deterministic in (seed, step, index): the same on every rank and
+// in every run, which is what lets a pipeline run be compared with a single-process one.
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  // `batch` sequences of seq+1 tokens: inputs are [:, :-1], targets [:, 1:]. int64, on the CPU.
+  virtual torch::Tensor Batch(int64_t step, int64_t index, int64_t batch) const = 0;
+};
+
+// A synthetic corpus the model can learn: each sequence follows a fixed random successor table with a
+// little noise, so the loss falls well below uniform guessing (ln vocab).
+std::unique_ptr<TokenSource> MakeSyntheticCorpus(const GptConfig& config, uint64_t seed);
+// A file of uint16 tokens (the layout nanoGPT writes); windows are drawn at offsets from the seed.
+absl::StatusOr<std::unique_ptr<TokenSource>> OpenTokenFile(const std::string& path, const GptConfig& config,
+                                                           uint64_t seed);
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_WORKER_MODEL_H_
