@@ -39,11 +39,16 @@ absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv) {
       value = arg.substr(eq + 1);
       has_value = true;
     }
+    // --micro-batches and --micro_batches are the same flag.
+    std::string normalized(name);
+    std::replace(normalized.begin(), normalized.end(), '-', '_');
+    name = normalized;
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr && !has_value && absl::StartsWith(name, "no")) {
       flag = absl::FindCommandLineFlag(name.substr(2));
       if (flag == nullptr || !flag->IsOfType<bool>()) return Unknown(name);
-      name = name.substr(2);
+      normalized = std::string(name.substr(2));
+      name = normalized;
       value = "false";
       has_value = true;
     }

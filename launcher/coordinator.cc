@@ -109,6 +109,7 @@ absl::Status CoordinatorState::RecordRegistration(const RegisterRequest& request
   slot.pid = request.pid();
   slot.host = request.host();
   slot.device = request.device();
+  slot.profile = request.profile();
   slot.registered_at = now;
   slot.last_heartbeat = now;
   slot.last_progress = now;
@@ -133,13 +134,27 @@ absl::Status CoordinatorState::AwaitAllRegistered(int rank, int64_t incarnation,
   if (stop_reason_) {
     return absl::CancelledError(absl::StrCat("the job is stopping: ", *stop_reason_));
   }
-  if (registered_count_ == workers) return absl::OkStatus();
+  if (registered_count_ == workers) return Partitioned();
   std::vector<bool> registered;
   for (const WorkerState& w : workers_) registered.push_back(w.registered);
   return absl::DeadlineExceededError(absl::StrCat(
       registered_count_, " of ", workers, " workers registered before the deadline; missing worker "
       "indices ", MissingIndices(registered), " (see their logs: did they start and reach the "
       "coordinator?)"));
+}
+
+// The first worker to see the whole world plans the partition for all; a failure stops the job.
+absl::Status CoordinatorState::Partitioned() {
+  if (!partition_fn_ || partition_) return absl::OkStatus();
+  if (stop_reason_) return absl::CancelledError(absl::StrCat("the job is stopping: ", *stop_reason_));
+  absl::StatusOr<Partition> p = partition_fn_(workers_);
+  if (!p.ok()) {
+    StopLocked(absl::StrCat("cannot partition the model: ", p.status().message()));
+    return absl::Status(p.status().code(), *stop_reason_);
+  }
+  LOG(INFO) << "partition: " << p->description;
+  partition_ = *std::move(p);
+  return absl::OkStatus();
 }
 
 Assignment CoordinatorState::BuildAssignment(int rank) const {
@@ -159,6 +174,14 @@ Assignment CoordinatorState::BuildAssignment(int rank) const {
     *peer->mutable_device() = workers_[r].device;
   }
   *a.mutable_job() = job_;
+  if (partition_) {
+    int first = 0;
+    for (int r = 0; r < rank; ++r) first += partition_->layers_per_stage[r];
+    a.set_first_layer(first);
+    a.set_last_layer(first + partition_->layers_per_stage[rank]);
+    for (int n : partition_->layers_per_stage) a.add_layers_per_stage(n);
+    a.set_plan(partition_->description);
+  }
   return a;
 }
 
@@ -261,6 +284,8 @@ absl::Status CoordinatorState::ReportStep(const ReportStepRequest& request) {
   record.has_loss = request.has_loss();
   record.loss = request.loss();
   record.step_seconds = request.step_seconds();
+  record.tokens = request.tokens();
+  record.peak_memory_bytes = request.peak_memory_bytes();
   steps_.push_back(record);
   WorkerState& slot = workers_[request.rank()];
   if (request.step() + 1 > slot.steps_done) {

@@ -32,6 +32,7 @@ struct WorkerState {
   int64_t steps_done = 0;
   absl::Time last_progress = absl::InfinitePast();   // when steps_done last grew (or registration)
   std::map<int, absl::Time> milestones;              // Milestone -> worker clock time
+  LayerProfile profile;                              // GPT jobs: the model's costs on its device
   bool finished = false;
   bool ok = false;
   bool failed_before_stop = false;  // reported a failure while the job still ran: a candidate root cause
@@ -44,7 +45,17 @@ struct StepRecord {
   bool has_loss = false;
   double loss = 0;
   double step_seconds = 0;
+  int64_t tokens = 0;
+  int64_t peak_memory_bytes = 0;
 };
+
+// How the model's pipeline layers are split into stages, decided once every worker has registered.
+struct Partition {
+  std::vector<int> layers_per_stage;
+  std::string description;  // for the log and the assignment
+};
+// Given every worker's registration (profiles included); an error stops the job with its message.
+using PartitionFn = std::function<absl::StatusOr<Partition>(const std::vector<WorkerState>&)>;
 
 class CoordinatorState {
  public:
@@ -55,6 +66,9 @@ class CoordinatorState {
   const JobSpec& job() const { return job_; }
   const std::string& job_id() const { return job_id_; }
   const std::string& secret() const { return secret_; }  // handed to spawned workers, never logged
+
+  // GPT jobs: decides the stages when the last worker registers. Set before serving.
+  void SetPartitioner(PartitionFn fn) { partition_fn_ = std::move(fn); }
 
   // UNAUTHENTICATED unless `presented` equals the job secret (compared in constant time).
   absl::Status CheckSecret(absl::string_view presented) const;
@@ -91,11 +105,13 @@ class CoordinatorState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Assignment BuildAssignment(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void StopLocked(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Partitioned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobSpec job_;
   const std::string job_id_;
   const std::string secret_;
   const std::function<absl::Time()> now_;
+  PartitionFn partition_fn_;
 
   mutable absl::Mutex mu_;
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
@@ -104,6 +120,7 @@ class CoordinatorState {
   std::map<std::string, std::vector<bool>> barriers_ ABSL_GUARDED_BY(mu_);  // id -> arrived per rank
   std::vector<StepRecord> steps_ ABSL_GUARDED_BY(mu_);
   std::optional<std::string> stop_reason_ ABSL_GUARDED_BY(mu_);
+  std::optional<Partition> partition_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stagehand

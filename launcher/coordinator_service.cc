@@ -70,6 +70,13 @@ grpc::Status CoordinatorService::GetServerInfo(grpc::ServerContext*, const GetSe
 #define STAGEHAND_AUTHENTICATE(context)                                \
   if (absl::Status auth = Authenticate(*context); !auth.ok()) return ToGrpcStatus(auth)
 
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context, const GetJobRequest*, GetJobResponse* response) {
+  STAGEHAND_AUTHENTICATE(context);
+  response->set_job_id(state_->job_id());
+  *response->mutable_job() = state_->job();
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::Register(grpc::ServerContext* context, const RegisterRequest* request,
                                           RegisterResponse* response) {
   STAGEHAND_AUTHENTICATE(context);

@@ -22,6 +22,7 @@ class CoordinatorService final : public Coordinator::Service {
   explicit CoordinatorService(CoordinatorState* state) : state_(state) {}
 
   grpc::Status GetServerInfo(grpc::ServerContext*, const GetServerInfoRequest*, GetServerInfoResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const GetJobRequest*, GetJobResponse*) override;
   grpc::Status Register(grpc::ServerContext*, const RegisterRequest*, RegisterResponse*) override;
   grpc::Status KeyValueSet(grpc::ServerContext*, const KeyValueSetRequest*, KeyValueSetResponse*) override;
   grpc::Status KeyValueGet(grpc::ServerContext*, const KeyValueGetRequest*, KeyValueGetResponse*) override;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/text_format.h"
+#include "worker/gpt_job.h"
 
 namespace stagehand {
 namespace {
@@ -48,6 +49,38 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.register_timeout_ms) t.set_register_ms(*r.register_timeout_ms);
   if (r.nccl_init_timeout_ms) t.set_nccl_init_ms(*r.nccl_init_timeout_ms);
   if (r.grace_ms) t.set_grace_ms(*r.grace_ms);
+  GptSpec& g = *spec.mutable_gpt();
+  if (r.vocab) g.set_vocab(*r.vocab);
+  if (r.hidden) g.set_hidden(*r.hidden);
+  if (r.heads) g.set_heads(*r.heads);
+  if (r.layers) g.set_layers(*r.layers);
+  if (r.seq) g.set_seq(*r.seq);
+  if (r.fp32) g.set_fp32(true);
+  PipelineSpec& p = *spec.mutable_pipeline();
+  if (r.pipeline_stages) p.set_stages(*r.pipeline_stages);
+  if (!r.schedule.empty()) p.set_schedule(r.schedule);
+  if (r.micro_batches) p.set_micro_batches(*r.micro_batches);
+  if (r.global_batch) p.set_global_batch(*r.global_batch);
+  if (!r.partition.empty()) p.set_partition(r.partition);
+  if (r.inference) p.set_inference(true);
+  if (!r.data.empty()) spec.set_data(r.data);
+  if (r.lr) spec.set_lr(*r.lr);
+  if (r.save_params) spec.set_save_params(true);
+}
+
+// Fills the GPT and pipeline parts once the worker count is known, and validates them.
+absl::Status ResolveGpt(JobSpec& spec) {
+  absl::StatusOr<GptSpec> gpt = ResolveGptSpec(spec.model(), spec.gpt());
+  if (!gpt.ok()) return gpt.status();
+  *spec.mutable_gpt() = *gpt;
+  PipelineSpec& p = *spec.mutable_pipeline();
+  if (p.stages() == 0) p.set_stages(spec.workers());
+  if (p.schedule().empty()) p.set_schedule("1f1b");
+  if (p.micro_batches() == 0) p.set_micro_batches(std::max(8, p.stages()));
+  if (p.global_batch() == 0) p.set_global_batch(std::max<int64_t>(32, p.micro_batches()));
+  if (p.partition().empty()) p.set_partition("auto");
+  if (spec.lr() == 0) spec.set_lr(1e-4);
+  return ValidateGptJob(spec);
 }
 
 absl::Status ValidateCounts(const JobRequest& r, const JobSpec& spec) {
@@ -70,7 +103,7 @@ absl::Status ValidateCounts(const JobRequest& r, const JobSpec& spec) {
                                                    t.heartbeat_interval_ms(), " ms)"));
   }
   const auto& models = KnownModels();
-  if (std::find(models.begin(), models.end(), spec.model()) == models.end()) {
+  if (std::find(models.begin(), models.end(), spec.model()) == models.end() && !IsGptModel(spec.model())) {
     return absl::InvalidArgumentError(absl::StrCat("--model=", spec.model(), ": unknown model; known: ",
                                                    absl::StrJoin(models, ", ")));
   }
@@ -131,7 +164,11 @@ absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, Reso
 }  // namespace
 
 const std::vector<std::string>& KnownModels() {
-  static const auto* models = new std::vector<std::string>{"allreduce"};
+  static const auto* models = [] {
+    auto* m = new std::vector<std::string>{"allreduce"};
+    for (const std::string& g : GptPresetNames()) m->push_back(g);
+    return m;
+  }();
   return *models;
 }
 
@@ -167,6 +204,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   ApplyRequest(request, out.spec);
   if (absl::Status s = ValidateCounts(request, out.spec); !s.ok()) return s;
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
+  if (IsGptModel(out.spec.model())) {
+    if (absl::Status s = ResolveGpt(out.spec); !s.ok()) return s;
+  }
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());
   return out;
 }

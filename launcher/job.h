@@ -28,6 +28,18 @@ struct JobRequest {
   std::optional<int64_t> register_timeout_ms;
   std::optional<int64_t> nccl_init_timeout_ms;
   std::optional<int64_t> grace_ms;
+  // GPT models (--model=tiny or gpt-1.3b).
+  std::optional<int> pipeline_stages;
+  std::string schedule;
+  std::optional<int> micro_batches;
+  std::optional<int64_t> global_batch;
+  std::string partition;
+  std::optional<int64_t> vocab, hidden, heads, layers, seq;
+  bool fp32 = false;
+  std::string data;
+  std::optional<double> lr;
+  bool inference = false;
+  bool save_params = false;
 };
 
 struct ResolvedJob {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -19,7 +20,9 @@
 #include "common/logging.h"
 #include "google/protobuf/text_format.h"
 #include "launcher/coordinator_service.h"
+#include "launcher/planner.h"
 #include "launcher/supervisor.h"
+#include "worker/gpt_job.h"
 
 extern char** environ;
 
@@ -75,8 +78,14 @@ absl::StatusOr<std::string> FindWorker(const std::string& given) {
                                                  "; pass --worker_binary=PATH"));
 }
 
-std::vector<std::string> WorkerEnvironment() {
+std::vector<std::string> WorkerEnvironment(int workers) {
   std::vector<std::string> env;
+  // Like torchrun: workers share the cores instead of each spinning up a thread per core, which
+  // oversubscribes the machine (OpenMP threads busy-wait) and slows every worker down.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    env.push_back(absl::StrCat("OMP_NUM_THREADS=", std::max(1, cores / std::max(1, workers))));
+  }
   for (char** e = environ; *e != nullptr; ++e) {
     absl::string_view v(*e);
     // Set per worker by the supervisor, or forced below.
@@ -117,8 +126,117 @@ void WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, const
   std::fputs(out.c_str(), stdout);
 }
 
+PlanRequest MakePlanRequest(const JobSpec& job, const std::vector<LayerCost>& layers,
+                            const std::vector<int64_t>& memory_bytes) {
+  PlanRequest r;
+  r.stages = job.pipeline().stages();
+  r.forward_only = job.pipeline().inference();
+  r.memory_bytes = memory_bytes;
+  for (const LayerCost& c : layers) {
+    r.layers.push_back({c.forward_ms(), c.backward_ms(), c.param_bytes(), c.activation_bytes()});
+  }
+  const int m = job.pipeline().micro_batches();
+  for (int s = 0; s < r.stages; ++s) {
+    // Activations a stage holds at once: 1F1B keeps (stages - s) micro-batches in flight, GPipe all.
+    r.in_flight.push_back(r.forward_only ? 1 : job.pipeline().schedule() == "1f1b" ? std::min(r.stages - s, m) : m);
+  }
+  return r;
+}
+
+absl::StatusOr<Plan> MakePlan(const JobSpec& job, const PlanRequest& request) {
+  const std::string& p = job.pipeline().partition();
+  if (p == "auto") return PlanBalanced(request);
+  if (p == "uniform") return PlanUniform(request);
+  absl::StatusOr<std::vector<int>> counts = ParsePartition(p);
+  if (!counts.ok()) return counts.status();
+  return PlanExplicit(request, *counts);
+}
+
+std::string Describe(const JobSpec& job, const Plan& plan, bool profiled) {
+  std::string counts;
+  for (size_t i = 0; i < plan.layers_per_stage.size(); ++i) {
+    absl::StrAppend(&counts, i ? "/" : "", plan.layers_per_stage[i]);
+  }
+  std::string out = absl::StrCat(job.pipeline().partition(), ": ", counts, " pipeline layers; stage ms");
+  for (double ms : plan.stage_ms) absl::StrAppend(&out, absl::StrFormat(" %.2f", ms));
+  absl::StrAppend(&out, profiled ? " (profiled)" : " (estimated)");
+  return out;
+}
+
+// Before anything starts: does the model fit the GPUs at all (analytic estimate)?
+absl::Status CheckFits(const JobSpec& job, const std::vector<GpuInfo>& gpus) {
+  if (!IsGptModel(job.model()) || job.device() != DEVICE_KIND_CUDA) return absl::OkStatus();
+  std::vector<int64_t> memory;
+  for (const GpuInfo& g : gpus) memory.push_back(g.total_bytes * 9 / 10);  // room for CUDA and NCCL
+  LayerProfile estimate = EstimateGpt(job);
+  std::vector<LayerCost> layers(estimate.layers().begin(), estimate.layers().end());
+  absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, layers, memory));
+  if (!plan.ok()) return absl::InvalidArgumentError(std::string(plan.status().message()));
+  return absl::OkStatus();
+}
+
+// Once every worker has registered: partition by the mean of their profiles (each measured on its own
+// device), within each stage's free memory.
+PartitionFn Partitioner(const JobSpec& job) {
+  return [job](const std::vector<WorkerState>& workers) -> absl::StatusOr<Partition> {
+    std::vector<LayerCost> mean;
+    const bool profiled = !workers.empty() && workers[0].profile.layers_size() > 0;
+    if (profiled) {
+      mean.assign(workers[0].profile.layers().begin(), workers[0].profile.layers().end());
+      for (size_t w = 1; w < workers.size(); ++w) {
+        for (int i = 0; i < static_cast<int>(mean.size()) && i < workers[w].profile.layers_size(); ++i) {
+          const LayerCost& c = workers[w].profile.layers(i);
+          mean[i].set_forward_ms(mean[i].forward_ms() + c.forward_ms());
+          mean[i].set_backward_ms(mean[i].backward_ms() + c.backward_ms());
+        }
+      }
+      for (LayerCost& c : mean) {
+        c.set_forward_ms(c.forward_ms() / workers.size());
+        c.set_backward_ms(c.backward_ms() / workers.size());
+      }
+    } else {
+      LayerProfile estimate = EstimateGpt(job);
+      mean.assign(estimate.layers().begin(), estimate.layers().end());
+    }
+    std::vector<int64_t> memory;
+    if (job.device() == DEVICE_KIND_CUDA) {
+      for (const WorkerState& w : workers) memory.push_back(w.device.free_bytes() * 9 / 10);
+    }
+    absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, mean, memory));
+    if (!plan.ok()) return plan.status();
+    return Partition{plan->layers_per_stage, Describe(job, *plan, profiled)};
+  };
+}
+
+// Prints the steps reported since the last call: the loss from the rank that computes it.
+void PrintProgress(const CoordinatorState& state, size_t& printed) {
+  std::vector<StepRecord> steps = state.Steps();
+  const JobSpec& job = state.job();
+  const int last = job.workers() - 1;
+  for (; printed < steps.size(); ++printed) {
+    const StepRecord& r = steps[printed];
+    if (r.rank != last || !IsGptModel(job.model())) continue;
+    std::string line = absl::StrFormat("stagehand: step %d/%d", r.step + 1, job.steps());
+    if (r.has_loss) absl::StrAppend(&line, absl::StrFormat("  loss %.4f", r.loss));
+    absl::StrAppend(&line, absl::StrFormat("  %.3f s  %.0f tokens/s", r.step_seconds,
+                                           r.step_seconds > 0 ? r.tokens / r.step_seconds : 0.0));
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
+}
+
+void WriteSteps(const std::vector<StepRecord>& steps, const std::string& path) {
+  std::string csv = "step,rank,loss,seconds,tokens,peak_memory_bytes\n";
+  for (const StepRecord& r : steps) {
+    absl::StrAppend(&csv, r.step, ",", r.rank, ",", r.has_loss ? absl::StrFormat("%.9g", r.loss) : "", ",",
+                    absl::StrFormat("%.6f", r.step_seconds), ",", r.tokens, ",", r.peak_memory_bytes, "\n");
+  }
+  std::ofstream(path) << csv;
+}
+
 // Runs the supervisor until every worker is gone, feeding it signals.
-void Supervise(Supervisor& supervisor) {
+void Supervise(Supervisor& supervisor, const CoordinatorState& state) {
+  size_t printed = 0;
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -126,6 +244,7 @@ void Supervise(Supervisor& supervisor) {
   sigaddset(&set, SIGCHLD);
   int interrupts = 0;
   while (!supervisor.Tick()) {
+    PrintProgress(state, printed);
     timespec tick{0, 20 * 1000 * 1000};
     siginfo_t info;
     int sig = sigtimedwait(&set, &info, &tick);
@@ -148,6 +267,10 @@ int Launch(const LaunchOptions& options) {
     std::fprintf(stderr, "stagehand: %s\n", std::string((job.ok() ? worker.status() : job.status()).message()).c_str());
     return kExitUsage;
   }
+  if (absl::Status s = CheckFits(job->spec, job->gpus); !s.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
   for (const std::string& note : job->notes) std::printf("stagehand: %s\n", note.c_str());
   const std::string job_id = RandomHex(4);
   std::string run_dir = UserPath(options.run_dir);
@@ -163,14 +286,16 @@ int Launch(const LaunchOptions& options) {
   google::protobuf::TextFormat::PrintToString(job->spec, &text);
   std::ofstream(run_dir + "/job.textproto") << text;
 
+  job->spec.set_run_dir(run_dir);
   CoordinatorState state(job->spec, job_id, RandomHex(32));
+  if (IsGptModel(job->spec.model())) state.SetPartitioner(Partitioner(job->spec));
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options.coordinator_address, &state);
   if (!server.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(server.status().message()).c_str());
     return server.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitLaunchFailed;
   }
   std::unique_ptr<ProcessSpawner> spawner = NewPosixProcessSpawner();
-  SupervisorOptions so{*worker, (*server)->address(), run_dir, WorkerEnvironment(), job->gpus, options.launch};
+  SupervisorOptions so{*worker, (*server)->address(), run_dir, WorkerEnvironment(job->spec.workers()), job->gpus, options.launch};
   Supervisor supervisor(&state, spawner.get(), so);
   std::printf("stagehand: job %s: %d %s worker%s, %lld steps of %s; coordinator %s; run directory %s\n", job_id.c_str(),
               job->spec.workers(), job->spec.device() == DEVICE_KIND_CUDA ? "GPU" : "CPU",
@@ -178,10 +303,11 @@ int Launch(const LaunchOptions& options) {
               (*server)->address().c_str(), run_dir.c_str());
   std::fflush(stdout);
   (void)supervisor.Start();
-  Supervise(supervisor);
+  Supervise(supervisor, state);
   const absl::Duration elapsed = absl::Now() - supervisor.launch_time();
   (*server)->Stop();
   WriteLedger(supervisor.Ledger(), supervisor.launch_time(), run_dir + "/startup_ledger.tsv");
+  WriteSteps(state.Steps(), run_dir + "/steps.csv");
   if (supervisor.exit_code() == kExitSuccess) {
     std::printf("stagehand: done: %d workers, %lld steps in %.2f s; run directory %s\n", job->spec.workers(),
                 static_cast<long long>(job->spec.steps()), absl::ToDoubleSeconds(elapsed), run_dir.c_str());

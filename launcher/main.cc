@@ -18,7 +18,9 @@ ABSL_FLAG(int, gpus, -1, "GPUs to use, one worker each: the first N visible (def
 ABSL_FLAG(std::string, device, "auto", "auto, cuda or cpu");
 ABSL_FLAG(int, workers, -1, "number of CPU workers with --device=cpu (default 2)");
 ABSL_FLAG(int64_t, steps, -1, "steps to run (default 10)");
-ABSL_FLAG(std::string, model, "", "what each step runs: allreduce (a checked all-reduce of --tensor_elements floats)");
+ABSL_FLAG(std::string, model, "", "what each step runs: allreduce (a checked all-reduce of --tensor_elements "
+                                  "floats, the default), or a GPT trained (or run, --inference) as a pipeline: "
+                                  "tiny or gpt-1.3b");
 ABSL_FLAG(int64_t, tensor_elements, -1, "elements of the all-reduced tensor (default 1048576)");
 ABSL_FLAG(int64_t, seed, -1, "random seed (default 0)");
 ABSL_FLAG(std::string, job, "", "a JobSpec in protobuf text format (protos/job.proto); flags override it");
@@ -29,6 +31,21 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, -1, "a worker silent this long is dead 
 ABSL_FLAG(int64_t, progress_timeout_ms, -1, "a run with no finished step for this long is stalled (default 300000)");
 ABSL_FLAG(int64_t, register_timeout_ms, -1, "every worker must register within this (default 60000)");
 ABSL_FLAG(int64_t, nccl_init_timeout_ms, -1, "communicator setup deadline (default 60000)");
+ABSL_FLAG(int, pipeline_stages, -1, "GPT: pipeline stages, one per worker (default: the worker count)");
+ABSL_FLAG(std::string, schedule, "", "GPT: gpipe or 1f1b (default 1f1b)");
+ABSL_FLAG(int, micro_batches, -1, "GPT: micro-batches per step (default max(8, stages))");
+ABSL_FLAG(int64_t, global_batch, -1, "GPT: sequences per step (default 32)");
+ABSL_FLAG(std::string, partition, "", "GPT: auto (profiled, balanced), uniform, or pipeline-layer counts like 14,12");
+ABSL_FLAG(int64_t, vocab, -1, "GPT: vocabulary size (default: the preset's)");
+ABSL_FLAG(int64_t, hidden, -1, "GPT: hidden size (default: the preset's)");
+ABSL_FLAG(int64_t, heads, -1, "GPT: attention heads (default: the preset's)");
+ABSL_FLAG(int64_t, layers, -1, "GPT: transformer blocks (default: the preset's)");
+ABSL_FLAG(int64_t, seq, -1, "GPT: sequence length (default: the preset's)");
+ABSL_FLAG(bool, fp32, false, "GPT: no bf16 autocast");
+ABSL_FLAG(std::string, data, "", "GPT: a file of uint16 tokens (nanoGPT layout); default: the synthetic corpus");
+ABSL_FLAG(double, lr, -1, "GPT: AdamW learning rate (default 1e-4)");
+ABSL_FLAG(bool, inference, false, "GPT: forward-only pipeline over --global_batch sequences per step");
+ABSL_FLAG(bool, save_params, false, "GPT: each rank writes its final parameters to the run directory");
 ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
 
 namespace {
@@ -36,7 +53,9 @@ namespace {
 constexpr char kUsage[] =
     "stagehand launcher: runs a job with one worker process per GPU, coordinated over gRPC.\n"
     "\n"
-    "  launcher --gpus=2 --steps=100            two GPUs\n"
+    "  launcher --gpus=2 --steps=100            two GPUs, a checked all-reduce per step\n"
+    "  launcher --gpus=2 --model=gpt-1.3b --schedule=1f1b --micro-batches=8\n"
+    "                                           the reference GPT as a 2-stage pipeline\n"
     "  launcher --device=cpu --workers=4        four CPU workers\n"
     "  launcher --job=job.textproto             a JobSpec file (flags override it)\n"
     "\n"
@@ -66,6 +85,21 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   j.register_timeout_ms = Given(p, "register_timeout_ms", FLAGS_register_timeout_ms);
   j.nccl_init_timeout_ms = Given(p, "nccl_init_timeout_ms", FLAGS_nccl_init_timeout_ms);
   j.grace_ms = Given(p, "grace_period_ms", FLAGS_grace_period_ms);
+  j.pipeline_stages = Given(p, "pipeline_stages", FLAGS_pipeline_stages);
+  j.schedule = absl::GetFlag(FLAGS_schedule);
+  j.micro_batches = Given(p, "micro_batches", FLAGS_micro_batches);
+  j.global_batch = Given(p, "global_batch", FLAGS_global_batch);
+  j.partition = absl::GetFlag(FLAGS_partition);
+  j.vocab = Given(p, "vocab", FLAGS_vocab);
+  j.hidden = Given(p, "hidden", FLAGS_hidden);
+  j.heads = Given(p, "heads", FLAGS_heads);
+  j.layers = Given(p, "layers", FLAGS_layers);
+  j.seq = Given(p, "seq", FLAGS_seq);
+  j.fp32 = absl::GetFlag(FLAGS_fp32);
+  j.data = absl::GetFlag(FLAGS_data);
+  j.lr = Given(p, "lr", FLAGS_lr);
+  j.inference = absl::GetFlag(FLAGS_inference);
+  j.save_params = absl::GetFlag(FLAGS_save_params);
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);

@@ -12,7 +12,7 @@
 
 namespace stagehand {
 
-struct LayerCost {
+struct PlanLayer {
   double forward_ms = 0;
   double backward_ms = 0;
   int64_t param_bytes = 0;       // parameters, gradients and optimizer state together
@@ -20,7 +20,7 @@ struct LayerCost {
 };
 
 struct PlanRequest {
-  std::vector<LayerCost> layers;          // in model order
+  std::vector<PlanLayer> layers;          // in model order
   int stages = 1;
   std::vector<int64_t> memory_bytes;      // usable memory of each stage's device (empty: unlimited)
   // Micro-batches whose activations stage s holds at once: for 1F1B min(stages - s, microbatches),

@@ -39,8 +39,7 @@ ProcessSpec Supervisor::SpecFor(int index) const {
                absl::StrCat("--coordinator=", options_.coordinator_address),
                absl::StrCat("--job_id=", state_->job_id()),
                absl::StrCat("--worker_index=", index),
-               "--incarnation=1",
-               job.device() == DEVICE_KIND_CUDA ? "--device=cuda" : "--device=cpu"};
+               "--incarnation=1"};
   for (const std::string& e : options_.env) {
     if (e.rfind("CUDA_VISIBLE_DEVICES=", 0) != 0) spec.env.push_back(e);  // set below, once
   }
@@ -144,6 +143,10 @@ void Supervisor::CheckReports() {
 
 void Supervisor::CheckDeadlines() {
   CheckReports();
+  // The coordinator stopped the job by itself (it could not partition the model, say).
+  if (std::optional<std::string> reason = state_->stop_reason(); reason && !stopping_) {
+    return Record(Kind::kLaunch, kExitLaunchFailed, *reason);
+  }
   if (stopping_) return;  // once stopping, a silent worker is a consequence
   const Timeouts& t = state_->job().timeouts();
   const absl::Time now = now_();

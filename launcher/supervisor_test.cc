@@ -218,7 +218,6 @@ TEST_F(SupervisorTest, Start_CpuJob_SpawnsOneWorkerPerSlotWithArgvAndNoGpu) {
     EXPECT_THAT(specs[i].argv, Contains(absl::StrCat("--worker_index=", i)));
     EXPECT_THAT(specs[i].argv, Contains(absl::StrCat("--job_id=", kJobId)));
     EXPECT_THAT(specs[i].argv, Contains(absl::StrCat("--coordinator=", kCoordinatorAddress)));
-    EXPECT_THAT(specs[i].argv, Contains("--device=cpu"));
     EXPECT_THAT(specs[i].env, Contains("PATH=/usr/bin:/bin"));
     EXPECT_THAT(specs[i].env, Contains("CUDA_VISIBLE_DEVICES="));
   }
@@ -233,7 +232,6 @@ TEST_F(SupervisorTest, Start_GpuJob_PinsEachWorkerToItsGpuByUuid) {
   ASSERT_THAT(specs, SizeIs(2));
   for (int i = 0; i < 2; ++i) {
     SCOPED_TRACE(absl::StrCat("worker ", i));
-    EXPECT_THAT(specs[i].argv, Contains("--device=cuda"));
     EXPECT_THAT(specs[i].argv, Contains(absl::StrCat("--worker_index=", i)));
     std::vector<std::string> visible;
     for (const std::string& e : specs[i].env) {

@@ -30,6 +30,15 @@ void CoordinatorClient::Prepare(grpc::ClientContext& context, absl::Duration tim
   if (timeout != absl::InfiniteDuration()) context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
+absl::StatusOr<GetJobResponse> CoordinatorClient::GetJob(absl::Duration timeout) {
+  grpc::ClientContext context;
+  Prepare(context, timeout);
+  GetJobResponse response;
+  absl::Status s = FromGrpcStatus(stub_->GetJob(&context, GetJobRequest(), &response), "GetJob");
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<Assignment> CoordinatorClient::Register(const RegisterRequest& request, absl::Duration timeout) {
   grpc::ClientContext context;
   Prepare(context, timeout);

@@ -19,6 +19,7 @@ class CoordinatorClient final : public KeyValueStore {
  public:
   CoordinatorClient(const std::string& address, std::string secret);
 
+  absl::StatusOr<GetJobResponse> GetJob(absl::Duration timeout);
   absl::StatusOr<Assignment> Register(const RegisterRequest& request, absl::Duration timeout);
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request, absl::Duration timeout);
   absl::Status ReportMilestone(int rank, Milestone milestone, absl::Time when);

@@ -19,10 +19,12 @@
 #include <cstring>
 #include <memory>
 #include <utility>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -486,6 +488,7 @@ class CpuTransport final : public Transport {
   absl::Status AllReduceSum(void* data, int64_t count, DType dtype) override;
   absl::Status Send(const void* data, int64_t bytes, int peer) override;
   absl::Status Recv(void* data, int64_t bytes, int peer) override;
+  absl::Status Group(const std::vector<P2POp>& ops) override;
 
   // Only shutdown(), never close(): another thread may be inside poll/recv on these descriptors,
   // and a closed number could be reused by an unrelated file under it.
@@ -501,14 +504,19 @@ class CpuTransport final : public Transport {
   absl::Status SendFrame(const void* data, int64_t bytes, int peer);
   absl::Status RecvFrame(void* data, int64_t bytes, int peer);
   absl::Status Settle(absl::Status st, int peer);
+  absl::Status Broken(int peer) const {
+    absl::MutexLock lock(&broken_mu_);
+    return broken_[peer];
+  }
   absl::Status WithContext(absl::Status st, const std::string& what) const;
   absl::Time IoDeadline() const { return absl::Now() + options_.io_timeout; }
 
   const CpuTransportOptions options_;
   const std::vector<ScopedFd> peers_;  // Indexed by rank; this rank's entry stays invalid.
   // Set when a frame to or from a peer failed part-way: the byte stream is out of step after that, so
-  // later calls on it fail instead of reading garbage. Touched only by the calling thread.
-  std::vector<absl::Status> broken_;
+  // later calls on it fail instead of reading garbage. Group() sends and receives from two threads.
+  mutable absl::Mutex broken_mu_;
+  std::vector<absl::Status> broken_ ABSL_GUARDED_BY(broken_mu_);
   std::atomic<bool> aborted_{false};
 };
 
@@ -530,6 +538,7 @@ absl::Status CpuTransport::Settle(absl::Status st, int peer) {
     st = absl::DeadlineExceededError(
         absl::StrCat(st.message(), " (io_timeout ", absl::FormatDuration(options_.io_timeout), ")"));
   }
+  absl::MutexLock lock(&broken_mu_);
   broken_[peer] = absl::FailedPreconditionError(absl::StrCat(
       "the connection to rank ", peer, " is unusable after an earlier error: ", st.message()));
   return st;
@@ -543,7 +552,7 @@ absl::Status CpuTransport::WithContext(absl::Status st, const std::string& what)
 
 // A frame is an 8-byte length, then the bytes; the length lets the receiver catch schedule bugs.
 absl::Status CpuTransport::SendFrame(const void* data, int64_t bytes, int peer) {
-  if (!broken_[peer].ok()) return broken_[peer];
+  if (absl::Status b = Broken(peer); !b.ok()) return b;
   const absl::Time deadline = IoDeadline();
   const int fd = peers_[peer].get();
   char header[kHeaderBytes];
@@ -554,7 +563,7 @@ absl::Status CpuTransport::SendFrame(const void* data, int64_t bytes, int peer) 
 }
 
 absl::Status CpuTransport::RecvFrame(void* data, int64_t bytes, int peer) {
-  if (!broken_[peer].ok()) return broken_[peer];
+  if (absl::Status b = Broken(peer); !b.ok()) return b;
   const absl::Time deadline = IoDeadline();
   const int fd = peers_[peer].get();
   char header[kHeaderBytes];
@@ -580,6 +589,24 @@ absl::Status CpuTransport::Recv(void* data, int64_t bytes, int peer) {
   absl::Status st = CheckCall(peer, bytes);
   if (st.ok()) st = RecvFrame(data, bytes, peer);
   return WithContext(std::move(st), absl::StrCat("Recv of ", bytes, " bytes from rank ", peer));
+}
+
+// Sends go on their own thread while this one receives: a peer that sends to us in the same group
+// would otherwise wait for our receive while we wait for its receive (blocking sockets).
+absl::Status CpuTransport::Group(const std::vector<P2POp>& ops) {
+  absl::Status send_status;
+  std::thread sender([&] {
+    for (const P2POp& op : ops) {
+      if (op.send && send_status.ok()) send_status = Send(op.data, op.bytes, op.peer);
+    }
+  });
+  absl::Status recv_status;
+  for (const P2POp& op : ops) {
+    if (!op.send && recv_status.ok()) recv_status = Recv(op.data, op.bytes, op.peer);
+  }
+  if (!recv_status.ok()) Abort();  // the sender may wait on a peer that will never read
+  sender.join();
+  return recv_status.ok() ? send_status : recv_status;
 }
 
 // Reduce at rank 0 in rank order (((r0 + r1) + r2) + ...), then broadcast rank 0's bytes: the result

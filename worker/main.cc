@@ -26,14 +26,15 @@
 #include "worker/coordinator_client.h"
 #include "worker/cpu_transport.h"
 #include "worker/device.h"
+#include "worker/gpt_job.h"
 #include "worker/nccl_transport.h"
+#include "worker/pipeline.h"
 #include "worker/torch_jobs.h"
 
 ABSL_FLAG(std::string, coordinator, "", "HOST:PORT of the coordinator");
 ABSL_FLAG(std::string, job_id, "", "the job this worker belongs to");
 ABSL_FLAG(int, worker_index, -1, "this worker's slot in the job, 0-based");
 ABSL_FLAG(int64_t, incarnation, 1, "increases each time the slot's worker is restarted");
-ABSL_FLAG(std::string, device, "cuda", "cuda or cpu");
 
 namespace stagehand {
 namespace {
@@ -141,7 +142,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, Co
     o.world_size = a.world_size();
     o.key_prefix = prefix;
     o.init_timeout = timeout;
-    o.stream = CurrentCudaStream();
+    o.stream = IsGptModel(a.job().model()) ? PipelineCommStream() : CurrentCudaStream();
     return ConnectNcclTransport(o, client);
   }
   CpuTransportOptions o;
@@ -158,6 +159,25 @@ struct Run {
   std::unique_ptr<Heartbeater> heartbeater;
 };
 
+absl::Status RunGpt(Run& run, Transport* transport) {
+  const Assignment& a = run.assignment;
+  LOG(INFO) << "stage " << a.stage() << " of " << a.num_stages() << ": pipeline layers [" << a.first_layer() << ", "
+            << a.last_layer() << ") (" << a.plan() << ")";
+  return RunPipeline(a, a.world_size() > 1 ? transport : nullptr, [&](const StepResult& r) {
+    if (r.step == 0) (void)run.client->ReportMilestone(a.rank(), MILESTONE_FIRST_STEP, absl::Now());
+    run.heartbeater->SetSteps(r.step + 1);
+    ReportStepRequest req;
+    req.set_rank(a.rank());
+    req.set_step(r.step);
+    req.set_has_loss(r.has_loss);
+    req.set_loss(r.loss);
+    req.set_step_seconds(r.seconds);
+    req.set_tokens(r.tokens);
+    req.set_peak_memory_bytes(r.peak_memory_bytes);
+    return run.client->ReportStep(req);
+  });
+}
+
 absl::Status RunJob(Run& run, absl::Time cuda_ready) {
   const Assignment& a = run.assignment;
   CoordinatorClient& client = *run.client;
@@ -166,7 +186,7 @@ absl::Status RunJob(Run& run, absl::Time cuda_ready) {
   if (!transport.ok()) return transport.status();
   run.heartbeater->SetTransport(transport->get());
   (void)client.ReportMilestone(a.rank(), MILESTONE_NCCL_READY, absl::Now());
-  absl::Status s = RunAllReduceJob(a, **transport, [&](int64_t step, double secs) {
+  absl::Status s = IsGptModel(a.job().model()) ? RunGpt(run, transport->get()) : RunAllReduceJob(a, **transport, [&](int64_t step, double secs) {
     if (step == 0) (void)client.ReportMilestone(a.rank(), MILESTONE_FIRST_STEP, absl::Now());
     run.heartbeater->SetSteps(step + 1);
     ReportStepRequest r;
@@ -188,9 +208,20 @@ int Main() {
     return kExitFailed;
   }
   CoordinatorClient client(absl::GetFlag(FLAGS_coordinator), *secret);
-  const bool cuda = absl::GetFlag(FLAGS_device) == "cuda";
+  absl::StatusOr<GetJobResponse> job = client.GetJob(absl::Seconds(60));
+  if (!job.ok()) {
+    LOG(ERROR) << job.status().ToString();
+    return kExitFailed;
+  }
+  const bool cuda = job->job().device() == DEVICE_KIND_CUDA;
   absl::StatusOr<DeviceInfo> device = cuda ? InitCudaDevice() : CpuDeviceInfo();
   const absl::Time cuda_ready = absl::Now();
+  // The planner partitions by what every worker measured on its own device.
+  absl::StatusOr<LayerProfile> profile = LayerProfile();
+  if (device.ok() && IsGptModel(job->job().model()) && job->job().pipeline().partition() == "auto") {
+    profile = ProfileModel(job->job());
+    if (!profile.ok()) device = profile.status();  // reported through Finish below
+  }
   RegisterRequest req;
   req.set_job_id(absl::GetFlag(FLAGS_job_id));
   req.set_worker_index(index);
@@ -198,6 +229,7 @@ int Main() {
   req.set_host(HostName());
   req.set_pid(getpid());
   if (device.ok()) *req.mutable_device() = *device;
+  if (profile.ok()) *req.mutable_profile() = *profile;
   absl::StatusOr<Assignment> assignment = client.Register(req, absl::InfiniteDuration());
   if (!assignment.ok()) {
     LOG(ERROR) << assignment.status().ToString();

@@ -61,6 +61,20 @@ class NcclTransport final : public Transport {
     STAGEHAND_NCCL_RETURN_IF_ERROR(ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_));
     return WaitEnqueued("ncclRecv");
   }
+  absl::Status Group(const std::vector<P2POp>& ops) override {
+    if (aborted_) return absl::CancelledError("transport aborted");
+    STAGEHAND_NCCL_RETURN_IF_ERROR(ncclGroupStart());
+    for (const P2POp& op : ops) {
+      ncclResult_t r = op.send ? ncclSend(op.data, op.bytes, ncclUint8, op.peer, comm_, stream_)
+                               : ncclRecv(op.data, op.bytes, ncclUint8, op.peer, comm_, stream_);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        ncclGroupEnd();
+        return NcclError(r, op.send ? "ncclSend" : "ncclRecv");
+      }
+    }
+    STAGEHAND_NCCL_RETURN_IF_ERROR(ncclGroupEnd());
+    return WaitEnqueued("ncclGroupEnd");
+  }
   void Abort() override {
     if (!aborted_.exchange(true)) ncclCommAbort(comm_);
   }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,6 +32,16 @@ class Transport {
   virtual absl::Status AllReduceSum(void* data, int64_t count, DType dtype) = 0;
   virtual absl::Status Send(const void* data, int64_t bytes, int peer) = 0;
   virtual absl::Status Recv(void* data, int64_t bytes, int peer) = 0;
+
+  // Point-to-point operations posted together (an NCCL group; sends beside receives on the CPU), so
+  // that two ranks may send to each other at once without deadlock.
+  struct P2POp {
+    bool send = false;
+    void* data = nullptr;
+    int64_t bytes = 0;
+    int peer = -1;
+  };
+  virtual absl::Status Group(const std::vector<P2POp>& ops) = 0;
 
   // Makes every operation in flight and every later one fail instead of blocking. Safe to call from
   // another thread (a watchdog, or the heartbeat thread when the job is stopping).

@@ -1,0 +1,429 @@
+// The reference GPT cut into pipeline layers, its loss, fused AdamW and the token sources (model.h).
+// Status-returning functions make no LibTorch calls that could throw; forward() and Batch() may throw
+// c10::Error, which the executor turns into a Status.
+#include "worker/model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace stagehand {
+namespace {
+
+namespace F = torch::nn::functional;
+
+// ---------------------------------------------------------------------------------------------------
+// Layers. Parameters are registered directly (not through torch::nn::Linear or Embedding, whose
+// constructors would first fill them from the global generator: wasted seconds at 1.3B parameters).
+
+// The seed of pipeline layer `layer`: parameters depend on (seed, layer) alone, never on the partition.
+at::Generator LayerGenerator(uint64_t seed, int layer) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + static_cast<uint64_t>(layer));
+}
+
+// One pipeline layer: tokens or hidden states in, hidden states or logits out.
+class PipelineLayerImpl : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+};
+
+// y = x W^T (+ b). The weight is drawn by the owner, in the owner's fixed order.
+class DenseImpl : public torch::nn::Module {
+ public:
+  DenseImpl(int64_t in, int64_t out, bool bias) {
+    weight = register_parameter("weight", torch::empty({out, in}));
+    if (bias) this->bias = register_parameter("bias", torch::zeros({out}));
+  }
+  void InitWeight(double std, at::Generator& gen) {
+    torch::NoGradGuard no_grad;
+    weight.normal_(0.0, std, gen);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return F::linear(x, weight, bias); }
+
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Dense);
+
+class EmbeddingImpl : public PipelineLayerImpl {
+ public:
+  EmbeddingImpl(const GptConfig& c, uint64_t seed) {
+    weight_ = register_parameter("weight", torch::empty({c.vocab, c.hidden}));
+    at::Generator gen = LayerGenerator(seed, 0);
+    torch::NoGradGuard no_grad;
+    weight_.normal_(0.0, 0.02, gen);
+  }
+  torch::Tensor forward(const torch::Tensor& tokens) override {
+    TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
+                "the first stage takes token ids [B, S] int64, got ", tokens.sizes(), " ", tokens.scalar_type());
+    return torch::embedding(weight_, tokens);
+  }
+
+ private:
+  torch::Tensor weight_;
+};
+
+class BlockImpl : public PipelineLayerImpl {
+ public:
+  BlockImpl(const GptConfig& c, int layer, uint64_t seed) : hidden_(c.hidden), heads_(c.heads) {
+    const auto norm = torch::nn::LayerNormOptions({c.hidden});
+    ln1_ = register_module("ln1", torch::nn::LayerNorm(norm));
+    qkv_ = register_module("qkv", Dense(c.hidden, 3 * c.hidden, true));
+    proj_ = register_module("proj", Dense(c.hidden, c.hidden, true));
+    ln2_ = register_module("ln2", torch::nn::LayerNorm(norm));
+    fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true));
+    fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true));
+    // GPT-2: the projections into the residual stream are scaled down by sqrt(2 L).
+    const double residual_std = 0.02 / std::sqrt(2.0 * c.layers);
+    at::Generator gen = LayerGenerator(seed, layer);
+    qkv_->InitWeight(0.02, gen);
+    proj_->InitWeight(residual_std, gen);
+    fc1_->InitWeight(0.02, gen);
+    fc2_->InitWeight(residual_std, gen);
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "a block takes hidden states [B, S, ", hidden_, "], got ",
+                x.sizes());
+    const int64_t b = x.size(0), s = x.size(1);
+    // [B, S, 3H] -> [3, B, NH, S, H/NH]: q, k, v as nanoGPT splits them.
+    // unbind, not three selects: select's backward would zero-fill a full-size gradient for each of q, k, v
+    // and add them up (about 10% of a gpt-1.3b step on an H200).
+    auto qkv = qkv_(ln1_(x)).view({b, s, 3, heads_, hidden_ / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
+    auto att = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true);
+    // Under autocast the branches come out bf16; adding them to the fp32 stream keeps it fp32.
+    auto h = x + proj_(att.transpose(1, 2).reshape({b, s, hidden_}));
+    return h + fc2_(at::gelu(fc1_(ln2_(h))));  // exact (erf) GELU, as torch's default
+  }
+
+ private:
+  int64_t hidden_, heads_;
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  Dense qkv_{nullptr}, proj_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
+};
+
+class HeadImpl : public PipelineLayerImpl {
+ public:
+  HeadImpl(const GptConfig& c, uint64_t seed) : hidden_(c.hidden) {
+    ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
+    lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false));
+    at::Generator gen = LayerGenerator(seed, c.layers + 1);
+    lm_head_->InitWeight(0.02, gen);
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "the head takes hidden states [B, S, ", hidden_, "], got ",
+                x.sizes());
+    return lm_head_(ln_f_(x));
+  }
+
+ private:
+  int64_t hidden_;
+  torch::nn::LayerNorm ln_f_{nullptr};
+  Dense lm_head_{nullptr};
+};
+
+// bf16 autocast on CUDA for one forward, restoring what was there before. Like Python's
+// torch.autocast, the cache of cast weights is dropped when the outermost region ends: a cached bf16
+// copy would go stale once the optimizer updates the fp32 weight in place.
+class CudaBf16Autocast {
+ public:
+  CudaBf16Autocast()
+      : was_enabled_(at::autocast::is_autocast_enabled(at::kCUDA)),
+        old_dtype_(at::autocast::get_autocast_dtype(at::kCUDA)) {
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~CudaBf16Autocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCUDA, was_enabled_);
+    at::autocast::set_autocast_dtype(at::kCUDA, old_dtype_);
+  }
+  CudaBf16Autocast(const CudaBf16Autocast&) = delete;
+  CudaBf16Autocast& operator=(const CudaBf16Autocast&) = delete;
+
+ private:
+  bool was_enabled_;
+  at::ScalarType old_dtype_;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Randomness for the token sources: splitmix64, cheap enough to draw one number per token.
+
+uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t state) : state_(state) {}
+  uint64_t Next() { return Mix64(state_++ * 0x9e3779b97f4a7c15ULL); }
+  // Uniform in [0, n); the modulo bias is below 2^-40 for the n used here.
+  uint64_t Below(uint64_t n) { return Next() % n; }
+
+ private:
+  uint64_t state_;
+};
+
+// One stream per batch row, from (seed, step, index, row): independent of how batches are split up.
+SplitMix64 RowRng(uint64_t seed, int64_t step, int64_t index, int64_t row) {
+  uint64_t h = Mix64(seed ^ 0x5eed5eed5eed5eedULL);
+  h = Mix64(h ^ static_cast<uint64_t>(step));
+  h = Mix64(h ^ static_cast<uint64_t>(index));
+  return SplitMix64(Mix64(h ^ static_cast<uint64_t>(row)));
+}
+
+// Each sequence starts at a random token; the next token is succ[previous] with probability 9/10,
+// else uniform. The best achievable loss is about 0.9 nats at vocab 256 (against ln 256 = 5.55).
+class SyntheticCorpus : public TokenSource {
+ public:
+  SyntheticCorpus(const GptConfig& config, uint64_t seed) : seq_(config.seq), seed_(seed), succ_(config.vocab) {
+    // A random permutation (Fisher-Yates): every token has a successor and is some token's successor.
+    std::iota(succ_.begin(), succ_.end(), int64_t{0});
+    SplitMix64 rng(Mix64(seed ^ 0x5ccc5ccc5ccc5cccULL));
+    for (size_t i = succ_.size(); i > 1; --i) std::swap(succ_[i - 1], succ_[rng.Below(i)]);
+  }
+  torch::Tensor Batch(int64_t step, int64_t index, int64_t batch) const override {
+    TORCH_CHECK(batch >= 0, "batch must be >= 0, got ", batch);
+    auto out = torch::empty({batch, seq_ + 1}, torch::kLong);
+    int64_t* p = out.data_ptr<int64_t>();
+    const uint64_t vocab = succ_.size();
+    for (int64_t row = 0; row < batch; ++row) {
+      SplitMix64 rng = RowRng(seed_, step, index, row);
+      int64_t token = rng.Below(vocab);
+      *p++ = token;
+      for (int64_t t = 0; t < seq_; ++t) {
+        token = rng.Below(10) != 0 ? succ_[token] : static_cast<int64_t>(rng.Below(vocab));
+        *p++ = token;
+      }
+    }
+    return out;
+  }
+
+ private:
+  int64_t seq_;
+  uint64_t seed_;
+  std::vector<int64_t> succ_;
+};
+
+// A read-only mapping of a file of uint16 tokens (little-endian, as nanoGPT's prepare.py writes them
+// with numpy on x86), unmapped when the source goes.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are read as little-endian uint16");
+
+class TokenFile : public TokenSource {
+ public:
+  TokenFile(const uint16_t* tokens, size_t count, size_t mapped_bytes, int64_t seq, uint64_t seed)
+      : tokens_(tokens), count_(count), mapped_bytes_(mapped_bytes), seq_(seq), seed_(seed) {}
+  ~TokenFile() override { munmap(const_cast<uint16_t*>(tokens_), mapped_bytes_); }
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  torch::Tensor Batch(int64_t step, int64_t index, int64_t batch) const override {
+    TORCH_CHECK(batch >= 0, "batch must be >= 0, got ", batch);
+    auto out = torch::empty({batch, seq_ + 1}, torch::kLong);
+    int64_t* p = out.data_ptr<int64_t>();
+    const uint64_t offsets = count_ - seq_;  // windows of seq+1 tokens start at 0 .. count - seq - 1
+    for (int64_t row = 0; row < batch; ++row) {
+      const uint16_t* window = tokens_ + RowRng(seed_, step, index, row).Below(offsets);
+      for (int64_t t = 0; t <= seq_; ++t) *p++ = window[t];
+    }
+    return out;
+  }
+
+ private:
+  const uint16_t* tokens_;
+  size_t count_, mapped_bytes_;
+  int64_t seq_;
+  uint64_t seed_;
+};
+
+// Only the first tokens are checked against the vocabulary: reading a whole multi-GB file at startup
+// would cost seconds, and a file written for another tokenizer shows itself in its first megabytes.
+constexpr size_t kTokensChecked = size_t{4} << 20;  // 8 MiB
+
+absl::Status CheckTokens(const std::string& path, const uint16_t* tokens, size_t count, int64_t vocab) {
+  const size_t n = std::min(count, kTokensChecked);
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": token ", tokens[i], " at position ", i,
+                                                     " is not below the vocabulary size ", vocab,
+                                                     "; use a file made with the model's tokenizer or a larger vocab"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Positive(const char* name, int64_t value) {
+  if (value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("model ", name, " must be positive, got ", value));
+}
+
+}  // namespace
+
+// -----------------------------------------------------------------------------------------------------
+
+absl::StatusOr<GptConfig> GptPreset(const std::string& name) {
+  GptConfig config;  // the defaults are the reference sizes
+  if (name == "gpt-1.3b") return config;
+  if (name == "tiny") {
+    config.vocab = 256;
+    config.hidden = 64;
+    config.heads = 4;
+    config.layers = 4;
+    config.seq = 32;
+    config.bf16_autocast = false;
+    return config;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model preset '", name, "'; the known presets are tiny and gpt-1.3b"));
+}
+
+absl::Status ValidateConfig(const GptConfig& c) {
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"vocab", c.vocab},
+                                    {"hidden", c.hidden},
+                                    {"heads", c.heads},
+                                    {"layers", c.layers},
+                                    {"seq", c.seq}}) {
+    if (absl::Status s = Positive(name, value); !s.ok()) return s;
+  }
+  if (c.hidden % c.heads != 0) {
+    const int64_t lower = c.hidden - c.hidden % c.heads;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model hidden size ", c.hidden, " is not divisible by the number of heads ", c.heads, "; use hidden ",
+        lower > 0 ? absl::StrCat(lower, " or ") : "", lower + c.heads, ", or a number of heads that divides ",
+        c.hidden));
+  }
+  return absl::OkStatus();
+}
+
+GptStageImpl::GptStageImpl(const GptConfig& config, int first, int last, uint64_t seed)
+    : config_(config), first_(first), last_(last) {
+  TORCH_CHECK(0 <= first && first < last && last <= config.pipeline_layers(), "a stage holds layers [first, last) of 0..",
+              config.pipeline_layers(), ", got [", first, ", ", last, ")");
+  layers_ = register_module("layers", torch::nn::ModuleList());
+  for (int i = first; i < last; ++i) {
+    if (i == 0) {
+      layers_->push_back(std::make_shared<EmbeddingImpl>(config, seed));
+    } else if (i == config.pipeline_layers() - 1) {
+      layers_->push_back(std::make_shared<HeadImpl>(config, seed));
+    } else {
+      layers_->push_back(std::make_shared<BlockImpl>(config, i, seed));
+    }
+  }
+}
+
+torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {
+  std::optional<CudaBf16Autocast> autocast;
+  if (config_.bf16_autocast && input.is_cuda()) autocast.emplace();
+  torch::Tensor x = input;
+  for (size_t i = 0; i < layers_->size(); ++i) x = layers_->ptr<PipelineLayerImpl>(i)->forward(x);
+  // Stages exchange fp32 hidden states; logits stay as autocast made them (the loss upcasts).
+  return has_head() ? x : x.to(torch::kFloat32);
+}
+
+torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return F::cross_entropy(logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}),
+                          targets.to(logits.device()).reshape({-1}));
+}
+
+// -----------------------------------------------------------------------------------------------------
+
+FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, double lr, double beta1, double beta2, double eps,
+                       double weight_decay)
+    : params_(std::move(params)), lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay) {
+  exp_avg_.resize(params_.size());
+  exp_avg_sq_.resize(params_.size());
+  steps_.resize(params_.size());
+}
+
+void FusedAdamW::Step() {
+  torch::NoGradGuard no_grad;
+  // One fused call per (device, dtype): the kernel wants every list on one device, in one dtype.
+  struct Group {
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  };
+  std::map<std::tuple<int, int, int>, Group> groups;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor& p = params_[i];
+    if (!p.grad().defined()) continue;
+    if (!steps_[i].defined()) {  // state is created on first use, where the parameter lives then
+      exp_avg_[i] = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+      exp_avg_sq_[i] = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+      steps_[i] = torch::zeros({}, p.options().dtype(torch::kFloat32));
+    }
+    Group& g = groups[{static_cast<int>(p.device().type()), p.device().index(), static_cast<int>(p.scalar_type())}];
+    g.params.push_back(p);
+    g.grads.push_back(p.grad());
+    g.exp_avgs.push_back(exp_avg_[i]);
+    g.exp_avg_sqs.push_back(exp_avg_sq_[i]);
+    g.steps.push_back(steps_[i]);
+  }
+  for (auto& [key, g] : groups) {
+    at::_foreach_add_(g.steps, 1);  // the kernel reads the step count; as torch.optim, we advance it
+    at::_fused_adamw_(g.params, g.grads, g.exp_avgs, g.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, g.steps, lr_, beta1_,
+                      beta2_, weight_decay_, eps_, /*amsgrad=*/false, /*maximize=*/false);
+  }
+}
+
+void FusedAdamW::ZeroGrad() {
+  for (torch::Tensor& p : params_) p.mutable_grad().reset();
+}
+
+// -----------------------------------------------------------------------------------------------------
+
+std::unique_ptr<TokenSource> MakeSyntheticCorpus(const GptConfig& config, uint64_t seed) {
+  return std::make_unique<SyntheticCorpus>(config, seed);
+}
+
+absl::StatusOr<std::unique_ptr<TokenSource>> OpenTokenFile(const std::string& path, const GptConfig& config,
+                                                           uint64_t seed) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot open token file ", path, ": ", std::strerror(errno),
+                                                   "; pass a file of uint16 tokens (nanoGPT's train.bin layout)"));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is not a regular file"));
+  }
+  const size_t bytes = st.st_size, count = bytes / 2;
+  if (bytes % 2 != 0 || count < static_cast<size_t>(config.seq) + 1) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file ", path, " has ", bytes, " bytes", bytes % 2 != 0 ? ", an odd number (truncated?)" : "",
+        "; it must hold whole uint16 tokens, at least seq + 1 = ", config.seq + 1, " of them"));
+  }
+  void* mapped = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int mmap_errno = errno;
+  close(fd);  // the mapping keeps the file
+  if (mapped == MAP_FAILED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot map token file ", path, ": ", std::strerror(mmap_errno)));
+  }
+  const auto* tokens = static_cast<const uint16_t*>(mapped);
+  if (absl::Status s = CheckTokens(path, tokens, count, config.vocab); !s.ok()) {
+    munmap(mapped, bytes);
+    return s;
+  }
+  return std::unique_ptr<TokenSource>(std::make_unique<TokenFile>(tokens, count, bytes, config.seq, seed));
+}
+
+}  // namespace stagehand

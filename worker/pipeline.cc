@@ -1,0 +1,391 @@
+// The pipeline engine (see pipeline.h). LibTorch translation unit; c10::Error becomes a Status at the
+// public functions.
+#include "worker/pipeline.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "worker/gpt_job.h"
+#include "worker/model.h"
+
+namespace stagehand {
+namespace {
+
+GptConfig ToConfig(const GptSpec& g) {
+  GptConfig c;
+  c.vocab = g.vocab();
+  c.hidden = g.hidden();
+  c.heads = g.heads();
+  c.layers = g.layers();
+  c.seq = g.seq();
+  c.bf16_autocast = !g.fp32();
+  return c;
+}
+
+torch::Device DeviceOf(const JobSpec& job) {
+  return job.device() == DEVICE_KIND_CUDA ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+}
+
+absl::StatusOr<std::unique_ptr<TokenSource>> MakeData(const JobSpec& job, const GptConfig& config) {
+  if (job.data().empty() || job.data() == "synthetic") return MakeSyntheticCorpus(config, job.seed());
+  return OpenTokenFile(job.data(), config, job.seed());
+}
+
+// Orders work between the compute stream and the communication stream on a GPU; no-ops on the CPU,
+// where every transport call is complete when it returns.
+// The one communication stream of this process: the NCCL transport is made with it (worker main),
+// and the executor orders its compute against it.
+at::cuda::CUDAStream CommStream() {
+  static const at::cuda::CUDAStream stream = at::cuda::getStreamFromPool(/*isHighPriority=*/true, 0);
+  return stream;
+}
+
+class Streams {
+ public:
+  explicit Streams(bool cuda) {
+    if (!cuda) return;
+    compute_.emplace(at::cuda::getStreamFromPool(/*isHighPriority=*/false, 0));
+    comm_.emplace(CommStream());
+  }
+  bool cuda() const { return compute_.has_value(); }
+  const at::cuda::CUDAStream& compute() const { return *compute_; }
+  // The communication stream waits for what the compute stream has enqueued so far.
+  void CommAfterCompute() {
+    if (!cuda()) return;
+    at::cuda::CUDAEvent e;
+    e.record(*compute_);
+    e.block(*comm_);
+  }
+  // An event on the communication stream, for the compute stream to wait on later.
+  std::shared_ptr<at::cuda::CUDAEvent> MarkComm() {
+    if (!cuda()) return nullptr;
+    auto e = std::make_shared<at::cuda::CUDAEvent>();
+    e->record(*comm_);
+    return e;
+  }
+  void ComputeAfter(const std::shared_ptr<at::cuda::CUDAEvent>& e) {
+    if (cuda() && e) e->block(*compute_);
+  }
+  // A tensor the communication stream reads must not be reused by the allocator before it is done.
+  void KeepForComm(const torch::Tensor& t) {
+    if (cuda()) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), *comm_);
+  }
+  void Synchronize() {
+    if (!cuda()) return;
+    compute_->synchronize();
+    comm_->synchronize();
+  }
+
+ private:
+  std::optional<at::cuda::CUDAStream> compute_, comm_;
+};
+
+class Executor {
+ public:
+  Executor(const Assignment& a, Transport* transport, GptStage stage, std::unique_ptr<TokenSource> data,
+           Streams* streams)
+      : a_(a), job_(a.job()), transport_(transport), stage_(std::move(stage)), data_(std::move(data)),
+        streams_(streams), device_(DeviceOf(job_)), m_(job_.pipeline().micro_batches()),
+        mb_(MicroBatchSize(job_)), inference_(job_.pipeline().inference()) {
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
+    const int64_t s = job_.gpt().seq(), h = job_.gpt().hidden();
+    // Receive buffers, allocated once and reused by every step.
+    if (!stage_->has_embedding()) {
+      for (int i = 0; i < m_; ++i) act_in_.push_back(torch::empty({mb_, s, h}, f32));
+    }
+    if (!stage_->has_head() && !inference_) {
+      for (int i = 0; i < m_; ++i) grad_in_.push_back(torch::empty({mb_, s, h}, f32));
+    }
+    inputs_.resize(m_);
+    outputs_.resize(m_);
+    grad_out_.resize(m_);
+    act_ready_.resize(m_);
+    grad_ready_.resize(m_);
+    if (!inference_) {
+      optimizer_ = std::make_unique<FusedAdamW>(stage_->parameters(), job_.lr() > 0 ? job_.lr() : 1e-4);
+    }
+  }
+
+  absl::StatusOr<StepResult> Step(int64_t step, const Schedule& schedule);
+
+ private:
+  absl::Status Run(const std::vector<Action>& actions, size_t& i);
+  absl::Status Communicate(const std::vector<Action>& group);
+  void Forward(int mb);
+  void Backward(int mb);
+  torch::Tensor Tokens(int mb, bool targets);
+
+  const Assignment& a_;
+  const JobSpec& job_;
+  Transport* transport_;
+  GptStage stage_;
+  std::unique_ptr<TokenSource> data_;
+  Streams* streams_;
+  const torch::Device device_;
+  const int m_;
+  const int64_t mb_;
+  const bool inference_;
+  int64_t step_ = 0;
+  std::unique_ptr<FusedAdamW> optimizer_;
+  std::vector<torch::Tensor> act_in_, grad_in_;          // receive buffers
+  std::vector<torch::Tensor> inputs_, outputs_, grad_out_;  // per micro-batch, within a step
+  std::vector<std::shared_ptr<at::cuda::CUDAEvent>> act_ready_, grad_ready_;
+  torch::Tensor loss_sum_;
+  torch::Tensor batch_;  // the current step's global batch of tokens
+  int64_t batch_step_ = -1;
+};
+
+// Micro-batch mb of the step's global batch: the same sequences however the batch is split, so that
+// runs with different micro-batch counts (and a single process) see the same data.
+torch::Tensor Executor::Tokens(int mb, bool targets) {
+  if (batch_step_ != step_) {
+    batch_ = data_->Batch(step_, 0, job_.pipeline().global_batch());
+    batch_step_ = step_;
+  }
+  torch::Tensor rows = batch_.slice(0, mb * mb_, (mb + 1) * mb_);
+  torch::Tensor t = targets ? rows.slice(1, 1) : rows.slice(1, 0, -1);
+  return t.contiguous().to(device_, /*non_blocking=*/false);
+}
+
+void Executor::Forward(int mb) {
+  torch::Tensor input;
+  if (stage_->has_embedding()) {
+    input = Tokens(mb, false);
+  } else {
+    streams_->ComputeAfter(act_ready_[mb]);
+    input = act_in_[mb].detach();
+    if (!inference_) input.requires_grad_(true);
+  }
+  std::optional<torch::NoGradGuard> no_grad;
+  if (inference_) no_grad.emplace();
+  torch::Tensor out = stage_->forward(input);
+  if (stage_->has_head() && !inference_) {
+    torch::Tensor loss = LanguageModelLoss(out, Tokens(mb, true)) / m_;
+    loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss.detach() : loss.detach();
+    out = loss;
+  }
+  inputs_[mb] = input;
+  outputs_[mb] = out;
+}
+
+void Executor::Backward(int mb) {
+  if (stage_->has_head()) {
+    outputs_[mb].backward();
+  } else {
+    streams_->ComputeAfter(grad_ready_[mb]);
+    torch::autograd::backward({outputs_[mb]}, {grad_in_[mb]});
+  }
+  if (!stage_->has_embedding()) grad_out_[mb] = inputs_[mb].grad();
+  inputs_[mb] = torch::Tensor();
+  outputs_[mb] = torch::Tensor();
+}
+
+// Posts a send/receive group (or a single operation) on the communication stream.
+absl::Status Executor::Communicate(const std::vector<Action>& group) {
+  std::vector<Transport::P2POp> ops;
+  bool any_send = false;
+  for (const Action& x : group) any_send |= x.type == ActionType::kSendActivation || x.type == ActionType::kSendGradient;
+  if (any_send) streams_->CommAfterCompute();
+  for (const Action& x : group) {
+    torch::Tensor t;
+    bool send = false;
+    switch (x.type) {
+      case ActionType::kSendActivation: t = outputs_[x.microbatch].detach(); send = true; break;
+      case ActionType::kSendGradient: t = grad_out_[x.microbatch]; send = true; break;
+      case ActionType::kRecvActivation: t = act_in_[x.microbatch]; break;
+      case ActionType::kRecvGradient: t = grad_in_[x.microbatch]; break;
+      default: return absl::InternalError(absl::StrCat("not a communication action: ", ToString(x)));
+    }
+    if (!t.defined() || !t.is_contiguous() || t.scalar_type() != torch::kFloat32) {
+      return absl::InternalError(absl::StrCat(ToString(x), ": no contiguous float32 tensor to move"));
+    }
+    if (send) streams_->KeepForComm(t);
+    ops.push_back({send, t.data_ptr(), static_cast<int64_t>(t.nbytes()), x.peer});
+  }
+  if (transport_ == nullptr) return absl::InternalError("a multi-stage schedule without a transport");
+  absl::Status s = ops.size() == 1 ? (ops[0].send ? transport_->Send(ops[0].data, ops[0].bytes, ops[0].peer)
+                                                  : transport_->Recv(ops[0].data, ops[0].bytes, ops[0].peer))
+                                   : transport_->Group(ops);
+  if (!s.ok()) return s;
+  auto done = streams_->MarkComm();
+  for (const Action& x : group) {
+    if (x.type == ActionType::kRecvActivation) act_ready_[x.microbatch] = done;
+    if (x.type == ActionType::kRecvGradient) grad_ready_[x.microbatch] = done;
+    if (x.type == ActionType::kSendGradient) grad_out_[x.microbatch] = torch::Tensor();
+  }
+  return absl::OkStatus();
+}
+
+bool IsComm(ActionType t) {
+  return t == ActionType::kSendActivation || t == ActionType::kRecvActivation || t == ActionType::kSendGradient ||
+         t == ActionType::kRecvGradient;
+}
+
+// Runs actions[i] (and the rest of its group), advancing i past them.
+absl::Status Executor::Run(const std::vector<Action>& actions, size_t& i) {
+  const Action& x = actions[i];
+  if (IsComm(x.type)) {
+    std::vector<Action> group{x};
+    while (x.group >= 0 && i + 1 < actions.size() && actions[i + 1].group == x.group) group.push_back(actions[++i]);
+    ++i;
+    return Communicate(group);
+  }
+  ++i;
+  switch (x.type) {
+    case ActionType::kForward: Forward(x.microbatch); break;
+    case ActionType::kBackward: Backward(x.microbatch); break;
+    case ActionType::kOptimizerStep:
+      optimizer_->Step();
+      optimizer_->ZeroGrad();
+      break;
+    default:
+      return absl::UnimplementedError(absl::StrCat("the executor does not run ", ToString(x), " yet"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Executor::Step(int64_t step, const Schedule& schedule) {
+  const auto t0 = std::chrono::steady_clock::now();
+  step_ = step;
+  loss_sum_ = torch::Tensor();
+  std::optional<c10::cuda::CUDAStreamGuard> guard;  // every kernel of the step on the compute stream
+  if (streams_->cuda()) guard.emplace(streams_->compute());
+  streams_->CommAfterCompute();  // receive buffers are free once the previous step's compute is done
+  const std::vector<Action>& actions = schedule.ranks[a_.rank()];
+  for (size_t i = 0; i < actions.size();) {
+    if (absl::Status s = Run(actions, i); !s.ok()) return s;
+  }
+  StepResult r;
+  r.step = step;
+  if (stage_->has_head() && loss_sum_.defined()) {
+    r.has_loss = true;
+    r.loss = loss_sum_.item<double>();
+  }
+  streams_->Synchronize();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.tokens = job_.pipeline().global_batch() * job_.gpt().seq();
+  if (device_.is_cuda()) {
+    const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    r.peak_memory_bytes = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[aggregate].peak;
+  }
+  return r;
+}
+
+absl::Status SaveParams(const GptStage& stage, const JobSpec& job, int rank) {
+  std::vector<torch::Tensor> params;
+  for (const auto& p : stage->parameters()) params.push_back(p.detach().cpu());
+  torch::save(params, absl::StrCat(job.run_dir(), "/params_rank", rank, ".pt"));
+  return absl::OkStatus();
+}
+
+absl::Status RunPipelineImpl(const Assignment& a, Transport* transport, const PipelineStepCallback& on_step) {
+  const JobSpec& job = a.job();
+  const GptConfig config = ToConfig(job.gpt());
+  const std::string name = job.pipeline().inference() ? "forward" : job.pipeline().schedule();
+  absl::StatusOr<Schedule> schedule = MakeSchedule(name, a.num_stages(), job.pipeline().micro_batches());
+  if (!schedule.ok()) return schedule.status();
+  absl::StatusOr<std::unique_ptr<TokenSource>> data = MakeData(job, config);
+  if (!data.ok()) return data.status();
+  Streams streams(job.device() == DEVICE_KIND_CUDA);
+  GptStage stage(config, a.first_layer(), a.last_layer(), job.seed());
+  stage->to(DeviceOf(job));
+  if (job.pipeline().inference()) stage->eval();
+  Executor executor(a, transport, stage, *std::move(data), &streams);
+  for (int64_t step = 0; step < job.steps(); ++step) {
+    absl::StatusOr<StepResult> r = executor.Step(step, *schedule);
+    if (!r.ok()) return r.status();
+    if (absl::Status s = on_step(*r); !s.ok()) return s;
+  }
+  if (job.save_params()) return SaveParams(stage, job, a.rank());
+  return absl::OkStatus();
+}
+
+// Times fn (forward, or forward and backward) on the device: a warm-up, then the mean of `reps`.
+double TimeMs(const std::function<void()>& fn, bool cuda, int reps = 3) {
+  fn();
+  if (cuda) torch::cuda::synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  if (cuda) torch::cuda::synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+int64_t Allocated(bool cuda) {
+  if (!cuda) return 0;
+  const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[aggregate].current;
+}
+
+// One layer's costs: forward time, forward+backward time minus forward, memory kept by autograd.
+LayerCost ProfileLayer(const JobSpec& job, const GptConfig& config, int layer) {
+  const bool cuda = job.device() == DEVICE_KIND_CUDA;
+  const torch::Device device = DeviceOf(job);
+  const int64_t mb = MicroBatchSize(job);
+  GptStage stage(config, layer, layer + 1, job.seed());
+  stage->to(device);
+  torch::Tensor input = layer == 0 ? torch::randint(config.vocab, {mb, config.seq}, torch::TensorOptions().dtype(torch::kInt64).device(device))
+                                   : torch::randn({mb, config.seq, config.hidden}, torch::TensorOptions().device(device)).requires_grad_(true);
+  const bool head = layer == config.pipeline_layers() - 1;
+  torch::Tensor targets = torch::randint(config.vocab, {mb, config.seq}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  auto forward = [&] { return head ? LanguageModelLoss(stage->forward(input), targets) : stage->forward(input); };
+  auto both = [&] {
+    torch::Tensor out = forward();
+    if (head) out.backward(); else out.backward(torch::ones_like(out));
+  };
+  LayerCost cost;
+  double fwd = TimeMs([&] { torch::NoGradGuard g; forward(); }, cuda);
+  cost.set_forward_ms(fwd);
+  cost.set_backward_ms(std::max(0.0, TimeMs(both, cuda) - fwd));
+  int64_t params = 0;
+  for (const auto& p : stage->parameters()) params += p.numel();
+  cost.set_param_bytes(params * 16);  // fp32 parameter, gradient, two AdamW moments
+  const int64_t before = Allocated(cuda);
+  torch::Tensor kept = forward();
+  cost.set_activation_bytes(std::max<int64_t>(0, Allocated(cuda) - before));
+  return cost;
+}
+
+absl::StatusOr<LayerProfile> ProfileModelImpl(const JobSpec& job) {
+  const GptConfig config = ToConfig(job.gpt());
+  std::optional<c10::cuda::CUDAStreamGuard> guard;
+  if (job.device() == DEVICE_KIND_CUDA) guard.emplace(at::cuda::getStreamFromPool(false, 0));
+  const LayerCost embedding = ProfileLayer(job, config, 0);
+  const LayerCost block = ProfileLayer(job, config, 1);  // every block has the same shapes
+  const LayerCost head = ProfileLayer(job, config, config.pipeline_layers() - 1);
+  LayerProfile profile;
+  profile.set_micro_batch(MicroBatchSize(job));
+  *profile.add_layers() = embedding;
+  for (int i = 0; i < config.layers; ++i) *profile.add_layers() = block;
+  *profile.add_layers() = head;
+  return profile;
+}
+
+}  // namespace
+
+void* PipelineCommStream() { return CommStream().stream(); }
+
+absl::StatusOr<LayerProfile> ProfileModel(const JobSpec& job) {
+  try {
+    return ProfileModelImpl(job);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("profiling the model: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status RunPipeline(const Assignment& a, Transport* transport, const PipelineStepCallback& on_step) {
+  try {
+    return RunPipelineImpl(a, transport, on_step);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("LibTorch: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace stagehand
