@@ -4,6 +4,7 @@
 #include "worker/model.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -54,7 +55,9 @@ class DenseImpl : public torch::nn::Module {
     torch::NoGradGuard no_grad;
     weight.normal_(0.0, std, gen);
   }
-  torch::Tensor forward(const torch::Tensor& x) { return F::linear(x, weight, bias); }
+  // at::linear, not F::linear: for [B, S, in] inputs the C++ frontend's F::linear (and so nn::Linear) does
+  // a matmul and then a separate bias add, where at::linear folds the bias into the GEMM as Python does.
+  torch::Tensor forward(const torch::Tensor& x) { return at::linear(x, weight, bias); }
 
   torch::Tensor weight, bias;
 };
@@ -135,6 +138,12 @@ class HeadImpl : public PipelineLayerImpl {
   torch::nn::LayerNorm ln_f_{nullptr};
   Dense lm_head_{nullptr};
 };
+
+std::shared_ptr<PipelineLayerImpl> MakeLayer(const GptConfig& config, int layer, uint64_t seed) {
+  if (layer == 0) return std::make_shared<EmbeddingImpl>(config, seed);
+  if (layer == config.pipeline_layers() - 1) return std::make_shared<HeadImpl>(config, seed);
+  return std::make_shared<BlockImpl>(config, layer, seed);
+}
 
 // bf16 autocast on CUDA for one forward, restoring what was there before. Like Python's
 // torch.autocast, the cache of cast weights is dropped when the outermost region ends: a cached bf16
@@ -315,18 +324,16 @@ absl::Status ValidateConfig(const GptConfig& c) {
 
 GptStageImpl::GptStageImpl(const GptConfig& config, int first, int last, uint64_t seed)
     : config_(config), first_(first), last_(last) {
-  TORCH_CHECK(0 <= first && first < last && last <= config.pipeline_layers(), "a stage holds layers [first, last) of 0..",
-              config.pipeline_layers(), ", got [", first, ", ", last, ")");
+  TORCH_CHECK(0 <= first && first < last && last <= config.pipeline_layers(),
+              "a stage holds layers [first, last) of 0..", config.pipeline_layers(), ", got [", first, ", ", last, ")");
+  // Each layer draws from its own generator, so layers can be built on several threads with the same
+  // result: the 1.3B model's normal draws are serial within a tensor and take seconds.
+  std::vector<std::shared_ptr<PipelineLayerImpl>> built(last - first);
+  at::parallel_for(first, last, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) built[i - first] = MakeLayer(config, i, seed);
+  });
   layers_ = register_module("layers", torch::nn::ModuleList());
-  for (int i = first; i < last; ++i) {
-    if (i == 0) {
-      layers_->push_back(std::make_shared<EmbeddingImpl>(config, seed));
-    } else if (i == config.pipeline_layers() - 1) {
-      layers_->push_back(std::make_shared<HeadImpl>(config, seed));
-    } else {
-      layers_->push_back(std::make_shared<BlockImpl>(config, i, seed));
-    }
-  }
+  for (auto& layer : built) layers_->push_back(std::move(layer));
 }
 
 torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {

@@ -173,6 +173,14 @@ TEST(GptStage, Seed_ChangesParameters) {
   ExpectSameParameters(a->parameters(), a_again->parameters());
 }
 
+TEST(GptStage, InitOnSeveralThreads_MatchesOneThread) {
+  const GptConfig c = Tiny();
+  torch::set_num_threads(2);
+  GptStage parallel(c, 0, c.pipeline_layers(), 4);
+  torch::set_num_threads(1);
+  ExpectSameParameters(parallel->parameters(), GptStage(c, 0, c.pipeline_layers(), 4)->parameters());
+}
+
 TEST(GptStage, Init_HasGptStatistics) {
   GptConfig c = Tiny();
   c.hidden = 256;

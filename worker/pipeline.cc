@@ -122,6 +122,7 @@ class Executor {
   void Forward(int mb);
   void Backward(int mb);
   torch::Tensor Tokens(int mb, bool targets);
+  void LoadBatch();
 
   const Assignment& a_;
   const JobSpec& job_;
@@ -139,20 +140,22 @@ class Executor {
   std::vector<torch::Tensor> inputs_, outputs_, grad_out_;  // per micro-batch, within a step
   std::vector<std::shared_ptr<at::cuda::CUDAEvent>> act_ready_, grad_ready_;
   torch::Tensor loss_sum_;
-  torch::Tensor batch_;  // the current step's global batch of tokens
-  int64_t batch_step_ = -1;
+  torch::Tensor batch_;  // the current step's global batch of tokens, on the device
 };
 
 // Micro-batch mb of the step's global batch: the same sequences however the batch is split, so that
 // runs with different micro-batch counts (and a single process) see the same data.
 torch::Tensor Executor::Tokens(int mb, bool targets) {
-  if (batch_step_ != step_) {
-    batch_ = data_->Batch(step_, 0, job_.pipeline().global_batch());
-    batch_step_ = step_;
-  }
   torch::Tensor rows = batch_.slice(0, mb * mb_, (mb + 1) * mb_);
-  torch::Tensor t = targets ? rows.slice(1, 1) : rows.slice(1, 0, -1);
-  return t.contiguous().to(device_, /*non_blocking=*/false);
+  return (targets ? rows.slice(1, 1) : rows.slice(1, 0, -1)).contiguous();
+}
+
+// The step's tokens go to the device in one asynchronous copy at the start of the step: a copy per
+// micro-batch from pageable memory would stall the host until the GPU drained, every micro-batch.
+void Executor::LoadBatch() {
+  if (!stage_->has_embedding() && !stage_->has_head()) return;
+  torch::Tensor batch = data_->Batch(step_, 0, job_.pipeline().global_batch());
+  batch_ = device_.is_cuda() ? batch.pin_memory().to(device_, /*non_blocking=*/true) : batch;
 }
 
 void Executor::Forward(int mb) {
@@ -258,6 +261,7 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step, const Schedule& schedule
   loss_sum_ = torch::Tensor();
   std::optional<c10::cuda::CUDAStreamGuard> guard;  // every kernel of the step on the compute stream
   if (streams_->cuda()) guard.emplace(streams_->compute());
+  LoadBatch();
   streams_->CommAfterCompute();  // receive buffers are free once the previous step's compute is done
   const std::vector<Action>& actions = schedule.ranks[a_.rank()];
   for (size_t i = 0; i < actions.size();) {
