@@ -286,6 +286,7 @@ absl::Status CoordinatorState::ReportStep(const ReportStepRequest& request) {
   record.step_seconds = request.step_seconds();
   record.tokens = request.tokens();
   record.peak_memory_bytes = request.peak_memory_bytes();
+  record.timing = request.timing();
   steps_.push_back(record);
   WorkerState& slot = workers_[request.rank()];
   if (request.step() + 1 > slot.steps_done) {
@@ -341,6 +342,15 @@ std::vector<WorkerState> CoordinatorState::Workers() const {
 std::vector<StepRecord> CoordinatorState::Steps() const {
   absl::ReaderMutexLock lock(&mu_);
   return steps_;
+}
+
+}  // namespace stagehand
+
+namespace stagehand {
+
+std::optional<Partition> CoordinatorState::partition() const {
+  absl::MutexLock lock(&mu_);
+  return partition_;
 }
 
 }  // namespace stagehand

@@ -47,6 +47,7 @@ struct StepRecord {
   double step_seconds = 0;
   int64_t tokens = 0;
   int64_t peak_memory_bytes = 0;
+  StepTiming timing;
 };
 
 // How the model's pipeline layers are split into stages, decided once every worker has registered.
@@ -95,6 +96,7 @@ class CoordinatorState {
   // Snapshots for the supervisor and the reports.
   std::vector<WorkerState> Workers() const;
   std::vector<StepRecord> Steps() const;  // in arrival order
+  std::optional<Partition> partition() const;  // once planned
 
  private:
   absl::Status CheckRank(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -40,6 +40,7 @@ struct JobRequest {
   std::optional<double> lr;
   bool inference = false;
   bool save_params = false;
+  bool no_timing = false;
 };
 
 struct ResolvedJob {

@@ -21,6 +21,8 @@
 #include "google/protobuf/text_format.h"
 #include "launcher/coordinator_service.h"
 #include "launcher/planner.h"
+#include "launcher/report.h"
+#include "launcher/sweep_report.h"
 #include "launcher/supervisor.h"
 #include "worker/gpt_job.h"
 
@@ -208,21 +210,104 @@ PartitionFn Partitioner(const JobSpec& job) {
   };
 }
 
-// Prints the steps reported since the last call: the loss from the rank that computes it.
-void PrintProgress(const CoordinatorState& state, size_t& printed) {
-  std::vector<StepRecord> steps = state.Steps();
-  const JobSpec& job = state.job();
-  const int last = job.workers() - 1;
-  for (; printed < steps.size(); ++printed) {
-    const StepRecord& r = steps[printed];
-    if (r.rank != last || !IsGptModel(job.model())) continue;
-    std::string line = absl::StrFormat("stagehand: step %d/%d", r.step + 1, job.steps());
-    if (r.has_loss) absl::StrAppend(&line, absl::StrFormat("  loss %.4f", r.loss));
-    absl::StrAppend(&line, absl::StrFormat("  %.3f s  %.0f tokens/s", r.step_seconds,
-                                           r.step_seconds > 0 ? r.tokens / r.step_seconds : 0.0));
-    std::printf("%s\n", line.c_str());
+// Live progress from the step reports of the last rank (which holds the loss): a line per step, or
+// on a terminal one bar redrawn in place. ETA from the mean step time so far.
+class Progress {
+ public:
+  Progress(bool bar, absl::Time start) : bar_(bar), start_(start) {}
+  void Update(const CoordinatorState& state) {
+    std::vector<StepRecord> steps = state.Steps();
+    const JobSpec& job = state.job();
+    for (; printed_ < steps.size(); ++printed_) {
+      const StepRecord& r = steps[printed_];
+      if (r.rank != job.workers() - 1 || !IsGptModel(job.model())) continue;
+      Print(r, job);
+    }
   }
-  std::fflush(stdout);
+  void Done() {
+    if (bar_ && drawn_) std::printf("\n");
+    std::fflush(stdout);
+  }
+
+ private:
+  void Print(const StepRecord& r, const JobSpec& job) {
+    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
+    const double eta = elapsed / (r.step + 1) * (job.steps() - r.step - 1);
+    std::string text = absl::StrFormat("step %d/%d", r.step + 1, job.steps());
+    if (r.has_loss) absl::StrAppend(&text, absl::StrFormat("  loss %.4f", r.loss));
+    absl::StrAppend(&text, absl::StrFormat("  %.3f s  %.0f tokens/s  ETA %.0f s", r.step_seconds,
+                                           r.step_seconds > 0 ? r.tokens / r.step_seconds : 0.0, eta));
+    if (!bar_) {
+      std::printf("stagehand: %s\n", text.c_str());
+    } else {
+      const int width = 30, done = static_cast<int>(width * (r.step + 1) / std::max<int64_t>(1, job.steps()));
+      std::printf("\r[%s%s] %s\x1b[K", std::string(done, '#').c_str(), std::string(width - done, '.').c_str(),
+                  text.c_str());
+      drawn_ = true;
+    }
+    std::fflush(stdout);
+  }
+
+  const bool bar_;
+  const absl::Time start_;
+  size_t printed_ = 0;
+  bool drawn_ = false;
+};
+
+std::vector<ReportStepRequest> StepRequests(const std::vector<StepRecord>& steps) {
+  std::vector<ReportStepRequest> out;
+  for (const StepRecord& r : steps) {
+    ReportStepRequest q;
+    q.set_rank(r.rank);
+    q.set_step(r.step);
+    q.set_has_loss(r.has_loss);
+    q.set_loss(r.loss);
+    q.set_step_seconds(r.step_seconds);
+    q.set_tokens(r.tokens);
+    q.set_peak_memory_bytes(r.peak_memory_bytes);
+    *q.mutable_timing() = r.timing;
+    out.push_back(std::move(q));
+  }
+  return out;
+}
+
+// report.json and trace.json; a summary line of what the run achieved and where the time went.
+RunReport WriteReports(const CoordinatorState& state, const Supervisor& supervisor, const LaunchOptions& options,
+                       const std::string& run_dir) {
+  ReportInput in;
+  in.job_id = state.job_id();
+  in.job = state.job();
+  in.exit_code = supervisor.exit_code();
+  in.root_cause = supervisor.root_cause();
+  in.steps = StepRequests(state.Steps());
+  for (const WorkerState& w : state.Workers()) {
+    in.hosts.push_back(w.host);
+    in.devices.push_back(w.device.name().empty() ? "cpu" : w.device.name());
+  }
+  if (std::optional<Partition> p = state.partition()) {
+    int first = 0;
+    for (int n : p->layers_per_stage) {
+      in.layers.push_back({first, first + n});
+      first += n;
+    }
+  }
+  in.layers.resize(in.hosts.size(), {0, 0});
+  in.peak_tflops_per_device = options.peak_tflops_per_device;
+  in.warmup_steps = std::min<int64_t>(3, std::max<int64_t>(0, state.job().steps() - 1));
+  for (const RankLedger& l : supervisor.Ledger()) {
+    if (l.first_step) in.launch_to_first_step_seconds = std::max(in.launch_to_first_step_seconds, absl::ToDoubleSeconds(*l.first_step));
+  }
+  RunReport report = BuildReport(in);
+  if (absl::StatusOr<std::string> json = ReportJson(report); json.ok()) std::ofstream(run_dir + "/report.json") << *json;
+  std::ofstream(run_dir + "/trace.json") << ChromeTrace(in.steps, state.job().workers());
+  if (IsGptModel(state.job().model()) && report.step_seconds() > 0) {
+    std::string line = absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s  %.1f TFLOP/s  MFU %.1f%%  bubble",
+                                       report.step_seconds(), report.tokens_per_second(), report.tflops(),
+                                       100 * report.mfu());
+    for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
+    std::printf("%s (after %d warm-up steps)\n", line.c_str(), static_cast<int>(report.warmup_steps()));
+  }
+  return report;
 }
 
 void WriteSteps(const std::vector<StepRecord>& steps, const std::string& path) {
@@ -235,8 +320,7 @@ void WriteSteps(const std::vector<StepRecord>& steps, const std::string& path) {
 }
 
 // Runs the supervisor until every worker is gone, feeding it signals.
-void Supervise(Supervisor& supervisor, const CoordinatorState& state) {
-  size_t printed = 0;
+void Supervise(Supervisor& supervisor, const CoordinatorState& state, Progress& progress) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -244,12 +328,13 @@ void Supervise(Supervisor& supervisor, const CoordinatorState& state) {
   sigaddset(&set, SIGCHLD);
   int interrupts = 0;
   while (!supervisor.Tick()) {
-    PrintProgress(state, printed);
+    progress.Update(state);
     timespec tick{0, 20 * 1000 * 1000};
     siginfo_t info;
     int sig = sigtimedwait(&set, &info, &tick);
     if (sig == SIGINT || sig == SIGTERM) {
       ++interrupts;
+      progress.Done();
       std::fprintf(stdout, "stagehand: %s: %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                    interrupts == 1 ? "stopping the workers (again to kill them at once)" : "killing the workers");
       std::fflush(stdout);
@@ -260,16 +345,18 @@ void Supervise(Supervisor& supervisor, const CoordinatorState& state) {
 
 }  // namespace
 
-int Launch(const LaunchOptions& options) {
+LaunchResult Launch(const LaunchOptions& options) {
+  LaunchResult result;
+  result.exit_code = kExitUsage;
   absl::StatusOr<ResolvedJob> job = ResolveJob(options.job, QueryDevices());
   absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
   if (!job.ok() || !worker.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string((job.ok() ? worker.status() : job.status()).message()).c_str());
-    return kExitUsage;
+    return result;
   }
   if (absl::Status s = CheckFits(job->spec, job->gpus); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
-    return kExitUsage;
+    return result;
   }
   for (const std::string& note : job->notes) std::printf("stagehand: %s\n", note.c_str());
   const std::string job_id = RandomHex(4);
@@ -280,7 +367,7 @@ int Launch(const LaunchOptions& options) {
   }
   if (absl::Status s = MakeDirs(run_dir); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
-    return kExitUsage;
+    return result;
   }
   std::string text;
   google::protobuf::TextFormat::PrintToString(job->spec, &text);
@@ -292,7 +379,8 @@ int Launch(const LaunchOptions& options) {
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options.coordinator_address, &state);
   if (!server.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(server.status().message()).c_str());
-    return server.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitLaunchFailed;
+    result.exit_code = server.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitLaunchFailed;
+    return result;
   }
   std::unique_ptr<ProcessSpawner> spawner = NewPosixProcessSpawner();
   SupervisorOptions so{*worker, (*server)->address(), run_dir, WorkerEnvironment(job->spec.workers()), job->gpus, options.launch};
@@ -302,12 +390,18 @@ int Launch(const LaunchOptions& options) {
               job->spec.workers() == 1 ? "" : "s", static_cast<long long>(job->spec.steps()), job->spec.model().c_str(),
               (*server)->address().c_str(), run_dir.c_str());
   std::fflush(stdout);
+  result.started = true;
+  result.run_dir = run_dir;
   (void)supervisor.Start();
-  Supervise(supervisor, state);
+  Progress progress(options.progress_bar, absl::Now());
+  Supervise(supervisor, state, progress);
+  progress.Update(state);
+  progress.Done();
   const absl::Duration elapsed = absl::Now() - supervisor.launch_time();
   (*server)->Stop();
   WriteLedger(supervisor.Ledger(), supervisor.launch_time(), run_dir + "/startup_ledger.tsv");
   WriteSteps(state.Steps(), run_dir + "/steps.csv");
+  result.report = WriteReports(state, supervisor, options, run_dir);
   if (supervisor.exit_code() == kExitSuccess) {
     std::printf("stagehand: done: %d workers, %lld steps in %.2f s; run directory %s\n", job->spec.workers(),
                 static_cast<long long>(job->spec.steps()), absl::ToDoubleSeconds(elapsed), run_dir.c_str());
@@ -316,7 +410,65 @@ int Launch(const LaunchOptions& options) {
                 supervisor.root_cause().c_str(), run_dir.c_str());
   }
   std::fflush(stdout);
-  return supervisor.exit_code();
+  result.exit_code = supervisor.exit_code();
+  return result;
+}
+
+}  // namespace stagehand
+
+namespace stagehand {
+
+int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
+  const std::string base = UserPath(options.run_dir.empty()
+                                        ? absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(),
+                                                                                 absl::LocalTimeZone()), "-sweep")
+                                        : options.run_dir);
+  if (absl::Status s = MakeDirs(base); !s.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  const DeviceInventory inventory = QueryDevices();
+  const bool cpu = options.job.device == "cpu" || (options.job.device != "cuda" && inventory.gpus.empty());
+  std::vector<SweepPoint> points;
+  int exit_code = kExitSuccess;
+  for (int n : counts) {
+    SweepPoint p;
+    p.workers = p.stages = n;
+    if (!cpu && n > static_cast<int>(inventory.gpus.size())) {
+      p.note = absl::StrCat(n, " GPUs asked, ", inventory.gpus.size(), " visible");
+      std::printf("stagehand: sweep: skipping %d workers: %s\n", n, p.note.c_str());
+      points.push_back(p);
+      continue;
+    }
+    LaunchOptions o = options;
+    o.run_dir = absl::StrCat(base, "/workers_", n);
+    o.launch = absl::Now();  // each run's ledger counts from its own start
+    if (cpu) o.job.workers = n; else o.job.gpus = n;
+    o.job.pipeline_stages = n;
+    std::printf("stagehand: sweep: %d worker%s\n", n, n == 1 ? "" : "s");
+    std::fflush(stdout);
+    LaunchResult r = Launch(o);
+    p.ok = r.exit_code == kExitSuccess;
+    if (!p.ok) {
+      p.note = absl::StrCat("exit ", r.exit_code, r.report.root_cause().empty() ? "" : ": ", r.report.root_cause());
+      if (exit_code == kExitSuccess) exit_code = r.exit_code;
+    }
+    p.run_dir = r.run_dir;
+    p.step_seconds = r.report.step_seconds();
+    p.tokens_per_second = r.report.tokens_per_second();
+    p.micro_batches = r.report.job().pipeline().micro_batches();
+    for (const RankReport& rank : r.report.ranks()) p.peak_memory_bytes.push_back(rank.peak_memory_bytes());
+    points.push_back(p);
+    if (!r.started) break;  // the job itself is refused: every count would be
+  }
+  const std::string title = absl::StrCat("stagehand sweep: ", options.job.model.empty() ? "allreduce" : options.job.model,
+                                         cpu ? " on CPU workers" : " on GPUs");
+  std::ofstream(base + "/sweep.csv") << SweepCsv(points);
+  std::ofstream(base + "/sweep.md") << SweepMarkdown(points, title);
+  std::ofstream(base + "/sweep.svg") << SweepSvg(points, title);
+  std::printf("%s\nstagehand: sweep written to %s (sweep.csv, sweep.md, sweep.svg)\n", SweepMarkdown(points, title).c_str(),
+              base.c_str());
+  return exit_code;
 }
 
 }  // namespace stagehand

@@ -5,9 +5,11 @@
 #define STAGEHAND_LAUNCHER_LAUNCH_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "launcher/job.h"
+#include "protos/job.pb.h"
 
 namespace stagehand {
 
@@ -17,11 +19,25 @@ struct LaunchOptions {
   std::string coordinator_address;  // host:port; port 0 picks one
   std::string worker_binary;        // "" to find it beside the launcher
   absl::Time launch = absl::Now();  // when the launcher process started (the ledger counts from it)
+  double peak_tflops_per_device = 989.0;  // for MFU: dense bf16 of an H100/H200
+  bool progress_bar = false;        // a live bar (a terminal) rather than a line per step
+};
+
+struct LaunchResult {
+  int exit_code = 0;
+  bool started = false;  // workers were spawned (false: refused before anything started)
+  RunReport report;
+  std::string run_dir;
 };
 
 // SIGINT, SIGTERM and SIGCHLD must be blocked in every thread before this is called (main() does it
 // first thing), so that Launch() receives them with sigtimedwait.
-int Launch(const LaunchOptions& options);
+LaunchResult Launch(const LaunchOptions& options);
+
+// `launcher --sweep=1,2,4`: the same job at each worker count (counts beyond the visible GPUs are
+// skipped with a note), each run in <run_dir>/workers_<N>, then sweep.csv, sweep.md and sweep.svg in
+// <run_dir>. Returns 0 when every run that was not skipped succeeded, else the first failure's code.
+int Sweep(const LaunchOptions& options, const std::vector<int>& counts);
 
 }  // namespace stagehand
 

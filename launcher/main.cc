@@ -1,12 +1,15 @@
 // stagehand launcher: `launcher --gpus=N` runs a job with one worker per GPU (or CPU workers), serves
 // the coordinator over gRPC and supervises the workers. Flags are defined here only.
 #include <signal.h>
+#include <unistd.h>
 #include <sys/prctl.h>
 
 #include <cstdio>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/flags.h"
 #include "launcher/launch.h"
@@ -46,6 +49,10 @@ ABSL_FLAG(std::string, data, "", "GPT: a file of uint16 tokens (nanoGPT layout);
 ABSL_FLAG(double, lr, -1, "GPT: AdamW learning rate (default 1e-4)");
 ABSL_FLAG(bool, inference, false, "GPT: forward-only pipeline over --global_batch sequences per step");
 ABSL_FLAG(bool, save_params, false, "GPT: each rank writes its final parameters to the run directory");
+ABSL_FLAG(std::string, sweep, "", "run the job at each worker count, e.g. 1,2,4, and write sweep.csv, sweep.md and "
+                                  "sweep.svg in the run directory");
+ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and trace.json)");
+ABSL_FLAG(double, peak_tflops, 989.0, "peak TFLOP/s of one device, for MFU (dense bf16 of an H100/H200)");
 ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
 
 namespace {
@@ -103,6 +110,9 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  j.no_timing = !absl::GetFlag(FLAGS_timing);
+  o.peak_tflops_per_device = absl::GetFlag(FLAGS_peak_tflops);
+  o.progress_bar = isatty(STDOUT_FILENO);
   return o;
 }
 
@@ -135,5 +145,17 @@ int main(int argc, char** argv) {
   }
   stagehand::LaunchOptions options = OptionsFromFlags(*parsed);
   options.launch = launch;
-  return stagehand::Launch(options);
+  if (!absl::GetFlag(FLAGS_sweep).empty()) {
+    std::vector<int> counts;
+    for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_sweep), ',')) {
+      int n = 0;
+      if (!absl::SimpleAtoi(c, &n) || n < 1) {
+        std::fprintf(stderr, "stagehand: --sweep=%s: expected worker counts like 1,2,4\n", absl::GetFlag(FLAGS_sweep).c_str());
+        return stagehand::kExitUsage;
+      }
+      counts.push_back(n);
+    }
+    return stagehand::Sweep(options, counts);
+  }
+  return stagehand::Launch(options).exit_code;
 }

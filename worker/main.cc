@@ -174,6 +174,7 @@ absl::Status RunGpt(Run& run, Transport* transport) {
     req.set_step_seconds(r.seconds);
     req.set_tokens(r.tokens);
     req.set_peak_memory_bytes(r.peak_memory_bytes);
+    *req.mutable_timing() = r.timing;
     return run.client->ReportStep(req);
   });
 }

@@ -8,10 +8,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "worker/gpt_job.h"
 #include "worker/model.h"
@@ -57,6 +59,7 @@ class Streams {
   }
   bool cuda() const { return compute_.has_value(); }
   const at::cuda::CUDAStream& compute() const { return *compute_; }
+  const at::cuda::CUDAStream& comm() const { return *comm_; }
   // The communication stream waits for what the compute stream has enqueued so far.
   void CommAfterCompute() {
     if (!cuda()) return;
@@ -88,13 +91,142 @@ class Streams {
   std::optional<at::cuda::CUDAStream> compute_, comm_;
 };
 
+// Times a step's actions: CUDA events on the compute and communication streams on a GPU (read once
+// the step has synchronised), the host clock on the CPU. Builds the rank's non-overlapping slices:
+// each compute action, and before it the time its stream waited for a receive ("wait") or sat idle.
+class StepTimer {
+ public:
+  StepTimer(bool enabled, Streams* streams) : enabled_(enabled), streams_(streams) {}
+
+  void BeginStep() {
+    if (!enabled_) return;
+    entries_.clear();
+    comm_.clear();
+    host_start_ = Clock::now();
+    start_unix_micros_ = absl::ToUnixMicros(absl::Now());
+    if (streams_->cuda()) step_start_ = Record(streams_->compute());
+  }
+  // Brackets a compute action; `waited_for` names the receive its stream had to wait for, if any.
+  void StartCompute() {
+    if (!enabled_) return;
+    pending_ = Mark(streams_->cuda() ? &streams_->compute() : nullptr);
+  }
+  void EndCompute(const Action& a, std::string waited_for) {
+    if (!enabled_) return;
+    entries_.push_back({ToString(a), Kind(a.type), pending_, Mark(streams_->cuda() ? &streams_->compute() : nullptr),
+                        std::move(waited_for), 0});
+  }
+  // Brackets a send/receive group (on the communication stream on a GPU).
+  void StartComm() {
+    if (!enabled_) return;
+    pending_ = Mark(streams_->cuda() ? &streams_->comm() : nullptr);
+  }
+  void EndComm(const std::vector<Action>& group, int64_t bytes) {
+    if (!enabled_) return;
+    std::string name;
+    for (const Action& a : group) absl::StrAppend(&name, name.empty() ? "" : " ", ToString(a));
+    const bool send = group[0].type == ActionType::kSendActivation || group[0].type == ActionType::kSendGradient;
+    comm_.push_back({name, send ? "send" : "recv", pending_, Mark(streams_->cuda() ? &streams_->comm() : nullptr), "",
+                     bytes});
+  }
+  // After the step's streams have synchronised.
+  StepTiming Finish(int rank, int64_t step, double step_ms) const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Mark_ {
+    std::shared_ptr<at::cuda::CUDAEvent> event;
+    Clock::time_point host;
+  };
+  struct Entry {
+    std::string name, kind;
+    Mark_ start, end;
+    std::string waited_for;
+    int64_t bytes;
+  };
+  static std::string Kind(ActionType t) {
+    switch (t) {
+      case ActionType::kForward: return "forward";
+      case ActionType::kOptimizerStep: return "optimizer";
+      default: return "backward";
+    }
+  }
+  static std::shared_ptr<at::cuda::CUDAEvent> Record(const at::cuda::CUDAStream& stream) {
+    auto e = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);  // timing enabled
+    e->record(stream);
+    return e;
+  }
+  Mark_ Mark(const at::cuda::CUDAStream* stream) const {
+    return {stream ? Record(*stream) : nullptr, Clock::now()};
+  }
+  double Ms(const Mark_& m) const {  // since the step's start
+    if (m.event) return step_start_->elapsed_time(*m.event);
+    return std::chrono::duration<double, std::milli>(m.host - host_start_).count();
+  }
+
+  const bool enabled_;
+  Streams* streams_;
+  Clock::time_point host_start_;
+  int64_t start_unix_micros_ = 0;
+  std::shared_ptr<at::cuda::CUDAEvent> step_start_;
+  Mark_ pending_;
+  std::vector<Entry> entries_, comm_;
+};
+
+StepTiming StepTimer::Finish(int rank, int64_t step, double step_ms) const {
+  StepTiming t;
+  t.set_rank(rank);
+  t.set_step(step);
+  t.set_step_ms(step_ms);
+  t.set_start_unix_micros(start_unix_micros_);
+  if (!enabled_) return t;
+  auto add = [&](const std::string& name, const std::string& kind, double start, double end, int64_t bytes) {
+    if (end - start <= 0) return;
+    ActionTiming* a = t.add_actions();
+    a->set_name(name);
+    a->set_kind(kind);
+    a->set_start_ms(start);
+    a->set_duration_ms(end - start);
+    a->set_bytes(bytes);
+    if (kind == "forward") t.set_forward_ms(t.forward_ms() + end - start);
+    if (kind == "backward") t.set_backward_ms(t.backward_ms() + end - start);
+    if (kind == "optimizer") t.set_optimizer_ms(t.optimizer_ms() + end - start);
+    if (kind == "wait" || kind == "send" || kind == "recv") t.set_wait_ms(t.wait_ms() + end - start);
+  };
+  // On the CPU communication blocks the one thread, so it is part of the rank's sequence of slices;
+  // on a GPU it runs beside compute and shows only as the waits it causes.
+  std::vector<const Entry*> track;
+  for (const Entry& e : entries_) track.push_back(&e);
+  if (!streams_->cuda()) {
+    for (const Entry& e : comm_) track.push_back(&e);
+    std::sort(track.begin(), track.end(), [](const Entry* a, const Entry* b) { return a->start.host < b->start.host; });
+  }
+  double prev = 0;
+  for (const Entry* e : track) {
+    const double start = std::max(prev, Ms(e->start)), end = std::max(start, Ms(e->end));
+    add(e->waited_for.empty() ? "idle" : "wait " + e->waited_for, e->waited_for.empty() ? "idle" : "wait", prev, start, 0);
+    add(e->name, e->kind, start, end, e->bytes);
+    prev = end;
+  }
+  int64_t bytes = 0;
+  double comm_ms = 0;
+  for (const Entry& e : comm_) {
+    bytes += e.bytes;
+    comm_ms += std::max(0.0, Ms(e.end) - Ms(e.start));
+  }
+  t.set_comm_bytes(bytes);
+  t.set_comm_ms(comm_ms);
+  t.set_idle_ms(std::max(0.0, step_ms - t.forward_ms() - t.backward_ms() - t.optimizer_ms() - t.wait_ms()));
+  return t;
+}
+
 class Executor {
  public:
   Executor(const Assignment& a, Transport* transport, GptStage stage, std::unique_ptr<TokenSource> data,
            Streams* streams)
       : a_(a), job_(a.job()), transport_(transport), stage_(std::move(stage)), data_(std::move(data)),
         streams_(streams), device_(DeviceOf(job_)), m_(job_.pipeline().micro_batches()),
-        mb_(MicroBatchSize(job_)), inference_(job_.pipeline().inference()) {
+        mb_(MicroBatchSize(job_)), inference_(job_.pipeline().inference()), timer_(!job_.no_timing(), streams) {
     const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
     const int64_t s = job_.gpt().seq(), h = job_.gpt().hidden();
     // Receive buffers, allocated once and reused by every step.
@@ -141,6 +273,7 @@ class Executor {
   std::vector<std::shared_ptr<at::cuda::CUDAEvent>> act_ready_, grad_ready_;
   torch::Tensor loss_sum_;
   torch::Tensor batch_;  // the current step's global batch of tokens, on the device
+  StepTimer timer_;
 };
 
 // Micro-batch mb of the step's global batch: the same sequences however the batch is split, so that
@@ -163,7 +296,6 @@ void Executor::Forward(int mb) {
   if (stage_->has_embedding()) {
     input = Tokens(mb, false);
   } else {
-    streams_->ComputeAfter(act_ready_[mb]);
     input = act_in_[mb].detach();
     if (!inference_) input.requires_grad_(true);
   }
@@ -183,7 +315,6 @@ void Executor::Backward(int mb) {
   if (stage_->has_head()) {
     outputs_[mb].backward();
   } else {
-    streams_->ComputeAfter(grad_ready_[mb]);
     torch::autograd::backward({outputs_[mb]}, {grad_in_[mb]});
   }
   if (!stage_->has_embedding()) grad_out_[mb] = inputs_[mb].grad();
@@ -214,10 +345,14 @@ absl::Status Executor::Communicate(const std::vector<Action>& group) {
     ops.push_back({send, t.data_ptr(), static_cast<int64_t>(t.nbytes()), x.peer});
   }
   if (transport_ == nullptr) return absl::InternalError("a multi-stage schedule without a transport");
+  int64_t bytes = 0;
+  for (const Transport::P2POp& op : ops) bytes += op.bytes;
+  timer_.StartComm();
   absl::Status s = ops.size() == 1 ? (ops[0].send ? transport_->Send(ops[0].data, ops[0].bytes, ops[0].peer)
                                                   : transport_->Recv(ops[0].data, ops[0].bytes, ops[0].peer))
                                    : transport_->Group(ops);
   if (!s.ok()) return s;
+  timer_.EndComm(group, bytes);
   auto done = streams_->MarkComm();
   for (const Action& x : group) {
     if (x.type == ActionType::kRecvActivation) act_ready_[x.microbatch] = done;
@@ -242,6 +377,17 @@ absl::Status Executor::Run(const std::vector<Action>& actions, size_t& i) {
     return Communicate(group);
   }
   ++i;
+  // The compute stream waits for the receive this action needs, before its timing starts: the wait
+  // shows as its own slice.
+  std::string waited_for;
+  if (x.type == ActionType::kForward && !stage_->has_embedding()) {
+    streams_->ComputeAfter(act_ready_[x.microbatch]);
+    waited_for = absl::StrCat("RA", x.microbatch);
+  } else if (x.type == ActionType::kBackward && !stage_->has_head()) {
+    streams_->ComputeAfter(grad_ready_[x.microbatch]);
+    waited_for = absl::StrCat("RG", x.microbatch);
+  }
+  timer_.StartCompute();
   switch (x.type) {
     case ActionType::kForward: Forward(x.microbatch); break;
     case ActionType::kBackward: Backward(x.microbatch); break;
@@ -252,6 +398,7 @@ absl::Status Executor::Run(const std::vector<Action>& actions, size_t& i) {
     default:
       return absl::UnimplementedError(absl::StrCat("the executor does not run ", ToString(x), " yet"));
   }
+  timer_.EndCompute(x, std::move(waited_for));
   return absl::OkStatus();
 }
 
@@ -261,6 +408,7 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step, const Schedule& schedule
   loss_sum_ = torch::Tensor();
   std::optional<c10::cuda::CUDAStreamGuard> guard;  // every kernel of the step on the compute stream
   if (streams_->cuda()) guard.emplace(streams_->compute());
+  timer_.BeginStep();
   LoadBatch();
   streams_->CommAfterCompute();  // receive buffers are free once the previous step's compute is done
   const std::vector<Action>& actions = schedule.ranks[a_.rank()];
@@ -275,6 +423,7 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step, const Schedule& schedule
   }
   streams_->Synchronize();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.timing = timer_.Finish(a_.rank(), step, r.seconds * 1e3);
   r.tokens = job_.pipeline().global_batch() * job_.gpt().seq();
   if (device_.is_cuda()) {
     const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);

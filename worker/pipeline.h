@@ -23,6 +23,7 @@ struct StepResult {
   double seconds = 0;
   int64_t tokens = 0;     // tokens through the whole pipeline this step
   int64_t peak_memory_bytes = 0;
+  StepTiming timing;      // where the step's time went on this rank (actions empty when timing is off)
 };
 
 using PipelineStepCallback = std::function<absl::Status(const StepResult&)>;

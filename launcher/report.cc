@@ -1,0 +1,348 @@
+// report.json, trace.json and the run's summary numbers, computed from the job and the step reports
+// alone (no clocks, no files), so every figure the launcher prints can be checked by hand in a test.
+#include "launcher/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace stagehand {
+namespace {
+
+// (rank, step) -> the report. Ordered, so every walk over it is by rank, then step: the output does
+// not depend on the order in which reports arrived.
+using Reports = std::map<std::pair<int, int64_t>, const ReportStepRequest*>;
+
+// A retried ReportStep may deliver a (rank, step) twice; it must count once, and the last one wins.
+Reports ByRankAndStep(const std::vector<ReportStepRequest>& steps) {
+  Reports out;
+  for (const ReportStepRequest& r : steps) out[{r.rank(), r.step()}] = &r;
+  return out;
+}
+
+// The steps after the warm-up; all of them when the warm-up covers the whole run, so a short run
+// (a smoke test, a job that died early) still gets numbers rather than zeros.
+Reports TimedReports(const Reports& all, int64_t warmup_steps) {
+  Reports timed;
+  for (const auto& [key, r] : all) {
+    if (key.second >= warmup_steps) timed.emplace(key, r);
+  }
+  return timed.empty() ? all : timed;
+}
+
+struct StepTime {
+  double seconds = 0;
+  int64_t tokens = 0;
+};
+
+// Per step: the time of the rank holding the loss (the head finishes last, so its step time is the
+// pipeline's); without a loss (inference) the slowest rank's, which bounds the step the same way.
+// Decided per step, so a step whose head report is missing still gets the slowest rank's time.
+std::map<int64_t, StepTime> StepTimes(const Reports& timed) {
+  std::map<int64_t, double> head;
+  std::map<int64_t, StepTime> out;
+  for (const auto& [key, r] : timed) {
+    StepTime& s = out[key.second];
+    s.seconds = std::max(s.seconds, r->step_seconds());
+    s.tokens = std::max(s.tokens, r->tokens());  // every rank reports the pipeline's batch
+    if (r->has_loss()) head[key.second] = std::max(head[key.second], r->step_seconds());
+  }
+  for (const auto& [step, seconds] : head) out[step].seconds = seconds;
+  return out;
+}
+
+// Tokens/s is total tokens over total time, i.e. mean tokens / mean step time, so one slow step
+// weighs by its length as it does in wall time.
+void FillThroughput(const Reports& timed, const ReportInput& input, int ranks, RunReport& report) {
+  double seconds = 0;
+  double tokens = 0;
+  const std::map<int64_t, StepTime> steps = StepTimes(timed);
+  for (const auto& [step, t] : steps) {
+    seconds += t.seconds;
+    tokens += static_cast<double>(t.tokens);
+  }
+  report.set_flops_per_step(StepFlops(input.job));
+  if (steps.empty() || seconds <= 0) return;
+  report.set_step_seconds(seconds / steps.size());
+  report.set_tokens_per_second(tokens / seconds);
+  report.set_tflops(report.flops_per_step() / report.step_seconds() / 1e12);
+  const double peak = input.peak_tflops_per_device * ranks;
+  if (peak > 0) report.set_mfu(report.tflops() / peak);
+}
+
+// Losses over the whole run, warm-up included (the first loss is the point of comparison), in step
+// order whatever the ranks: (step, rank) keys, so the first and last are the ends of the map.
+void FillLosses(const Reports& all, RunReport& report) {
+  std::map<std::pair<int64_t, int>, double> losses;
+  for (const auto& [key, r] : all) {
+    if (r->has_loss()) losses[{key.second, key.first}] = r->loss();
+  }
+  if (losses.empty()) return;
+  report.set_first_loss(losses.begin()->second);
+  report.set_last_loss(losses.rbegin()->second);
+}
+
+// Sums of one rank's timed steps; the means divide by the steps that carried timing, so a run with
+// timing off on some steps is not diluted by zeros.
+struct RankSums {
+  int steps = 0;
+  double forward_ms = 0, backward_ms = 0, optimizer_ms = 0, wait_ms = 0, idle_ms = 0;
+  double bubble = 0;
+  int bubble_steps = 0;
+  double comm_bytes = 0, comm_ms = 0;
+};
+
+// The reports of one rank: a contiguous range of the (rank, step) map.
+template <typename Fn>
+void ForRank(int rank, const Reports& reports, Fn fn) {
+  for (auto it = reports.lower_bound({rank, std::numeric_limits<int64_t>::min()});
+       it != reports.end() && it->first.first == rank; ++it) {
+    fn(*it->second);
+  }
+}
+
+RankSums SumRank(int rank, const Reports& timed) {
+  RankSums s;
+  ForRank(rank, timed, [&s](const ReportStepRequest& r) {
+    if (!r.has_timing()) return;
+    const StepTiming& t = r.timing();
+    ++s.steps;
+    s.forward_ms += t.forward_ms();
+    s.backward_ms += t.backward_ms();
+    s.optimizer_ms += t.optimizer_ms();
+    s.wait_ms += t.wait_ms();
+    s.idle_ms += t.idle_ms();
+    s.comm_bytes += static_cast<double>(t.comm_bytes());
+    s.comm_ms += t.comm_ms();
+    if (t.step_ms() <= 0) return;
+    // Clamped per step: compute a little over the step time is disagreement between timers, not a
+    // negative bubble.
+    const double busy = t.forward_ms() + t.backward_ms() + t.optimizer_ms();
+    s.bubble += std::clamp(1 - busy / t.step_ms(), 0.0, 1.0);
+    ++s.bubble_steps;
+  });
+  return s;
+}
+
+// Peak memory is a high-water mark, so the warm-up steps count too.
+int64_t PeakMemory(int rank, const Reports& all) {
+  int64_t peak = 0;
+  ForRank(rank, all, [&peak](const ReportStepRequest& r) { peak = std::max(peak, r.peak_memory_bytes()); });
+  return peak;
+}
+
+RankReport BuildRank(int rank, const Reports& all, const Reports& timed, const ReportInput& input) {
+  RankReport out;
+  out.set_rank(rank);
+  if (rank < static_cast<int>(input.hosts.size())) out.set_host(input.hosts[rank]);
+  if (rank < static_cast<int>(input.devices.size())) out.set_device(input.devices[rank]);
+  if (rank < static_cast<int>(input.layers.size())) {
+    out.set_first_layer(input.layers[rank].first);
+    out.set_last_layer(input.layers[rank].second);
+  }
+  out.set_peak_memory_bytes(PeakMemory(rank, all));
+  const RankSums s = SumRank(rank, timed);
+  if (s.steps > 0) {
+    out.set_forward_ms(s.forward_ms / s.steps);
+    out.set_backward_ms(s.backward_ms / s.steps);
+    out.set_optimizer_ms(s.optimizer_ms / s.steps);
+    out.set_wait_ms(s.wait_ms / s.steps);
+    out.set_idle_ms(s.idle_ms / s.steps);
+  }
+  if (s.bubble_steps > 0) out.set_bubble_fraction(s.bubble / s.bubble_steps);
+  // Bytes per ms / 1e6 = GB/s.
+  if (s.comm_bytes > 0 && s.comm_ms > 0) out.set_comm_gbps(s.comm_bytes / s.comm_ms / 1e6);
+  return out;
+}
+
+// The ranks of the run: the launcher's list when it has one (a rank that never reported still shows,
+// with zeros), else every rank up to the highest that reported.
+int RankCount(const ReportInput& input, const Reports& all) {
+  if (!input.hosts.empty()) return static_cast<int>(input.hosts.size());
+  return all.empty() ? 0 : all.rbegin()->first.first + 1;
+}
+
+// JSON string literal. Action names are ours ("SA3>1"), but nothing stops a name with a quote, so
+// everything JSON forbids raw is escaped; other bytes (UTF-8) pass through.
+std::string JsonString(absl::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// Trace times are kept in integer nanoseconds and printed as microseconds with three decimals, so what
+// is printed is exactly what was clamped: rounding ts and dur separately could reopen an overlap.
+int64_t Nanos(double ms) { return std::isfinite(ms) ? std::llround(ms * 1e6) : 0; }
+
+std::string Micros(int64_t ns) {
+  const uint64_t abs_ns = ns < 0 ? 0 - static_cast<uint64_t>(ns) : static_cast<uint64_t>(ns);
+  return absl::StrFormat("%s%d.%03d", ns < 0 ? "-" : "", abs_ns / 1000, abs_ns % 1000);
+}
+
+std::vector<std::string> MetadataEvents(int rank) {
+  const std::string head = absl::StrFormat(R"({"ph":"M","pid":%d,"tid":0,)", rank);
+  return {
+      absl::StrCat(head, R"("name":"process_name","args":{"name":"rank )", rank, "\"}}"),
+      absl::StrCat(head, R"("name":"process_sort_index","args":{"sort_index":)", rank, "}}"),
+      absl::StrCat(head, R"("name":"thread_name","args":{"name":"actions"}})"),
+  };
+}
+
+// One rank's track. The steps' start times come from the worker's wall clock and the actions' offsets
+// from its device timers, so an action can appear to start before the previous one ended (clock
+// jitter between steps, timers that disagree by microseconds). Trace viewers mis-nest overlapping
+// complete events of one thread, so such a slice is moved to start where the previous one ended and
+// shortened by as much, never below zero: the end it had is kept when it can be.
+class Track {
+ public:
+  // Returns {ts, dur} in ns.
+  std::pair<int64_t, int64_t> Place(int64_t ts, int64_t dur) {
+    dur = std::max<int64_t>(dur, 0);
+    if (ts < end_) {
+      dur = std::max<int64_t>(dur - (end_ - ts), 0);
+      ts = end_;
+    }
+    end_ = ts + dur;
+    return {ts, dur};
+  }
+
+ private:
+  int64_t end_ = std::numeric_limits<int64_t>::min();
+};
+
+std::string ActionEvent(const ActionTiming& a, int rank, int64_t step, std::pair<int64_t, int64_t> slice) {
+  std::string args = absl::StrCat(R"({"step":)", step);
+  if (a.bytes() > 0) absl::StrAppend(&args, R"(,"bytes":)", a.bytes());
+  return absl::StrCat("{\"name\":", JsonString(a.name()), ",\"cat\":", JsonString(a.kind()),
+                      R"(,"ph":"X","pid":)", rank, R"(,"tid":0,"ts":)", Micros(slice.first),
+                      R"(,"dur":)", Micros(slice.second), R"(,"args":)", args, "}}");
+}
+
+// The earliest step start of the run: time zero of the trace.
+int64_t TraceOrigin(const Reports& reports) {
+  int64_t origin = std::numeric_limits<int64_t>::max();
+  for (const auto& [key, r] : reports) {
+    if (r->has_timing()) origin = std::min(origin, r->timing().start_unix_micros());
+  }
+  return origin;
+}
+
+// In the worker's order when its slices are well formed; a slice listed out of order would otherwise
+// be clamped away entirely by the one after it.
+std::vector<const ActionTiming*> ActionsInStartOrder(const StepTiming& t) {
+  std::vector<const ActionTiming*> actions;
+  for (const ActionTiming& a : t.actions()) actions.push_back(&a);
+  std::stable_sort(actions.begin(), actions.end(), [](const ActionTiming* x, const ActionTiming* y) {
+    return x->start_ms() < y->start_ms();
+  });
+  return actions;
+}
+
+std::vector<std::string> ActionEvents(const Reports& reports) {
+  std::vector<std::string> events;
+  const int64_t origin = TraceOrigin(reports);
+  std::map<int, Track> tracks;
+  for (const auto& [key, r] : reports) {
+    if (!r->has_timing()) continue;
+    const int64_t step_start_ns = (r->timing().start_unix_micros() - origin) * 1000;
+    Track& track = tracks[key.first];
+    for (const ActionTiming* a : ActionsInStartOrder(r->timing())) {
+      const auto slice = track.Place(step_start_ns + Nanos(a->start_ms()), Nanos(a->duration_ms()));
+      events.push_back(ActionEvent(*a, key.first, key.second, slice));
+    }
+  }
+  return events;
+}
+
+}  // namespace
+
+double StepFlops(const JobSpec& job) {
+  const GptSpec& gpt = job.gpt();
+  if (gpt.layers() <= 0) return 0;  // not a GPT ("allreduce"): no model FLOPs to count
+  const double gb = static_cast<double>(job.pipeline().global_batch());
+  const double s = static_cast<double>(gpt.seq());
+  const double l = static_cast<double>(gpt.layers());
+  const double h = static_cast<double>(gpt.hidden());
+  const double v = static_cast<double>(gpt.vocab());
+  const double training = 6 * gb * s * (12 * l * h * h + v * h) + 6 * l * gb * s * s * h;
+  // Forward only is one of training's three passes (forward, gradients of inputs, of weights).
+  return job.pipeline().inference() ? training / 3 : training;
+}
+
+RunReport BuildReport(const ReportInput& input) {
+  RunReport report;
+  report.set_job_id(input.job_id);
+  *report.mutable_job() = input.job;
+  report.set_exit_code(input.exit_code);
+  report.set_root_cause(input.root_cause);
+  report.set_steps(input.job.steps());
+  report.set_warmup_steps(input.warmup_steps);
+  report.set_peak_tflops_per_device(input.peak_tflops_per_device);
+  report.set_launch_to_first_step_seconds(input.launch_to_first_step_seconds);
+
+  const Reports all = ByRankAndStep(input.steps);
+  const Reports timed = TimedReports(all, input.warmup_steps);
+  const int ranks = RankCount(input, all);
+  FillThroughput(timed, input, ranks, report);
+  FillLosses(all, report);
+  for (int rank = 0; rank < ranks; ++rank) *report.add_ranks() = BuildRank(rank, all, timed, input);
+  return report;
+}
+
+absl::StatusOr<std::string> ReportJson(const RunReport& report) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;  // a zero (no bubble, no loss) is a result too
+  options.preserve_proto_field_names = true;     // the names documented in job.proto
+  std::string json;
+  const auto status = google::protobuf::util::MessageToJsonString(report, &json, options);
+  if (!status.ok()) {
+    return absl::InternalError(absl::StrCat("cannot print report.json: ", status.ToString()));
+  }
+  return json;
+}
+
+std::string ChromeTrace(const std::vector<ReportStepRequest>& steps, int ranks) {
+  const Reports reports = ByRankAndStep(steps);
+  // Every rank the launcher ran gets a named track, and so does any other rank that reported.
+  std::set<int> track_ranks;
+  for (int rank = 0; rank < ranks; ++rank) track_ranks.insert(rank);
+  for (const auto& [key, r] : reports) track_ranks.insert(key.first);
+
+  std::vector<std::string> events;
+  for (const int rank : track_ranks) {
+    for (std::string& e : MetadataEvents(rank)) events.push_back(std::move(e));
+  }
+  for (std::string& e : ActionEvents(reports)) events.push_back(std::move(e));
+  return absl::StrCat("{\"traceEvents\":[\n", absl::StrJoin(events, ",\n"),
+                      "\n],\n\"displayTimeUnit\":\"ms\"}\n");
+}
+
+}  // namespace stagehand

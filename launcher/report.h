@@ -1,0 +1,48 @@
+// What a run leaves behind besides the logs: report.json (RunReport, through protobuf's JSON printer),
+// trace.json (a Chrome/Perfetto timeline: one track per rank, one slice per action) and the summary
+// numbers the launcher prints. Pure functions of the job and the step reports, so they are unit-tested.
+#ifndef STAGEHAND_LAUNCHER_REPORT_H_
+#define STAGEHAND_LAUNCHER_REPORT_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "protos/coordinator.pb.h"
+#include "protos/job.pb.h"
+
+namespace stagehand {
+
+// FLOPs of one step of a GPT job (targets.md): 6*GB*S*(12*L*H^2 + V*H) + 6*L*GB*S^2*H for training,
+// a third of it for forward-only inference. 0 for other models.
+double StepFlops(const JobSpec& job);
+
+struct ReportInput {
+  std::string job_id;
+  JobSpec job;
+  int exit_code = 0;
+  std::string root_cause;
+  std::vector<ReportStepRequest> steps;  // every step report of every rank, in arrival order
+  std::vector<std::string> hosts;        // per rank
+  std::vector<std::string> devices;      // per rank, e.g. "NVIDIA H200" or "cpu"
+  std::vector<std::pair<int, int>> layers;  // per rank: [first, last) pipeline layers
+  double peak_tflops_per_device = 989.0;    // H100/H200 dense bf16
+  int64_t warmup_steps = 0;              // steps left out of the means (min(3, steps - 1) by default)
+  double launch_to_first_step_seconds = 0;
+};
+
+// Aggregates: step time (the rank holding the loss, else the slowest rank), tokens/s, TFLOP/s, MFU,
+// and per rank the mean breakdown, bubble fraction, communication bandwidth and peak memory.
+RunReport BuildReport(const ReportInput& input);
+
+// report.json text (protobuf's JSON printer, fields as in the proto, indented).
+absl::StatusOr<std::string> ReportJson(const RunReport& report);
+
+// trace.json text in the Chrome trace event format: {"traceEvents": [...]} with one process per rank
+// (named "rank N"), one thread ("actions"), a complete event ("ph": "X") per action, timestamps in
+// microseconds from the earliest step start of the run.
+std::string ChromeTrace(const std::vector<ReportStepRequest>& steps, int ranks);
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_LAUNCHER_REPORT_H_

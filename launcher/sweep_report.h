@@ -1,0 +1,40 @@
+// The outputs of a scaling sweep (`launcher --sweep=1,2,4`): sweep.csv, a markdown table and an SVG
+// plot of speedup against worker count with the ideal line and the schedule's bubble bound.
+#ifndef STAGEHAND_LAUNCHER_SWEEP_REPORT_H_
+#define STAGEHAND_LAUNCHER_SWEEP_REPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace stagehand {
+
+struct SweepPoint {
+  int workers = 0;
+  int stages = 0;
+  bool ok = false;              // the run at this count succeeded
+  std::string note;             // why it was skipped or failed
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  std::vector<int64_t> peak_memory_bytes;  // per worker
+  int micro_batches = 0;        // for the bubble bound; 0 when not a pipeline
+  std::string run_dir;
+};
+
+// Speedup of a point against the first successful point with the fewest workers (its step time over
+// this one's), and efficiency = speedup * base_workers / workers. 0 when not computable.
+double Speedup(const std::vector<SweepPoint>& points, const SweepPoint& p);
+double Efficiency(const std::vector<SweepPoint>& points, const SweepPoint& p);
+// The GPipe/1F1B bound for p stages and m micro-batches: p*m/(m+p-1) (p for m == 0).
+double BubbleBound(int stages, int micro_batches);
+
+std::string SweepCsv(const std::vector<SweepPoint>& points);
+std::string SweepMarkdown(const std::vector<SweepPoint>& points, const std::string& title);
+// A self-contained SVG (no scripts, no external fonts): axes with ticks, the measured speedup (points
+// and line), the ideal line (speedup = workers / base), and the bubble bound per worker count, with a
+// legend and the title.
+std::string SweepSvg(const std::vector<SweepPoint>& points, const std::string& title);
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_LAUNCHER_SWEEP_REPORT_H_
