@@ -123,7 +123,7 @@ std::string MdRow(const std::vector<SweepPoint>& points, const SweepPoint& p) {
 
 constexpr double kWidth = 640, kHeight = 420;
 constexpr double kLeft = 70, kRight = 615, kTop = 50, kBottom = 355;  // the plot area
-constexpr char kFont[] = "font-family=\"sans-serif\"";  // generic family: no font files to embed
+constexpr char kFont[] = "font-family=\"sans-serif\"";                // generic family: no font files to embed
 constexpr char kBlue[] = "#1f77b4";
 
 // Attribute values and text both: quotes too, since the same helper serves both. Control characters
@@ -132,11 +132,21 @@ std::string XmlEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
       default:
         if (static_cast<unsigned char>(c) >= 0x20 || c == '\t' || c == '\n' || c == '\r') out += c;
     }
@@ -207,7 +217,8 @@ std::string Line(double x1, double y1, double x2, double y2, const std::string& 
                          style);
 }
 
-std::string Text(double x, double y, const std::string& anchor, const std::string& text, const std::string& extra = "") {
+std::string Text(double x, double y, const std::string& anchor, const std::string& text,
+                 const std::string& extra = "") {
   return absl::StrFormat("<text x=\"%s\" y=\"%s\" text-anchor=\"%s\" %s%s>%s</text>\n", Num(x), Num(y), anchor, extra,
                          kFont, XmlEscape(text));
 }
@@ -249,8 +260,7 @@ std::string NotRunLabels(const std::vector<SweepPoint>& points, const Scale& sc)
   std::string out;
   for (const SweepPoint& p : points) {
     if (p.ok || !labelled.insert(p.workers).second) continue;
-    out += Text(sc.X(p.workers), kBottom + 32, "middle", NotOkKind(p),
-                "font-size=\"10\" fill=\"#888888\" ");
+    out += Text(sc.X(p.workers), kBottom + 32, "middle", NotOkKind(p), "font-size=\"10\" fill=\"#888888\" ");
   }
   return out;
 }
@@ -262,7 +272,8 @@ std::string AxisLabels(const std::vector<SweepPoint>& points) {
                       : absl::StrFormat("speedup over %d worker%s", base->workers, base->workers == 1 ? "" : "s");
   const double mid_y = (kTop + kBottom) / 2;
   return Text((kLeft + kRight) / 2, kHeight - 12, "middle", "workers", "font-size=\"13\" ") +
-         Text(22, mid_y, "middle", y_label, absl::StrFormat("font-size=\"13\" transform=\"rotate(-90 22 %s)\" ", Num(mid_y)));
+         Text(22, mid_y, "middle", y_label,
+              absl::StrFormat("font-size=\"13\" transform=\"rotate(-90 22 %s)\" ", Num(mid_y)));
 }
 
 constexpr char kIdealStyle[] = "stroke=\"#888888\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"";
@@ -338,10 +349,11 @@ std::string SweepMarkdown(const std::vector<SweepPoint>& points, const std::stri
 std::string SweepSvg(const std::vector<SweepPoint>& points, const std::string& title) {
   const Series series = MakeSeries(points);
   const Scale scale = MakeScale(points, series);
-  std::string out = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n", int(kWidth),
-      int(kHeight), int(kWidth), int(kHeight));
-  out += absl::StrFormat("<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", int(kWidth), int(kHeight));
+  std::string out =
+      absl::StrFormat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n",
+                      int(kWidth), int(kHeight), int(kWidth), int(kHeight));
+  out += absl::StrFormat("<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", int(kWidth),
+                         int(kHeight));
   out += Text(kWidth / 2, 28, "middle", OneLine(title), "font-size=\"16\" font-weight=\"bold\" ");
   out += Axes(points, scale) + NotRunLabels(points, scale) + AxisLabels(points) + Data(series, scale) + Legend();
   return out + "</svg>\n";

@@ -118,8 +118,7 @@ TEST(Speedup, BaseNotFirstInVector_UsesFewestWorkers) {
 }
 
 TEST(Speedup, BaseFailed_NextSmallestSuccessfulPointIsBase) {
-  const std::vector<SweepPoint> points = {NotOk(1, "rank 0 exited with code 1", /*ran=*/true), Ok(2, 0.5),
-                                          Ok(4, 0.3)};
+  const std::vector<SweepPoint> points = {NotOk(1, "rank 0 exited with code 1", /*ran=*/true), Ok(2, 0.5), Ok(4, 0.3)};
   EXPECT_EQ(Speedup(points, points[0]), 0);
   EXPECT_EQ(Efficiency(points, points[0]), 0);
   EXPECT_THAT(Speedup(points, points[1]), DoubleNear(1.0, kTol));
@@ -174,7 +173,8 @@ TEST(SweepCsv, CommasAndQuotes_StayOneFieldEach) {
   ok.run_dir = "runs/say \"hi\"";
   const std::string csv = SweepCsv({ok, failed});
   EXPECT_THAT(csv, HasSubstr(",\"runs/say \"\"hi\"\"\"\n"));
-  EXPECT_THAT(csv, HasSubstr("2,2,\"failed: rank 1: \"\"NCCL error\"\"; unhandled system error\",,,,,,,\"runs/a,b\"\n"));
+  EXPECT_THAT(csv,
+              HasSubstr("2,2,\"failed: rank 1: \"\"NCCL error\"\"; unhandled system error\",,,,,,,\"runs/a,b\"\n"));
   // Outside quotes, every row has the header's 9 separators.
   for (absl::string_view row : absl::StrSplit(csv, '\n', absl::SkipEmpty())) {
     int commas = 0;
