@@ -123,7 +123,8 @@ std::string MdRow(const std::vector<SweepPoint>& points, const SweepPoint& p) {
 
 constexpr double kWidth = 640, kHeight = 420;
 constexpr double kLeft = 70, kRight = 615, kTop = 50, kBottom = 355;  // the plot area
-constexpr char kFont[] = "font-family=\"sans-serif\"";                // generic family: no font files to embed
+// A generic family: nothing to embed or fetch, so the file stands alone.
+constexpr char kFont[] = "font-family=\"sans-serif\"";
 constexpr char kBlue[] = "#1f77b4";
 
 // Attribute values and text both: quotes too, since the same helper serves both. Control characters
