@@ -278,16 +278,7 @@ absl::Status CoordinatorState::ReportMilestone(const ReportMilestoneRequest& req
 absl::Status CoordinatorState::ReportStep(const ReportStepRequest& request) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckRank(request.rank()); !s.ok()) return s;
-  StepRecord record;
-  record.rank = request.rank();
-  record.step = request.step();
-  record.has_loss = request.has_loss();
-  record.loss = request.loss();
-  record.step_seconds = request.step_seconds();
-  record.tokens = request.tokens();
-  record.peak_memory_bytes = request.peak_memory_bytes();
-  record.timing = request.timing();
-  steps_.push_back(record);
+  steps_.push_back(request);
   WorkerState& slot = workers_[request.rank()];
   if (request.step() + 1 > slot.steps_done) {
     slot.steps_done = request.step() + 1;
@@ -339,7 +330,7 @@ std::vector<WorkerState> CoordinatorState::Workers() const {
   return workers_;
 }
 
-std::vector<StepRecord> CoordinatorState::Steps() const {
+std::vector<ReportStepRequest> CoordinatorState::Steps() const {
   absl::ReaderMutexLock lock(&mu_);
   return steps_;
 }

@@ -39,16 +39,6 @@ struct WorkerState {
   std::string error;
 };
 
-struct StepRecord {
-  int rank = 0;
-  int64_t step = 0;
-  bool has_loss = false;
-  double loss = 0;
-  double step_seconds = 0;
-  int64_t tokens = 0;
-  int64_t peak_memory_bytes = 0;
-  StepTiming timing;
-};
 
 // How the model's pipeline layers are split into stages, decided once every worker has registered.
 struct Partition {
@@ -95,7 +85,7 @@ class CoordinatorState {
 
   // Snapshots for the supervisor and the reports.
   std::vector<WorkerState> Workers() const;
-  std::vector<StepRecord> Steps() const;  // in arrival order
+  std::vector<ReportStepRequest> Steps() const;  // every step report, in arrival order
   std::optional<Partition> partition() const;  // once planned
 
  private:
@@ -120,7 +110,7 @@ class CoordinatorState {
   int registered_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<bool>> barriers_ ABSL_GUARDED_BY(mu_);  // id -> arrived per rank
-  std::vector<StepRecord> steps_ ABSL_GUARDED_BY(mu_);
+  std::vector<ReportStepRequest> steps_ ABSL_GUARDED_BY(mu_);
   std::optional<std::string> stop_reason_ ABSL_GUARDED_BY(mu_);
   std::optional<Partition> partition_ ABSL_GUARDED_BY(mu_);
 };

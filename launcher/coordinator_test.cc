@@ -467,15 +467,15 @@ TEST_F(CoordinatorTest, ReportStep_Appends_AndAdvancesProgressWhenStepsGrow) {
   r.set_has_loss(false);
   ASSERT_TRUE(state->ReportStep(r).ok());
 
-  std::vector<StepRecord> steps = state->Steps();
+  std::vector<ReportStepRequest> steps = state->Steps();
   ASSERT_EQ(steps.size(), 3u);
-  EXPECT_EQ(steps[0].rank, 1);
-  EXPECT_EQ(steps[0].step, 0);
-  EXPECT_TRUE(steps[0].has_loss);
-  EXPECT_DOUBLE_EQ(steps[0].loss, 2.5);
-  EXPECT_DOUBLE_EQ(steps[0].step_seconds, 0.25);
-  EXPECT_EQ(steps[2].rank, 0);
-  EXPECT_FALSE(steps[2].has_loss);
+  EXPECT_EQ(steps[0].rank(), 1);
+  EXPECT_EQ(steps[0].step(), 0);
+  EXPECT_TRUE(steps[0].has_loss());
+  EXPECT_DOUBLE_EQ(steps[0].loss(), 2.5);
+  EXPECT_DOUBLE_EQ(steps[0].step_seconds(), 0.25);
+  EXPECT_EQ(steps[2].rank(), 0);
+  EXPECT_FALSE(steps[2].has_loss());
 
   std::vector<WorkerState> workers = state->Workers();
   EXPECT_EQ(workers[1].steps_done, 1);

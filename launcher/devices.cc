@@ -3,10 +3,10 @@
 
 #include <dlfcn.h>
 
-#include <cstdio>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/gpu_uuid.h"
 
 namespace stagehand {
 namespace {
@@ -19,14 +19,6 @@ using CuDeviceGet = int (*)(int*, int);
 using CuDeviceGetName = int (*)(char*, int, int);
 using CuDeviceTotalMem = int (*)(size_t*, int);
 using CuDeviceGetUuid = int (*)(unsigned char*, int);
-
-std::string FormatUuid(const unsigned char* b) {
-  char s[64];
-  std::snprintf(s, sizeof(s), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-                b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-                b[15]);
-  return s;
-}
 
 }  // namespace
 
@@ -70,7 +62,7 @@ DeviceInventory QueryDevices() {
     name_fn(name, sizeof(name), dev);
     mem_fn(&total, dev);
     uuid_fn(uuid, dev);
-    inv.gpus.push_back({i, FormatUuid(uuid), name, static_cast<int64_t>(total)});
+    inv.gpus.push_back({i, FormatGpuUuid(uuid), name, static_cast<int64_t>(total)});
   }
   return inv;  // the library stays loaded: unloading a driver is not worth the risk
 }

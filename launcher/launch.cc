@@ -216,11 +216,11 @@ class Progress {
  public:
   Progress(bool bar, absl::Time start) : bar_(bar), start_(start) {}
   void Update(const CoordinatorState& state) {
-    std::vector<StepRecord> steps = state.Steps();
+    std::vector<ReportStepRequest> steps = state.Steps();
     const JobSpec& job = state.job();
     for (; printed_ < steps.size(); ++printed_) {
-      const StepRecord& r = steps[printed_];
-      if (r.rank != job.workers() - 1 || !IsGptModel(job.model())) continue;
+      const ReportStepRequest& r = steps[printed_];
+      if (r.rank() != job.workers() - 1 || !IsGptModel(job.model())) continue;
       Print(r, job);
     }
   }
@@ -230,17 +230,17 @@ class Progress {
   }
 
  private:
-  void Print(const StepRecord& r, const JobSpec& job) {
+  void Print(const ReportStepRequest& r, const JobSpec& job) {
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
-    const double eta = elapsed / (r.step + 1) * (job.steps() - r.step - 1);
-    std::string text = absl::StrFormat("step %d/%d", r.step + 1, job.steps());
-    if (r.has_loss) absl::StrAppend(&text, absl::StrFormat("  loss %.4f", r.loss));
-    absl::StrAppend(&text, absl::StrFormat("  %.3f s  %.0f tokens/s  ETA %.0f s", r.step_seconds,
-                                           r.step_seconds > 0 ? r.tokens / r.step_seconds : 0.0, eta));
+    const double eta = elapsed / (r.step() + 1) * (job.steps() - r.step() - 1);
+    std::string text = absl::StrFormat("step %d/%d", r.step() + 1, job.steps());
+    if (r.has_loss()) absl::StrAppend(&text, absl::StrFormat("  loss %.4f", r.loss()));
+    absl::StrAppend(&text, absl::StrFormat("  %.3f s  %.0f tokens/s  ETA %.0f s", r.step_seconds(),
+                                           r.step_seconds() > 0 ? r.tokens() / r.step_seconds() : 0.0, eta));
     if (!bar_) {
       std::printf("stagehand: %s\n", text.c_str());
     } else {
-      const int width = 30, done = static_cast<int>(width * (r.step + 1) / std::max<int64_t>(1, job.steps()));
+      const int width = 30, done = static_cast<int>(width * (r.step() + 1) / std::max<int64_t>(1, job.steps()));
       std::printf("\r[%s%s] %s\x1b[K", std::string(done, '#').c_str(), std::string(width - done, '.').c_str(),
                   text.c_str());
       drawn_ = true;
@@ -254,23 +254,6 @@ class Progress {
   bool drawn_ = false;
 };
 
-std::vector<ReportStepRequest> StepRequests(const std::vector<StepRecord>& steps) {
-  std::vector<ReportStepRequest> out;
-  for (const StepRecord& r : steps) {
-    ReportStepRequest q;
-    q.set_rank(r.rank);
-    q.set_step(r.step);
-    q.set_has_loss(r.has_loss);
-    q.set_loss(r.loss);
-    q.set_step_seconds(r.step_seconds);
-    q.set_tokens(r.tokens);
-    q.set_peak_memory_bytes(r.peak_memory_bytes);
-    *q.mutable_timing() = r.timing;
-    out.push_back(std::move(q));
-  }
-  return out;
-}
-
 // report.json and trace.json; a summary line of what the run achieved and where the time went.
 RunReport WriteReports(const CoordinatorState& state, const Supervisor& supervisor, const LaunchOptions& options,
                        const std::string& run_dir) {
@@ -279,7 +262,7 @@ RunReport WriteReports(const CoordinatorState& state, const Supervisor& supervis
   in.job = state.job();
   in.exit_code = supervisor.exit_code();
   in.root_cause = supervisor.root_cause();
-  in.steps = StepRequests(state.Steps());
+  in.steps = state.Steps();
   for (const WorkerState& w : state.Workers()) {
     in.hosts.push_back(w.host);
     in.devices.push_back(w.device.name().empty() ? "cpu" : w.device.name());
@@ -310,11 +293,11 @@ RunReport WriteReports(const CoordinatorState& state, const Supervisor& supervis
   return report;
 }
 
-void WriteSteps(const std::vector<StepRecord>& steps, const std::string& path) {
+void WriteSteps(const std::vector<ReportStepRequest>& steps, const std::string& path) {
   std::string csv = "step,rank,loss,seconds,tokens,peak_memory_bytes\n";
-  for (const StepRecord& r : steps) {
-    absl::StrAppend(&csv, r.step, ",", r.rank, ",", r.has_loss ? absl::StrFormat("%.9g", r.loss) : "", ",",
-                    absl::StrFormat("%.6f", r.step_seconds), ",", r.tokens, ",", r.peak_memory_bytes, "\n");
+  for (const ReportStepRequest& r : steps) {
+    absl::StrAppend(&csv, r.step(), ",", r.rank(), ",", r.has_loss() ? absl::StrFormat("%.9g", r.loss()) : "", ",",
+                    absl::StrFormat("%.6f", r.step_seconds()), ",", r.tokens(), ",", r.peak_memory_bytes(), "\n");
   }
   std::ofstream(path) << csv;
 }

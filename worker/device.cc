@@ -3,24 +3,15 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/gpu_uuid.h"
 
 namespace stagehand {
 namespace {
 
 absl::Status CudaError(cudaError_t e, absl::string_view what) {
   return absl::FailedPreconditionError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
-
-std::string FormatUuid(const cudaUUID_t& u) {
-  const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
-  char s[64];
-  std::snprintf(s, sizeof(s), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-                b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-                b[15]);
-  return s;
 }
 
 }  // namespace
@@ -39,7 +30,7 @@ absl::StatusOr<DeviceInfo> InitCudaDevice() {
   DeviceInfo info;
   info.set_kind(DEVICE_KIND_CUDA);
   info.set_ordinal(0);
-  info.set_uuid(FormatUuid(prop.uuid));
+  info.set_uuid(FormatGpuUuid(reinterpret_cast<const unsigned char*>(prop.uuid.bytes)));
   info.set_name(prop.name);
   info.set_total_bytes(static_cast<int64_t>(total_bytes));
   info.set_free_bytes(static_cast<int64_t>(free_bytes));
