@@ -2,6 +2,7 @@
 // stages and both schedules, every step's loss and the final parameters match a single-process run of
 // the same model, data and seed (fp32) within 1e-5 relative; the tiny model learns; jobs that cannot
 // work are refused before anything starts.
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -128,6 +129,49 @@ TEST(Pipeline, TinyPreset_TwoStages_LossFallsWellBelowUniformGuessing) {
   const double uniform = std::log(256.0);
   EXPECT_NEAR(losses[0], uniform, 0.5);
   EXPECT_LT(losses[59], 0.6 * uniform) << run.output;
+}
+
+// A stage killed in the middle of training: the launcher names it and nothing of the run remains.
+TEST(Pipeline, KillMiddleStage_LauncherNamesItAndStopsTheOthers) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/pipeline_kill_", getpid());
+  const std::string out_path = dir + ".out";
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    freopen(out_path.c_str(), "w", stdout);
+    dup2(fileno(stdout), 2);
+    const std::string bin = Runfile("launcher/launcher"), run_dir = "--run_dir=" + dir;
+    execl(bin.c_str(), bin.c_str(), "--device=cpu", "--workers=3", "--model=tiny", "--fp32", "--steps=100000",
+          "--micro_batches=4", "--global_batch=16", run_dir.c_str(), nullptr);
+    _exit(127);
+  }
+  // Wait for training to be under way (steps reported), then kill the worker holding stage 1.
+  std::string out;
+  for (int i = 0; i < 600 && out.find("step 3/") == std::string::npos; ++i) {
+    usleep(50 * 1000);
+    out = ReadFile(out_path);
+  }
+  ASSERT_NE(out.find("step 3/"), std::string::npos) << out;
+  const std::string job = out.substr(out.find("job ") + 4, 8);
+  FILE* q = popen(absl::StrCat("pgrep -f -- '[-]-job_id=", job, " --worker_index=1 '").c_str(), "r");
+  int victim = 0;
+  ASSERT_EQ(fscanf(q, "%d", &victim), 1);
+  pclose(q);
+  kill(victim, SIGKILL);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 100 && (done = waitpid(launcher, &status, WNOHANG)) == 0; ++i) usleep(20 * 1000);  // 2 s
+  if (done != launcher) kill(launcher, SIGKILL);
+  ASSERT_EQ(done, launcher) << "the launcher did not exit within 2 s";
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  out = ReadFile(out_path);
+  EXPECT_NE(out.find("FAILED (exit 1): rank 1 "), std::string::npos) << out;
+  EXPECT_NE(out.find("signal 9"), std::string::npos) << out;
+  usleep(200 * 1000);
+  EXPECT_NE(std::system(absl::StrCat("pgrep -f -- '[-]-job_id=", job, "' > /dev/null").c_str()), 0)
+      << "processes of the run remain";
 }
 
 TEST(Pipeline, ImpossibleJobs_RefusedBeforeAnythingStarts) {
