@@ -1,5 +1,6 @@
 // Minimal streaming logger (Debian's abseil 20220623 has no absl/log): LOG(INFO) << "text";
 // One line per message on stderr, prefixed with severity, time and an optional process tag.
+// LibTorch's c10 defines LOG and CHECK too: do not include this header in a LibTorch translation unit.
 #ifndef STAGEHAND_COMMON_LOGGING_H_
 #define STAGEHAND_COMMON_LOGGING_H_
 

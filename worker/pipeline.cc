@@ -14,7 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/logging.h"
 #include "worker/gpt_job.h"
 #include "worker/model.h"
 
