@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/host.h"
 
 namespace stagehand {
 namespace {
@@ -27,12 +28,6 @@ absl::Time Deadline(const grpc::ServerContext& context, int64_t timeout_ms) {
   absl::Time d = Deadline(context);
   if (timeout_ms > 0) d = std::min(d, absl::Now() + absl::Milliseconds(timeout_ms));
   return d;
-}
-
-std::string HostName() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof(buf) - 1);
-  return buf;
 }
 
 bool IsLoopback(absl::string_view host) {

@@ -20,27 +20,19 @@
 #include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 #include "protos/coordinator.grpc.pb.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using ::stagehand::testing::ReadFile;
+using ::stagehand::testing::Runfile;
 
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return absl::StrCat(srcdir ? srcdir : ".", "/stagehand/", path);
-}
+using Clock = std::chrono::steady_clock;
 
 std::string TempDir() {
   const char* t = std::getenv("TEST_TMPDIR");
   return t ? t : "/tmp";
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // Polls `done` every 10 ms until it holds or `timeout` passes.

@@ -18,16 +18,13 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 #include "protos/job.pb.h"
 
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using ::stagehand::testing::ReadFile;
+using ::stagehand::testing::Runfile;
 
 class SweepTest : public ::testing::Test {
  protected:

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/host.h"
 #include "common/logging.h"
 #include "worker/coordinator_client.h"
 #include "worker/cpu_transport.h"
@@ -61,12 +62,6 @@ absl::StatusOr<std::string> ReadSecret() {
   close(fd);
   unsetenv("STAGEHAND_SECRET_FD");
   return secret;
-}
-
-std::string HostName() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof(buf) - 1);
-  return buf;
 }
 
 // Heartbeats on its own thread. Sees the job stopping (or the coordinator gone) and aborts the
