@@ -154,7 +154,7 @@ absl::StatusOr<Plan> MakePlan(const JobSpec& job, const PlanRequest& request) {
   return PlanExplicit(request, *counts);
 }
 
-std::string Describe(const JobSpec& job, const Plan& plan, bool profiled) {
+std::string Describe(const JobSpec& job, const Plan& plan, const std::vector<LayerCost>& layers, bool profiled) {
   std::string counts;
   for (size_t i = 0; i < plan.layers_per_stage.size(); ++i) {
     absl::StrAppend(&counts, i ? "/" : "", plan.layers_per_stage[i]);
@@ -162,6 +162,14 @@ std::string Describe(const JobSpec& job, const Plan& plan, bool profiled) {
   std::string out = absl::StrCat(job.pipeline().partition(), ": ", counts, " pipeline layers; stage ms");
   for (double ms : plan.stage_ms) absl::StrAppend(&out, absl::StrFormat(" %.2f", ms));
   absl::StrAppend(&out, profiled ? " (profiled)" : " (estimated)");
+  // The three kinds of layer, forward + backward ms per micro-batch: what the partition was made from.
+  if (layers.size() >= 3) {
+    const LayerCost &first = layers.front(), &block = layers[1], &last = layers.back();
+    absl::StrAppend(&out, absl::StrFormat("; layer ms (forward + backward): embedding %.2f + %.2f, block %.2f + %.2f, "
+                                          "head %.2f + %.2f",
+                                          first.forward_ms(), first.backward_ms(), block.forward_ms(),
+                                          block.backward_ms(), last.forward_ms(), last.backward_ms()));
+  }
   return out;
 }
 
@@ -206,7 +214,7 @@ PartitionFn Partitioner(const JobSpec& job) {
     }
     absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, mean, memory));
     if (!plan.ok()) return plan.status();
-    return Partition{plan->layers_per_stage, Describe(job, *plan, profiled)};
+    return Partition{plan->layers_per_stage, Describe(job, *plan, mean, profiled)};
   };
 }
 
