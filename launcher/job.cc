@@ -67,6 +67,7 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.lr) spec.set_lr(*r.lr);
   if (r.save_params) spec.set_save_params(true);
   if (r.no_timing) spec.set_no_timing(true);
+  if (r.no_cuda_graphs) spec.set_no_cuda_graphs(true);
 }
 
 // Fills the GPT and pipeline parts once the worker count is known, and validates them.

@@ -41,6 +41,7 @@ struct JobRequest {
   bool inference = false;
   bool save_params = false;
   bool no_timing = false;
+  bool no_cuda_graphs = false;
 };
 
 struct ResolvedJob {

@@ -52,6 +52,9 @@ ABSL_FLAG(bool, save_params, false, "GPT: each rank writes its final parameters 
 ABSL_FLAG(std::string, sweep, "", "run the job at each worker count, e.g. 1,2,4, and write sweep.csv, sweep.md and "
                                   "sweep.svg in the run directory");
 ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and trace.json)");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "on GPUs, 1F1B and inference stages replay each micro-batch's forward and backward as CUDA graphs "
+          "captured once (after step 0), which takes the CPU's launch cost off small micro-batches");
 ABSL_FLAG(double, peak_tflops, 989.0, "peak TFLOP/s of one device, for MFU (dense bf16 of an H100/H200)");
 ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
 
@@ -111,6 +114,7 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   j.no_timing = !absl::GetFlag(FLAGS_timing);
+  j.no_cuda_graphs = !absl::GetFlag(FLAGS_cuda_graphs);
   o.peak_tflops_per_device = absl::GetFlag(FLAGS_peak_tflops);
   o.progress_bar = isatty(STDOUT_FILENO);
   return o;

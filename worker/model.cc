@@ -47,14 +47,20 @@ class PipelineLayerImpl : public torch::nn::Module {
 // A parameter in a compute dtype, cast again only when the parameter changed: its version counter
 // moves with every in-place update (the optimizer's step included) and its storage with .to(device).
 // Parameters must be changed in place or replaced, not written through .data(), which would bypass
-// the version counter.
+// the version counter. A fresh cast goes into the same buffer, so a captured CUDA graph that reads the
+// copy sees it.
 class CastCache {
  public:
   const torch::Tensor& Get(const torch::Tensor& param, at::ScalarType dtype) {
-    if (!cast_.defined() || cast_.scalar_type() != dtype || version_ != param._version() ||
-        source_ != param.data_ptr()) {
+    if (!cast_.defined() || version_ != param._version() || source_ != param.data_ptr() ||
+        cast_.scalar_type() != dtype) {
       torch::NoGradGuard no_grad;
-      cast_ = param.detach().to(dtype);
+      if (cast_.defined() && cast_.scalar_type() == dtype && cast_.device() == param.device() &&
+          cast_.sizes() == param.sizes()) {
+        cast_.copy_(param);
+      } else {
+        cast_ = param.detach().to(dtype);
+      }
       version_ = param._version();
       source_ = param.data_ptr();
     }
@@ -152,6 +158,11 @@ class DenseImpl : public torch::nn::Module {
       return at::linear(xc, w, b);
     }
     return LinearFunction::apply(xc, weight, bias_param, w, b);
+  }
+  // Brings the cast copies up to date now rather than at the next forward.
+  void RefreshCasts(at::ScalarType dtype) {
+    weight_cast_.Get(weight, dtype);
+    if (bias.defined()) bias_cast_.Get(bias, dtype);
   }
 
   torch::Tensor weight, bias;
@@ -443,6 +454,14 @@ torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {
   return has_head() ? x : x.to(torch::kFloat32);
 }
 
+void GptStageImpl::RefreshCasts() {
+  if (!config_.bf16_autocast) return;
+  for (const auto& module : modules(/*include_self=*/false)) {
+    auto* dense = dynamic_cast<DenseImpl*>(module.get());
+    if (dense != nullptr && dense->weight.is_cuda()) dense->RefreshCasts(at::kBFloat16);
+  }
+}
+
 torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return F::cross_entropy(logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}),
                           targets.to(logits.device()).reshape({-1}));
@@ -490,8 +509,18 @@ void FusedAdamW::Step() {
   }
 }
 
-void FusedAdamW::ZeroGrad() {
-  for (torch::Tensor& p : params_) p.mutable_grad().reset();
+void FusedAdamW::ZeroGrad(bool set_to_none) {
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor& p : params_) {
+    torch::Tensor& g = p.mutable_grad();
+    if (set_to_none) {
+      g.reset();
+    } else if (g.defined()) {
+      g.zero_();
+    } else {
+      g = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+    }
+  }
 }
 
 // -----------------------------------------------------------------------------------------------------

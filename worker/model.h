@@ -41,6 +41,11 @@ class GptStageImpl : public torch::nn::Module {
   // Returns hidden states [B, S, H] (fp32), or logits [B, S, V] when the stage holds the head.
   torch::Tensor forward(const torch::Tensor& input);
 
+  // Brings the bf16 copies of the linear layers' weights up to date with the fp32 parameters now (they
+  // are otherwise refreshed at the next forward): before capturing or replaying a CUDA graph, which
+  // reads the copies without running the code that refreshes them.
+  void RefreshCasts();
+
   bool has_embedding() const { return first_ == 0; }
   bool has_head() const { return last_ == config_.pipeline_layers(); }
   int first() const { return first_; }
@@ -62,7 +67,9 @@ class FusedAdamW {
   FusedAdamW(std::vector<torch::Tensor> params, double lr = 1e-4, double beta1 = 0.9, double beta2 = 0.95,
              double eps = 1e-8, double weight_decay = 0.1);
   void Step();      // uses each parameter's .grad(); parameters without a gradient are skipped
-  void ZeroGrad();  // sets gradients to None
+  // Sets gradients to None; or, with set_to_none false, to zeros in place (allocating them if need be),
+  // so that they keep their addresses (captured CUDA graphs accumulate into them).
+  void ZeroGrad(bool set_to_none = true);
 
  private:
   std::vector<torch::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;

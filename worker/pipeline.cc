@@ -4,6 +4,7 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/torch.h>
@@ -219,6 +220,22 @@ StepTiming StepTimer::Finish(int rank, int64_t step, double step_ms) const {
   return t;
 }
 
+// One micro-batch's forward and backward through the stage, captured as CUDA graphs and replayed for
+// every micro-batch that the schedule puts in this slot. The graphs read and write only the slot's own
+// tensors (and the parameters, their gradients and bf16 copies, all of fixed address), so replaying
+// them is the captured work on new data: the host launches two graphs per micro-batch where it would
+// launch hundreds of kernels (the launch cost bounds small micro-batches: at one sequence per
+// micro-batch of gpt-1.3b the host, not the GPU, set the pace). Slots are as many as the micro-batches
+// this rank holds at once (1F1B: at most the stages after it, plus one); each has its own memory pool.
+struct GraphSlot {
+  at::cuda::CUDAGraph forward, backward;
+  torch::Tensor input;        // tokens [mb, S] (first stage) or hidden states [mb, S, H], a leaf
+  torch::Tensor targets;      // the last stage's targets [mb, S] (training)
+  torch::Tensor output;       // hidden states, or the micro-batch's loss (training) / logits (inference)
+  torch::Tensor grad_output;  // the gradient received for `output` (training, not the last stage)
+  torch::Tensor grad_input;   // input.grad after the backward (training, not the first stage)
+};
+
 class Executor {
  public:
   Executor(const Assignment& a, Transport* transport, GptStage stage, std::unique_ptr<TokenSource> data,
@@ -243,6 +260,17 @@ class Executor {
     if (!inference_) {
       optimizer_ = std::make_unique<FusedAdamW>(stage_->parameters(), job_.lr() > 0 ? job_.lr() : 1e-4);
     }
+    // Graphs for 1F1B and inference, whose in-flight micro-batches are few; GPipe holds all of them.
+    graphs_ = device_.is_cuda() && !job_.no_cuda_graphs() && (inference_ || job_.pipeline().schedule() == "1f1b");
+    if (graphs_) {
+      // What the graphs hand over leaves their slot at once: the slot's next replay overwrites it.
+      if (!stage_->has_head()) {
+        for (int i = 0; i < m_; ++i) act_out_.push_back(torch::empty({mb_, s, h}, f32));
+      }
+      if (!stage_->has_embedding() && !inference_) {
+        for (int i = 0; i < m_; ++i) grad_out_buffers_.push_back(torch::empty({mb_, s, h}, f32));
+      }
+    }
   }
 
   absl::StatusOr<StepResult> Step(int64_t step, const Schedule& schedule);
@@ -252,6 +280,9 @@ class Executor {
   absl::Status Communicate(const std::vector<Action>& group);
   void Forward(int mb);
   void Backward(int mb);
+  void Capture(const std::vector<Action>& actions);
+  void ReplayForward(int mb);
+  void ReplayBackward(int mb);
   torch::Tensor Tokens(int mb, bool targets);
   void LoadBatch();
 
@@ -273,6 +304,11 @@ class Executor {
   torch::Tensor loss_sum_;
   torch::Tensor batch_;  // the current step's global batch of tokens, on the device
   StepTimer timer_;
+  bool graphs_ = false;    // CUDA graphs wanted; captured at the start of step 1 (step 0 warms up)
+  bool captured_ = false;
+  std::vector<std::unique_ptr<GraphSlot>> slots_;
+  std::vector<int> slot_of_;                          // micro-batch -> slot
+  std::vector<torch::Tensor> act_out_, grad_out_buffers_;  // graphs' outputs, per micro-batch
 };
 
 // Micro-batch mb of the step's global batch: the same sequences however the batch is split, so that
@@ -291,6 +327,7 @@ void Executor::LoadBatch() {
 }
 
 void Executor::Forward(int mb) {
+  if (captured_) return ReplayForward(mb);
   torch::Tensor input;
   if (stage_->has_embedding()) {
     input = Tokens(mb, false);
@@ -311,6 +348,7 @@ void Executor::Forward(int mb) {
 }
 
 void Executor::Backward(int mb) {
+  if (captured_) return ReplayBackward(mb);
   if (stage_->has_head()) {
     outputs_[mb].backward();
   } else {
@@ -319,6 +357,89 @@ void Executor::Backward(int mb) {
   if (!stage_->has_embedding()) grad_out_[mb] = inputs_[mb].grad();
   inputs_[mb] = torch::Tensor();
   outputs_[mb] = torch::Tensor();
+}
+
+// Assigns micro-batches to slots by walking this rank's actions (a forward takes the first free slot,
+// its backward frees it; in inference the forward's output is copied out, so the slot is free at once)
+// and captures each slot's forward and backward on the compute stream.
+void Executor::Capture(const std::vector<Action>& actions) {
+  slot_of_.assign(m_, -1);
+  std::vector<bool> busy;
+  for (const Action& x : actions) {
+    if (x.type == ActionType::kForward) {
+      const int free = static_cast<int>(std::find(busy.begin(), busy.end(), false) - busy.begin());
+      if (free == static_cast<int>(busy.size())) busy.push_back(false);
+      slot_of_[x.microbatch] = free;
+      busy[free] = !inference_;
+    } else if (x.type == ActionType::kBackward && slot_of_[x.microbatch] >= 0) {
+      busy[slot_of_[x.microbatch]] = false;
+    }
+  }
+  const int64_t s = job_.gpt().seq(), h = job_.gpt().hidden();
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
+  const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(device_);
+  const bool loss = stage_->has_head() && !inference_;
+  for (size_t k = 0; k < busy.size(); ++k) {
+    auto slot = std::make_unique<GraphSlot>();
+    slot->input = stage_->has_embedding() ? torch::zeros({mb_, s}, i64)
+                                          : torch::zeros({mb_, s, h}, f32).requires_grad_(!inference_);
+    if (loss) slot->targets = torch::zeros({mb_, s}, i64);
+    if (!stage_->has_head() && !inference_) slot->grad_output = torch::zeros({mb_, s, h}, f32);
+    const auto pool = at::cuda::graph_pool_handle();
+    {
+      std::optional<torch::NoGradGuard> no_grad;
+      if (inference_) no_grad.emplace();
+      // Thread-local capture: other threads of this process (NCCL's, gRPC's) may use CUDA meanwhile.
+      slot->forward.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+      torch::Tensor out = stage_->forward(slot->input);
+      if (loss) out = LanguageModelLoss(out, slot->targets) / m_;
+      slot->forward.capture_end();
+      slot->output = out;
+    }
+    if (!inference_) {
+      // The autograd engine's device thread launches the backward onto the capturing stream.
+      slot->backward.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+      if (loss) {
+        torch::autograd::backward({slot->output}, {}, /*retain_graph=*/true);
+      } else {
+        torch::autograd::backward({slot->output}, {slot->grad_output}, /*retain_graph=*/true);
+      }
+      slot->backward.capture_end();
+      if (!stage_->has_embedding()) slot->grad_input = slot->input.grad();
+    }
+    slots_.push_back(std::move(slot));
+  }
+}
+
+void Executor::ReplayForward(int mb) {
+  GraphSlot& g = *slots_[slot_of_[mb]];
+  {
+    torch::NoGradGuard no_grad;  // the slot's input is a leaf that requires grad
+    if (stage_->has_embedding()) {
+      g.input.copy_(Tokens(mb, false));
+    } else {
+      g.input.copy_(act_in_[mb]);
+    }
+    if (g.targets.defined()) g.targets.copy_(Tokens(mb, true));
+  }
+  g.forward.replay();
+  if (!stage_->has_head()) {
+    act_out_[mb].copy_(g.output.detach());
+    outputs_[mb] = act_out_[mb];
+  } else if (!inference_) {
+    torch::Tensor loss = g.output.detach();
+    loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss : loss.clone();
+  }
+}
+
+void Executor::ReplayBackward(int mb) {
+  GraphSlot& g = *slots_[slot_of_[mb]];
+  if (g.grad_output.defined()) g.grad_output.copy_(grad_in_[mb]);
+  g.backward.replay();
+  if (g.grad_input.defined()) {
+    grad_out_buffers_[mb].copy_(g.grad_input);
+    grad_out_[mb] = grad_out_buffers_[mb];
+  }
 }
 
 // Posts a send/receive group (or a single operation) on the communication stream.
@@ -392,7 +513,7 @@ absl::Status Executor::Run(const std::vector<Action>& actions, size_t& i) {
     case ActionType::kBackward: Backward(x.microbatch); break;
     case ActionType::kOptimizerStep:
       optimizer_->Step();
-      optimizer_->ZeroGrad();
+      optimizer_->ZeroGrad(/*set_to_none=*/!graphs_);  // captured graphs accumulate into fixed gradients
       break;
     default:
       return absl::UnimplementedError(absl::StrCat("the executor does not run ", ToString(x), " yet"));
@@ -409,8 +530,20 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step, const Schedule& schedule
   if (streams_->cuda()) guard.emplace(streams_->compute());
   timer_.BeginStep();
   LoadBatch();
-  streams_->CommAfterCompute();  // receive buffers are free once the previous step's compute is done
   const std::vector<Action>& actions = schedule.ranks[a_.rank()];
+  if (graphs_) {
+    stage_->RefreshCasts();  // the optimizer's update, into the bf16 copies the graphs read
+    if (!captured_ && step >= 1) {
+      try {
+        Capture(actions);
+      } catch (const c10::Error& e) {
+        return absl::InternalError(absl::StrCat("capturing the stage's CUDA graphs: ", e.what_without_backtrace(),
+                                                "; --cuda_graphs=false runs it without them"));
+      }
+      captured_ = true;
+    }
+  }
+  streams_->CommAfterCompute();  // receive buffers are free once the previous step's compute is done
   for (size_t i = 0; i < actions.size();) {
     if (absl::Status s = Run(actions, i); !s.ok()) return s;
   }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Pipeline checks on a GPU host, through the bundle (tools/bundle; carry dist/): CUDA graphs change
+# nothing but speed. The same short gpt-1.3b-shaped jobs (4 blocks, so each takes seconds) run with
+# --cuda_graphs=true and =false, and every step's loss must agree: 1 GPU, 2-GPU 1F1B with 8 and 32
+# micro-batches, and inference (which has no loss: both must finish).
+# Usage, from the repository root: tests/gpu/pipeline_gpu_check.sh; logs go to $OUT.
+set -uo pipefail
+out=${OUT:-/tmp/pipeline_gpu_check}
+mkdir -p "$out"
+run=dist/bundle/run
+fail=0
+check() { if eval "$2"; then echo "PASS  $1"; else echo "FAIL  $1"; fail=1; fi; }
+common=(--model=gpt-1.3b --layers=4 --steps=6)
+
+# same NAME GPUS FLAGS...: runs with and without graphs, compares steps.csv losses (worst relative diff).
+same() {
+  local name=$1 gpus=$2
+  shift 2
+  for g in true false; do
+    $run launcher --gpus="$gpus" "${common[@]}" --cuda_graphs=$g --run_dir="$out/$name.$g" "$@" >"$out/$name.$g.log" 2>&1 ||
+      { check "$name, --cuda_graphs=$g, exits 0" false; tail -n 5 "$out/$name.$g.log"; return; }
+  done
+  local worst
+  worst=$(python3 - "$out/$name.true/steps.csv" "$out/$name.false/steps.csv" <<'PY'
+import csv, sys
+def losses(p):
+    return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(open(p)) if r["loss"]}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert a and a.keys() == b.keys(), (a, b)
+print(f"{max(abs(a[k] - b[k]) / abs(b[k]) for k in a):.2e}")
+PY
+)
+  check "$name: losses with and without CUDA graphs agree (worst relative difference $worst, want < 1e-4)" \
+    "[ -n '$worst' ] && python3 -c 'import sys; sys.exit(not float(\"$worst\") < 1e-4)'"
+}
+
+same train_1gpu 1 --pipeline_stages=1 --micro_batches=4
+same train_2gpu_1f1b_m8 2 --schedule=1f1b --micro_batches=8
+same train_2gpu_1f1b_m32 2 --schedule=1f1b --micro_batches=32
+for g in true false; do
+  $run launcher --gpus=2 "${common[@]}" --inference --global_batch=64 --micro_batches=16 --cuda_graphs=$g \
+    --run_dir="$out/infer.$g" >"$out/infer.$g.log" 2>&1
+  check "inference, 2 GPUs, 16 micro-batches, --cuda_graphs=$g, exits 0" "[ $? -eq 0 ]"
+done
+exit $fail
