@@ -463,6 +463,8 @@ void GptStageImpl::RefreshCasts() {
 }
 
 torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  // (log_softmax's half_to_float would skip the fp32 copy of the logits, but torch 2.11's CUDA kernel
+  // takes it for fp16 only: "conversion is supported for Half type only" for bf16.)
   return F::cross_entropy(logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}),
                           targets.to(logits.device()).reshape({-1}));
 }
@@ -511,16 +513,18 @@ void FusedAdamW::Step() {
 
 void FusedAdamW::ZeroGrad(bool set_to_none) {
   torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> defined;
   for (torch::Tensor& p : params_) {
     torch::Tensor& g = p.mutable_grad();
     if (set_to_none) {
       g.reset();
     } else if (g.defined()) {
-      g.zero_();
+      defined.push_back(g);
     } else {
       g = torch::zeros_like(p, torch::MemoryFormat::Preserve);
     }
   }
+  if (!defined.empty()) at::_foreach_zero_(defined);  // one launch (per chunk) for all of them
 }
 
 // -----------------------------------------------------------------------------------------------------

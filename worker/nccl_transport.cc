@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(const NcclTransp
   if (!id.ok()) return id.status();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  if (o.max_ctas > 0) config.maxCTAs = o.max_ctas;  // NCCL_MAX_CTAS in the environment still wins
   ncclComm_t comm = nullptr;
   STAGEHAND_NCCL_RETURN_IF_ERROR(ncclCommInitRankConfig(&comm, o.world_size, *id, o.rank, &config));
   for (;;) {

@@ -236,6 +236,45 @@ struct GraphSlot {
   torch::Tensor grad_input;   // input.grad after the backward (training, not the first stage)
 };
 
+// Captures one micro-batch's forward (and for training its backward) through `stage` on the current
+// stream, in a memory pool of its own. The last stage's loss is divided by `loss_divisor` (the
+// micro-batch count), as the executor does without graphs. The stage's parameters must have gradients
+// already (they are accumulated into in place) and warmed-up kernels (a step run without graphs).
+std::unique_ptr<GraphSlot> CaptureSlot(GptStage& stage, const torch::Device& device, int64_t mb, int64_t seq,
+                                       int64_t hidden, bool inference, int loss_divisor) {
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  const bool loss = stage->has_head() && !inference;
+  auto slot = std::make_unique<GraphSlot>();
+  slot->input = stage->has_embedding() ? torch::zeros({mb, seq}, i64)
+                                       : torch::zeros({mb, seq, hidden}, f32).requires_grad_(!inference);
+  if (loss) slot->targets = torch::zeros({mb, seq}, i64);
+  if (!stage->has_head() && !inference) slot->grad_output = torch::ones({mb, seq, hidden}, f32);
+  const auto pool = at::cuda::graph_pool_handle();
+  {
+    std::optional<torch::NoGradGuard> no_grad;
+    if (inference) no_grad.emplace();
+    // Thread-local capture: other threads of this process (NCCL's, gRPC's) may use CUDA meanwhile.
+    slot->forward.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    torch::Tensor out = stage->forward(slot->input);
+    if (loss) out = LanguageModelLoss(out, slot->targets) / loss_divisor;
+    slot->forward.capture_end();
+    slot->output = out;
+  }
+  if (!inference) {
+    // The autograd engine's device thread launches the backward onto the capturing stream.
+    slot->backward.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    if (loss) {
+      torch::autograd::backward({slot->output}, {}, /*retain_graph=*/true);
+    } else {
+      torch::autograd::backward({slot->output}, {slot->grad_output}, /*retain_graph=*/true);
+    }
+    slot->backward.capture_end();
+    if (!stage->has_embedding()) slot->grad_input = slot->input.grad();
+  }
+  return slot;
+}
+
 class Executor {
  public:
   Executor(const Assignment& a, Transport* transport, GptStage stage, std::unique_ptr<TokenSource> data,
@@ -375,39 +414,8 @@ void Executor::Capture(const std::vector<Action>& actions) {
       busy[slot_of_[x.microbatch]] = false;
     }
   }
-  const int64_t s = job_.gpt().seq(), h = job_.gpt().hidden();
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
-  const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(device_);
-  const bool loss = stage_->has_head() && !inference_;
   for (size_t k = 0; k < busy.size(); ++k) {
-    auto slot = std::make_unique<GraphSlot>();
-    slot->input = stage_->has_embedding() ? torch::zeros({mb_, s}, i64)
-                                          : torch::zeros({mb_, s, h}, f32).requires_grad_(!inference_);
-    if (loss) slot->targets = torch::zeros({mb_, s}, i64);
-    if (!stage_->has_head() && !inference_) slot->grad_output = torch::zeros({mb_, s, h}, f32);
-    const auto pool = at::cuda::graph_pool_handle();
-    {
-      std::optional<torch::NoGradGuard> no_grad;
-      if (inference_) no_grad.emplace();
-      // Thread-local capture: other threads of this process (NCCL's, gRPC's) may use CUDA meanwhile.
-      slot->forward.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-      torch::Tensor out = stage_->forward(slot->input);
-      if (loss) out = LanguageModelLoss(out, slot->targets) / m_;
-      slot->forward.capture_end();
-      slot->output = out;
-    }
-    if (!inference_) {
-      // The autograd engine's device thread launches the backward onto the capturing stream.
-      slot->backward.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-      if (loss) {
-        torch::autograd::backward({slot->output}, {}, /*retain_graph=*/true);
-      } else {
-        torch::autograd::backward({slot->output}, {slot->grad_output}, /*retain_graph=*/true);
-      }
-      slot->backward.capture_end();
-      if (!stage_->has_embedding()) slot->grad_input = slot->input.grad();
-    }
-    slots_.push_back(std::move(slot));
+    slots_.push_back(CaptureSlot(stage_, device_, mb_, job_.gpt().seq(), job_.gpt().hidden(), inference_, m_));
   }
 }
 
@@ -626,9 +634,43 @@ LayerCost ProfileLayer(const JobSpec& job, const GptConfig& config, int layer) {
     if (head) out.backward(); else out.backward(torch::ones_like(out));
   };
   LayerCost cost;
-  double fwd = TimeMs([&] { torch::NoGradGuard g; forward(); }, cuda);
-  cost.set_forward_ms(fwd);
-  cost.set_backward_ms(std::max(0.0, TimeMs(both, cuda) - fwd));
+  if (cuda) {
+    // What the executor runs: the layer's captured graphs, timed by events on the stream. (Timing eager
+    // calls by the host clock counted milliseconds of host overhead into some layers' backward.)
+    both();  // warm-up, and the gradients the graphs accumulate into
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : stage->parameters()) p.mutable_grad().zero_();
+    }
+    std::unique_ptr<GraphSlot> slot = CaptureSlot(stage, device, mb, config.seq, config.hidden, /*inference=*/false, 1);
+    {
+      torch::NoGradGuard no_grad;
+      slot->input.copy_(input);
+      if (slot->targets.defined()) slot->targets.copy_(targets);
+    }
+    auto replay_ms = [&](bool backward) {
+      const at::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+      auto once = [&] {
+        slot->forward.replay();
+        if (backward) slot->backward.replay();
+      };
+      once();
+      at::cuda::CUDAEvent start(cudaEventDefault), end(cudaEventDefault);
+      start.record(stream);
+      constexpr int kReps = 5;
+      for (int i = 0; i < kReps; ++i) once();
+      end.record(stream);
+      end.synchronize();
+      return static_cast<double>(start.elapsed_time(end)) / kReps;
+    };
+    const double fwd = replay_ms(false);
+    cost.set_forward_ms(fwd);
+    cost.set_backward_ms(std::max(0.0, replay_ms(true) - fwd));
+  } else {
+    double fwd = TimeMs([&] { torch::NoGradGuard g; forward(); }, cuda);
+    cost.set_forward_ms(fwd);
+    cost.set_backward_ms(std::max(0.0, TimeMs(both, cuda) - fwd));
+  }
   int64_t params = 0;
   for (const auto& p : stage->parameters()) params += p.numel();
   cost.set_param_bytes(params * 16);  // fp32 parameter, gradient, two AdamW moments
