@@ -453,6 +453,23 @@ void ExpectFusedAdamWMatchesTorch(torch::Device device) {
 
 TEST(FusedAdamW, FewSteps_MatchesTorchAdamW) { ExpectFusedAdamWMatchesTorch(torch::kCPU); }
 
+// Zeroing in place (what captured CUDA graphs need): the same gradient tensors, zeroed, and zeros for a
+// parameter that had none; the default sets them to None.
+TEST(FusedAdamW, ZeroGradInPlace_KeepsGradientTensors) {
+  torch::Tensor a = torch::ones({3}).requires_grad_(true), b = torch::ones({2, 2}).requires_grad_(true);
+  a.mutable_grad() = torch::full({3}, 5.0);
+  const void* address = a.grad().data_ptr();
+  FusedAdamW optimizer({a, b});
+  optimizer.ZeroGrad(/*set_to_none=*/false);
+  EXPECT_EQ(a.grad().data_ptr(), address);
+  EXPECT_TRUE(torch::equal(a.grad(), torch::zeros({3})));
+  ASSERT_TRUE(b.grad().defined());
+  EXPECT_TRUE(torch::equal(b.grad(), torch::zeros({2, 2})));
+  optimizer.ZeroGrad();
+  EXPECT_FALSE(a.grad().defined());
+  EXPECT_FALSE(b.grad().defined());
+}
+
 // ----------------------------------------------------------------------------------------------------
 // Token sources.
 

@@ -226,7 +226,8 @@ StepTiming StepTimer::Finish(int rank, int64_t step, double step_ms) const {
 // them is the captured work on new data: the host launches two graphs per micro-batch where it would
 // launch hundreds of kernels (the launch cost bounds small micro-batches: at one sequence per
 // micro-batch of gpt-1.3b the host, not the GPU, set the pace). Slots are as many as the micro-batches
-// this rank holds at once (1F1B: at most the stages after it, plus one); each has its own memory pool.
+// this rank holds at once (1F1B: at most the number of stages from this one to the last); each has its
+// own memory pool.
 struct GraphSlot {
   at::cuda::CUDAGraph forward, backward;
   torch::Tensor input;        // tokens [mb, S] (first stage) or hidden states [mb, S, H], a leaf
