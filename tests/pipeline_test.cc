@@ -131,7 +131,7 @@ TEST(Pipeline, KillMiddleStage_LauncherNamesItAndStopsTheOthers) {
   const pid_t launcher = fork();
   ASSERT_GE(launcher, 0);
   if (launcher == 0) {
-    freopen(out_path.c_str(), "w", stdout);
+    if (freopen(out_path.c_str(), "w", stdout) == nullptr) _exit(126);
     dup2(fileno(stdout), 2);
     const std::string bin = Runfile("launcher/launcher"), run_dir = "--run_dir=" + dir;
     execl(bin.c_str(), bin.c_str(), "--device=cpu", "--workers=3", "--model=tiny", "--fp32", "--steps=100000",

@@ -399,23 +399,12 @@ void Executor::Backward(int mb) {
   outputs_[mb] = torch::Tensor();
 }
 
-// Assigns micro-batches to slots by walking this rank's actions (a forward takes the first free slot,
-// its backward frees it; in inference the forward's output is copied out, so the slot is free at once)
-// and captures each slot's forward and backward on the compute stream.
+// Assigns micro-batches to slots (AssignSlots: in inference the forward's output is copied out, so a
+// slot is free again at once) and captures each slot's forward and backward on the compute stream.
 void Executor::Capture(const std::vector<Action>& actions) {
-  slot_of_.assign(m_, -1);
-  std::vector<bool> busy;
-  for (const Action& x : actions) {
-    if (x.type == ActionType::kForward) {
-      const int free = static_cast<int>(std::find(busy.begin(), busy.end(), false) - busy.begin());
-      if (free == static_cast<int>(busy.size())) busy.push_back(false);
-      slot_of_[x.microbatch] = free;
-      busy[free] = !inference_;
-    } else if (x.type == ActionType::kBackward && slot_of_[x.microbatch] >= 0) {
-      busy[slot_of_[x.microbatch]] = false;
-    }
-  }
-  for (size_t k = 0; k < busy.size(); ++k) {
+  const SlotPlan plan = AssignSlots(actions, m_, /*release_after_forward=*/inference_);
+  slot_of_ = plan.slot_of;
+  for (int k = 0; k < plan.slots; ++k) {
     slots_.push_back(CaptureSlot(stage_, device_, mb_, job_.gpt().seq(), job_.gpt().hidden(), inference_, m_));
   }
 }

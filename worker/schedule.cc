@@ -624,4 +624,24 @@ absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const StageC
   return Simulator(schedule, costs).Run();
 }
 
+SlotPlan AssignSlots(const std::vector<Action>& actions, int microbatches, bool release_after_forward) {
+  SlotPlan plan;
+  plan.slot_of.assign(microbatches, -1);
+  std::vector<bool> busy;
+  for (const Action& x : actions) {
+    if (x.microbatch < 0 || x.microbatch >= microbatches) continue;
+    if (x.type == ActionType::kForward) {
+      const int free = static_cast<int>(std::find(busy.begin(), busy.end(), false) - busy.begin());
+      if (free == static_cast<int>(busy.size())) busy.push_back(false);
+      plan.slot_of[x.microbatch] = free;
+      busy[free] = !release_after_forward;
+    } else if ((x.type == ActionType::kBackward || x.type == ActionType::kBackwardWeight) &&
+               plan.slot_of[x.microbatch] >= 0) {
+      busy[plan.slot_of[x.microbatch]] = false;
+    }
+  }
+  plan.slots = static_cast<int>(busy.size());
+  return plan;
+}
+
 }  // namespace stagehand

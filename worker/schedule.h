@@ -55,6 +55,17 @@ absl::StatusOr<Schedule> MakeForwardOnly(int stages, int microbatches);
 // By name: "gpipe", "1f1b", "forward".
 absl::StatusOr<Schedule> MakeSchedule(const std::string& name, int stages, int microbatches);
 
+// Which buffer slot each micro-batch of one rank's action list uses, when a slot holds a micro-batch
+// from its forward to its backward (release_after_forward: only during the forward, as in inference,
+// whose output is copied out): a forward takes the lowest free slot, the backward frees it. `slots` is
+// then the most micro-batches the rank holds at once (1F1B: the stages from this one to the last;
+// GPipe: all). For chunk 0 (schedules without interleaving).
+struct SlotPlan {
+  std::vector<int> slot_of;  // per micro-batch; -1 for one the list never runs forward
+  int slots = 0;
+};
+SlotPlan AssignSlots(const std::vector<Action>& actions, int microbatches, bool release_after_forward);
+
 std::string ToString(const Action& action);  // e.g. "F3", "B3", "SA3>1", "RG3<1", "OPT", with "[g5]"
 
 // Costs for the simulator, per virtual stage, in any time unit.

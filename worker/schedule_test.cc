@@ -493,5 +493,52 @@ TEST(Simulate, WrongShape_IsInvalidArgument) {
   EXPECT_THAT(r.status().message(), HasSubstr("one entry per virtual stage"));
 }
 
+// ----------------------------------------------------------------------------------------------------
+// Slots (the executor's CUDA-graph buffers).
+
+// Replays a rank's list against a slot plan: no two micro-batches may hold one slot at once.
+void ExpectSlotsNeverShared(const std::vector<Action>& actions, const SlotPlan& plan, bool release_after_forward) {
+  std::map<int, int> holder;  // slot -> micro-batch
+  for (const Action& x : actions) {
+    if (x.type == ActionType::kForward) {
+      const int slot = plan.slot_of[x.microbatch];
+      ASSERT_GE(slot, 0) << "F" << x.microbatch;
+      ASSERT_LT(slot, plan.slots);
+      EXPECT_EQ(holder.count(slot), 0u) << "F" << x.microbatch << " takes slot " << slot << " held by "
+                                         << holder[slot];
+      if (!release_after_forward) holder[slot] = x.microbatch;
+    } else if (x.type == ActionType::kBackward) {
+      holder.erase(plan.slot_of[x.microbatch]);
+    }
+  }
+}
+
+TEST(AssignSlots, OneF1B_SlotsAreTheStagesFromThisOneToTheLast) {
+  for (int p : {1, 2, 3, 4, 8}) {
+    for (int m : {p, p + 1, 2 * p, 32}) {
+      absl::StatusOr<Schedule> s = Make1F1B(p, m);
+      ASSERT_TRUE(s.ok()) << s.status();
+      for (int r = 0; r < p; ++r) {
+        const SlotPlan plan = AssignSlots(s->ranks[r], m, false);
+        EXPECT_EQ(plan.slots, p - r) << "p=" << p << " m=" << m << " rank " << r;
+        ExpectSlotsNeverShared(s->ranks[r], plan, false);
+      }
+    }
+  }
+}
+
+TEST(AssignSlots, GPipeHoldsEveryMicroBatch_InferenceOne) {
+  absl::StatusOr<Schedule> gpipe = MakeGPipe(2, 8), forward = MakeForwardOnly(2, 16);
+  ASSERT_TRUE(gpipe.ok() && forward.ok());
+  for (int r = 0; r < 2; ++r) {
+    const SlotPlan g = AssignSlots(gpipe->ranks[r], 8, false);
+    EXPECT_EQ(g.slots, 8);
+    ExpectSlotsNeverShared(gpipe->ranks[r], g, false);
+    const SlotPlan f = AssignSlots(forward->ranks[r], 16, true);
+    EXPECT_EQ(f.slots, 1);
+    EXPECT_EQ(f.slot_of, std::vector<int>(16, 0));
+  }
+}
+
 }  // namespace
 }  // namespace stagehand
