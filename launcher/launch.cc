@@ -162,13 +162,14 @@ std::string Describe(const JobSpec& job, const Plan& plan, const std::vector<Lay
   std::string out = absl::StrCat(job.pipeline().partition(), ": ", counts, " pipeline layers; stage ms");
   for (double ms : plan.stage_ms) absl::StrAppend(&out, absl::StrFormat(" %.2f", ms));
   absl::StrAppend(&out, profiled ? " (profiled)" : " (estimated)");
-  // The three kinds of layer, forward + backward ms per micro-batch: what the partition was made from.
-  if (layers.size() >= 3) {
-    const LayerCost &first = layers.front(), &block = layers[1], &last = layers.back();
-    absl::StrAppend(&out, absl::StrFormat("; layer ms (forward + backward): embedding %.2f + %.2f, block %.2f + %.2f, "
-                                          "head %.2f + %.2f",
-                                          first.forward_ms(), first.backward_ms(), block.forward_ms(),
-                                          block.backward_ms(), last.forward_ms(), last.backward_ms()));
+  // The four kinds of layer, forward + backward ms per micro-batch: what the partition was made from.
+  if (layers.size() >= 4) {
+    const LayerCost &first = layers.front(), &attention = layers[1], &mlp = layers[2], &last = layers.back();
+    absl::StrAppend(&out, absl::StrFormat("; layer ms (forward + backward): embedding %.2f + %.2f, attention %.2f + "
+                                          "%.2f, MLP %.2f + %.2f, head %.2f + %.2f",
+                                          first.forward_ms(), first.backward_ms(), attention.forward_ms(),
+                                          attention.backward_ms(), mlp.forward_ms(), mlp.backward_ms(),
+                                          last.forward_ms(), last.backward_ms()));
   }
   return out;
 }

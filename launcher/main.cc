@@ -38,7 +38,7 @@ ABSL_FLAG(int, pipeline_stages, -1, "GPT: pipeline stages, one per worker (defau
 ABSL_FLAG(std::string, schedule, "", "GPT: gpipe or 1f1b (default 1f1b)");
 ABSL_FLAG(int, micro_batches, -1, "GPT: micro-batches per step (default max(8, stages))");
 ABSL_FLAG(int64_t, global_batch, -1, "GPT: sequences per step (default 32)");
-ABSL_FLAG(std::string, partition, "", "GPT: auto (profiled, balanced), uniform, or pipeline-layer counts like 14,12");
+ABSL_FLAG(std::string, partition, "", "GPT: auto (profiled, balanced), uniform, or pipeline-layer counts like 27,23 (the embedding, each block's attention and MLP halves, the head)");
 ABSL_FLAG(int64_t, vocab, -1, "GPT: vocabulary size (default: the preset's)");
 ABSL_FLAG(int64_t, hidden, -1, "GPT: hidden size (default: the preset's)");
 ABSL_FLAG(int64_t, heads, -1, "GPT: attention heads (default: the preset's)");

@@ -170,7 +170,7 @@ TEST(Pipeline, ImpossibleJobs_RefusedBeforeAnythingStarts) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--device=cpu", "--workers=4", "--model=tiny", "--schedule=1f1b", "--micro_batches=2", "--global_batch=8"},
        "1F1B needs at least as many micro-batches as stages"},
-      {{"--device=cpu", "--workers=7", "--model=tiny"}, "7 stages but the model has only 6 pipeline layers"},
+      {{"--device=cpu", "--workers=11", "--model=tiny"}, "11 stages but the model has only 10 pipeline layers"},
       {{"--device=cpu", "--workers=2", "--model=tiny", "--micro_batches=3", "--global_batch=16"},
        "does not split into 3 equal micro-batches"},
       {{"--device=cpu", "--workers=2", "--model=tiny", "--partition=3,4"}, "--partition=3,4 lists 2 stages of 7"},

@@ -72,8 +72,9 @@ absl::StatusOr<std::vector<int>> ParsePartition(const std::string& text) {
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int n = 0;
     if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      return Invalid(absl::StrCat("--partition=", text, ": expected auto, uniform, or layer counts like 14,12 "
-                                  "(each at least 1; the pipeline has the embedding, the blocks and the head)"));
+      return Invalid(absl::StrCat("--partition=", text, ": expected auto, uniform, or layer counts like 27,23 "
+                                  "(each at least 1; the pipeline layers are the embedding, each block's attention "
+                                  "and MLP halves, and the head)"));
     }
     counts.push_back(n);
   }
@@ -86,7 +87,7 @@ int64_t MicroBatchSize(const JobSpec& job) {
 
 absl::Status ValidateGptJob(const JobSpec& job) {
   const PipelineSpec& p = job.pipeline();
-  const int64_t layers = job.gpt().layers() + 2;
+  const int64_t layers = 2 * job.gpt().layers() + 2;
   if (p.stages() < 1) return Invalid("--pipeline_stages must be at least 1");
   if (p.stages() != job.workers()) {
     return Invalid(absl::StrCat("--pipeline_stages=", p.stages(), " with ", job.workers(),
@@ -94,8 +95,8 @@ absl::Status ValidateGptJob(const JobSpec& job) {
   }
   if (p.stages() > layers) {
     return Invalid(absl::StrCat(p.stages(), " stages but the model has only ", layers,
-                                " pipeline layers (embedding, ", job.gpt().layers(), " blocks, head); use at most ",
-                                layers, " stages or more --layers"));
+                                " pipeline layers (embedding, ", job.gpt().layers(),
+                                " blocks of two halves, head); use at most ", layers, " stages or more --layers"));
   }
   if (p.micro_batches() < 1) return Invalid("--micro_batches must be at least 1");
   if (!p.inference() && p.schedule() != "gpipe" && p.schedule() != "1f1b") {
@@ -118,7 +119,8 @@ absl::Status ValidateGptJob(const JobSpec& job) {
     if (static_cast<int>(counts->size()) != p.stages() || sum != layers) {
       return Invalid(absl::StrCat("--partition=", p.partition(), " lists ", counts->size(), " stages of ", sum,
                                   " layers in all, but the job has ", p.stages(), " stages and the model ", layers,
-                                  " pipeline layers (embedding + ", job.gpt().layers(), " blocks + head)"));
+                                  " pipeline layers (embedding + 2 x ", job.gpt().layers(),
+                                  " block halves + head)"));
     }
   }
   return absl::OkStatus();
@@ -141,9 +143,13 @@ LayerProfile EstimateGpt(const JobSpec& job) {
   p.set_micro_batch(MicroBatchSize(job));
   // The embedding is a gather: little time, but its gradient is a dense V x H scatter.
   *p.add_layers() = layer(v * h, tokens * h * 10, tokens * h * 4);
-  const double block_params = 12 * h * h + 13 * h;
-  const double block_flops = tokens * (24 * h * h + 2 * s * h);  // matmuls + causal attention
-  for (int i = 0; i < g.layers(); ++i) *p.add_layers() = layer(block_params, block_flops, tokens * h * 40);
+  // Each block as its attention half (qkv, proj, ln1; matmuls + causal attention) and MLP half.
+  const LayerCost attention = layer(4 * h * h + 6 * h, tokens * (8 * h * h + 2 * s * h), tokens * h * 16);
+  const LayerCost mlp = layer(8 * h * h + 7 * h, tokens * 16 * h * h, tokens * h * 24);
+  for (int i = 0; i < g.layers(); ++i) {
+    *p.add_layers() = attention;
+    *p.add_layers() = mlp;
+  }
   // The head: vocabulary projection and the loss; logits in bf16 plus the fp32 loss and its gradient.
   *p.add_layers() = layer(v * h + 2 * h, tokens * 2 * v * h, tokens * v * 10);
   return p;

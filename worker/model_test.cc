@@ -88,7 +88,7 @@ TEST(GptPreset, Gpt13b_HasReferenceSizes) {
   EXPECT_EQ(c->layers, 24);
   EXPECT_EQ(c->seq, 1024);
   EXPECT_TRUE(c->bf16_autocast);
-  EXPECT_EQ(c->pipeline_layers(), 26);
+  EXPECT_EQ(c->pipeline_layers(), 50);  // embedding, 24 blocks as attention and MLP halves, head
   EXPECT_TRUE(ValidateConfig(*c).ok());
   EXPECT_EQ(ExpectedParameters(*c), 1342820352);
 }
@@ -186,7 +186,7 @@ TEST(GptStage, Init_HasGptStatistics) {
   GptConfig c = Tiny();
   c.hidden = 256;
   c.layers = 8;
-  GptStage block(c, 1, 2, 3);
+  GptStage block(c, 1, 3, 3);  // the first block: its attention and MLP halves
   for (const auto& item : block->named_parameters()) {
     const std::string& name = item.key();
     const torch::Tensor& p = item.value();
@@ -264,8 +264,8 @@ TEST(GptStage, Gradients_MatchFiniteDifferences) {
   std::map<std::string, torch::Tensor> params;
   for (const auto& item : model->named_parameters()) params[item.key()] = item.value();
   for (const char* name : {"layers.0.weight", "layers.1.qkv.weight", "layers.1.qkv.bias", "layers.1.proj.weight",
-                           "layers.1.fc1.weight", "layers.1.fc2.weight", "layers.1.fc2.bias", "layers.1.ln1.weight",
-                           "layers.2.lm_head.weight"}) {
+                           "layers.2.fc1.weight", "layers.2.fc2.weight", "layers.2.fc2.bias", "layers.1.ln1.weight",
+                           "layers.3.lm_head.weight"}) {
     ASSERT_TRUE(params.count(name)) << name;
     torch::Tensor p = params[name];
     ASSERT_TRUE(p.grad().defined()) << name;
@@ -352,7 +352,7 @@ TEST(GptStage, Bf16CastWeights_FollowInPlaceUpdatesAndGiveFp32Gradients) {
   const torch::Tensor stepped = model(tokens);
   EXPECT_FALSE(torch::equal(stepped, before));
   // Only the head's weight changes: the result is what a model built with that weight gives.
-  torch::Tensor head = model->named_parameters()["layers.5.lm_head.weight"];
+  torch::Tensor head = model->named_parameters()["layers.9.lm_head.weight"];
   head.mul_(0.5);
   torch::Tensor fresh_logits;
   {

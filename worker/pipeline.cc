@@ -675,12 +675,17 @@ absl::StatusOr<LayerProfile> ProfileModelImpl(const JobSpec& job) {
   std::optional<c10::cuda::CUDAStreamGuard> guard;
   if (job.device() == DEVICE_KIND_CUDA) guard.emplace(at::cuda::getStreamFromPool(false, 0));
   const LayerCost embedding = ProfileLayer(job, config, 0);
-  const LayerCost block = ProfileLayer(job, config, 1);  // every block has the same shapes
+  // Every block has the same shapes: its two halves are measured once.
+  const LayerCost attention = ProfileLayer(job, config, 1);
+  const LayerCost mlp = ProfileLayer(job, config, 2);
   const LayerCost head = ProfileLayer(job, config, config.pipeline_layers() - 1);
   LayerProfile profile;
   profile.set_micro_batch(MicroBatchSize(job));
   *profile.add_layers() = embedding;
-  for (int i = 0; i < config.layers; ++i) *profile.add_layers() = block;
+  for (int i = 0; i < config.layers; ++i) {
+    *profile.add_layers() = attention;
+    *profile.add_layers() = mlp;
+  }
   *profile.add_layers() = head;
   return profile;
 }
