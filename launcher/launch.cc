@@ -25,6 +25,7 @@
 #include "launcher/sweep_report.h"
 #include "launcher/supervisor.h"
 #include "worker/gpt_job.h"
+#include "worker/gpt_layers.h"
 
 extern char** environ;
 
@@ -162,14 +163,19 @@ std::string Describe(const JobSpec& job, const Plan& plan, const std::vector<Lay
   std::string out = absl::StrCat(job.pipeline().partition(), ": ", counts, " pipeline layers; stage ms");
   for (double ms : plan.stage_ms) absl::StrAppend(&out, absl::StrFormat(" %.2f", ms));
   absl::StrAppend(&out, profiled ? " (profiled)" : " (estimated)");
-  // The four kinds of layer, forward + backward ms per micro-batch: what the partition was made from.
-  if (layers.size() >= 4) {
-    const LayerCost &first = layers.front(), &attention = layers[1], &mlp = layers[2], &last = layers.back();
-    absl::StrAppend(&out, absl::StrFormat("; layer ms (forward + backward): embedding %.2f + %.2f, attention %.2f + "
-                                          "%.2f, MLP %.2f + %.2f, head %.2f + %.2f",
-                                          first.forward_ms(), first.backward_ms(), attention.forward_ms(),
-                                          attention.backward_ms(), mlp.forward_ms(), mlp.backward_ms(),
-                                          last.forward_ms(), last.backward_ms()));
+  // Each kind of layer, forward + backward ms per micro-batch (its first one): what the partition was
+  // made from.
+  const int64_t blocks = job.gpt().layers();
+  if (static_cast<int64_t>(layers.size()) == GptPipelineLayers(blocks)) {
+    bool seen[kGptLayerKinds] = {};
+    absl::StrAppend(&out, "; layer ms (forward + backward):");
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const GptLayerKind kind = GptLayerKindOf(static_cast<int64_t>(i), blocks);
+      if (seen[static_cast<int>(kind)]) continue;
+      seen[static_cast<int>(kind)] = true;
+      absl::StrAppend(&out, absl::StrFormat("%s %s %.2f + %.2f", i == 0 ? "" : ",", GptLayerKindName(kind),
+                                            layers[i].forward_ms(), layers[i].backward_ms()));
+    }
   }
   return out;
 }

@@ -87,7 +87,7 @@ int64_t MicroBatchSize(const JobSpec& job) {
 
 absl::Status ValidateGptJob(const JobSpec& job) {
   const PipelineSpec& p = job.pipeline();
-  const int64_t layers = 2 * job.gpt().layers() + 2;
+  const int64_t layers = GptPipelineLayers(job.gpt().layers());
   if (p.stages() < 1) return Invalid("--pipeline_stages must be at least 1");
   if (p.stages() != job.workers()) {
     return Invalid(absl::StrCat("--pipeline_stages=", p.stages(), " with ", job.workers(),
@@ -139,19 +139,20 @@ LayerProfile EstimateGpt(const JobSpec& job) {
     c.set_activation_bytes(static_cast<int64_t>(act_bytes));
     return c;
   };
+  LayerCost costs[kGptLayerKinds];
+  // The embedding is a gather: little time, but its gradient is a dense V x H scatter.
+  costs[static_cast<int>(GptLayerKind::kEmbedding)] = layer(v * h, tokens * h * 10, tokens * h * 4);
+  // A block's attention half (ln1, qkv, proj; matmuls + causal attention) and MLP half (ln2, fc1, fc2).
+  costs[static_cast<int>(GptLayerKind::kAttention)] =
+      layer(4 * h * h + 6 * h, tokens * (8 * h * h + 2 * s * h), tokens * h * 16);
+  costs[static_cast<int>(GptLayerKind::kMlp)] = layer(8 * h * h + 7 * h, tokens * 16 * h * h, tokens * h * 24);
+  // The head: vocabulary projection and the loss; logits in bf16 plus the fp32 loss and its gradient.
+  costs[static_cast<int>(GptLayerKind::kHead)] = layer(v * h + 2 * h, tokens * 2 * v * h, tokens * v * 10);
   LayerProfile p;
   p.set_micro_batch(MicroBatchSize(job));
-  // The embedding is a gather: little time, but its gradient is a dense V x H scatter.
-  *p.add_layers() = layer(v * h, tokens * h * 10, tokens * h * 4);
-  // Each block as its attention half (qkv, proj, ln1; matmuls + causal attention) and MLP half.
-  const LayerCost attention = layer(4 * h * h + 6 * h, tokens * (8 * h * h + 2 * s * h), tokens * h * 16);
-  const LayerCost mlp = layer(8 * h * h + 7 * h, tokens * 16 * h * h, tokens * h * 24);
-  for (int i = 0; i < g.layers(); ++i) {
-    *p.add_layers() = attention;
-    *p.add_layers() = mlp;
+  for (int64_t i = 0; i < GptPipelineLayers(g.layers()); ++i) {
+    *p.add_layers() = costs[static_cast<int>(GptLayerKindOf(i, g.layers()))];
   }
-  // The head: vocabulary projection and the loss; logits in bf16 plus the fp32 loss and its gradient.
-  *p.add_layers() = layer(v * h + 2 * h, tokens * 2 * v * h, tokens * v * 10);
   return p;
 }
 

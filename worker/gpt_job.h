@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "protos/job.pb.h"
+#include "worker/gpt_layers.h"
 
 namespace stagehand {
 
@@ -25,8 +26,8 @@ absl::Status ValidateGptJob(const JobSpec& job);
 // Parses --partition: "auto", "uniform", or comma-separated pipeline-layer counts.
 absl::StatusOr<std::vector<int>> ParsePartition(const std::string& text);
 
-// Analytic costs per pipeline layer (embedding, each block's attention and MLP halves, head): time in "ms" proportional to FLOPs at an
-// assumed 400 TFLOP/s, memory from the shapes. For the memory check before spawning and as the plan
+// Analytic costs per pipeline layer (gpt_layers.h): time in "ms" proportional to FLOPs at an assumed
+// 400 TFLOP/s, memory from the shapes. For the memory check before spawning and as the plan
 // when profiling is unavailable.
 LayerProfile EstimateGpt(const JobSpec& job);
 

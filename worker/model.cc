@@ -267,10 +267,13 @@ class HeadImpl : public PipelineLayerImpl {
 };
 
 std::shared_ptr<PipelineLayerImpl> MakeLayer(const GptConfig& config, int layer, uint64_t seed) {
-  if (layer == 0) return std::make_shared<EmbeddingImpl>(config, seed);
-  if (layer == config.pipeline_layers() - 1) return std::make_shared<HeadImpl>(config, seed);
-  if (layer % 2 == 1) return std::make_shared<AttentionImpl>(config, layer, seed);
-  return std::make_shared<MlpImpl>(config, layer, seed);
+  switch (GptLayerKindOf(layer, config.layers)) {
+    case GptLayerKind::kEmbedding: return std::make_shared<EmbeddingImpl>(config, seed);
+    case GptLayerKind::kAttention: return std::make_shared<AttentionImpl>(config, layer, seed);
+    case GptLayerKind::kMlp: return std::make_shared<MlpImpl>(config, layer, seed);
+    case GptLayerKind::kHead: return std::make_shared<HeadImpl>(config, seed);
+  }
+  return nullptr;
 }
 
 // bf16 autocast on CUDA for one forward, restoring what was there before. Like Python's

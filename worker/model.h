@@ -1,6 +1,6 @@
-// The reference GPT (../shared/targets.md) in LibTorch, cut into pipeline layers: layer 0 is the token
-// embedding, layers 2b-1 and 2b the attention and MLP halves of block b = 1..L, layer 2L+1 the head
-// (final LayerNorm and the vocabulary projection). A stage owns a contiguous range of layers. Parameters are initialised per layer from
+// The reference GPT (../shared/targets.md) in LibTorch, cut into pipeline layers (gpt_layers.h): the
+// token embedding, each block's attention and MLP halves, the head (final LayerNorm and the vocabulary
+// projection). A stage owns a contiguous range of layers. Parameters are initialised per layer from
 // (seed, layer index), so every way of cutting the model gives the same parameters as the whole.
 #ifndef STAGEHAND_WORKER_MODEL_H_
 #define STAGEHAND_WORKER_MODEL_H_
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/gpt_layers.h"
 
 namespace stagehand {
 
@@ -23,9 +24,7 @@ struct GptConfig {
   int64_t seq = 1024;
   bool bf16_autocast = true;  // bf16 autocast over fp32 parameters (CUDA); false: plain fp32
 
-  // The embedding, each block's attention and MLP halves (layers 2b-1 and 2b for block b = 1..L), the
-  // head.
-  int64_t pipeline_layers() const { return 2 * layers + 2; }
+  int64_t pipeline_layers() const { return GptPipelineLayers(layers); }
 };
 
 // "tiny" (CPU tests: vocab 256, hidden 64, 4 heads, 4 layers, seq 32, fp32) and "gpt-1.3b" (the

@@ -616,7 +616,7 @@ LayerCost ProfileLayer(const JobSpec& job, const GptConfig& config, int layer) {
   stage->to(device);
   torch::Tensor input = layer == 0 ? torch::randint(config.vocab, {mb, config.seq}, torch::TensorOptions().dtype(torch::kInt64).device(device))
                                    : torch::randn({mb, config.seq, config.hidden}, torch::TensorOptions().device(device)).requires_grad_(true);
-  const bool head = layer == config.pipeline_layers() - 1;
+  const bool head = GptLayerKindOf(layer, config.layers) == GptLayerKind::kHead;
   torch::Tensor targets = torch::randint(config.vocab, {mb, config.seq}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   auto forward = [&] { return head ? LanguageModelLoss(stage->forward(input), targets) : stage->forward(input); };
   auto both = [&] {
@@ -674,19 +674,15 @@ absl::StatusOr<LayerProfile> ProfileModelImpl(const JobSpec& job) {
   const GptConfig config = ToConfig(job.gpt());
   std::optional<c10::cuda::CUDAStreamGuard> guard;
   if (job.device() == DEVICE_KIND_CUDA) guard.emplace(at::cuda::getStreamFromPool(false, 0));
-  const LayerCost embedding = ProfileLayer(job, config, 0);
-  // Every block has the same shapes: its two halves are measured once.
-  const LayerCost attention = ProfileLayer(job, config, 1);
-  const LayerCost mlp = ProfileLayer(job, config, 2);
-  const LayerCost head = ProfileLayer(job, config, config.pipeline_layers() - 1);
+  // Layers of one kind have the same shapes: the first of each kind is measured, once.
+  std::optional<LayerCost> costs[kGptLayerKinds];
   LayerProfile profile;
   profile.set_micro_batch(MicroBatchSize(job));
-  *profile.add_layers() = embedding;
-  for (int i = 0; i < config.layers; ++i) {
-    *profile.add_layers() = attention;
-    *profile.add_layers() = mlp;
+  for (int i = 0; i < config.pipeline_layers(); ++i) {
+    std::optional<LayerCost>& cost = costs[static_cast<int>(GptLayerKindOf(i, config.layers))];
+    if (!cost) cost = ProfileLayer(job, config, i);
+    *profile.add_layers() = *cost;
   }
-  *profile.add_layers() = head;
   return profile;
 }
 

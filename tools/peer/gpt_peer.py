@@ -36,6 +36,7 @@ step_s, tokens_per_s, tflops, peak_gib (per rank; null on CPU), loss (last step'
 plus the sizes.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -271,12 +272,8 @@ def main(argv=None):
         def step():
             total = 0.0
             for i, (x, y) in enumerate(zip(xs, ys)):
-                if i < n_mb - 1:
-                    with ddp.no_sync():
-                        with amp():
-                            loss = ce_loss(ddp(x), y)
-                        (loss / n_mb).backward()
-                else:
+                # Gradients are all-reduced once, in the last micro-batch's backward.
+                with ddp.no_sync() if i < n_mb - 1 else contextlib.nullcontext():
                     with amp():
                         loss = ce_loss(ddp(x), y)
                     (loss / n_mb).backward()

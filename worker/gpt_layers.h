@@ -1,0 +1,37 @@
+// The GPT's pipeline layers, in one place for the model, the job checks, the analytic estimate, the
+// profile and the launcher: layer 0 is the token embedding, layers 2b-1 and 2b the attention and MLP
+// halves of block b = 1..L (so that a partition can cut a block in two), layer 2L+1 the head. No
+// LibTorch and no protobuf: the launcher and the worker's LibTorch code both include it.
+#ifndef STAGEHAND_WORKER_GPT_LAYERS_H_
+#define STAGEHAND_WORKER_GPT_LAYERS_H_
+
+#include <cstdint>
+
+namespace stagehand {
+
+enum class GptLayerKind { kEmbedding, kAttention, kMlp, kHead };
+constexpr int kGptLayerKinds = 4;
+
+constexpr int64_t GptPipelineLayers(int64_t blocks) { return 2 * blocks + 2; }
+
+// The kind of pipeline layer `layer` (0 <= layer < GptPipelineLayers(blocks)).
+constexpr GptLayerKind GptLayerKindOf(int64_t layer, int64_t blocks) {
+  return layer == 0                               ? GptLayerKind::kEmbedding
+         : layer == GptPipelineLayers(blocks) - 1 ? GptLayerKind::kHead
+         : layer % 2 == 1                         ? GptLayerKind::kAttention
+                                                  : GptLayerKind::kMlp;
+}
+
+constexpr const char* GptLayerKindName(GptLayerKind kind) {
+  switch (kind) {
+    case GptLayerKind::kEmbedding: return "embedding";
+    case GptLayerKind::kAttention: return "attention";
+    case GptLayerKind::kMlp: return "MLP";
+    case GptLayerKind::kHead: return "head";
+  }
+  return "?";
+}
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_WORKER_GPT_LAYERS_H_
