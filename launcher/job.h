@@ -36,6 +36,7 @@ struct JobRequest {
   std::string partition;
   std::optional<int64_t> vocab, hidden, heads, layers, seq;
   bool fp32 = false;
+  std::string attention;
   std::string data;
   std::optional<double> lr;
   bool inference = false;

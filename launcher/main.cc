@@ -45,6 +45,9 @@ ABSL_FLAG(int64_t, heads, -1, "GPT: attention heads (default: the preset's)");
 ABSL_FLAG(int64_t, layers, -1, "GPT: transformer blocks (default: the preset's)");
 ABSL_FLAG(int64_t, seq, -1, "GPT: sequence length (default: the preset's)");
 ABSL_FLAG(bool, fp32, false, "GPT: no bf16 autocast");
+ABSL_FLAG(std::string, attention, "",
+          "GPT on GPUs: the attention kernel, cudnn (default; cuDNN's fused attention), flash "
+          "(FlashAttention-2), or torch (LibTorch's own choice, as PyTorch makes it)");
 ABSL_FLAG(std::string, data, "", "GPT: a file of uint16 tokens (nanoGPT layout); default: the synthetic corpus");
 ABSL_FLAG(double, lr, -1, "GPT: AdamW learning rate (default 1e-4)");
 ABSL_FLAG(bool, inference, false, "GPT: forward-only pipeline over --global_batch sequences per step");
@@ -106,6 +109,7 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   j.layers = Given(p, "layers", FLAGS_layers);
   j.seq = Given(p, "seq", FLAGS_seq);
   j.fp32 = absl::GetFlag(FLAGS_fp32);
+  j.attention = absl::GetFlag(FLAGS_attention);
   j.data = absl::GetFlag(FLAGS_data);
   j.lr = Given(p, "lr", FLAGS_lr);
   j.inference = absl::GetFlag(FLAGS_inference);

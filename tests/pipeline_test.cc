@@ -175,6 +175,7 @@ TEST(Pipeline, ImpossibleJobs_RefusedBeforeAnythingStarts) {
        "does not split into 3 equal micro-batches"},
       {{"--device=cpu", "--workers=2", "--model=tiny", "--partition=3,4"}, "--partition=3,4 lists 2 stages of 7"},
       {{"--device=cpu", "--workers=2", "--model=tiny", "--hidden=30"}, "not divisible by --heads"},
+      {{"--device=cpu", "--workers=2", "--model=tiny", "--attention=fa3"}, "--attention=fa3: unknown; use cudnn, flash or torch"},
   };
   for (const auto& [flags, message] : cases) {
     RunResult r = Launch(flags);

@@ -28,6 +28,7 @@ GptSpec Preset(const std::string& name) {
     p.set_layers(24);
     p.set_seq(1024);
   }
+  p.set_attention("cudnn");
   return p;
 }
 
@@ -56,6 +57,10 @@ absl::StatusOr<GptSpec> ResolveGptSpec(const std::string& model, const GptSpec& 
   if (spec.layers()) out.set_layers(spec.layers());
   if (spec.seq()) out.set_seq(spec.seq());
   if (spec.fp32()) out.set_fp32(true);
+  if (!spec.attention().empty()) out.set_attention(spec.attention());
+  if (out.attention() != "cudnn" && out.attention() != "flash" && out.attention() != "torch") {
+    return Invalid(absl::StrCat("--attention=", out.attention(), ": unknown; use cudnn, flash or torch"));
+  }
   for (auto [name, v] : {std::pair<const char*, int64_t>{"vocab", out.vocab()}, {"hidden", out.hidden()},
                          {"heads", out.heads()}, {"layers", out.layers()}, {"seq", out.seq()}}) {
     if (v < 1) return Invalid(absl::StrCat("--", name, "=", v, ": must be at least 1"));

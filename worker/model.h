@@ -59,6 +59,12 @@ class GptStageImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GptStage);
 
+// Puts `kernel` first in line for scaled-dot-product attention in this process (LibTorch's choice is
+// global): "cudnn" (cuDNN's fused attention; also for ""), "flash" (FlashAttention-2) or "torch" (LibTorch's own
+// order: flash, memory-efficient, math, cuDNN). A kernel that cannot take given inputs (fp32, say)
+// hands them to the next in line. INVALID_ARGUMENT for another name.
+absl::Status SelectAttentionKernel(const std::string& kernel);
+
 // Mean token cross-entropy in fp32. logits [B, S, V], targets [B, S] int64.
 torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor& targets);
 

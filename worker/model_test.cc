@@ -637,6 +637,45 @@ TEST(GptStageCuda, Bf16AutocastAfterOptimizerStep_UsesUpdatedWeights) {
   EXPECT_FALSE(torch::equal(model(tokens).detach(), before));
 }
 
+// The attention kernel choice takes effect (LibTorch picks the kernel named first for gpt-1.3b's
+// attention shapes), and the kernels agree on a bf16 forward and backward within bf16 tolerance.
+TEST(GptStageCuda, AttentionKernels_AreChosenAndAgree) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  torch::Tensor q = torch::randn({4, 16, 1024, 128}, bf16);
+  auto chosen = [&] {
+    return static_cast<at::SDPBackend>(at::_fused_sdp_choice(q, q, q, {}, 0.0, /*is_causal=*/true));
+  };
+  ASSERT_TRUE(SelectAttentionKernel("flash").ok());
+  EXPECT_EQ(chosen(), at::SDPBackend::flash_attention);
+  ASSERT_TRUE(SelectAttentionKernel("cudnn").ok());
+  EXPECT_EQ(chosen(), at::SDPBackend::cudnn_attention);
+  EXPECT_EQ(SelectAttentionKernel("fa3").code(), absl::StatusCode::kInvalidArgument);
+
+  GptConfig c = Tiny();
+  c.bf16_autocast = true;
+  c.heads = 2;  // head size 32
+  c.seq = 128;
+  torch::Tensor tokens = Tokens(c, 4, 1).cuda();
+  auto run = [&](const std::string& kernel) {
+    EXPECT_TRUE(SelectAttentionKernel(kernel).ok());
+    GptStage model(c, 0, c.pipeline_layers(), 1);
+    model->to(torch::kCUDA);
+    torch::Tensor logits = model(tokens);
+    LanguageModelLoss(logits, tokens).backward();
+    return std::make_pair(logits.detach().to(torch::kFloat32), model->parameters()[1].grad().clone());
+  };
+  auto [flash_logits, flash_grad] = run("flash");
+  auto [cudnn_logits, cudnn_grad] = run("cudnn");
+  ASSERT_TRUE(SelectAttentionKernel("cudnn").ok());
+  auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return ((a - b).abs().max() / b.abs().max()).item<double>();
+  };
+  EXPECT_LT(rel(cudnn_logits, flash_logits), 2e-2);
+  EXPECT_LT(rel(cudnn_grad, flash_grad), 5e-2);
+  EXPECT_GT(flash_grad.abs().max().item<double>(), 0);
+}
+
 TEST(FusedAdamWCuda, FewSteps_MatchesTorchAdamWOnCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   ExpectFusedAdamWMatchesTorch(torch::kCUDA);

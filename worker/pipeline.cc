@@ -572,6 +572,9 @@ absl::Status SaveParams(const GptStage& stage, const JobSpec& job, int rank) {
 absl::Status RunPipelineImpl(const Assignment& a, Transport* transport, const PipelineStepCallback& on_step) {
   const JobSpec& job = a.job();
   const GptConfig config = ToConfig(job.gpt());
+  if (job.device() == DEVICE_KIND_CUDA) {
+    if (absl::Status s = SelectAttentionKernel(job.gpt().attention()); !s.ok()) return s;
+  }
   const std::string name = job.pipeline().inference() ? "forward" : job.pipeline().schedule();
   absl::StatusOr<Schedule> schedule = MakeSchedule(name, a.num_stages(), job.pipeline().micro_batches());
   if (!schedule.ok()) return schedule.status();
@@ -672,6 +675,9 @@ LayerCost ProfileLayer(const JobSpec& job, const GptConfig& config, int layer) {
 
 absl::StatusOr<LayerProfile> ProfileModelImpl(const JobSpec& job) {
   const GptConfig config = ToConfig(job.gpt());
+  if (job.device() == DEVICE_KIND_CUDA) {
+    if (absl::Status s = SelectAttentionKernel(job.gpt().attention()); !s.ok()) return s;
+  }
   std::optional<c10::cuda::CUDAStreamGuard> guard;
   if (job.device() == DEVICE_KIND_CUDA) guard.emplace(at::cuda::getStreamFromPool(false, 0));
   // Layers of one kind have the same shapes: the first of each kind is measured, once.
