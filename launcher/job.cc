@@ -57,6 +57,7 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.seq) g.set_seq(*r.seq);
   if (r.fp32) g.set_fp32(true);
   if (!r.attention.empty()) g.set_attention(r.attention);
+  if (r.unfused_layernorm) g.set_unfused_layernorm(true);
   PipelineSpec& p = *spec.mutable_pipeline();
   if (r.pipeline_stages) p.set_stages(*r.pipeline_stages);
   if (!r.schedule.empty()) p.set_schedule(r.schedule);

@@ -37,6 +37,7 @@ struct JobRequest {
   std::optional<int64_t> vocab, hidden, heads, layers, seq;
   bool fp32 = false;
   std::string attention;
+  bool unfused_layernorm = false;
   std::string data;
   std::optional<double> lr;
   bool inference = false;

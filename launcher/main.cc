@@ -45,6 +45,9 @@ ABSL_FLAG(int64_t, heads, -1, "GPT: attention heads (default: the preset's)");
 ABSL_FLAG(int64_t, layers, -1, "GPT: transformer blocks (default: the preset's)");
 ABSL_FLAG(int64_t, seq, -1, "GPT: sequence length (default: the preset's)");
 ABSL_FLAG(bool, fp32, false, "GPT: no bf16 autocast");
+ABSL_FLAG(bool, fused_layernorm, true,
+          "GPT on GPUs: each LayerNorm that feeds a GEMM writes its bf16 output in one kernel of ours "
+          "(false: ATen's fp32 LayerNorm, then a cast, as PyTorch's autocast runs it)");
 ABSL_FLAG(std::string, attention, "",
           "GPT on GPUs: the attention kernel, cudnn (default; cuDNN's fused attention), flash "
           "(FlashAttention-2), or torch (LibTorch's own choice, as PyTorch makes it)");
@@ -110,6 +113,7 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   j.seq = Given(p, "seq", FLAGS_seq);
   j.fp32 = absl::GetFlag(FLAGS_fp32);
   j.attention = absl::GetFlag(FLAGS_attention);
+  j.unfused_layernorm = !absl::GetFlag(FLAGS_fused_layernorm);
   j.data = absl::GetFlag(FLAGS_data);
   j.lr = Given(p, "lr", FLAGS_lr);
   j.inference = absl::GetFlag(FLAGS_inference);

@@ -35,6 +35,9 @@ def _cuda_impl(rctx):
                  "the CUDA 13.0 toolkit with NCCL (CUDA_HOME=%s)" % root)
     rctx.symlink(inc, "include")
     rctx.file("WORKSPACE", 'workspace(name = "%s")\n' % rctx.name)
+    _check_files(rctx, [root + "/bin/nvcc"], "the CUDA 13.0 toolkit's compiler, nvcc (CUDA_HOME=%s)" % root)
+    # For genrules that compile our own kernels (worker/BUILD.bazel).
+    rctx.file("defs.bzl", 'NVCC = "%s/bin/nvcc"\n' % root)
     rctx.file("BUILD.bazel", """
 package(default_visibility = ["//visibility:public"])
 

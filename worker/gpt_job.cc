@@ -58,6 +58,7 @@ absl::StatusOr<GptSpec> ResolveGptSpec(const std::string& model, const GptSpec& 
   if (spec.seq()) out.set_seq(spec.seq());
   if (spec.fp32()) out.set_fp32(true);
   if (!spec.attention().empty()) out.set_attention(spec.attention());
+  if (spec.unfused_layernorm()) out.set_unfused_layernorm(true);
   if (out.attention() != "cudnn" && out.attention() != "flash" && out.attention() != "torch") {
     return Invalid(absl::StrCat("--attention=", out.attention(), ": unknown; use cudnn, flash or torch"));
   }

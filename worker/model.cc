@@ -7,6 +7,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -25,6 +26,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/fused_kernels.h"
 
 namespace stagehand {
 namespace {
@@ -123,6 +125,51 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 };
 
+// LayerNorm of an fp32 input to a bf16 output in one kernel (fused_kernels.h): what bf16 autocast
+// computes for a LayerNorm that feeds a GEMM (LayerNorm in fp32, then a cast), without the fp32 output's
+// round trip through memory. The backward is ATen's LayerNorm backward on the fp32 input, with the
+// incoming bf16 gradient upcast as the cast's backward would.
+class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16Function> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                               const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
+    const torch::Tensor x = input.contiguous();
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    std::vector<int64_t> stats_shape(x.sizes().begin(), x.sizes().end() - 1);
+    stats_shape.push_back(1);  // the shape at::native_layer_norm gives its mean and rstd
+    torch::Tensor y = torch::empty(x.sizes(), x.options().dtype(torch::kBFloat16));
+    torch::Tensor mean = torch::empty(stats_shape, x.options()), rstd = torch::empty(stats_shape, x.options());
+    const cudaError_t e = LayerNormToBf16(x.data_ptr<float>(), weight.data_ptr<float>(), bias.data_ptr<float>(),
+                                          reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
+                                          mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols,
+                                          static_cast<float>(eps), at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "LayerNormToBf16: ", cudaGetErrorString(e));
+    ctx->save_for_backward({x, weight, bias, mean, rstd});
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list s = ctx->get_saved_variables();
+    const torch::Tensor &x = s[0], &weight = s[1], &bias = s[2], &mean = s[3], &rstd = s[4];
+    auto [dx, dweight, dbias] = at::native_layer_norm_backward(
+        grads[0].to(torch::kFloat32), x, {x.size(-1)}, mean, rstd, weight, bias,
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+    return {dx, dweight, dbias, torch::Tensor()};
+  }
+};
+
+// ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16
+// that the GEMM would make; otherwise (CPU, fp32, shapes the kernel does not take) the LayerNorm module.
+torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused) {
+  const bool fuse = fused && x.is_cuda() && x.scalar_type() == torch::kFloat32 &&
+                    at::autocast::is_autocast_enabled(at::kCUDA) &&
+                    at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && ln->weight.defined() &&
+                    ln->bias.defined() && ln->weight.scalar_type() == torch::kFloat32 &&
+                    LayerNormToBf16Supports(x.size(-1));
+  if (!fuse) return ln(x);
+  return LayerNormToBf16Function::apply(x, ln->weight, ln->bias, ln->options.eps());
+}
+
 // y = x W^T (+ b). The weight is drawn by the owner, in the owner's fixed order.
 //
 // Under bf16 autocast a plain at::linear casts the fp32 weight to bf16 on every call, once per
@@ -198,7 +245,8 @@ class EmbeddingImpl : public PipelineLayerImpl {
 // too coarse to balance two stages when the head alone is 1.1 ms.
 class AttentionImpl : public PipelineLayerImpl {
  public:
-  AttentionImpl(const GptConfig& c, int layer, uint64_t seed) : hidden_(c.hidden), heads_(c.heads) {
+  AttentionImpl(const GptConfig& c, int layer, uint64_t seed)
+      : hidden_(c.hidden), heads_(c.heads), fused_layernorm_(c.fused_layernorm) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     qkv_ = register_module("qkv", Dense(c.hidden, 3 * c.hidden, true));
     proj_ = register_module("proj", Dense(c.hidden, c.hidden, true));
@@ -214,7 +262,7 @@ class AttentionImpl : public PipelineLayerImpl {
     // [B, S, 3H] -> [3, B, NH, S, H/NH]: q, k, v as nanoGPT splits them.
     // unbind, not three selects: select's backward would zero-fill a full-size gradient for each of q, k, v
     // and add them up (about 10% of a gpt-1.3b step on an H200).
-    auto qkv = qkv_(ln1_(x)).view({b, s, 3, heads_, hidden_ / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
+    auto qkv = qkv_(NormForGemm(ln1_, x, fused_layernorm_)).view({b, s, 3, heads_, hidden_ / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
     auto att = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true);
     // Under autocast the branch comes out bf16; adding it to the fp32 stream keeps it fp32.
     return x + proj_(att.transpose(1, 2).reshape({b, s, hidden_}));
@@ -222,13 +270,14 @@ class AttentionImpl : public PipelineLayerImpl {
 
  private:
   int64_t hidden_, heads_;
+  bool fused_layernorm_;
   torch::nn::LayerNorm ln1_{nullptr};
   Dense qkv_{nullptr}, proj_{nullptr};
 };
 
 class MlpImpl : public PipelineLayerImpl {
  public:
-  MlpImpl(const GptConfig& c, int layer, uint64_t seed) : hidden_(c.hidden) {
+  MlpImpl(const GptConfig& c, int layer, uint64_t seed) : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm) {
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true));
     fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true));
@@ -239,18 +288,19 @@ class MlpImpl : public PipelineLayerImpl {
   torch::Tensor forward(const torch::Tensor& x) override {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "an MLP layer takes hidden states [B, S, ", hidden_, "], got ",
                 x.sizes());
-    return x + fc2_(at::gelu(fc1_(ln2_(x))));  // exact (erf) GELU, as torch's default
+    return x + fc2_(at::gelu(fc1_(NormForGemm(ln2_, x, fused_layernorm_))));  // exact (erf) GELU, as torch's default
   }
 
  private:
   int64_t hidden_;
+  bool fused_layernorm_;
   torch::nn::LayerNorm ln2_{nullptr};
   Dense fc1_{nullptr}, fc2_{nullptr};
 };
 
 class HeadImpl : public PipelineLayerImpl {
  public:
-  HeadImpl(const GptConfig& c, uint64_t seed) : hidden_(c.hidden) {
+  HeadImpl(const GptConfig& c, uint64_t seed) : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm) {
     ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false));
     at::Generator gen = LayerGenerator(seed, c.pipeline_layers() - 1);
@@ -259,11 +309,12 @@ class HeadImpl : public PipelineLayerImpl {
   torch::Tensor forward(const torch::Tensor& x) override {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "the head takes hidden states [B, S, ", hidden_, "], got ",
                 x.sizes());
-    return lm_head_(ln_f_(x));
+    return lm_head_(NormForGemm(ln_f_, x, fused_layernorm_));
   }
 
  private:
   int64_t hidden_;
+  bool fused_layernorm_;
   torch::nn::LayerNorm ln_f_{nullptr};
   Dense lm_head_{nullptr};
 };

@@ -23,6 +23,10 @@ struct GptConfig {
   int64_t layers = 24;   // transformer blocks
   int64_t seq = 1024;
   bool bf16_autocast = true;  // bf16 autocast over fp32 parameters (CUDA); false: plain fp32
+  // Under bf16 autocast on CUDA, each LayerNorm that feeds a GEMM writes its bf16 output in one kernel
+  // (fused_kernels.h) instead of ATen's fp32 LayerNorm and a cast. Same values up to the rounding of the
+  // fp32 sums (a bf16 ulp at most, in rare elements).
+  bool fused_layernorm = true;
 
   int64_t pipeline_layers() const { return GptPipelineLayers(layers); }
 };

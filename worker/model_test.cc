@@ -3,6 +3,8 @@
 // GPU host through the bundle.
 #include "worker/model.h"
 
+#include <ATen/cuda/CUDAContext.h>
+
 #include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <gtest/gtest.h>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/fused_kernels.h"
 
 namespace stagehand {
 namespace {
@@ -674,6 +677,65 @@ TEST(GptStageCuda, AttentionKernels_AreChosenAndAgree) {
   EXPECT_LT(rel(cudnn_logits, flash_logits), 2e-2);
   EXPECT_LT(rel(cudnn_grad, flash_grad), 5e-2);
   EXPECT_GT(flash_grad.abs().max().item<double>(), 0);
+}
+
+// The fused kernel writes what autocast computes for a LayerNorm feeding a GEMM (ATen's fp32
+// LayerNorm, then a cast to bf16): every element within a bf16 ulp, the mean and rstd ATen's backward
+// takes, rows that do not fill a block, and a refusal of row lengths it does not take.
+TEST(FusedKernelsCuda, LayerNormToBf16_MatchesLayerNormThenCast) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA);
+  for (int64_t cols : {128, 2048, 4096}) {
+    SCOPED_TRACE(cols);
+    const int64_t rows = 1001;
+    torch::Tensor x = torch::randn({rows, cols}, f32) * 3 + 1;
+    torch::Tensor gamma = torch::randn({cols}, f32), beta = torch::randn({cols}, f32);
+    torch::Tensor y = torch::empty({rows, cols}, f32.dtype(torch::kBFloat16));
+    torch::Tensor mean = torch::empty({rows}, f32), rstd = torch::empty({rows}, f32);
+    ASSERT_EQ(LayerNormToBf16(x.data_ptr<float>(), gamma.data_ptr<float>(), beta.data_ptr<float>(),
+                              reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), mean.data_ptr<float>(),
+                              rstd.data_ptr<float>(), rows, cols, 1e-5f, at::cuda::getCurrentCUDAStream()),
+              cudaSuccess);
+    auto [ref, ref_mean, ref_rstd] = at::native_layer_norm(x, {cols}, gamma, beta, 1e-5);
+    const torch::Tensor expected = ref.to(torch::kBFloat16).to(torch::kFloat32), got = y.to(torch::kFloat32);
+    // A bf16 ulp is at most 2^-7 of the value: the fp32 results may round to neighbouring bf16 values.
+    const torch::Tensor off = (got - expected).abs() > expected.abs() * std::ldexp(1.0, -7) + 1e-6;
+    EXPECT_EQ(off.sum().item<int64_t>(), 0);
+    EXPECT_LT((got - expected).ne(0).to(torch::kFloat32).mean().item<double>(), 0.01);
+    EXPECT_TRUE(torch::allclose(mean, ref_mean.view({rows}), 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(rstd, ref_rstd.view({rows}), 1e-5, 1e-6));
+  }
+  EXPECT_FALSE(LayerNormToBf16Supports(100));
+  EXPECT_EQ(LayerNormToBf16(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 100, 1e-5f, nullptr),
+            cudaErrorInvalidValue);
+}
+
+// A stage with the fused LayerNorm trains as one without: the same logits and gradients within bf16
+// tolerance.
+TEST(GptStageCuda, FusedLayerNorm_MatchesUnfusedForwardAndBackward) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  GptConfig c = Tiny();
+  c.bf16_autocast = true;
+  c.hidden = 128;
+  torch::Tensor tokens = Tokens(c, 4, 1).cuda();
+  auto run = [&](bool fused) {
+    c.fused_layernorm = fused;
+    GptStage model(c, 0, c.pipeline_layers(), 1);
+    model->to(torch::kCUDA);
+    torch::Tensor logits = model(tokens);
+    LanguageModelLoss(logits, tokens).backward();
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
+    return std::make_pair(logits.detach().to(torch::kFloat32), grads);
+  };
+  auto [fused_logits, fused_grads] = run(true);
+  auto [plain_logits, plain_grads] = run(false);
+  auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item<double>();
+  };
+  EXPECT_LT(rel(fused_logits, plain_logits), 2e-2);
+  ASSERT_EQ(fused_grads.size(), plain_grads.size());
+  for (size_t i = 0; i < fused_grads.size(); ++i) EXPECT_LT(rel(fused_grads[i], plain_grads[i]), 5e-2) << "parameter " << i;
 }
 
 TEST(FusedAdamWCuda, FewSteps_MatchesTorchAdamWOnCpu) {

@@ -29,6 +29,7 @@ GptConfig ToConfig(const GptSpec& g) {
   c.layers = g.layers();
   c.seq = g.seq();
   c.bf16_autocast = !g.fp32();
+  c.fused_layernorm = !g.unfused_layernorm();
   return c;
 }
 

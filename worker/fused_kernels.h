@@ -1,0 +1,26 @@
+// CUDA kernels of our own, for what LibTorch does in several passes over memory. Plain CUDA (no
+// LibTorch headers): compiled by nvcc in a genrule (worker/BUILD.bazel) and called from model.cc.
+#ifndef STAGEHAND_WORKER_FUSED_KERNELS_H_
+#define STAGEHAND_WORKER_FUSED_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace stagehand {
+
+// Whether LayerNormToBf16 takes rows of `cols` elements: a multiple of 128, at most 4096.
+bool LayerNormToBf16Supports(int64_t cols);
+
+// LayerNorm of fp32 rows, written as bf16: y = bf16((x - mean) * rstd * gamma + beta), with
+// rstd = 1 / sqrt(var + eps) and the biased variance, as torch.nn.functional.layer_norm followed by a
+// cast to bf16 computes it, in one pass over memory instead of three (read x, write fp32 y, read it,
+// write bf16). mean and rstd (fp32, one per row) are what at::native_layer_norm_backward takes.
+// x: [rows, cols] contiguous; gamma, beta: [cols]; y: [rows, cols] bf16 (as uint16 bits).
+// Returns the launch's error (cudaSuccess when it was queued on `stream`).
+cudaError_t LayerNormToBf16(const float* x, const float* gamma, const float* beta, uint16_t* y, float* mean,
+                            float* rstd, int64_t rows, int64_t cols, float eps, cudaStream_t stream);
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_WORKER_FUSED_KERNELS_H_
