@@ -88,7 +88,9 @@ bool LayerNormToBf16Supports(int64_t cols) { return cols > 0 && cols % 128 == 0 
 
 cudaError_t LayerNormToBf16(const float* x, const float* gamma, const float* beta, uint16_t* y, float* mean,
                             float* rstd, int64_t rows, int64_t cols, float eps, cudaStream_t stream) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!LayerNormToBf16Supports(cols) || rows < 0) return cudaErrorInvalidValue;
+  if (!aligned(x) || !aligned(gamma) || !aligned(beta) || !aligned(y)) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   return Dispatch<1>(static_cast<int>(cols / 128), x, gamma, beta, y, mean, rstd, rows, eps, stream);
 }

@@ -16,8 +16,10 @@ bool LayerNormToBf16Supports(int64_t cols);
 // rstd = 1 / sqrt(var + eps) and the biased variance, as torch.nn.functional.layer_norm followed by a
 // cast to bf16 computes it, in one pass over memory instead of three (read x, write fp32 y, read it,
 // write bf16). mean and rstd (fp32, one per row) are what at::native_layer_norm_backward takes.
-// x: [rows, cols] contiguous; gamma, beta: [cols]; y: [rows, cols] bf16 (as uint16 bits).
-// Returns the launch's error (cudaSuccess when it was queued on `stream`).
+// x: [rows, cols] contiguous; gamma, beta: [cols]; y: [rows, cols] bf16 (as uint16 bits); x, gamma, beta
+// and y 16-byte aligned (the kernel moves four elements at a time). cudaErrorInvalidValue for a row
+// length it does not take or a misaligned pointer; otherwise the launch's error (cudaSuccess when it
+// was queued on `stream`).
 cudaError_t LayerNormToBf16(const float* x, const float* gamma, const float* beta, uint16_t* y, float* mean,
                             float* rstd, int64_t rows, int64_t cols, float eps, cudaStream_t stream);
 

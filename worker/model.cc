@@ -17,6 +17,7 @@
 #include <array>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -133,7 +134,7 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
-    const torch::Tensor x = input.contiguous();
+    const torch::Tensor& x = input;  // contiguous and aligned (NormForGemm)
     const int64_t cols = x.size(-1), rows = x.numel() / cols;
     std::vector<int64_t> stats_shape(x.sizes().begin(), x.sizes().end() - 1);
     stats_shape.push_back(1);  // the shape at::native_layer_norm gives its mean and rstd
@@ -159,13 +160,14 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
 };
 
 // ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16
-// that the GEMM would make; otherwise (CPU, fp32, shapes the kernel does not take) the LayerNorm module.
+// that the GEMM would make; otherwise (CPU, fp32, inputs the kernel does not take) the LayerNorm module.
 torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused) {
-  const bool fuse = fused && x.is_cuda() && x.scalar_type() == torch::kFloat32 &&
+  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const bool fuse = fused && x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && aligned(x) &&
                     at::autocast::is_autocast_enabled(at::kCUDA) &&
                     at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && ln->weight.defined() &&
-                    ln->bias.defined() && ln->weight.scalar_type() == torch::kFloat32 &&
-                    LayerNormToBf16Supports(x.size(-1));
+                    ln->bias.defined() && ln->weight.scalar_type() == torch::kFloat32 && aligned(ln->weight) &&
+                    aligned(ln->bias) && LayerNormToBf16Supports(x.size(-1));
   if (!fuse) return ln(x);
   return LayerNormToBf16Function::apply(x, ln->weight, ln->bias, ln->options.eps());
 }

@@ -708,6 +708,13 @@ TEST(FusedKernelsCuda, LayerNormToBf16_MatchesLayerNormThenCast) {
   EXPECT_FALSE(LayerNormToBf16Supports(100));
   EXPECT_EQ(LayerNormToBf16(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 100, 1e-5f, nullptr),
             cudaErrorInvalidValue);
+  // A row start that is not 16-byte aligned (a view one element in) is refused, not read out of line.
+  torch::Tensor x = torch::randn({4 * 128 + 1}, f32), g = torch::ones({128}, f32), b = torch::zeros({128}, f32);
+  torch::Tensor y = torch::empty({4, 128}, f32.dtype(torch::kBFloat16)), stats = torch::empty({8}, f32);
+  EXPECT_EQ(LayerNormToBf16(x.data_ptr<float>() + 1, g.data_ptr<float>(), b.data_ptr<float>(),
+                            reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), stats.data_ptr<float>(),
+                            stats.data_ptr<float>() + 4, 4, 128, 1e-5f, at::cuda::getCurrentCUDAStream()),
+            cudaErrorInvalidValue);
 }
 
 // A stage with the fused LayerNorm trains as one without: the same logits and gradients within bf16

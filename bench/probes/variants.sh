@@ -3,7 +3,8 @@
 # and power of the GPUs over its own run, summarised from report.json: step time and each rank's
 # layers, forward, backward and wait.
 # Usage on a GPU host, from the repository root, with the bundle: bench/probes/variants.sh LIST
-# where each line of LIST is: NAME GPUS ENV-ASSIGNMENTS-OR-- LAUNCHER-FLAGS... (# starts a comment).
+# where each line of LIST is: NAME GPUS ENV LAUNCHER-FLAGS... (# starts a comment); ENV is -- for none,
+# or VAR=VALUE assignments joined by commas.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 list=$1
@@ -14,7 +15,7 @@ summary="$out/summary.txt"
 : >"$summary"
 while read -r name gpus envs flags; do
   [[ -z "$name" || "$name" == \#* ]] && continue
-  [ "$envs" = "--" ] && envs=
+  if [ "$envs" = "--" ]; then envs=; else envs=${envs//,/ }; fi
   nvidia-smi --query-gpu=index,clocks.sm,power.draw --format=csv,noheader,nounits -lms 250 >"$out/$name.smi" 2>&1 &
   smi=$!
   # shellcheck disable=SC2086
