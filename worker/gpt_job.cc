@@ -59,8 +59,8 @@ absl::StatusOr<GptSpec> ResolveGptSpec(const std::string& model, const GptSpec& 
   if (spec.fp32()) out.set_fp32(true);
   if (!spec.attention().empty()) out.set_attention(spec.attention());
   if (spec.unfused_layernorm()) out.set_unfused_layernorm(true);
-  if (out.attention() != "cudnn" && out.attention() != "flash" && out.attention() != "torch") {
-    return Invalid(absl::StrCat("--attention=", out.attention(), ": unknown; use cudnn, flash or torch"));
+  if (!IsAttentionKernel(out.attention())) {
+    return Invalid(absl::StrCat("--attention=", out.attention(), ": unknown; use ", AttentionKernelChoices()));
   }
   for (auto [name, v] : {std::pair<const char*, int64_t>{"vocab", out.vocab()}, {"hidden", out.hidden()},
                          {"heads", out.heads()}, {"layers", out.layers()}, {"seq", out.seq()}}) {

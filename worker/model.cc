@@ -132,9 +132,9 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
 // incoming bf16 gradient upcast as the cast's backward would.
 class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16Function> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+  // x: contiguous and 16-byte aligned (NormForGemm checks).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
-    const torch::Tensor& x = input;  // contiguous and aligned (NormForGemm)
     const int64_t cols = x.size(-1), rows = x.numel() / cols;
     std::vector<int64_t> stats_shape(x.sizes().begin(), x.sizes().end() - 1);
     stats_shape.push_back(1);  // the shape at::native_layer_norm gives its mean and rstd
@@ -554,7 +554,7 @@ absl::Status SelectAttentionKernel(const std::string& kernel) {
   } else if (kernel == "torch") {
     order = initial;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("attention kernel ", kernel, ": unknown; use cudnn, flash or torch"));
+    return absl::InvalidArgumentError(absl::StrCat("attention kernel ", kernel, ": unknown; use ", AttentionKernelChoices()));
   }
   std::vector<int64_t> v;
   for (B b : order) v.push_back(static_cast<int64_t>(b));

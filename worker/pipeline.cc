@@ -33,6 +33,11 @@ GptConfig ToConfig(const GptSpec& g) {
   return c;
 }
 
+// The job's attention kernel, for this process's GPU work (CPU workers keep LibTorch's choice).
+absl::Status SelectAttention(const JobSpec& job) {
+  return job.device() == DEVICE_KIND_CUDA ? SelectAttentionKernel(job.gpt().attention()) : absl::OkStatus();
+}
+
 torch::Device DeviceOf(const JobSpec& job) {
   return job.device() == DEVICE_KIND_CUDA ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
 }
@@ -573,9 +578,7 @@ absl::Status SaveParams(const GptStage& stage, const JobSpec& job, int rank) {
 absl::Status RunPipelineImpl(const Assignment& a, Transport* transport, const PipelineStepCallback& on_step) {
   const JobSpec& job = a.job();
   const GptConfig config = ToConfig(job.gpt());
-  if (job.device() == DEVICE_KIND_CUDA) {
-    if (absl::Status s = SelectAttentionKernel(job.gpt().attention()); !s.ok()) return s;
-  }
+  if (absl::Status s = SelectAttention(job); !s.ok()) return s;
   const std::string name = job.pipeline().inference() ? "forward" : job.pipeline().schedule();
   absl::StatusOr<Schedule> schedule = MakeSchedule(name, a.num_stages(), job.pipeline().micro_batches());
   if (!schedule.ok()) return schedule.status();
@@ -676,9 +679,7 @@ LayerCost ProfileLayer(const JobSpec& job, const GptConfig& config, int layer) {
 
 absl::StatusOr<LayerProfile> ProfileModelImpl(const JobSpec& job) {
   const GptConfig config = ToConfig(job.gpt());
-  if (job.device() == DEVICE_KIND_CUDA) {
-    if (absl::Status s = SelectAttentionKernel(job.gpt().attention()); !s.ok()) return s;
-  }
+  if (absl::Status s = SelectAttention(job); !s.ok()) return s;
   std::optional<c10::cuda::CUDAStreamGuard> guard;
   if (job.device() == DEVICE_KIND_CUDA) guard.emplace(at::cuda::getStreamFromPool(false, 0));
   // Layers of one kind have the same shapes: the first of each kind is measured, once.
