@@ -181,6 +181,7 @@ Assignment CoordinatorState::BuildAssignment(int rank) const {
     a.set_last_layer(first + partition_->layers_per_stage[rank]);
     for (int n : partition_->layers_per_stage) a.add_layers_per_stage(n);
     a.set_plan(partition_->description);
+    if (rank < static_cast<int>(partition_->schedules.size())) *a.mutable_schedule() = partition_->schedules[rank];
   }
   return a;
 }

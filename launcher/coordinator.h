@@ -42,8 +42,9 @@ struct WorkerState {
 
 // How the model's pipeline layers are split into stages, decided once every worker has registered.
 struct Partition {
-  std::vector<int> layers_per_stage;
-  std::string description;  // for the log and the assignment
+  std::vector<int> layers_per_stage;  // per (virtual) stage of the schedule
+  std::string description;            // for the log and the assignment
+  std::vector<RankSchedule> schedules;  // per rank: the action list its Assignment ships
 };
 // Given every worker's registration (profiles included); an error stops the job with its message.
 using PartitionFn = std::function<absl::StatusOr<Partition>(const std::vector<WorkerState>&)>;
