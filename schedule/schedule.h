@@ -61,10 +61,13 @@ absl::StatusOr<Schedule> Generate1F1B(int ranks, int microbatches);
 absl::StatusOr<Schedule> GenerateForwardOnly(int ranks, int microbatches);
 
 // The one lowering pass (torch's _add_send_recv): before each compute action, the receive of its
-// input from another rank; after it, the send of its output. A send and the receive right after it
-// (no compute between) are posted as one group when they cross: the peer posts its side of the
-// receive before its side of the send, so that blocking both would deadlock. INVALID_ARGUMENT when
-// the input already communicates or does not fit its stage_rank.
+// input from another rank; after it, the send of its output (chunks are set from stage_rank). Then
+// a later receive from the peer of a send is moved up into the send's group when the peer runs the
+// other end of that receive before the other end of the send (both would block sending); for
+// GPipe, 1F1B and forward-only this gives exactly Megatron's grouped send+receive pairs (worker/
+// schedule.cc's lists). Longer cycles of blocked sends (rings of interleaved chunks) are found by a
+// unit-cost simulation and broken the same way. INVALID_ARGUMENT when the input already
+// communicates or does not fit its stage_rank.
 absl::StatusOr<Schedule> AddCommunication(const Schedule& compute_only);
 
 // By name: "gpipe", "1f1b", "forward"; generated and lowered.
