@@ -111,7 +111,9 @@ TEST(Generate, AnySize_EmitsComputeOnlyWithEachPassOnce) {
           std::map<std::pair<ActionKind, int>, int> count;
           for (const Action& a : s->ranks[r]) {
             EXPECT_FALSE(IsCommunication(a.kind)) << ToString(a);
-            if (a.kind != ActionKind::kOptimizerStep) EXPECT_EQ(a.stage, r);
+            if (a.kind != ActionKind::kOptimizerStep) {
+              EXPECT_EQ(a.stage, r);
+            }
             ++count[{a.kind, a.microbatch}];
           }
           for (int mb = 0; mb < m; ++mb) {
@@ -293,7 +295,9 @@ TEST(AddCommunication, HandWrittenInterleaved_SetsChunksPeersAndRuns) {
     for (const Action& a : lowered.ranks[r]) {
       if (a.kind == ActionKind::kOptimizerStep) continue;
       EXPECT_EQ(a.chunk, a.stage / 2) << ToString(a);
-      if (IsCommunication(a.kind)) EXPECT_EQ(a.peer, 1 - r) << ToString(a);
+      if (IsCommunication(a.kind)) {
+        EXPECT_EQ(a.peer, 1 - r) << ToString(a);
+      }
     }
   }
   Schedule ungrouped = lowered;
