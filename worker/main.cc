@@ -156,19 +156,35 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, Co
 struct Run {
   CoordinatorClient* client;
   Assignment assignment;
+  int64_t incarnation;  // on every report: the coordinator refuses a replaced worker's
   std::unique_ptr<Heartbeater> heartbeater;
 };
+
+void ReportMilestone(const Run& run, Milestone milestone, absl::Time when) {
+  ReportMilestoneRequest r;
+  r.set_rank(run.assignment.rank());
+  r.set_incarnation(run.incarnation);
+  r.set_milestone(milestone);
+  r.set_unix_micros(absl::ToUnixMicros(when));
+  (void)run.client->ReportMilestone(r);  // the ledger is for the record: the job goes on without it
+}
+
+ReportStepRequest StepRequest(const Run& run, int64_t step) {
+  ReportStepRequest r;
+  r.set_rank(run.assignment.rank());
+  r.set_incarnation(run.incarnation);
+  r.set_step(step);
+  return r;
+}
 
 absl::Status RunGpt(Run& run, Transport* transport) {
   const Assignment& a = run.assignment;
   LOG(INFO) << "stage " << a.stage() << " of " << a.num_stages() << ": pipeline layers [" << a.first_layer() << ", "
             << a.last_layer() << ") (" << a.plan() << ")";
   return RunPipeline(a, a.world_size() > 1 ? transport : nullptr, [&](const StepResult& r) {
-    if (r.step == 0) (void)run.client->ReportMilestone(a.rank(), MILESTONE_FIRST_STEP, absl::Now());
+    if (r.step == 0) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
     run.heartbeater->SetSteps(r.step + 1);
-    ReportStepRequest req;
-    req.set_rank(a.rank());
-    req.set_step(r.step);
+    ReportStepRequest req = StepRequest(run, r.step);
     req.set_has_loss(r.has_loss);
     req.set_loss(r.loss);
     req.set_step_seconds(r.seconds);
@@ -182,17 +198,15 @@ absl::Status RunGpt(Run& run, Transport* transport) {
 absl::Status RunJob(Run& run, absl::Time cuda_ready) {
   const Assignment& a = run.assignment;
   CoordinatorClient& client = *run.client;
-  (void)client.ReportMilestone(a.rank(), MILESTONE_CUDA_READY, cuda_ready);
+  ReportMilestone(run, MILESTONE_CUDA_READY, cuda_ready);
   absl::StatusOr<std::unique_ptr<Transport>> transport = MakeTransport(a, client);
   if (!transport.ok()) return transport.status();
   run.heartbeater->SetTransport(transport->get());
-  (void)client.ReportMilestone(a.rank(), MILESTONE_NCCL_READY, absl::Now());
+  ReportMilestone(run, MILESTONE_NCCL_READY, absl::Now());
   absl::Status s = IsGptModel(a.job().model()) ? RunGpt(run, transport->get()) : RunAllReduceJob(a, **transport, [&](int64_t step, double secs) {
-    if (step == 0) (void)client.ReportMilestone(a.rank(), MILESTONE_FIRST_STEP, absl::Now());
+    if (step == 0) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
     run.heartbeater->SetSteps(step + 1);
-    ReportStepRequest r;
-    r.set_rank(a.rank());
-    r.set_step(step);
+    ReportStepRequest r = StepRequest(run, step);
     r.set_step_seconds(secs);
     return client.ReportStep(r);
   });
@@ -208,7 +222,8 @@ int Main() {
     LOG(ERROR) << secret.status().message();
     return kExitFailed;
   }
-  CoordinatorClient client(absl::GetFlag(FLAGS_coordinator), *secret);
+  std::unique_ptr<CoordinatorClient> connection = ConnectCoordinator(absl::GetFlag(FLAGS_coordinator), *secret);
+  CoordinatorClient& client = *connection;
   absl::StatusOr<GetJobResponse> job = client.GetJob(absl::Seconds(60));
   if (!job.ok()) {
     LOG(ERROR) << job.status().ToString();
@@ -241,7 +256,7 @@ int Main() {
     LOG(ERROR) << assignment.status().ToString();
     return absl::IsCancelled(assignment.status()) ? kExitStopped : kExitFailed;
   }
-  Run run{&client, *assignment, nullptr};
+  Run run{&client, *assignment, req.incarnation(), nullptr};
   run.heartbeater = std::make_unique<Heartbeater>(client, assignment->rank(), req.incarnation(),
                                                   assignment->job().timeouts());
   absl::Status status = device.ok() ? RunJob(run, cuda_ready) : device.status();
@@ -251,6 +266,7 @@ int Main() {
   }
   FinishRequest finish;
   finish.set_rank(assignment->rank());
+  finish.set_incarnation(req.incarnation());
   finish.set_ok(status.ok());
   finish.set_error(status.ToString());
   if (!status.ok()) LOG(ERROR) << status.ToString();
