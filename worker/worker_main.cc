@@ -1,30 +1,27 @@
 // The worker process's main (see worker_main.h): reads the job secret from the launcher, brings up its
-// device, registers with the coordinator, sets up its transport, runs its job, and keeps heartbeating;
-// it stops as soon as the coordinator says the job is stopping. Started by the launcher, not by hand.
-// The flags are defined here, in the library, because every worker binary shares this main.
+// device, registers with the coordinator, sets up its transport and runs its job while its Agent
+// (agent.h) heartbeats and aborts the transport as soon as the job stops. Started by the launcher, not
+// by hand. The flags are defined here, in the library, because every worker binary shares this main.
 //
 // Exit codes: 0 done; 1 failed (reported to the coordinator); 3 stopped by the coordinator;
 // 4 lost the coordinator.
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/host.h"
 #include "common/logging.h"
+#include "worker/agent.h"
 #include "worker/coordinator_client.h"
 #include "worker/cpu_transport.h"
 #include "worker/device.h"
@@ -42,9 +39,7 @@ ABSL_FLAG(int64_t, incarnation, 1, "increases each time the slot's worker is res
 namespace stagehand {
 namespace {
 
-constexpr int kExitFailed = 1;
-constexpr int kExitStopped = 3;
-constexpr int kExitLostCoordinator = 4;
+constexpr int kExitFailed = 1;  // kExitStopped and kExitLostCoordinator: worker/agent.h
 
 // Every job but the checked all-reduce runs a model through the pipeline.
 bool IsModelJob(const JobSpec& job) { return job.model() != "allreduce"; }
@@ -67,70 +62,6 @@ absl::StatusOr<std::string> ReadSecret() {
   close(fd);
   unsetenv("STAGEHAND_SECRET_FD");
   return secret;
-}
-
-// Heartbeats on its own thread. Sees the job stopping (or the coordinator gone) and aborts the
-// transport so that a rank blocked in a collective returns at once.
-class Heartbeater {
- public:
-  Heartbeater(CoordinatorClient& client, int rank, int64_t incarnation, const Timeouts& t)
-      : client_(client), rank_(rank), incarnation_(incarnation), timeouts_(t), thread_([this] { Loop(); }) {}
-  ~Heartbeater() {
-    done_.Notify();
-    thread_.join();
-  }
-  void SetTransport(Transport* t) {
-    absl::MutexLock lock(&mu_);
-    transport_ = t;
-    if (exit_code_ != 0 && t != nullptr) t->Abort();
-  }
-  void SetSteps(int64_t steps) { steps_ = steps; }
-  int exit_code() const { absl::MutexLock lock(&mu_); return exit_code_; }
-  std::string reason() const { absl::MutexLock lock(&mu_); return reason_; }
-
- private:
-  void Loop();
-  void Trip(int code, std::string reason) {
-    absl::MutexLock lock(&mu_);
-    if (exit_code_ != 0) return;
-    exit_code_ = code;
-    reason_ = std::move(reason);
-    if (transport_ != nullptr) transport_->Abort();
-  }
-
-  CoordinatorClient& client_;
-  const int rank_;
-  const int64_t incarnation_;
-  const Timeouts timeouts_;
-  std::atomic<int64_t> steps_{0};
-  absl::Notification done_;
-  mutable absl::Mutex mu_;
-  Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
-  int exit_code_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string reason_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;  // last: starts after the members above exist
-};
-
-void Heartbeater::Loop() {
-  const absl::Duration interval = absl::Milliseconds(timeouts_.heartbeat_interval_ms());
-  const absl::Duration timeout = absl::Milliseconds(timeouts_.heartbeat_timeout_ms());
-  absl::Time last_ok = absl::Now();
-  while (!done_.WaitForNotificationWithTimeout(interval)) {
-    HeartbeatRequest request;
-    request.set_rank(rank_);
-    request.set_incarnation(incarnation_);
-    request.set_steps_done(steps_);
-    absl::StatusOr<HeartbeatResponse> r = client_.Heartbeat(request, interval * 5);
-    if (r.ok()) {
-      last_ok = absl::Now();
-      if (r->stop()) Trip(kExitStopped, r->stop_reason());
-    } else if (absl::IsAborted(r.status())) {
-      Trip(kExitStopped, std::string(r.status().message()));
-    } else if (absl::Now() - last_ok > timeout) {
-      Trip(kExitLostCoordinator, absl::StrCat("no answer from the coordinator for ", absl::FormatDuration(timeout),
-                                              ": ", r.status().message()));
-    }
-  }
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, CoordinatorClient& client) {
@@ -161,19 +92,35 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, Co
 struct Run {
   CoordinatorClient* client;
   Assignment assignment;
-  std::unique_ptr<Heartbeater> heartbeater;
+  int64_t incarnation;  // on every report: the coordinator refuses a replaced worker's
+  std::unique_ptr<Agent> agent;  // heartbeats and watches for the stop while the job runs
 };
+
+void ReportMilestone(const Run& run, Milestone milestone, absl::Time when) {
+  ReportMilestoneRequest r;
+  r.set_rank(run.assignment.rank());
+  r.set_incarnation(run.incarnation);
+  r.set_milestone(milestone);
+  r.set_unix_micros(absl::ToUnixMicros(when));
+  (void)run.client->ReportMilestone(r);  // the ledger is for the record: the job goes on without it
+}
+
+ReportStepRequest StepRequest(const Run& run, int64_t step) {
+  ReportStepRequest r;
+  r.set_rank(run.assignment.rank());
+  r.set_incarnation(run.incarnation);
+  r.set_step(step);
+  return r;
+}
 
 absl::Status RunModel(Run& run, Transport* transport) {
   const Assignment& a = run.assignment;
   LOG(INFO) << "stage " << a.stage() << " of " << a.num_stages() << ": pipeline layers [" << a.first_layer() << ", "
             << a.last_layer() << ") (" << a.plan() << ")";
   return RunPipeline(a, a.world_size() > 1 ? transport : nullptr, [&](const StepResult& r) {
-    if (r.step == 0) (void)run.client->ReportMilestone(a.rank(), MILESTONE_FIRST_STEP, absl::Now());
-    run.heartbeater->SetSteps(r.step + 1);
-    ReportStepRequest req;
-    req.set_rank(a.rank());
-    req.set_step(r.step);
+    if (r.step == 0) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
+    run.agent->SetSteps(r.step + 1);
+    ReportStepRequest req = StepRequest(run, r.step);
     req.set_has_loss(r.has_loss);
     req.set_loss(r.loss);
     req.set_step_seconds(r.seconds);
@@ -187,21 +134,19 @@ absl::Status RunModel(Run& run, Transport* transport) {
 absl::Status RunJob(Run& run, absl::Time cuda_ready) {
   const Assignment& a = run.assignment;
   CoordinatorClient& client = *run.client;
-  (void)client.ReportMilestone(a.rank(), MILESTONE_CUDA_READY, cuda_ready);
+  ReportMilestone(run, MILESTONE_CUDA_READY, cuda_ready);
   absl::StatusOr<std::unique_ptr<Transport>> transport = MakeTransport(a, client);
   if (!transport.ok()) return transport.status();
-  run.heartbeater->SetTransport(transport->get());
-  (void)client.ReportMilestone(a.rank(), MILESTONE_NCCL_READY, absl::Now());
+  run.agent->SetTransport(transport->get());
+  ReportMilestone(run, MILESTONE_NCCL_READY, absl::Now());
   absl::Status s = IsModelJob(a.job()) ? RunModel(run, transport->get()) : RunAllReduceJob(a, **transport, [&](int64_t step, double secs) {
-    if (step == 0) (void)client.ReportMilestone(a.rank(), MILESTONE_FIRST_STEP, absl::Now());
-    run.heartbeater->SetSteps(step + 1);
-    ReportStepRequest r;
-    r.set_rank(a.rank());
-    r.set_step(step);
+    if (step == 0) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
+    run.agent->SetSteps(step + 1);
+    ReportStepRequest r = StepRequest(run, step);
     r.set_step_seconds(secs);
     return client.ReportStep(r);
   });
-  run.heartbeater->SetTransport(nullptr);
+  run.agent->SetTransport(nullptr);
   return s;
 }
 
@@ -213,7 +158,8 @@ int Main() {
     LOG(ERROR) << secret.status().message();
     return kExitFailed;
   }
-  CoordinatorClient client(absl::GetFlag(FLAGS_coordinator), *secret);
+  std::unique_ptr<CoordinatorClient> connection = ConnectCoordinator(absl::GetFlag(FLAGS_coordinator), *secret);
+  CoordinatorClient& client = *connection;
   absl::StatusOr<GetJobResponse> job = client.GetJob(absl::Seconds(60));
   if (!job.ok()) {
     LOG(ERROR) << job.status().ToString();
@@ -246,16 +192,17 @@ int Main() {
     LOG(ERROR) << assignment.status().ToString();
     return absl::IsCancelled(assignment.status()) ? kExitStopped : kExitFailed;
   }
-  Run run{&client, *assignment, nullptr};
-  run.heartbeater = std::make_unique<Heartbeater>(client, assignment->rank(), req.incarnation(),
-                                                  assignment->job().timeouts());
+  Run run{&client, *assignment, req.incarnation(), nullptr};
+  run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
+                                      assignment->job().timeouts());
   absl::Status status = device.ok() ? RunJob(run, cuda_ready) : device.status();
-  if (int code = run.heartbeater->exit_code(); code != 0) {
-    LOG(WARNING) << "stopping: " << run.heartbeater->reason();
+  if (int code = run.agent->exit_code(); code != 0) {
+    LOG(WARNING) << "stopping: " << run.agent->reason();
     return code;
   }
   FinishRequest finish;
   finish.set_rank(assignment->rank());
+  finish.set_incarnation(req.incarnation());
   finish.set_ok(status.ok());
   finish.set_error(status.ToString());
   if (!status.ok()) LOG(ERROR) << status.ToString();
