@@ -3,6 +3,8 @@
 #include "models/llama/llama_stage.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAContext.h>
 
 #include <cmath>
 #include <optional>
@@ -11,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/llama/llama_description.h"
+#include "worker/fused_kernels.h"
 #include "worker/nn.h"
 #include "worker/stage.h"
 
@@ -46,15 +49,62 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const Rotary& r) {
   return (x * cos + rotated * sin).to(x.scalar_type());
 }
 
+// RMSNorm of an fp32 input to a bf16 output in one kernel (fused_kernels.h): what bf16 autocast computes
+// for an RMSNorm that feeds a GEMM (the norm in fp32, then the GEMM's cast), without the fp32 output's
+// round trip through memory. The backward is in ATen ops on the fp32 input, with the incoming bf16
+// gradient upcast as the cast's backward would: with g = dy w, dx = rstd g - x rstd^3 mean(g x) and
+// dw = sum over rows of dy x rstd.
+class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Function> {
+ public:
+  // x: contiguous and 16-byte aligned, weight fp32 aligned (FusedRmsNormApplies checks).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, double eps) {
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    std::vector<int64_t> stats_shape(x.sizes().begin(), x.sizes().end() - 1);
+    stats_shape.push_back(1);
+    torch::Tensor y = torch::empty(x.sizes(), x.options().dtype(torch::kBFloat16));
+    torch::Tensor rstd = torch::empty(stats_shape, x.options());
+    const cudaError_t e = RmsNormToBf16(x.data_ptr<float>(), weight.data_ptr<float>(),
+                                        reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), rstd.data_ptr<float>(),
+                                        rows, cols, static_cast<float>(eps), at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "RmsNormToBf16: ", cudaGetErrorString(e));
+    ctx->save_for_backward({x, weight, rstd});
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list s = ctx->get_saved_variables();
+    const torch::Tensor &x = s[0], &weight = s[1], &rstd = s[2];
+    const torch::Tensor dy = grads[0].to(torch::kFloat32);
+    torch::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) {
+      const torch::Tensor g = dy * weight;
+      dx = rstd * g - x * rstd.pow(3) * (g * x).mean(-1, /*keepdim=*/true);
+    }
+    if (ctx->needs_input_grad(1)) dw = (dy * x * rstd).reshape({-1, x.size(-1)}).sum(0);
+    return {dx, dw, torch::Tensor()};
+  }
+};
+
+bool FusedRmsNormApplies(const torch::Tensor& x, const torch::Tensor& w) {
+  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  return x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && aligned(x) &&
+         at::autocast::is_autocast_enabled(at::kCUDA) &&
+         at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && w.scalar_type() == torch::kFloat32 &&
+         w.is_contiguous() && aligned(w) && LayerNormToBf16Supports(x.size(-1));
+}
+
 // RMSNorm in fp32 (or wider: the gradient check runs in double) whatever autocast does:
 // x rsqrt(mean(x^2) + eps) w, the weight initialised to ones. The output is fp32; the GEMM it feeds
-// casts it to bf16 under autocast.
+// casts it to bf16 under autocast. With `fused`, under bf16 autocast on CUDA, the bf16 output comes
+// from one kernel instead (RmsNormToBf16Function): every RMSNorm here feeds a GEMM.
 class RmsNormImpl : public torch::nn::Module {
  public:
-  RmsNormImpl(int64_t hidden, double eps) : eps_(eps) {
+  RmsNormImpl(int64_t hidden, double eps, bool fused) : eps_(eps), fused_(fused) {
     weight = register_parameter("weight", torch::ones({hidden}));
   }
   torch::Tensor forward(const torch::Tensor& x) {
+    if (fused_ && FusedRmsNormApplies(x, weight)) return RmsNormToBf16Function::apply(x, weight, eps_);
     const at::ScalarType dtype = at::promote_types(x.scalar_type(), torch::kFloat32);
     const torch::Tensor xf = x.to(dtype);
     return xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight.to(dtype);
@@ -63,6 +113,7 @@ class RmsNormImpl : public torch::nn::Module {
 
  private:
   double eps_;
+  bool fused_;
 };
 TORCH_MODULE(RmsNorm);
 
@@ -107,7 +158,7 @@ class AttentionImpl : public PipelineLayerImpl {
   AttentionImpl(const LlamaConfig& c, int layer, uint64_t seed)
       : layer_(layer), hidden_(c.hidden), heads_(c.heads), kv_heads_(c.kv_heads), head_dim_(c.head_dim()),
         seq_(c.seq) {
-    norm_ = register_module("input_layernorm", RmsNorm(c.hidden, c.norm_eps));
+    norm_ = register_module("input_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
     q_ = register_module("q_proj", Dense(c.hidden, c.heads * head_dim_, false));
     k_ = register_module("k_proj", Dense(c.hidden, c.kv_heads * head_dim_, false));
     v_ = register_module("v_proj", Dense(c.hidden, c.kv_heads * head_dim_, false));
@@ -151,7 +202,7 @@ class AttentionImpl : public PipelineLayerImpl {
 class MlpImpl : public PipelineLayerImpl {
  public:
   MlpImpl(const LlamaConfig& c, int layer, uint64_t seed) : layer_(layer), hidden_(c.hidden) {
-    norm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden, c.norm_eps));
+    norm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
     gate_ = register_module("gate_proj", Dense(c.hidden, c.ffn_hidden, false));
     up_ = register_module("up_proj", Dense(c.hidden, c.ffn_hidden, false));
     down_ = register_module("down_proj", Dense(c.ffn_hidden, c.hidden, false));
@@ -181,7 +232,7 @@ class MlpImpl : public PipelineLayerImpl {
 class HeadImpl : public PipelineLayerImpl {
  public:
   HeadImpl(const LlamaConfig& c, uint64_t seed) : hidden_(c.hidden) {
-    norm_ = register_module("norm", RmsNorm(c.hidden, c.norm_eps));
+    norm_ = register_module("norm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
     lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false));
     at::Generator gen = LayerGenerator(seed, c.pipeline_layers() - 1);
     lm_head_->InitWeight(0.02, gen);
@@ -297,6 +348,7 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& m) {
   c.rope_theta = m.rope_theta();
   c.norm_eps = m.norm_eps();
   c.bf16_autocast = !m.fp32();
+  c.fused_rmsnorm = !m.unfused_layernorm();
   return c;
 }
 

@@ -1,8 +1,9 @@
 // Tests of the Llama stages on the CPU with llama-tiny: sizes, partitions, an independent plain-ATen
-// forward, causality, gradients, training, input checks, Hugging Face names. The CUDA test (bf16
-// autocast against fp32) skips itself without a GPU.
+// forward, causality, gradients, training, input checks, Hugging Face names. The CUDA tests (bf16
+// autocast against fp32, the fused RMSNorm kernel against ATen's) skip themselves without a GPU.
 #include "models/llama/llama_stage.h"
 
+#include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "models/llama/llama_description.h"
 #include "worker/data.h"
+#include "worker/fused_kernels.h"
 #include "worker/nn.h"
 #include "worker/stage.h"
 
@@ -374,6 +376,58 @@ TEST(LlamaStageCuda, Forward_Bf16Autocast_CloseToFp32) {
   const torch::Tensor a = bf16->forward(tokens), b = fp32->forward(tokens);
   EXPECT_EQ(a.scalar_type(), torch::kBFloat16);
   EXPECT_LT(MaxRelativeError(a.to(torch::kFloat32), b), 2e-2);
+}
+
+// The kernel alone against the fp32 formula and a cast: the same bf16 values up to the rounding of the
+// fp32 sums (a bf16 ulp in rare elements).
+TEST(LlamaStageCuda, RmsNormToBf16_MatchesAtenThenCast) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (int64_t cols : {128, 2048, 4096}) {
+    const torch::Tensor x = torch::randn({37, cols}, torch::kCUDA) * 3;
+    const torch::Tensor w = torch::rand({cols}, torch::kCUDA) + 0.5;
+    torch::Tensor y = torch::empty({37, cols}, x.options().dtype(torch::kBFloat16));
+    torch::Tensor rstd = torch::empty({37}, x.options());
+    ASSERT_EQ(RmsNormToBf16(x.data_ptr<float>(), w.data_ptr<float>(),
+                            reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), rstd.data_ptr<float>(), 37, cols,
+                            1e-5f, at::cuda::getCurrentCUDAStream()),
+              cudaSuccess);
+    const torch::Tensor want_rstd = torch::rsqrt(x.pow(2).mean(-1) + 1e-5);
+    const torch::Tensor want = (x * want_rstd.unsqueeze(-1) * w).to(torch::kBFloat16);
+    EXPECT_TRUE(torch::allclose(rstd, want_rstd, 1e-5, 1e-6)) << cols;
+    const double ulps = ((y.to(torch::kFloat32) - want.to(torch::kFloat32)).abs() /
+                         want.to(torch::kFloat32).abs().clamp_min(1e-30)).max().item<double>() / (1.0 / 128);
+    EXPECT_LE(ulps, 1.0) << cols;
+  }
+  EXPECT_EQ(RmsNormToBf16(nullptr, nullptr, nullptr, nullptr, 1, 100, 1e-5f, nullptr), cudaErrorInvalidValue);
+}
+
+// The whole model with the fused RMSNorm against spec.unfused_layernorm's ATen path, forward and
+// backward, at sizes the kernel takes (hidden 128).
+TEST(LlamaStageCuda, FusedRmsNorm_MatchesUnfusedForwardAndGradients) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  LlamaConfig c = LlamaConfigFromSpec(TinyJob().model_spec());
+  c.hidden = 128;
+  c.ffn_hidden = 352;
+  c.layers = 2;
+  c.bf16_autocast = true;
+  c.fused_rmsnorm = true;
+  LlamaStage fused(c, 0, c.pipeline_layers(), kSeed);
+  c.fused_rmsnorm = false;
+  LlamaStage unfused(c, 0, c.pipeline_layers(), kSeed);
+  fused->to(torch::kCUDA);
+  unfused->to(torch::kCUDA);
+  const torch::Tensor batch = MakeSyntheticCorpus(c.vocab, c.seq, 3)->Batch(0, 0, 4).to(torch::kCUDA);
+  const torch::Tensor in = batch.slice(1, 0, c.seq), targets = batch.slice(1, 1, c.seq + 1);
+  const torch::Tensor a = fused->forward(in), b = unfused->forward(in);
+  EXPECT_LT(MaxRelativeError(a.to(torch::kFloat32), b.to(torch::kFloat32)), 2e-2);
+  LanguageModelLoss(a, targets).backward();
+  LanguageModelLoss(b, targets).backward();
+  const auto pa = fused->NamedParametersHf(), pb = unfused->NamedParametersHf();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const torch::Tensor ga = pa[i].second.grad(), gb = pb[i].second.grad();
+    ASSERT_TRUE(ga.defined() && gb.defined()) << pa[i].first;
+    EXPECT_LT(((ga - gb).norm() / gb.norm()).item<double>(), 3e-2) << pa[i].first;
+  }
 }
 
 }  // namespace
