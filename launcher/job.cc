@@ -119,6 +119,14 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
   }
   PipelineSpec& p = *spec.mutable_pipeline();
   if (p.stages() == 0) p.set_stages(spec.workers());
+  if (const ModelDescription* d = FindBuiltinModel(spec.model()); d != nullptr) {
+    const int layers = d->NumLayers(spec.model_spec());
+    if (p.stages() > layers) {
+      return Invalid(absl::StrCat(p.stages(), " stages but the model has only ", layers, " pipeline layers (",
+                                  d->DescribeLayers(spec.model_spec()), "); use at most ", layers,
+                                  " stages or more --layers"));
+    }
+  }
   if (p.schedule().empty()) p.set_schedule("1f1b");
   if (p.micro_batches() == 0) p.set_micro_batches(std::max(8, p.stages()));
   if (p.global_batch() == 0) p.set_global_batch(std::max<int64_t>(32, p.micro_batches()));

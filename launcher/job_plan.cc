@@ -162,10 +162,9 @@ absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus)
   const ModelDescription* d = FindBuiltinModel(job.model());
   if (d == nullptr) return absl::OkStatus();
   const int layers = d->NumLayers(job.model_spec());
-  if (schedule->num_stages > layers) {
-    return Invalid(absl::StrCat(schedule->num_stages, " stages but the model has only ", layers, " pipeline layers (",
-                                d->DescribeLayers(job.model_spec()), "); use at most ", layers,
-                                " stages or more --layers"));
+  if (schedule->num_stages > layers) {  // a schedule file's virtual stages (job.cc checked the stages)
+    return Invalid(absl::StrCat("the schedule has ", schedule->num_stages, " stages but the model only ", layers,
+                                " pipeline layers (", d->DescribeLayers(job.model_spec()), ")"));
   }
   absl::StatusOr<std::vector<int>> counts = ParsePartition(job.pipeline().partition());
   if (!counts.ok()) return counts.status();
