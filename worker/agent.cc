@@ -66,11 +66,11 @@ void Agent::HeartbeatLoop() {
     absl::StatusOr<HeartbeatResponse> r = client_.Heartbeat(request, interval_ * 5);
     if (r.ok()) {
       last_ok = absl::Now();
-      if (r->stop()) Trip(kExitStopped, r->stop_reason());
+      if (r->stop()) Trip(kWorkerExitStopped, r->stop_reason());
     } else if (absl::IsAborted(r.status())) {
-      Trip(kExitStopped, std::string(r.status().message()));
+      Trip(kWorkerExitStopped, std::string(r.status().message()));
     } else if (absl::Now() - last_ok > timeout_) {
-      Trip(kExitLostCoordinator, absl::StrCat("no answer from the coordinator for ",
+      Trip(kWorkerExitLostCoordinator, absl::StrCat("no answer from the coordinator for ",
                                               absl::FormatDuration(timeout_), ": ",
                                               r.status().message()));
     }
@@ -84,11 +84,11 @@ void Agent::WaitForStopLoop() {
   while (!done_.HasBeenNotified()) {
     absl::StatusOr<WaitForStopResponse> r = client_.WaitForStop(request);
     if (r.ok()) {
-      Trip(kExitStopped, absl::StrCat(r->reason(), " (from ", r->origin(), ")"));
+      Trip(kWorkerExitStopped, absl::StrCat(r->reason(), " (from ", r->origin(), ")"));
       return;
     }
     if (absl::IsAborted(r.status())) {
-      Trip(kExitStopped, std::string(r.status().message()));
+      Trip(kWorkerExitStopped, std::string(r.status().message()));
       return;
     }
     if (done_.HasBeenNotified()) return;  // our own cancellation

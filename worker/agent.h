@@ -15,15 +15,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/worker_contract.h"
 #include "protos/job.pb.h"
 #include "worker/coordinator_client.h"
 #include "worker/transport.h"
 
 namespace stagehand {
-
-// The worker's exit codes for the two ways the agent ends a run (worker/main.cc lists them all).
-inline constexpr int kExitStopped = 3;          // the coordinator stopped the job, or replaced us
-inline constexpr int kExitLostCoordinator = 4;  // no answer from the coordinator for too long
 
 class Agent {
  public:
@@ -42,7 +39,7 @@ class Agent {
   // The progress counter the heartbeats carry.
   void SetSteps(int64_t steps) { steps_ = steps; }
 
-  // 0 while the run may go on; kExitStopped or kExitLostCoordinator once tripped.
+  // 0 while the run may go on; kWorkerExitStopped or kWorkerExitLostCoordinator once tripped.
   int exit_code() const;
   std::string reason() const;
   // Waits up to `timeout` for the agent to trip; true if it has.

@@ -54,7 +54,7 @@ TEST(AgentTest, WaitForStop_JobStops_AbortsTransportWithin100ms) {
   client.TriggerStop("rank 2 failed: CUDA out of memory", "rank 2 (host h, pid 123)");
   ASSERT_TRUE(transport.aborted.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
-  EXPECT_EQ(agent.exit_code(), kExitStopped);
+  EXPECT_EQ(agent.exit_code(), kWorkerExitStopped);
   EXPECT_THAT(agent.reason(), HasSubstr("rank 2 failed: CUDA out of memory"));
   EXPECT_THAT(agent.reason(), HasSubstr("from rank 2 (host h, pid 123)"));
   EXPECT_TRUE(client.heartbeats().empty());
@@ -70,7 +70,7 @@ TEST(AgentTest, Heartbeat_CoordinatorLost_ExitsWithCode4AfterTheTimeout) {
   agent.SetTransport(&transport);
   ASSERT_TRUE(transport.aborted.WaitForNotificationWithTimeout(kLong));
   EXPECT_GE(absl::Now() - start, timeout) << "tripped before the heartbeat timeout";
-  EXPECT_EQ(agent.exit_code(), kExitLostCoordinator);
+  EXPECT_EQ(agent.exit_code(), kWorkerExitLostCoordinator);
   EXPECT_THAT(agent.reason(), HasSubstr("no answer from the coordinator"));
   EXPECT_THAT(agent.reason(), HasSubstr("connection refused"));
 }
@@ -83,7 +83,7 @@ TEST(AgentTest, Heartbeat_Aborted_ExitsWithCode3) {
   Agent agent(client, 0, 1, MakeTimeouts(absl::Milliseconds(10), absl::Seconds(60)));
   agent.SetTransport(&transport);
   ASSERT_TRUE(transport.aborted.WaitForNotificationWithTimeout(kLong));
-  EXPECT_EQ(agent.exit_code(), kExitStopped);
+  EXPECT_EQ(agent.exit_code(), kWorkerExitStopped);
   EXPECT_THAT(agent.reason(), HasSubstr("stale incarnation 1, current 2"));
 }
 
@@ -94,7 +94,7 @@ TEST(AgentTest, WaitForStop_Aborted_ExitsWithCode3) {
   agent.SetTransport(&transport);
   client.TriggerStop(absl::AbortedError("WaitForStop: stale incarnation 1, current 2"));
   ASSERT_TRUE(transport.aborted.WaitForNotificationWithTimeout(kLong));
-  EXPECT_EQ(agent.exit_code(), kExitStopped);
+  EXPECT_EQ(agent.exit_code(), kWorkerExitStopped);
 }
 
 TEST(AgentTest, Heartbeat_AnswersStop_ExitsWithCode3WithTheReason) {
@@ -107,7 +107,7 @@ TEST(AgentTest, Heartbeat_AnswersStop_ExitsWithCode3WithTheReason) {
   Agent agent(client, 0, 1, MakeTimeouts(absl::Milliseconds(10), absl::Seconds(60)));
   agent.SetTransport(&transport);
   ASSERT_TRUE(transport.aborted.WaitForNotificationWithTimeout(kLong));
-  EXPECT_EQ(agent.exit_code(), kExitStopped);
+  EXPECT_EQ(agent.exit_code(), kWorkerExitStopped);
   EXPECT_EQ(agent.reason(), "user pressed ctrl-c");
 }
 

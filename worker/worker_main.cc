@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "common/host.h"
 #include "common/logging.h"
+#include "common/worker_contract.h"
 #include "worker/agent.h"
 #include "worker/coordinator_client.h"
 #include "worker/cpu_transport.h"
@@ -39,13 +40,12 @@ ABSL_FLAG(int64_t, incarnation, 1, "increases each time the slot's worker is res
 namespace stagehand {
 namespace {
 
-constexpr int kExitFailed = 1;  // kExitStopped and kExitLostCoordinator: worker/agent.h
 
 // Every job but the checked all-reduce runs a model through the pipeline.
 bool IsModelJob(const JobSpec& job) { return job.model() != "allreduce"; }
 
 absl::StatusOr<std::string> ReadSecret() {
-  const char* fd_text = std::getenv("STAGEHAND_SECRET_FD");
+  const char* fd_text = std::getenv(kSecretFdEnv);
   int fd = -1;
   if (fd_text == nullptr || !absl::SimpleAtoi(fd_text, &fd)) {
     return absl::FailedPreconditionError("no job secret: workers are started by the launcher");
@@ -60,7 +60,7 @@ absl::StatusOr<std::string> ReadSecret() {
     secret.append(buf, n);
   }
   close(fd);
-  unsetenv("STAGEHAND_SECRET_FD");
+  unsetenv(kSecretFdEnv);
   return secret;
 }
 
@@ -156,14 +156,14 @@ int Main() {
   absl::StatusOr<std::string> secret = ReadSecret();
   if (!secret.ok()) {
     LOG(ERROR) << secret.status().message();
-    return kExitFailed;
+    return kWorkerExitFailed;
   }
   std::unique_ptr<CoordinatorClient> connection = ConnectCoordinator(absl::GetFlag(FLAGS_coordinator), *secret);
   CoordinatorClient& client = *connection;
   absl::StatusOr<GetJobResponse> job = client.GetJob(absl::Seconds(60));
   if (!job.ok()) {
     LOG(ERROR) << job.status().ToString();
-    return kExitFailed;
+    return kWorkerExitFailed;
   }
   const bool cuda = job->job().device() == DEVICE_KIND_CUDA;
   absl::StatusOr<DeviceInfo> device = cuda ? InitCudaDevice() : CpuDeviceInfo();
@@ -176,7 +176,7 @@ int Main() {
       // Registering without a profile would make the partition fail with a message about memory
       // instead of this one.
       LOG(ERROR) << "profiling the model on this worker's device failed: " << profile.status().ToString();
-      return kExitFailed;
+      return kWorkerExitFailed;
     }
   }
   RegisterRequest req;
@@ -190,7 +190,7 @@ int Main() {
   absl::StatusOr<Assignment> assignment = client.Register(req, absl::InfiniteDuration());
   if (!assignment.ok()) {
     LOG(ERROR) << assignment.status().ToString();
-    return absl::IsCancelled(assignment.status()) ? kExitStopped : kExitFailed;
+    return absl::IsCancelled(assignment.status()) ? kWorkerExitStopped : kWorkerExitFailed;
   }
   Run run{&client, *assignment, req.incarnation(), nullptr};
   run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
@@ -207,7 +207,7 @@ int Main() {
   finish.set_error(status.ToString());
   if (!status.ok()) LOG(ERROR) << status.ToString();
   (void)client.Finish(finish);
-  return status.ok() ? 0 : kExitFailed;
+  return status.ok() ? 0 : kWorkerExitFailed;
 }
 
 }  // namespace
