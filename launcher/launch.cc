@@ -21,6 +21,7 @@
 #include "google/protobuf/text_format.h"
 #include "launcher/coordinator_service.h"
 #include "launcher/job_plan.h"
+#include "launcher/progress.h"
 #include "models/registry.h"
 #include "launcher/report.h"
 #include "launcher/sweep_report.h"
@@ -130,50 +131,6 @@ void WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, const
   }
   std::fputs(out.c_str(), stdout);
 }
-
-// Live progress from the step reports of the last rank (which holds the loss): a line per step, or
-// on a terminal one bar redrawn in place. ETA from the mean step time so far.
-class Progress {
- public:
-  Progress(bool bar, absl::Time start) : bar_(bar), start_(start) {}
-  void Update(const CoordinatorState& state) {
-    std::vector<ReportStepRequest> steps = state.Steps();
-    const JobSpec& job = state.job();
-    for (; printed_ < steps.size(); ++printed_) {
-      const ReportStepRequest& r = steps[printed_];
-      if (r.rank() != job.workers() - 1 || !IsModelJob(job)) continue;
-      Print(r, job);
-    }
-  }
-  void Done() {
-    if (bar_ && drawn_) std::printf("\n");
-    std::fflush(stdout);
-  }
-
- private:
-  void Print(const ReportStepRequest& r, const JobSpec& job) {
-    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
-    const double eta = elapsed / (r.step() + 1) * (job.steps() - r.step() - 1);
-    std::string text = absl::StrFormat("step %d/%d", r.step() + 1, job.steps());
-    if (r.has_loss()) absl::StrAppend(&text, absl::StrFormat("  loss %.4f", r.loss()));
-    absl::StrAppend(&text, absl::StrFormat("  %.3f s  %.0f tokens/s  ETA %.0f s", r.step_seconds(),
-                                           r.step_seconds() > 0 ? r.tokens() / r.step_seconds() : 0.0, eta));
-    if (!bar_) {
-      std::printf("stagehand: %s\n", text.c_str());
-    } else {
-      const int width = 30, done = static_cast<int>(width * (r.step() + 1) / std::max<int64_t>(1, job.steps()));
-      std::printf("\r[%s%s] %s\x1b[K", std::string(done, '#').c_str(), std::string(width - done, '.').c_str(),
-                  text.c_str());
-      drawn_ = true;
-    }
-    std::fflush(stdout);
-  }
-
-  const bool bar_;
-  const absl::Time start_;
-  size_t printed_ = 0;
-  bool drawn_ = false;
-};
 
 // report.json and trace.json; a summary line of what the run achieved and where the time went.
 RunReport WriteReports(const CoordinatorState& state, const Supervisor& supervisor, const LaunchOptions& options,

@@ -40,6 +40,15 @@ absl::StatusOr<const ModelFamily*> FamilyOf(const JobSpec& job) {
   return f;
 }
 
+// The job with its model's sizes resolved by the family this binary registers: the launcher resolves
+// the built-in families' (and this is then a no-op), but knows nothing of a user's family.
+absl::StatusOr<JobSpec> Resolved(const ModelFamily& family, JobSpec job) {
+  absl::StatusOr<ModelSpec> spec = family.description().Resolve(job.model(), job.model_spec());
+  if (!spec.ok()) return spec.status();
+  *job.mutable_model_spec() = *std::move(spec);
+  return job;
+}
+
 absl::StatusOr<std::unique_ptr<TokenSource>> MakeData(const JobSpec& job) {
   const ModelSpec& m = job.model_spec();
   if (job.data().empty() || job.data() == "synthetic") return MakeSyntheticCorpus(m.vocab(), m.seq(), job.seed());
@@ -85,10 +94,13 @@ absl::Status SaveParams(const Executor& executor, const JobSpec& job, int rank) 
   return absl::OkStatus();
 }
 
-absl::Status RunPipelineImpl(const Assignment& a, Transport* transport, const PipelineStepCallback& on_step) {
-  const JobSpec& job = a.job();
-  absl::StatusOr<const ModelFamily*> family = FamilyOf(job);
+absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineStepCallback& on_step) {
+  absl::StatusOr<const ModelFamily*> family = FamilyOf(a.job());
   if (!family.ok()) return family.status();
+  absl::StatusOr<JobSpec> resolved = Resolved(**family, a.job());
+  if (!resolved.ok()) return resolved.status();
+  *a.mutable_job() = *std::move(resolved);
+  const JobSpec& job = a.job();
   absl::StatusOr<Schedule> schedule = FromProto(a.schedule());
   if (!schedule.ok()) return schedule.status();
   absl::StatusOr<std::unique_ptr<TokenSource>> data = MakeData(job);
@@ -137,12 +149,12 @@ int64_t Allocated(bool cuda) {
 }
 
 // One layer's costs: forward time, forward+backward time minus forward, memory kept by autograd.
-LayerCost ProfileLayer(const ModelFamily& family, const JobSpec& job, int layer, int layers) {
+absl::StatusOr<LayerCost> ProfileLayer(const ModelFamily& family, const JobSpec& job, int layer, int layers) {
   const bool cuda = job.device() == DEVICE_KIND_CUDA;
   const torch::Device device = DeviceOf(job);
   const int64_t mb = MicroBatchSize(job), seq = job.model_spec().seq(), vocab = job.model_spec().vocab();
   absl::StatusOr<std::unique_ptr<Stage>> made = MakeStage(family, job, layer, layer + 1);
-  TORCH_CHECK(made.ok(), "building pipeline layer ", layer, ": ", std::string(made.status().message()));
+  if (!made.ok()) return made.status();
   Stage& stage = **made;
   const bool first = layer == 0, last = layer == layers - 1;
   const TensorSpec in = stage.Input(mb);
@@ -203,9 +215,12 @@ LayerCost ProfileLayer(const ModelFamily& family, const JobSpec& job, int layer,
   return cost;
 }
 
-absl::StatusOr<LayerProfile> ProfileModelImpl(const JobSpec& job) {
-  absl::StatusOr<const ModelFamily*> family = FamilyOf(job);
+absl::StatusOr<LayerProfile> ProfileModelImpl(const JobSpec& unresolved) {
+  absl::StatusOr<const ModelFamily*> family = FamilyOf(unresolved);
   if (!family.ok()) return family.status();
+  absl::StatusOr<JobSpec> resolved = Resolved(**family, unresolved);
+  if (!resolved.ok()) return resolved.status();
+  const JobSpec& job = *resolved;
   const ModelDescription& d = (*family)->description();
   std::optional<c10::cuda::CUDAStreamGuard> guard;
   if (job.device() == DEVICE_KIND_CUDA) guard.emplace(at::cuda::getStreamFromPool(false, 0));
@@ -215,7 +230,11 @@ absl::StatusOr<LayerProfile> ProfileModelImpl(const JobSpec& job) {
   profile.set_micro_batch(MicroBatchSize(job));
   for (int i = 0; i < layers; ++i) {
     const int kind = d.LayerKind(job.model_spec(), i);
-    if (!by_kind.count(kind)) by_kind[kind] = ProfileLayer(**family, job, i, layers);
+    if (!by_kind.count(kind)) {
+      absl::StatusOr<LayerCost> cost = ProfileLayer(**family, job, i, layers);
+      if (!cost.ok()) return cost.status();
+      by_kind[kind] = *cost;
+    }
     *profile.add_layers() = by_kind[kind];
   }
   return profile;
@@ -228,8 +247,10 @@ void* PipelineCommStream() { return CommStream().stream(); }
 absl::StatusOr<LayerProfile> DescribeLayers(const JobSpec& job) {
   absl::StatusOr<const ModelFamily*> family = FamilyOf(job);
   if (!family.ok()) return family.status();
+  absl::StatusOr<JobSpec> resolved = Resolved(**family, job);
+  if (!resolved.ok()) return resolved.status();
   LayerProfile profile;
-  const int layers = (*family)->description().NumLayers(job.model_spec());
+  const int layers = (*family)->description().NumLayers(resolved->model_spec());
   for (int i = 0; i < layers; ++i) profile.add_layers();
   return profile;
 }
