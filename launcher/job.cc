@@ -138,7 +138,7 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
 void ChooseDefaultModel(const JobRequest& r, ResolvedJob& out) {
   const bool cpu = out.spec.device() == DEVICE_KIND_CPU;
   out.spec.set_model(cpu ? "tiny" : "gpt-1.3b");
-  if (r.job_file.empty() && !r.steps) out.spec.set_steps(cpu ? 300 : 30);
+  if (r.job_file.empty() && !r.steps) out.spec.set_steps(cpu ? 200 : 30);
   if (r.job_file.empty() && !r.lr) out.spec.set_lr(cpu ? 3e-3 : 1e-4);
   out.notes.push_back(absl::StrCat("no --model given: training ", out.spec.model(), " for ", out.spec.steps(),
                                    " steps (--model=allreduce runs the checked collective instead)"));

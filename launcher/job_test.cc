@@ -110,9 +110,9 @@ TEST(JobTest, ResolveJob_NoGpuNoFlags_RunsTwoCpuWorkersWithNote) {
   EXPECT_THAT(job->notes[0], AllOf(HasSubstr("--device=cpu"), HasSubstr(kNoGpuNote)));
   // No --model either: the tiny GPT, which learns visibly within seconds on CPU workers.
   EXPECT_EQ(job->spec.model(), "tiny");
-  EXPECT_EQ(job->spec.steps(), 300);
+  EXPECT_EQ(job->spec.steps(), 200);
   EXPECT_DOUBLE_EQ(job->spec.lr(), 3e-3);
-  EXPECT_THAT(job->notes[1], HasSubstr("no --model given: training tiny for 300 steps"));
+  EXPECT_THAT(job->notes[1], HasSubstr("no --model given: training tiny for 200 steps"));
 }
 
 TEST(JobTest, ResolveJob_NoModelWithSteps_KeepsTheSteps) {
