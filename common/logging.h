@@ -1,35 +1,11 @@
 // Minimal streaming logger (Debian's abseil 20220623 has no absl/log): LOG(INFO) << "text";
 // One line per message on stderr, prefixed with severity, time and an optional process tag.
-// LibTorch's c10 defines LOG and CHECK too: do not include this header in a LibTorch translation unit.
+// LibTorch's c10 defines LOG and CHECK too: do not include this header in a LibTorch translation unit;
+// common/log_message.h has the class without the macros.
 #ifndef STAGEHAND_COMMON_LOGGING_H_
 #define STAGEHAND_COMMON_LOGGING_H_
 
-#include <sstream>
-#include <string>
-
-#include "absl/strings/string_view.h"
-
-namespace stagehand {
-
-enum class LogSeverity { kInfo, kWarning, kError, kFatal };
-
-// Sets a tag printed after the severity on every line of this process (e.g. "rank 3").
-void SetLogTag(absl::string_view tag);
-
-class LogMessage {
- public:
-  LogMessage(LogSeverity severity, const char* file, int line);
-  ~LogMessage();  // Writes the line; aborts for kFatal.
-  LogMessage(const LogMessage&) = delete;
-  LogMessage& operator=(const LogMessage&) = delete;
-  std::ostream& stream() { return stream_; }
-
- private:
-  LogSeverity severity_;
-  std::ostringstream stream_;
-};
-
-}  // namespace stagehand
+#include "common/log_message.h"
 
 #define STAGEHAND_LOG_INFO ::stagehand::LogSeverity::kInfo
 #define STAGEHAND_LOG_WARNING ::stagehand::LogSeverity::kWarning

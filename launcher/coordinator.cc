@@ -1,5 +1,8 @@
-// The coordinator's state machine (see coordinator.h). Every blocking call waits on mu_ with an
-// absl::Condition, so any state change (a registration, a key, an arrival, Stop) wakes its waiters.
+// The coordinator's state machine (see coordinator.h). A wait is a poll function kept in waits_:
+// every change that may end a wait (a registration, a key, a barrier arrival, Stop, Shutdown) polls
+// them all under mu_, and the completions run after mu_ is released. One timer thread polls them
+// when the earliest deadline passes. Polling every wait on each change is O(waits), and a job has a
+// few per worker; that buys one mechanism for all kinds of wait instead of one per kind.
 #include "launcher/coordinator.h"
 
 #include <algorithm>
@@ -7,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/logging.h"
 
 namespace stagehand {
@@ -25,6 +29,30 @@ bool AllTrue(const std::vector<bool>& flags) {
   return std::all_of(flags.begin(), flags.end(), [](bool b) { return b; });
 }
 
+// The completion that hands `result` to `done`, or none while there is no result yet.
+template <typename T>
+std::function<void()> Complete(const std::function<void(T)>& done, std::optional<T> result) {
+  if (!result) return nullptr;
+  return [done, r = *std::move(result)]() mutable { done(std::move(r)); };
+}
+
+// Runs an asynchronous call and waits for its completion: the blocking forms of the waits.
+template <typename T, typename Start>
+T AwaitResult(Start start) {
+  absl::Notification finished;
+  std::optional<T> result;
+  start([&](T r) {
+    result = std::move(r);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return *std::move(result);
+}
+
+absl::Status ShuttingDown() {
+  return absl::UnavailableError("the coordinator is shutting down: the job is over");
+}
+
 }  // namespace
 
 CoordinatorState::CoordinatorState(JobSpec job, std::string job_id, std::string secret,
@@ -33,7 +61,17 @@ CoordinatorState::CoordinatorState(JobSpec job, std::string job_id, std::string 
       job_id_(std::move(job_id)),
       secret_(std::move(secret)),
       now_(std::move(now)),
-      workers_(std::max(job_.workers(), 0)) {}
+      workers_(std::max(job_.workers(), 0)),
+      timer_([this] { TimerLoop(); }) {}
+
+CoordinatorState::~CoordinatorState() {
+  Shutdown();
+  {
+    absl::MutexLock lock(&mu_);
+    timer_exit_ = true;
+  }
+  timer_.join();
+}
 
 absl::Status CoordinatorState::CheckSecret(absl::string_view presented) const {
   // Only the length may leak: the loop always runs over the whole secret.
@@ -57,36 +95,111 @@ absl::Status CoordinatorState::CheckRank(int rank) const {
                                                  workers - 1, ")"));
 }
 
-absl::StatusOr<Assignment> CoordinatorState::Register(const RegisterRequest& request,
-                                                      absl::Time deadline) {
-  if (request.job_id() != job_id_) {
-    return absl::InvalidArgumentError(absl::StrCat("worker belongs to job \"", request.job_id(),
-                                                   "\" but this coordinator runs job \"", job_id_,
-                                                   "\"; check the coordinator address"));
-  }
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckRank(request.worker_index()); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("worker_index: ", s.message()));
-  }
-  if (stop_reason_) {
+absl::Status CoordinatorState::CheckCaller(int rank, int64_t incarnation) const {
+  if (absl::Status s = CheckRank(rank); !s.ok()) return s;
+  if (!workers_[rank].registered) {
     return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " has not registered; Register first"));
+  }
+  if (incarnation < workers_[rank].incarnation) return StaleError(rank, incarnation);
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorState::StaleError(int rank, int64_t incarnation) const {
+  return absl::AbortedError(absl::StrCat("stale incarnation ", incarnation, ", current ",
+                                         workers_[rank].incarnation,
+                                         ": this worker was replaced; exit"));
+}
+
+absl::Status CoordinatorState::StoppingError() const {
+  return absl::CancelledError(absl::StrCat("the job is stopping: ", *stop_reason_));
+}
+
+void CoordinatorState::AddWaitLocked(Wait wait, Completions& done) {
+  if (Completion c = wait.poll(absl::Now() >= wait.deadline)) {
+    done.Add(std::move(c));
+    return;
+  }
+  waits_.push_back(std::move(wait));
+  ++waits_added_;
+}
+
+void CoordinatorState::PollWaitsLocked(Completions& done) {
+  for (bool ended = true; ended;) {
+    ended = false;
+    const absl::Time now = absl::Now();
+    for (auto it = waits_.begin(); it != waits_.end();) {
+      if (Completion c = it->poll(now >= it->deadline)) {
+        done.Add(std::move(c));
+        it = waits_.erase(it);
+        ended = true;
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void CoordinatorState::TimerLoop() {
+  for (;;) {
+    Completions expired;  // before the lock: runs once it is released
+    absl::MutexLock lock(&mu_);
+    absl::Time next = absl::InfiniteFuture();
+    for (const Wait& w : waits_) next = std::min(next, w.deadline);
+    const int64_t added = waits_added_;
+    // A new wait may have an earlier deadline than `next`: it wakes the timer to look again.
+    auto woken = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return timer_exit_ || waits_added_ != added;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&woken), next);
+    if (timer_exit_) return;
+    PollWaitsLocked(expired);
+  }
+}
+
+void CoordinatorState::RegisterAsync(const RegisterRequest& request, absl::Time deadline,
+                                     AssignmentCallback done) {
+  if (request.job_id() != job_id_) {
+    done(absl::InvalidArgumentError(absl::StrCat("worker belongs to job \"", request.job_id(),
+                                                 "\" but this coordinator runs job \"", job_id_,
+                                                 "\"; check the coordinator address")));
+    return;
+  }
+  Completions completions;  // before the lock: runs once it is released
+  absl::MutexLock lock(&mu_);
+  absl::Status s = CheckRank(request.worker_index());
+  if (!s.ok()) s = absl::InvalidArgumentError(absl::StrCat("worker_index: ", s.message()));
+  if (s.ok() && stop_reason_) {
+    s = absl::FailedPreconditionError(
         absl::StrCat("the job is stopping (", *stop_reason_, "); no new registrations"));
   }
-  if (absl::Status s = RecordRegistration(request); !s.ok()) return s;
-  if (absl::Status s = AwaitAllRegistered(request.worker_index(), request.incarnation(), deadline);
-      !s.ok()) {
-    return s;
+  if (s.ok() && shut_down_) s = ShuttingDown();
+  if (s.ok()) s = RecordRegistration(request);
+  if (!s.ok()) {
+    completions.Add([done, s] { done(s); });
+    return;
   }
-  return BuildAssignment(request.worker_index());
+  const int rank = request.worker_index();
+  const int64_t incarnation = request.incarnation();
+  AddWaitLocked({deadline,
+                 [this, rank, incarnation, done](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                   return Complete(done, RegistrationResult(rank, incarnation, expired));
+                 }},
+                completions);
+  PollWaitsLocked(completions);  // this registration may be the last, or replace a waiting one
+}
+
+absl::StatusOr<Assignment> CoordinatorState::Register(const RegisterRequest& request,
+                                                      absl::Time deadline) {
+  return AwaitResult<absl::StatusOr<Assignment>>(
+      [&](AssignmentCallback done) { RegisterAsync(request, deadline, std::move(done)); });
 }
 
 absl::Status CoordinatorState::RecordRegistration(const RegisterRequest& request) {
   WorkerState& slot = workers_[request.worker_index()];
   if (slot.registered) {
     if (request.incarnation() < slot.incarnation) {
-      return absl::AbortedError(absl::StrCat("stale incarnation ", request.incarnation(),
-                                             ", current ", slot.incarnation,
-                                             ": this worker was replaced; exit"));
+      return StaleError(request.worker_index(), request.incarnation());
     }
     if (request.incarnation() == slot.incarnation) {
       if (request.pid() == slot.pid) return absl::OkStatus();  // a retry: wait again
@@ -116,25 +229,17 @@ absl::Status CoordinatorState::RecordRegistration(const RegisterRequest& request
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorState::AwaitAllRegistered(int rank, int64_t incarnation,
-                                                  absl::Time deadline) {
+std::optional<absl::StatusOr<Assignment>> CoordinatorState::RegistrationResult(
+    int rank, int64_t incarnation, bool expired) {
   const int workers = static_cast<int>(workers_.size());
-  auto replaced = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return workers_[rank].incarnation != incarnation;
-  };
-  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return registered_count_ == workers || stop_reason_.has_value() || replaced();
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-  if (replaced()) {
-    return absl::AbortedError(absl::StrCat("stale incarnation ", incarnation, ", current ",
-                                           workers_[rank].incarnation,
-                                           ": this worker was replaced; exit"));
+  if (workers_[rank].incarnation != incarnation) return StaleError(rank, incarnation);
+  if (stop_reason_) return StoppingError();
+  if (registered_count_ == workers) {
+    if (absl::Status s = Partitioned(); !s.ok()) return s;
+    return BuildAssignment(rank);
   }
-  if (stop_reason_) {
-    return absl::CancelledError(absl::StrCat("the job is stopping: ", *stop_reason_));
-  }
-  if (registered_count_ == workers) return Partitioned();
+  if (shut_down_) return ShuttingDown();
+  if (!expired) return std::nullopt;
   std::vector<bool> registered;
   for (const WorkerState& w : workers_) registered.push_back(w.registered);
   return absl::DeadlineExceededError(absl::StrCat(
@@ -146,10 +251,11 @@ absl::Status CoordinatorState::AwaitAllRegistered(int rank, int64_t incarnation,
 // The first worker to see the whole world plans the partition for all; a failure stops the job.
 absl::Status CoordinatorState::Partitioned() {
   if (!partition_fn_ || partition_) return absl::OkStatus();
-  if (stop_reason_) return absl::CancelledError(absl::StrCat("the job is stopping: ", *stop_reason_));
+  if (stop_reason_) return StoppingError();
   absl::StatusOr<Partition> p = partition_fn_(workers_);
   if (!p.ok()) {
-    StopLocked(absl::StrCat("cannot partition the model: ", p.status().message()));
+    StopLocked(absl::StrCat("cannot partition the model: ", p.status().message()),
+               "the coordinator");
     return absl::Status(p.status().code(), *stop_reason_);
   }
   LOG(INFO) << "partition: " << p->description;
@@ -181,57 +287,92 @@ Assignment CoordinatorState::BuildAssignment(int rank) const {
     a.set_last_layer(first + partition_->layers_per_stage[rank]);
     for (int n : partition_->layers_per_stage) a.add_layers_per_stage(n);
     a.set_plan(partition_->description);
+    if (rank < static_cast<int>(partition_->schedules.size())) *a.mutable_schedule() = partition_->schedules[rank];
   }
   return a;
 }
 
-absl::Status CoordinatorState::KeyValueSet(const std::string& key, const std::string& value) {
+absl::Status CoordinatorState::KeyValueSet(int rank, int64_t incarnation, const std::string& key,
+                                           const std::string& value) {
   if (key.empty()) return absl::InvalidArgumentError("key-value set: the key is empty");
+  Completions completions;  // before the lock: runs once it is released
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckCaller(rank, incarnation); !s.ok()) return s;
   if (stop_reason_) {
     return absl::FailedPreconditionError(
         absl::StrCat("the job is stopping (", *stop_reason_, "); key \"", key, "\" not written"));
   }
   auto [it, inserted] = kv_.emplace(key, value);
-  if (inserted || it->second == value) return absl::OkStatus();
+  if (inserted) {
+    PollWaitsLocked(completions);
+    return absl::OkStatus();
+  }
+  if (it->second == value) return absl::OkStatus();
   // Values may be secrets (NCCL unique ids): never print them.
   return absl::AlreadyExistsError(
       absl::StrCat("key \"", key, "\" is already set to a different value; keys are write-once"));
 }
 
+void CoordinatorState::KeyValueGetAsync(const std::string& key, absl::Time deadline,
+                                        ValueCallback done) {
+  Completions completions;  // before the lock: runs once it is released
+  absl::MutexLock lock(&mu_);
+  auto poll = [this, key](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      -> std::optional<absl::StatusOr<std::string>> {
+    if (stop_reason_) return StoppingError();
+    if (auto it = kv_.find(key); it != kv_.end()) return it->second;
+    if (shut_down_) return ShuttingDown();
+    if (!expired) return std::nullopt;
+    return absl::DeadlineExceededError(
+        absl::StrCat("key \"", key, "\" was not set before the deadline; did its writer fail?"));
+  };
+  AddWaitLocked({deadline, [poll, done](bool expired) { return Complete(done, poll(expired)); }},
+                completions);
+}
+
 absl::StatusOr<std::string> CoordinatorState::KeyValueGet(const std::string& key,
                                                           absl::Time deadline) {
+  return AwaitResult<absl::StatusOr<std::string>>(
+      [&](ValueCallback done) { KeyValueGetAsync(key, deadline, std::move(done)); });
+}
+
+void CoordinatorState::BarrierAsync(const std::string& barrier_id, int rank, int64_t incarnation,
+                                    absl::Time deadline, StatusCallback done) {
+  Completions completions;  // before the lock: runs once it is released
   absl::MutexLock lock(&mu_);
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_reason_.has_value() || kv_.count(key) > 0;
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  if (stop_reason_) {
-    return absl::CancelledError(absl::StrCat("the job is stopping: ", *stop_reason_));
+  if (absl::Status s = CheckCaller(rank, incarnation); !s.ok()) {
+    completions.Add([done, s] { done(s); });
+    return;
   }
-  auto it = kv_.find(key);
-  if (it != kv_.end()) return it->second;
-  return absl::DeadlineExceededError(
-      absl::StrCat("key \"", key, "\" was not set before the deadline; did its writer fail?"));
+  std::vector<bool>& arrived = barriers_[barrier_id];
+  if (arrived.empty()) arrived.assign(workers_.size(), false);
+  arrived[rank] = true;
+  AddWaitLocked(
+      {deadline,
+       [this, barrier_id, rank, incarnation, done](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+         return Complete(done, BarrierResult(barrier_id, rank, incarnation, expired));
+       }},
+      completions);
+  PollWaitsLocked(completions);  // this arrival may be the last
 }
 
 absl::Status CoordinatorState::Barrier(const std::string& barrier_id, int rank,
-                                       absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckRank(rank); !s.ok()) return s;
-  std::vector<bool>& arrived = barriers_[barrier_id];
-  if (arrived.empty()) arrived.assign(workers_.size(), false);
-  if (AllTrue(arrived)) return absl::OkStatus();  // completed before: a retry passes at once
-  arrived[rank] = true;
-  // `arrived` stays valid: std::map never moves its elements and barriers are never erased.
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_reason_.has_value() || AllTrue(arrived);
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  if (stop_reason_) {
-    return absl::CancelledError(absl::StrCat("the job is stopping: ", *stop_reason_));
-  }
+                                       int64_t incarnation, absl::Time deadline) {
+  return AwaitResult<absl::Status>([&](StatusCallback done) {
+    BarrierAsync(barrier_id, rank, incarnation, deadline, std::move(done));
+  });
+}
+
+std::optional<absl::Status> CoordinatorState::BarrierResult(const std::string& barrier_id,
+                                                            int rank, int64_t incarnation,
+                                                            bool expired) {
+  if (workers_[rank].incarnation > incarnation) return StaleError(rank, incarnation);
+  // Barriers are never erased, and a completed one stays complete: a retry passes at once.
+  const std::vector<bool>& arrived = barriers_.at(barrier_id);
   if (AllTrue(arrived)) return absl::OkStatus();
+  if (stop_reason_) return StoppingError();
+  if (shut_down_) return ShuttingDown();
+  if (!expired) return std::nullopt;
   const int count = static_cast<int>(std::count(arrived.begin(), arrived.end(), true));
   return absl::DeadlineExceededError(absl::StrCat(
       "barrier \"", barrier_id, "\": ", count, " of ", arrived.size(),
@@ -239,15 +380,37 @@ absl::Status CoordinatorState::Barrier(const std::string& barrier_id, int rank,
       " (the barrier stays open for them)"));
 }
 
+void CoordinatorState::WaitForStopAsync(int rank, int64_t incarnation, absl::Time deadline,
+                                        StopCallback done) {
+  Completions completions;  // before the lock: runs once it is released
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckCaller(rank, incarnation); !s.ok()) {
+    completions.Add([done, s] { done(s); });
+    return;
+  }
+  auto poll = [this, rank, incarnation](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      -> std::optional<absl::StatusOr<WaitForStopResponse>> {
+    // A replaced worker must exit rather than act on the stop of a job it is no longer part of.
+    if (workers_[rank].incarnation > incarnation) return StaleError(rank, incarnation);
+    if (stop_reason_) {
+      WaitForStopResponse response;
+      response.set_reason(*stop_reason_);
+      response.set_origin(stop_origin_);
+      return response;
+    }
+    if (shut_down_) return ShuttingDown();
+    if (!expired) return std::nullopt;
+    return absl::DeadlineExceededError(
+        "the job did not stop before this call's deadline; call WaitForStop again");
+  };
+  AddWaitLocked({deadline, [poll, done](bool expired) { return Complete(done, poll(expired)); }},
+                completions);
+}
+
 absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatRequest& request) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckRank(request.rank()); !s.ok()) return s;
+  if (absl::Status s = CheckCaller(request.rank(), request.incarnation()); !s.ok()) return s;
   WorkerState& slot = workers_[request.rank()];
-  if (request.incarnation() < slot.incarnation) {
-    return absl::AbortedError(absl::StrCat("stale incarnation ", request.incarnation(),
-                                           ", current ", slot.incarnation,
-                                           ": this worker was replaced; exit"));
-  }
   const absl::Time now = now_();
   slot.last_heartbeat = now;
   if (request.steps_done() > slot.steps_done) {
@@ -261,14 +424,14 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
 }
 
 absl::Status CoordinatorState::ReportMilestone(const ReportMilestoneRequest& request) {
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckRank(request.rank()); !s.ok()) return s;
   const int milestone = request.milestone();
   if (!Milestone_IsValid(milestone) || milestone == MILESTONE_UNSPECIFIED) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown milestone ", milestone, " from rank ", request.rank(),
                      "; is the worker built from a newer protos/coordinator.proto?"));
   }
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckCaller(request.rank(), request.incarnation()); !s.ok()) return s;
   WorkerState& slot = workers_[request.rank()];
   slot.milestones[milestone] = absl::FromUnixMicros(request.unix_micros());
   slot.last_heartbeat = now_();  // a report is a sign of life too
@@ -277,7 +440,11 @@ absl::Status CoordinatorState::ReportMilestone(const ReportMilestoneRequest& req
 
 absl::Status CoordinatorState::ReportStep(const ReportStepRequest& request) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckRank(request.rank()); !s.ok()) return s;
+  if (absl::Status s = CheckCaller(request.rank(), request.incarnation()); !s.ok()) return s;
+  // A retried report (the first answer was lost) must not count the step twice.
+  if (!step_keys_.emplace(request.rank(), request.incarnation(), request.step()).second) {
+    return absl::OkStatus();
+  }
   steps_.push_back(request);
   WorkerState& slot = workers_[request.rank()];
   if (request.step() + 1 > slot.steps_done) {
@@ -288,8 +455,9 @@ absl::Status CoordinatorState::ReportStep(const ReportStepRequest& request) {
 }
 
 absl::Status CoordinatorState::Finish(const FinishRequest& request) {
+  Completions completions;  // before the lock: runs once it is released
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckRank(request.rank()); !s.ok()) return s;
+  if (absl::Status s = CheckCaller(request.rank(), request.incarnation()); !s.ok()) return s;
   WorkerState& slot = workers_[request.rank()];
   slot.finished = true;
   slot.ok = request.ok();
@@ -298,21 +466,34 @@ absl::Status CoordinatorState::Finish(const FinishRequest& request) {
   slot.steps_done = std::max(slot.steps_done, request.steps_done());
   // The first failure names the root cause; later ones are usually its consequences.
   if (!request.ok() && !stop_reason_) {
-    StopLocked(absl::StrCat("rank ", request.rank(), " (host ", slot.host, ", pid ", slot.pid, ") failed after ",
-                            slot.steps_done, " steps: ", request.error()));
+    const std::string origin =
+        absl::StrCat("rank ", request.rank(), " (host ", slot.host, ", pid ", slot.pid, ")");
+    StopLocked(absl::StrCat(origin, " failed after ", slot.steps_done, " steps: ", request.error()),
+               origin);
+    PollWaitsLocked(completions);
   }
   return absl::OkStatus();
 }
 
-void CoordinatorState::Stop(const std::string& reason) {
+void CoordinatorState::Stop(const std::string& reason, const std::string& origin) {
+  Completions completions;  // before the lock: runs once it is released
   absl::MutexLock lock(&mu_);
-  StopLocked(reason);
+  StopLocked(reason, origin);
+  PollWaitsLocked(completions);
 }
 
-void CoordinatorState::StopLocked(const std::string& reason) {
+void CoordinatorState::StopLocked(const std::string& reason, const std::string& origin) {
   if (stop_reason_) return;  // the first reason is the root cause
-  LOG(INFO) << "stopping job " << job_id_ << ": " << reason;
-  stop_reason_ = reason;  // waiters' conditions see it when mu_ is released
+  LOG(INFO) << "stopping job " << job_id_ << ": " << reason << " (from " << origin << ")";
+  stop_reason_ = reason;  // the caller polls the waits, which see it
+  stop_origin_ = origin;
+}
+
+void CoordinatorState::Shutdown() {
+  Completions completions;  // before the lock: runs once it is released
+  absl::MutexLock lock(&mu_);
+  shut_down_ = true;
+  PollWaitsLocked(completions);
 }
 
 bool CoordinatorState::stopping() const {
@@ -335,9 +516,13 @@ std::vector<ReportStepRequest> CoordinatorState::Steps() const {
   return steps_;
 }
 
-}  // namespace stagehand
-
-namespace stagehand {
+bool CoordinatorState::AwaitPendingWaits(int count, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int>(waits_.size()) >= count;
+  };
+  return mu_.AwaitWithDeadline(absl::Condition(&enough), deadline);
+}
 
 std::optional<Partition> CoordinatorState::partition() const {
   absl::MutexLock lock(&mu_);

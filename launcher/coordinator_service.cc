@@ -1,4 +1,5 @@
-// gRPC adapter for CoordinatorState (see coordinator_service.h).
+// gRPC adapter for CoordinatorState (see coordinator_service.h): each RPC authenticates, hands the
+// request to the state and finishes its reactor from the state's answer or completion callback.
 #include "launcher/coordinator_service.h"
 
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/host.h"
 
 namespace stagehand {
@@ -17,14 +19,14 @@ namespace {
 
 constexpr char kBearer[] = "Bearer ";
 
-absl::Time Deadline(const grpc::ServerContext& context) {
+absl::Time Deadline(const grpc::ServerContextBase& context) {
   auto d = context.deadline();
   if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(d);
 }
 
 // The earlier of the call's own deadline and the request's timeout.
-absl::Time Deadline(const grpc::ServerContext& context, int64_t timeout_ms) {
+absl::Time Deadline(const grpc::ServerContextBase& context, int64_t timeout_ms) {
   absl::Time d = Deadline(context);
   if (timeout_ms > 0) d = std::min(d, absl::Now() + absl::Milliseconds(timeout_ms));
   return d;
@@ -34,15 +36,22 @@ bool IsLoopback(absl::string_view host) {
   return host == "127.0.0.1" || host == "localhost" || host == "[::1]" || absl::StartsWith(host, "127.");
 }
 
-}  // namespace
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // absl and gRPC share the canonical code numbers.
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
-absl::Status CoordinatorService::Authenticate(const grpc::ServerContext& context) const {
+// Finishes `reactor` with `result`, first storing its value into the response with `store`.
+template <typename T, typename Store>
+void FinishWith(grpc::ServerUnaryReactor* reactor, absl::StatusOr<T> result, Store store) {
+  if (result.ok()) store(*std::move(result));
+  reactor->Finish(ToGrpcStatus(result.status()));
+}
+
+}  // namespace
+
+absl::Status CoordinatorService::Authenticate(const grpc::ServerContextBase& context) const {
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) return absl::UnauthenticatedError("no job secret presented");
@@ -52,85 +61,112 @@ absl::Status CoordinatorService::Authenticate(const grpc::ServerContext& context
   return state_->CheckSecret(value);
 }
 
-grpc::Status CoordinatorService::GetServerInfo(grpc::ServerContext*, const GetServerInfoRequest*,
-                                               GetServerInfoResponse* response) {
+CoordinatorService::Reactor* CoordinatorService::Refused(Context* context) const {
+  absl::Status auth = Authenticate(*context);
+  return auth.ok() ? nullptr : Finished(context, auth);
+}
+
+#define STAGEHAND_AUTHENTICATE(context) \
+  if (Reactor* refused = Refused(context)) return refused
+
+CoordinatorService::Reactor* CoordinatorService::GetServerInfo(Context* context, const GetServerInfoRequest*,
+                                                               GetServerInfoResponse* response) {
   response->set_server("stagehand");
   response->set_protocol_version(kProtocolVersion);
   response->set_job_id(state_->job_id());
   response->set_host(HostName());
   response->set_pid(getpid());
-  return grpc::Status::OK;
+  return Finished(context, absl::OkStatus());
 }
 
-#define STAGEHAND_AUTHENTICATE(context)                                \
-  if (absl::Status auth = Authenticate(*context); !auth.ok()) return ToGrpcStatus(auth)
-
-grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context, const GetJobRequest*, GetJobResponse* response) {
+CoordinatorService::Reactor* CoordinatorService::GetJob(Context* context, const GetJobRequest*,
+                                                        GetJobResponse* response) {
   STAGEHAND_AUTHENTICATE(context);
   response->set_job_id(state_->job_id());
   *response->mutable_job() = state_->job();
-  return grpc::Status::OK;
+  return Finished(context, absl::OkStatus());
 }
 
-grpc::Status CoordinatorService::Register(grpc::ServerContext* context, const RegisterRequest* request,
-                                          RegisterResponse* response) {
+CoordinatorService::Reactor* CoordinatorService::Register(Context* context, const RegisterRequest* request,
+                                                          RegisterResponse* response) {
   STAGEHAND_AUTHENTICATE(context);
-  absl::StatusOr<Assignment> assignment = state_->Register(*request, Deadline(*context));
-  if (!assignment.ok()) return ToGrpcStatus(assignment.status());
-  *response->mutable_assignment() = *std::move(assignment);
-  return grpc::Status::OK;
+  Reactor* reactor = context->DefaultReactor();
+  state_->RegisterAsync(*request, Deadline(*context), [reactor, response](absl::StatusOr<Assignment> a) {
+    FinishWith(reactor, std::move(a), [response](Assignment v) { *response->mutable_assignment() = std::move(v); });
+  });
+  return reactor;
 }
 
-grpc::Status CoordinatorService::KeyValueSet(grpc::ServerContext* context, const KeyValueSetRequest* request,
-                                             KeyValueSetResponse*) {
+CoordinatorService::Reactor* CoordinatorService::KeyValueSet(Context* context, const KeyValueSetRequest* request,
+                                                             KeyValueSetResponse*) {
   STAGEHAND_AUTHENTICATE(context);
-  return ToGrpcStatus(state_->KeyValueSet(request->key(), request->value()));
+  return Finished(context,
+                  state_->KeyValueSet(request->rank(), request->incarnation(), request->key(), request->value()));
 }
 
-grpc::Status CoordinatorService::KeyValueGet(grpc::ServerContext* context, const KeyValueGetRequest* request,
-                                             KeyValueGetResponse* response) {
+CoordinatorService::Reactor* CoordinatorService::KeyValueGet(Context* context, const KeyValueGetRequest* request,
+                                                             KeyValueGetResponse* response) {
   STAGEHAND_AUTHENTICATE(context);
-  absl::StatusOr<std::string> value = state_->KeyValueGet(request->key(), Deadline(*context, request->timeout_ms()));
-  if (!value.ok()) return ToGrpcStatus(value.status());
-  response->set_value(*std::move(value));
-  return grpc::Status::OK;
+  Reactor* reactor = context->DefaultReactor();
+  state_->KeyValueGetAsync(request->key(), Deadline(*context, request->timeout_ms()),
+                           [reactor, response](absl::StatusOr<std::string> v) {
+                             FinishWith(reactor, std::move(v), [response](std::string s) { response->set_value(std::move(s)); });
+                           });
+  return reactor;
 }
 
-grpc::Status CoordinatorService::Barrier(grpc::ServerContext* context, const BarrierRequest* request,
-                                         BarrierResponse*) {
+CoordinatorService::Reactor* CoordinatorService::Barrier(Context* context, const BarrierRequest* request,
+                                                         BarrierResponse*) {
   STAGEHAND_AUTHENTICATE(context);
-  return ToGrpcStatus(
-      state_->Barrier(request->barrier_id(), request->rank(), Deadline(*context, request->timeout_ms())));
+  Reactor* reactor = context->DefaultReactor();
+  state_->BarrierAsync(request->barrier_id(), request->rank(), request->incarnation(),
+                       Deadline(*context, request->timeout_ms()),
+                       [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
+  return reactor;
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context, const HeartbeatRequest* request,
-                                           HeartbeatResponse* response) {
+CoordinatorService::Reactor* CoordinatorService::Heartbeat(Context* context, const HeartbeatRequest* request,
+                                                           HeartbeatResponse* response) {
   STAGEHAND_AUTHENTICATE(context);
-  absl::StatusOr<HeartbeatResponse> r = state_->Heartbeat(*request);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *response = *std::move(r);
-  return grpc::Status::OK;
+  Reactor* reactor = context->DefaultReactor();
+  FinishWith(reactor, state_->Heartbeat(*request), [response](HeartbeatResponse r) { *response = std::move(r); });
+  return reactor;
 }
 
-grpc::Status CoordinatorService::ReportMilestone(grpc::ServerContext* context, const ReportMilestoneRequest* request,
-                                                 ReportMilestoneResponse*) {
+CoordinatorService::Reactor* CoordinatorService::WaitForStop(Context* context, const WaitForStopRequest* request,
+                                                             WaitForStopResponse* response) {
   STAGEHAND_AUTHENTICATE(context);
-  return ToGrpcStatus(state_->ReportMilestone(*request));
+  Reactor* reactor = context->DefaultReactor();
+  state_->WaitForStopAsync(request->rank(), request->incarnation(), Deadline(*context),
+                           [reactor, response](absl::StatusOr<WaitForStopResponse> r) {
+                             FinishWith(reactor, std::move(r),
+                                        [response](WaitForStopResponse v) { *response = std::move(v); });
+                           });
+  return reactor;
 }
 
-grpc::Status CoordinatorService::ReportStep(grpc::ServerContext* context, const ReportStepRequest* request,
-                                            ReportStepResponse*) {
+CoordinatorService::Reactor* CoordinatorService::ReportMilestone(Context* context,
+                                                                 const ReportMilestoneRequest* request,
+                                                                 ReportMilestoneResponse*) {
   STAGEHAND_AUTHENTICATE(context);
-  return ToGrpcStatus(state_->ReportStep(*request));
+  return Finished(context, state_->ReportMilestone(*request));
 }
 
-grpc::Status CoordinatorService::Finish(grpc::ServerContext* context, const FinishRequest* request, FinishResponse*) {
+CoordinatorService::Reactor* CoordinatorService::ReportStep(Context* context, const ReportStepRequest* request,
+                                                            ReportStepResponse*) {
   STAGEHAND_AUTHENTICATE(context);
-  return ToGrpcStatus(state_->Finish(*request));
+  return Finished(context, state_->ReportStep(*request));
+}
+
+CoordinatorService::Reactor* CoordinatorService::Finish(Context* context, const FinishRequest* request,
+                                                        FinishResponse*) {
+  STAGEHAND_AUTHENTICATE(context);
+  return Finished(context, state_->Finish(*request));
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const std::string& address,
-                                                                            CoordinatorState* state) {
+                                                                            CoordinatorState* state,
+                                                                            int max_threads) {
   std::pair<std::string, std::string> hp = absl::StrSplit(address, absl::MaxSplits(':', 1));
   int port = 0;
   if (hp.second.empty() || !absl::SimpleAtoi(hp.second, &port) || port < 0 || port > 65535) {
@@ -141,11 +177,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
         "--coordinator_address=", address,
         ": only loopback addresses are served until TLS and tokens land; use 127.0.0.1:PORT"));
   }
-  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer(std::make_unique<CoordinatorService>(state)));
+  std::unique_ptr<CoordinatorServer> server(
+      new CoordinatorServer(state, std::make_unique<CoordinatorService>(state)));
   grpc::ServerBuilder builder;
   int bound = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
   builder.RegisterService(server->service_.get());
+  if (max_threads > 0) {
+    grpc::ResourceQuota quota("coordinator");
+    quota.SetMaxThreads(max_threads);
+    builder.SetResourceQuota(quota);
+  }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || bound == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (is the port in use?)"));
@@ -156,7 +198,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
 
 void CoordinatorServer::Stop() {
   if (server_ == nullptr) return;
-  // Blocked calls were woken by CoordinatorState::Stop; do not wait for stragglers.
+  // The server's shutdown waits for every call to finish, and a waiting call finishes only when
+  // its wait completes: end them all first (WaitForStop among them, which never times out).
+  state_->Shutdown();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   server_->Wait();
   server_.reset();

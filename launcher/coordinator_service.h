@@ -1,5 +1,7 @@
 // The gRPC face of CoordinatorState: a thin adapter that checks the job secret, turns absl::Status
-// into grpc::Status and request deadlines into absl::Time. All logic lives in coordinator.h.
+// into grpc::Status and request deadlines into absl::Time. All logic lives in coordinator.h. It uses
+// gRPC's callback API, so a call that waits (Register, KeyValueGet, Barrier, WaitForStop) holds no
+// thread: its reactor finishes when CoordinatorState completes the wait.
 #ifndef STAGEHAND_LAUNCHER_COORDINATOR_SERVICE_H_
 #define STAGEHAND_LAUNCHER_COORDINATOR_SERVICE_H_
 
@@ -13,46 +15,53 @@
 
 namespace stagehand {
 
-inline constexpr int kProtocolVersion = 1;
+inline constexpr int kProtocolVersion = 2;  // 2: incarnations on every report, WaitForStop
 
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
-class CoordinatorService final : public Coordinator::Service {
+class CoordinatorService final : public Coordinator::CallbackService {
  public:
   explicit CoordinatorService(CoordinatorState* state) : state_(state) {}
 
-  grpc::Status GetServerInfo(grpc::ServerContext*, const GetServerInfoRequest*, GetServerInfoResponse*) override;
-  grpc::Status GetJob(grpc::ServerContext*, const GetJobRequest*, GetJobResponse*) override;
-  grpc::Status Register(grpc::ServerContext*, const RegisterRequest*, RegisterResponse*) override;
-  grpc::Status KeyValueSet(grpc::ServerContext*, const KeyValueSetRequest*, KeyValueSetResponse*) override;
-  grpc::Status KeyValueGet(grpc::ServerContext*, const KeyValueGetRequest*, KeyValueGetResponse*) override;
-  grpc::Status Barrier(grpc::ServerContext*, const BarrierRequest*, BarrierResponse*) override;
-  grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest*, HeartbeatResponse*) override;
-  grpc::Status ReportMilestone(grpc::ServerContext*, const ReportMilestoneRequest*, ReportMilestoneResponse*) override;
-  grpc::Status ReportStep(grpc::ServerContext*, const ReportStepRequest*, ReportStepResponse*) override;
-  grpc::Status Finish(grpc::ServerContext*, const FinishRequest*, FinishResponse*) override;
+  using Context = grpc::CallbackServerContext;
+  using Reactor = grpc::ServerUnaryReactor;
+  Reactor* GetServerInfo(Context*, const GetServerInfoRequest*, GetServerInfoResponse*) override;
+  Reactor* GetJob(Context*, const GetJobRequest*, GetJobResponse*) override;
+  Reactor* Register(Context*, const RegisterRequest*, RegisterResponse*) override;
+  Reactor* KeyValueSet(Context*, const KeyValueSetRequest*, KeyValueSetResponse*) override;
+  Reactor* KeyValueGet(Context*, const KeyValueGetRequest*, KeyValueGetResponse*) override;
+  Reactor* Barrier(Context*, const BarrierRequest*, BarrierResponse*) override;
+  Reactor* Heartbeat(Context*, const HeartbeatRequest*, HeartbeatResponse*) override;
+  Reactor* WaitForStop(Context*, const WaitForStopRequest*, WaitForStopResponse*) override;
+  Reactor* ReportMilestone(Context*, const ReportMilestoneRequest*, ReportMilestoneResponse*) override;
+  Reactor* ReportStep(Context*, const ReportStepRequest*, ReportStepResponse*) override;
+  Reactor* Finish(Context*, const FinishRequest*, FinishResponse*) override;
 
  private:
-  absl::Status Authenticate(const grpc::ServerContext& context) const;
+  absl::Status Authenticate(const grpc::ServerContextBase& context) const;
+  // The call's reactor, already finished with UNAUTHENTICATED, or nullptr when the secret is right.
+  Reactor* Refused(Context* context) const;
 
   CoordinatorState* const state_;
 };
 
-// A running server. Stop() (or the destructor) shuts it down without waiting for blocked calls,
-// which the coordinator's Stop() has already woken.
+// A running server. Stop() (or the destructor) ends every pending wait of the state with
+// UNAVAILABLE (CoordinatorState::Shutdown) and then shuts the server down.
 class CoordinatorServer {
  public:
-  // `address` is host:port; port 0 picks a free one. Binding anything but loopback is refused for now:
-  // a non-loopback control port needs TLS and a token (design.md), which land with multi-host.
+  // `address` is host:port; port 0 picks a free one. Binding anything but loopback is refused for
+  // now: a non-loopback control port needs TLS and a token (design.md), which land with multi-host.
+  // `max_threads` > 0 caps gRPC's threads (ResourceQuota); tests use it to show waits need none.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const std::string& address,
-                                                                  CoordinatorState* state);
+                                                                  CoordinatorState* state,
+                                                                  int max_threads = 0);
   ~CoordinatorServer();
   const std::string& address() const { return address_; }  // with the port actually bound
   void Stop();
 
  private:
-  CoordinatorServer(std::unique_ptr<CoordinatorService> service) : service_(std::move(service)) {}
+  CoordinatorServer(CoordinatorState* state, std::unique_ptr<CoordinatorService> service)
+      : state_(state), service_(std::move(service)) {}
 
+  CoordinatorState* const state_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

@@ -1,5 +1,6 @@
-// Unit tests of CoordinatorState: every documented status code, and the blocking calls (Register,
-// KeyValueGet, Barrier) driven from threads. A fake clock stands for heartbeats and progress.
+// Unit tests of CoordinatorState: every documented status code, the waits (Register, KeyValueGet,
+// Barrier, WaitForStop) both as callbacks and blocking from threads, and the gRPC service over a
+// real server on a free port. A fake clock stands for heartbeats and progress.
 #include "launcher/coordinator.h"
 
 #include <atomic>
@@ -9,9 +10,13 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "launcher/coordinator_service.h"
+#include "protos/coordinator.grpc.pb.h"
 
 namespace stagehand {
 namespace {
@@ -79,6 +84,13 @@ std::vector<absl::StatusOr<Assignment>> RegisterAll(CoordinatorState& state, int
   }
   for (std::thread& t : threads) t.join();
   return results;
+}
+
+// Registers every index at incarnation 1 (asynchronously: the last one completes them all).
+void RegisterAllOk(CoordinatorState& state, int workers) {
+  for (const absl::StatusOr<Assignment>& a : RegisterAll(state, workers)) {
+    ASSERT_TRUE(a.ok()) << a.status();
+  }
 }
 
 TEST_F(CoordinatorTest, CheckSecret_Correct_IsOk) {
@@ -261,20 +273,23 @@ TEST_F(CoordinatorTest, Register_StopWhileWaiting_IsCancelledWithReason) {
 
 TEST_F(CoordinatorTest, KeyValueSet_EmptyKey_IsInvalidArgument) {
   auto state = MakeState(1);
-  EXPECT_EQ(state->KeyValueSet("", "v").code(), absl::StatusCode::kInvalidArgument);
+  RegisterAllOk(*state, 1);
+  EXPECT_EQ(state->KeyValueSet(0, 1, "", "v").code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CoordinatorTest, KeyValueSet_WhileStopping_IsFailedPrecondition) {
   auto state = MakeState(1);
+  RegisterAllOk(*state, 1);
   state->Stop("done");
-  EXPECT_EQ(state->KeyValueSet("k", "v").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(state->KeyValueSet(0, 1, "k", "v").code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(CoordinatorTest, KeyValueSet_WriteOnce_SameValueOkDifferentValueAlreadyExists) {
   auto state = MakeState(1);
-  ASSERT_TRUE(state->KeyValueSet("nccl/id", "first-secret-bytes").ok());
-  EXPECT_TRUE(state->KeyValueSet("nccl/id", "first-secret-bytes").ok());
-  absl::Status s = state->KeyValueSet("nccl/id", "second-secret-bytes");
+  RegisterAllOk(*state, 1);
+  ASSERT_TRUE(state->KeyValueSet(0, 1, "nccl/id", "first-secret-bytes").ok());
+  EXPECT_TRUE(state->KeyValueSet(0, 1, "nccl/id", "first-secret-bytes").ok());
+  absl::Status s = state->KeyValueSet(0, 1, "nccl/id", "second-secret-bytes");
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(std::string(s.message()), HasSubstr("nccl/id"));
   EXPECT_THAT(std::string(s.message()), Not(HasSubstr("secret-bytes")));
@@ -285,9 +300,10 @@ TEST_F(CoordinatorTest, KeyValueSet_WriteOnce_SameValueOkDifferentValueAlreadyEx
 
 TEST_F(CoordinatorTest, KeyValueGet_SetLater_WakesWaiterWithValue) {
   auto state = MakeState(2);
+  RegisterAllOk(*state, 2);
   absl::StatusOr<std::string> v;
   std::thread reader([&] { v = state->KeyValueGet("k", LongDeadline()); });
-  absl::Status set = state->KeyValueSet("k", std::string("a\0b", 3));
+  absl::Status set = state->KeyValueSet(1, 1, "k", std::string("a\0b", 3));
   reader.join();
   ASSERT_TRUE(set.ok()) << set;
   ASSERT_TRUE(v.ok()) << v.status();
@@ -315,10 +331,11 @@ TEST_F(CoordinatorTest, KeyValueGet_Stop_WakesWaiterWithCancelled) {
 
 TEST_F(CoordinatorTest, Barrier_AllRanksArrive_AllOk) {
   auto state = MakeState(4);
+  RegisterAllOk(*state, 4);
   std::vector<absl::Status> results(4, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < 4; ++r) {
-    threads.emplace_back([&, r] { results[r] = state->Barrier("init", r, LongDeadline()); });
+    threads.emplace_back([&, r] { results[r] = state->Barrier("init", r, 1, LongDeadline()); });
   }
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < 4; ++r) EXPECT_TRUE(results[r].ok()) << r << ": " << results[r];
@@ -326,32 +343,34 @@ TEST_F(CoordinatorTest, Barrier_AllRanksArrive_AllOk) {
 
 TEST_F(CoordinatorTest, Barrier_RankOutOfRange_IsInvalidArgument) {
   auto state = MakeState(2);
-  EXPECT_EQ(state->Barrier("b", 2, ShortDeadline()).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(state->Barrier("b", -1, ShortDeadline()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state->Barrier("b", 2, 1, ShortDeadline()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state->Barrier("b", -1, 1, ShortDeadline()).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CoordinatorTest, Barrier_Deadline_NamesMissingRanksAndStaysOpen) {
   auto state = MakeState(3);
-  absl::Status s = state->Barrier("b", 0, ShortDeadline());
+  RegisterAllOk(*state, 3);
+  absl::Status s = state->Barrier("b", 0, 1, ShortDeadline());
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(s.message()), HasSubstr("missing ranks 1, 2"));
-  s = state->Barrier("b", 1, ShortDeadline());
+  s = state->Barrier("b", 1, 1, ShortDeadline());
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(s.message()), HasSubstr("2 of 3"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("missing ranks 2"));
   // The late arrival completes it; the ones that timed out pass when they come back.
-  EXPECT_TRUE(state->Barrier("b", 2, ShortDeadline()).ok());
-  EXPECT_TRUE(state->Barrier("b", 0, ShortDeadline()).ok());
-  EXPECT_TRUE(state->Barrier("b", 1, ShortDeadline()).ok());
+  EXPECT_TRUE(state->Barrier("b", 2, 1, ShortDeadline()).ok());
+  EXPECT_TRUE(state->Barrier("b", 0, 1, ShortDeadline()).ok());
+  EXPECT_TRUE(state->Barrier("b", 1, 1, ShortDeadline()).ok());
   // Another id is another barrier.
-  EXPECT_EQ(state->Barrier("c", 0, ShortDeadline()).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(state->Barrier("c", 0, 1, ShortDeadline()).code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST_F(CoordinatorTest, Barrier_Stop_WakesWaiterWithCancelled) {
   auto state = MakeState(2);
+  RegisterAllOk(*state, 2);
   const absl::Time start = absl::Now();
   absl::Status s;
-  std::thread waiter([&] { s = state->Barrier("b", 0, LongDeadline()); });
+  std::thread waiter([&] { s = state->Barrier("b", 0, 1, LongDeadline()); });
   state->Stop("stalled");
   waiter.join();
   ExpectWokenBeforeDeadline(start);
@@ -372,7 +391,10 @@ TEST_F(CoordinatorTest, Heartbeat_StaleIncarnation_IsAborted) {
   HeartbeatRequest h;
   h.set_rank(0);
   h.set_incarnation(2);
-  EXPECT_EQ(state->Heartbeat(h).status().code(), absl::StatusCode::kAborted);
+  absl::Status s = state->Heartbeat(h).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("stale incarnation 2, current 3: this worker was replaced; exit"));
   h.set_incarnation(3);
   EXPECT_TRUE(state->Heartbeat(h).ok());
 }
@@ -410,7 +432,9 @@ TEST_F(CoordinatorTest, Heartbeat_StepsGrow_UpdatesLastProgressOnlyThen) {
 
 TEST_F(CoordinatorTest, Heartbeat_Stopping_AnswersStopWithReason) {
   auto state = MakeState(1);
+  RegisterAllOk(*state, 1);
   HeartbeatRequest h;
+  h.set_incarnation(1);
   absl::StatusOr<HeartbeatResponse> r = state->Heartbeat(h);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->stop());
@@ -423,8 +447,10 @@ TEST_F(CoordinatorTest, Heartbeat_Stopping_AnswersStopWithReason) {
 
 TEST_F(CoordinatorTest, ReportMilestone_Valid_StoresWorkerTimeAndCountsAsHeartbeat) {
   auto state = MakeState(1);
+  RegisterAllOk(*state, 1);
   ReportMilestoneRequest m;
   m.set_rank(0);
+  m.set_incarnation(1);
   m.set_milestone(MILESTONE_NCCL_READY);
   m.set_unix_micros(1234567);
   now_ += absl::Minutes(1);
@@ -437,8 +463,10 @@ TEST_F(CoordinatorTest, ReportMilestone_Valid_StoresWorkerTimeAndCountsAsHeartbe
 
 TEST_F(CoordinatorTest, ReportMilestone_UnspecifiedUnknownOrBadRank_IsInvalidArgument) {
   auto state = MakeState(1);
+  RegisterAllOk(*state, 1);
   ReportMilestoneRequest m;
   m.set_rank(0);
+  m.set_incarnation(1);
   m.set_milestone(MILESTONE_UNSPECIFIED);
   EXPECT_EQ(state->ReportMilestone(m).code(), absl::StatusCode::kInvalidArgument);
   m.set_milestone(static_cast<Milestone>(99));  // proto3 enums are open: a newer worker may send it
@@ -451,8 +479,10 @@ TEST_F(CoordinatorTest, ReportMilestone_UnspecifiedUnknownOrBadRank_IsInvalidArg
 
 TEST_F(CoordinatorTest, ReportStep_Appends_AndAdvancesProgressWhenStepsGrow) {
   auto state = MakeState(2);
+  RegisterAllOk(*state, 2);
   ReportStepRequest r;
   r.set_rank(1);
+  r.set_incarnation(1);
   r.set_step(0);
   r.set_has_loss(true);
   r.set_loss(2.5);
@@ -461,21 +491,21 @@ TEST_F(CoordinatorTest, ReportStep_Appends_AndAdvancesProgressWhenStepsGrow) {
   const absl::Time first = now_;
   ASSERT_TRUE(state->ReportStep(r).ok());
   now_ += absl::Seconds(1);
-  ASSERT_TRUE(state->ReportStep(r).ok());  // the same step again: no progress
+  ASSERT_TRUE(state->ReportStep(r).ok());  // the same step again: not recorded, no progress
   r.set_rank(0);
   r.set_step(4);
   r.set_has_loss(false);
   ASSERT_TRUE(state->ReportStep(r).ok());
 
   std::vector<ReportStepRequest> steps = state->Steps();
-  ASSERT_EQ(steps.size(), 3u);
+  ASSERT_EQ(steps.size(), 2u);
   EXPECT_EQ(steps[0].rank(), 1);
   EXPECT_EQ(steps[0].step(), 0);
   EXPECT_TRUE(steps[0].has_loss());
   EXPECT_DOUBLE_EQ(steps[0].loss(), 2.5);
   EXPECT_DOUBLE_EQ(steps[0].step_seconds(), 0.25);
-  EXPECT_EQ(steps[2].rank(), 0);
-  EXPECT_FALSE(steps[2].has_loss());
+  EXPECT_EQ(steps[1].rank(), 0);
+  EXPECT_FALSE(steps[1].has_loss());
 
   std::vector<WorkerState> workers = state->Workers();
   EXPECT_EQ(workers[1].steps_done, 1);
@@ -494,7 +524,9 @@ TEST_F(CoordinatorTest, ReportStep_RankOutOfRange_IsInvalidArgument) {
 
 TEST_F(CoordinatorTest, Finish_Ok_RecordsWithoutStopping) {
   auto state = MakeState(2);
+  RegisterAllOk(*state, 2);
   FinishRequest f;
+  f.set_incarnation(1);
   f.set_rank(1);
   f.set_ok(true);
   f.set_steps_done(10);
@@ -508,10 +540,13 @@ TEST_F(CoordinatorTest, Finish_Ok_RecordsWithoutStopping) {
 
 TEST_F(CoordinatorTest, Finish_StepsDoneLowerThanReported_KeepsTheMax) {
   auto state = MakeState(1);
+  RegisterAllOk(*state, 1);
   HeartbeatRequest h;
+  h.set_incarnation(1);
   h.set_steps_done(7);
   ASSERT_TRUE(state->Heartbeat(h).ok());
   FinishRequest f;
+  f.set_incarnation(1);
   f.set_ok(true);
   f.set_steps_done(3);
   ASSERT_TRUE(state->Finish(f).ok());
@@ -520,7 +555,9 @@ TEST_F(CoordinatorTest, Finish_StepsDoneLowerThanReported_KeepsTheMax) {
 
 TEST_F(CoordinatorTest, Finish_Failure_StopsJobNamingTheFirstFailedRank) {
   auto state = MakeState(3);
+  RegisterAllOk(*state, 3);
   FinishRequest f;
+  f.set_incarnation(1);
   f.set_rank(2);
   f.set_ok(false);
   f.set_error("CUDA out of memory");
@@ -531,6 +568,7 @@ TEST_F(CoordinatorTest, Finish_Failure_StopsJobNamingTheFirstFailedRank) {
   ASSERT_TRUE(state->Finish(f).ok());
 
   HeartbeatRequest h;
+  h.set_incarnation(1);
   absl::StatusOr<HeartbeatResponse> r = state->Heartbeat(h);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->stop());
@@ -554,13 +592,428 @@ TEST_F(CoordinatorTest, Finish_RankOutOfRange_IsInvalidArgument) {
 
 TEST_F(CoordinatorTest, Stop_Twice_KeepsTheFirstReason) {
   auto state = MakeState(1);
+  RegisterAllOk(*state, 1);
   EXPECT_FALSE(state->stopping());
   state->Stop("first");
   state->Stop("second");
   EXPECT_TRUE(state->stopping());
-  absl::StatusOr<HeartbeatResponse> r = state->Heartbeat(HeartbeatRequest());
+  HeartbeatRequest h;
+  h.set_incarnation(1);
+  absl::StatusOr<HeartbeatResponse> r = state->Heartbeat(h);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->stop_reason(), "first");
+}
+
+
+// --- Incarnations and registration on every report ---
+
+TEST_F(CoordinatorTest, ReportStep_Repeated_IsRecordedOnce) {
+  auto state = MakeState(1);
+  RegisterAllOk(*state, 1);
+  ReportStepRequest r;
+  r.set_incarnation(1);
+  for (int64_t step : {0, 1, 1, 0, 2, 2}) {  // retries of steps whose first answer was lost
+    r.set_step(step);
+    ASSERT_TRUE(state->ReportStep(r).ok()) << step;
+  }
+  std::vector<ReportStepRequest> steps = state->Steps();
+  ASSERT_EQ(steps.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(steps[i].step(), i);
+  EXPECT_EQ(state->Workers()[0].steps_done, 3);
+}
+
+TEST_F(CoordinatorTest, ReportStep_SameStepFromNewerIncarnation_IsRecordedAgain) {
+  auto state = MakeState(1);
+  ASSERT_TRUE(state->Register(MakeRegister(0, 1, 100), LongDeadline()).ok());
+  ReportStepRequest r;
+  r.set_incarnation(1);
+  ASSERT_TRUE(state->ReportStep(r).ok());
+  ASSERT_TRUE(state->Register(MakeRegister(0, 2, 200), LongDeadline()).ok());
+  r.set_incarnation(2);  // the restarted worker runs step 0 again
+  ASSERT_TRUE(state->ReportStep(r).ok());
+  ASSERT_EQ(state->Steps().size(), 2u);
+  EXPECT_EQ(state->Steps()[1].incarnation(), 2);
+}
+
+// Registers index 0 at incarnation 1 and then at 2: calls from incarnation 1 are stale.
+void ReplaceWorkerZero(CoordinatorState& state) {
+  ASSERT_TRUE(state.Register(MakeRegister(0, 1, 100), LongDeadline()).ok());
+  ASSERT_TRUE(state.Register(MakeRegister(0, 2, 200), LongDeadline()).ok());
+}
+
+void ExpectStale(const absl::Status& s) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("stale incarnation 1, current 2: this worker was replaced; exit"));
+}
+
+TEST_F(CoordinatorTest, ReportStep_StaleIncarnation_IsAborted) {
+  auto state = MakeState(1);
+  ReplaceWorkerZero(*state);
+  ReportStepRequest r;
+  r.set_incarnation(1);
+  ExpectStale(state->ReportStep(r));
+  EXPECT_TRUE(state->Steps().empty());
+}
+
+TEST_F(CoordinatorTest, Finish_StaleIncarnation_IsAborted) {
+  auto state = MakeState(1);
+  ReplaceWorkerZero(*state);
+  FinishRequest f;
+  f.set_incarnation(1);
+  f.set_ok(false);
+  f.set_error("the old process's last words");
+  ExpectStale(state->Finish(f));
+  EXPECT_FALSE(state->stopping()) << "a replaced worker must not fail the job";
+  EXPECT_FALSE(state->Workers()[0].finished);
+}
+
+TEST_F(CoordinatorTest, ReportMilestoneAndKeyValueSet_StaleIncarnation_AreAborted) {
+  auto state = MakeState(1);
+  ReplaceWorkerZero(*state);
+  ReportMilestoneRequest m;
+  m.set_incarnation(1);
+  m.set_milestone(MILESTONE_CUDA_READY);
+  ExpectStale(state->ReportMilestone(m));
+  ExpectStale(state->KeyValueSet(0, 1, "k", "v"));
+  ExpectStale(state->Barrier("b", 0, 1, LongDeadline()));
+  EXPECT_EQ(state->KeyValueGet("k", ShortDeadline()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(CoordinatorTest, Heartbeat_UnregisteredRank_IsRefused) {
+  auto state = MakeState(4);
+  HeartbeatRequest h;
+  h.set_rank(3);
+  h.set_incarnation(1);
+  absl::Status s = state->Heartbeat(h).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 3 has not registered; Register first"));
+  EXPECT_EQ(state->Workers()[3].last_heartbeat, absl::InfinitePast());
+}
+
+TEST_F(CoordinatorTest, Reports_UnregisteredRank_AreFailedPrecondition) {
+  auto state = MakeState(2);
+  ReportMilestoneRequest m;
+  m.set_rank(1);
+  m.set_incarnation(1);
+  m.set_milestone(MILESTONE_CUDA_READY);
+  ReportStepRequest r;
+  r.set_rank(1);
+  r.set_incarnation(1);
+  FinishRequest f;
+  f.set_rank(1);
+  f.set_incarnation(1);
+  f.set_ok(false);
+  absl::StatusOr<WaitForStopResponse> stop = absl::UnknownError("not run");
+  state->WaitForStopAsync(1, 1, LongDeadline(),
+                          [&](absl::StatusOr<WaitForStopResponse> r) { stop = std::move(r); });
+  for (const absl::Status& s :
+       {state->ReportMilestone(m), state->ReportStep(r), state->Finish(f),
+        state->Barrier("b", 1, 1, LongDeadline()), state->KeyValueSet(1, 1, "k", "v"),
+        stop.status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1 has not registered")) << s;
+  }
+  EXPECT_FALSE(state->stopping());
+  EXPECT_TRUE(state->Steps().empty());
+}
+
+// --- Waits as callbacks ---
+
+TEST_F(CoordinatorTest, RegisterAsync_LastArrival_CompletesEveryWaiterOnItsThread) {
+  auto state = MakeState(3);
+  std::vector<absl::StatusOr<Assignment>> results(3, absl::UnknownError("not completed"));
+  int completed = 0;  // every completion runs on this test's thread: no lock needed
+  for (int i = 0; i < 3; ++i) {
+    state->RegisterAsync(MakeRegister(i), LongDeadline(), [&, i](absl::StatusOr<Assignment> a) {
+      results[i] = std::move(a);
+      ++completed;
+    });
+    EXPECT_EQ(completed, i == 2 ? 3 : 0) << "after registering " << i;
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->rank(), i);
+  }
+}
+
+TEST_F(CoordinatorTest, KeyValueGetAsync_Pending_CompletesWhenSetOnTheSettersThread) {
+  auto state = MakeState(1);
+  RegisterAllOk(*state, 1);
+  absl::StatusOr<std::string> v = absl::UnknownError("not completed");
+  state->KeyValueGetAsync("k", LongDeadline(), [&](absl::StatusOr<std::string> r) { v = std::move(r); });
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnknown) << "completed before the key was set";
+  ASSERT_TRUE(state->KeyValueSet(0, 1, "k", "value").ok());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "value");
+}
+
+TEST_F(CoordinatorTest, KeyValueGetAsync_Deadline_TimerCompletesWithDeadlineExceeded) {
+  auto state = MakeState(1);
+  // A long wait first: the timer must wake for the earlier deadline added after it.
+  absl::Notification long_done;
+  state->KeyValueGetAsync("k", LongDeadline(), [&](absl::StatusOr<std::string>) { long_done.Notify(); });
+  absl::Notification done;
+  absl::Status s;
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(30);
+  state->KeyValueGetAsync("k", deadline, [&](absl::StatusOr<std::string> r) {
+    s = r.status();
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5))) << "the timer did not fire";
+  EXPECT_GE(absl::Now(), deadline);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(long_done.HasBeenNotified());
+}
+
+TEST_F(CoordinatorTest, Barrier_ReplacedWhileWaiting_IsAborted) {
+  auto state = MakeState(2);
+  RegisterAllOk(*state, 2);
+  absl::Status s = absl::UnknownError("not completed");
+  state->BarrierAsync("b", 0, 1, LongDeadline(), [&](absl::Status r) { s = r; });
+  absl::StatusOr<Assignment> replacement = state->Register(MakeRegister(0, 2, 200), LongDeadline());
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  ExpectStale(s);
+}
+
+// --- WaitForStop ---
+
+TEST_F(CoordinatorTest, WaitForStop_Stop_CompletesEveryPendingWaitWithin100ms) {
+  constexpr int kWorkers = 4;
+  constexpr int kWaitsPerWorker = 25;
+  auto state = MakeState(kWorkers);
+  RegisterAllOk(*state, kWorkers);
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<WaitForStopResponse>> results;
+  absl::Notification all_done;
+  for (int i = 0; i < kWorkers * kWaitsPerWorker; ++i) {
+    state->WaitForStopAsync(i % kWorkers, 1, absl::InfiniteFuture(),
+                            [&](absl::StatusOr<WaitForStopResponse> r) {
+                              absl::MutexLock lock(&mu);
+                              results.push_back(std::move(r));
+                              if (results.size() == kWorkers * kWaitsPerWorker) all_done.Notify();
+                            });
+  }
+  EXPECT_FALSE(all_done.HasBeenNotified());
+  const absl::Time start = absl::Now();
+  state->Stop("rank 2 ran out of memory", "rank 2 (host host-2, pid 1002)");
+  ASSERT_TRUE(all_done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  absl::MutexLock lock(&mu);
+  for (const absl::StatusOr<WaitForStopResponse>& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->reason(), "rank 2 ran out of memory");
+    EXPECT_EQ(r->origin(), "rank 2 (host host-2, pid 1002)");
+  }
+}
+
+TEST_F(CoordinatorTest, WaitForStop_FinishFailure_NamesTheFailedRankAsOrigin) {
+  auto state = MakeState(2);
+  RegisterAllOk(*state, 2);
+  absl::StatusOr<WaitForStopResponse> r = absl::UnknownError("not completed");
+  state->WaitForStopAsync(0, 1, LongDeadline(), [&](absl::StatusOr<WaitForStopResponse> v) { r = std::move(v); });
+  FinishRequest f;
+  f.set_rank(1);
+  f.set_incarnation(1);
+  f.set_ok(false);
+  f.set_error("CUDA out of memory");
+  ASSERT_TRUE(state->Finish(f).ok());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->origin(), "rank 1 (host host-1, pid 1001)");
+  EXPECT_THAT(r->reason(), HasSubstr("CUDA out of memory"));
+}
+
+TEST_F(CoordinatorTest, WaitForStop_AlreadyStopped_CompletesAtOnceFromTheLauncher) {
+  auto state = MakeState(1);
+  RegisterAllOk(*state, 1);
+  state->Stop("interrupted");
+  absl::StatusOr<WaitForStopResponse> r = absl::UnknownError("not completed");
+  state->WaitForStopAsync(0, 1, LongDeadline(), [&](absl::StatusOr<WaitForStopResponse> v) { r = std::move(v); });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->reason(), "interrupted");
+  EXPECT_EQ(r->origin(), "the launcher");
+}
+
+TEST_F(CoordinatorTest, WaitForStop_ReplacedWhileWaiting_IsAborted) {
+  auto state = MakeState(1);
+  RegisterAllOk(*state, 1);
+  absl::StatusOr<WaitForStopResponse> r = absl::UnknownError("not completed");
+  state->WaitForStopAsync(0, 1, LongDeadline(), [&](absl::StatusOr<WaitForStopResponse> v) { r = std::move(v); });
+  ASSERT_TRUE(state->Register(MakeRegister(0, 2, 200), LongDeadline()).ok());
+  ExpectStale(r.status());
+}
+
+TEST_F(CoordinatorTest, Shutdown_PendingWaits_AreUnavailableAndLaterOnesAtOnce) {
+  auto state = MakeState(2);
+  std::vector<absl::Status> results;  // completions run on this thread
+  state->RegisterAsync(MakeRegister(0), LongDeadline(),
+                       [&](absl::StatusOr<Assignment> a) { results.push_back(a.status()); });
+  state->KeyValueGetAsync("k", LongDeadline(),
+                          [&](absl::StatusOr<std::string> v) { results.push_back(v.status()); });
+  state->BarrierAsync("b", 0, 1, LongDeadline(), [&](absl::Status s) { results.push_back(s); });
+  state->WaitForStopAsync(0, 1, absl::InfiniteFuture(),
+                          [&](absl::StatusOr<WaitForStopResponse> r) { results.push_back(r.status()); });
+  EXPECT_TRUE(results.empty());
+  state->Shutdown();
+  state->KeyValueGetAsync("k", LongDeadline(),
+                          [&](absl::StatusOr<std::string> v) { results.push_back(v.status()); });
+  ASSERT_EQ(results.size(), 5u);
+  for (const absl::Status& s : results) EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
+// --- The gRPC service over a real server ---
+
+class CoordinatorServerTest : public ::testing::Test {
+ protected:
+  // A server capped at `max_threads` gRPC threads, for a job of `workers`.
+  void StartServer(int workers, int max_threads = 0) {
+    state_ = std::make_unique<CoordinatorState>(MakeJob(workers), kJobId, kSecret);
+    absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+        CoordinatorServer::Start("127.0.0.1:0", state_.get(), max_threads);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    stub_ = Coordinator::NewStub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata("authorization", std::string("Bearer ") + kSecret);
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    return context;
+  }
+
+  void RegisterAllOverGrpc(int workers) {
+    std::vector<absl::Status> results(workers);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < workers; ++i) {
+      threads.emplace_back([&, i] {
+        RegisterResponse response;
+        grpc::Status s = stub_->Register(Context().get(), MakeRegister(i), &response);
+        results[i] = absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+  }
+
+  // `count` WaitForStop calls in flight at once (the async stub), each recording its status.
+  struct PendingCalls {
+    absl::Mutex mu;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<std::unique_ptr<WaitForStopResponse>> responses;
+    std::vector<grpc::Status> statuses ABSL_GUARDED_BY(mu);
+    absl::Notification all_done;
+  };
+  void StartWaitForStops(PendingCalls& calls, int count, int workers) {
+    for (int i = 0; i < count; ++i) {
+      calls.contexts.push_back(Context());
+      calls.contexts.back()->set_deadline(std::chrono::system_clock::time_point::max());
+      calls.responses.push_back(std::make_unique<WaitForStopResponse>());
+      WaitForStopRequest request;
+      request.set_rank(i % workers);
+      request.set_incarnation(1);
+      stub_->async()->WaitForStop(calls.contexts.back().get(), &request, calls.responses.back().get(),
+                                  [&calls, count](grpc::Status s) {
+                                    absl::MutexLock lock(&calls.mu);
+                                    calls.statuses.push_back(s);
+                                    if (static_cast<int>(calls.statuses.size()) == count) calls.all_done.Notify();
+                                  });
+    }
+  }
+
+  std::unique_ptr<CoordinatorState> state_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<Coordinator::Stub> stub_;
+};
+
+TEST_F(CoordinatorServerTest, KeyValueGet_200WaitersOnFourThreads_AllCompleteWhenSet) {
+  constexpr int kWaiters = 200;
+  StartServer(1, /*max_threads=*/4);
+  RegisterAllOverGrpc(1);
+  absl::Mutex mu;
+  int ok = 0;
+  int done = 0;
+  absl::Notification all_done;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<KeyValueGetResponse>> responses(kWaiters);
+  KeyValueGetRequest get;
+  get.set_key("nccl/id");
+  get.set_timeout_ms(20000);
+  for (int i = 0; i < kWaiters; ++i) {
+    contexts.push_back(Context());
+    responses[i] = std::make_unique<KeyValueGetResponse>();
+    stub_->async()->KeyValueGet(contexts[i].get(), &get, responses[i].get(), [&, i](grpc::Status s) {
+      absl::MutexLock lock(&mu);
+      if (s.ok() && responses[i]->value() == "unique-id") ++ok;
+      if (++done == kWaiters) all_done.Notify();
+    });
+  }
+  // A synchronous service would hold a thread per waiter: 4 could never hold 200.
+  ASSERT_TRUE(state_->AwaitPendingWaits(kWaiters, absl::Now() + absl::Seconds(20)))
+      << "not every KeyValueGet reached the server and waited";
+  EXPECT_FALSE(all_done.HasBeenNotified());
+  KeyValueSetRequest set;
+  set.set_key("nccl/id");
+  set.set_value("unique-id");
+  set.set_rank(0);
+  set.set_incarnation(1);
+  KeyValueSetResponse set_response;
+  grpc::Status s = stub_->KeyValueSet(Context().get(), set, &set_response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(all_done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(ok, kWaiters);
+}
+
+TEST_F(CoordinatorServerTest, WaitForStop_Stop_CompletesEveryPendingCallWithin100ms) {
+  constexpr int kWorkers = 2;
+  constexpr int kCalls = 16;
+  StartServer(kWorkers);
+  RegisterAllOverGrpc(kWorkers);
+  PendingCalls calls;
+  StartWaitForStops(calls, kCalls, kWorkers);
+  ASSERT_TRUE(state_->AwaitPendingWaits(kCalls, absl::Now() + absl::Seconds(20)));
+  const absl::Time start = absl::Now();
+  state_->Stop("rank 1 failed", "rank 1 (host host-1, pid 1001)");
+  ASSERT_TRUE(calls.all_done.WaitForNotificationWithTimeout(absl::Milliseconds(100)))
+      << "not every WaitForStop returned within 100 ms of Stop()";
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  absl::MutexLock lock(&calls.mu);
+  for (const grpc::Status& s : calls.statuses) EXPECT_TRUE(s.ok()) << s.error_message();
+  for (const auto& r : calls.responses) {
+    EXPECT_EQ(r->reason(), "rank 1 failed");
+    EXPECT_EQ(r->origin(), "rank 1 (host host-1, pid 1001)");
+  }
+}
+
+TEST_F(CoordinatorServerTest, WaitForStop_ServerShutsDown_IsUnavailable) {
+  StartServer(1);
+  RegisterAllOverGrpc(1);
+  PendingCalls calls;
+  StartWaitForStops(calls, 3, 1);
+  ASSERT_TRUE(state_->AwaitPendingWaits(3, absl::Now() + absl::Seconds(20)));
+  server_->Stop();
+  ASSERT_TRUE(calls.all_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::MutexLock lock(&calls.mu);
+  for (const grpc::Status& s : calls.statuses) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+}
+
+TEST_F(CoordinatorServerTest, Heartbeat_StaleIncarnationOverGrpc_IsAbortedWithTheMessage) {
+  StartServer(1);
+  RegisterAllOverGrpc(1);
+  HeartbeatRequest h;
+  h.set_incarnation(0);
+  HeartbeatResponse response;
+  grpc::Status s = stub_->Heartbeat(Context().get(), h, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("stale incarnation 0, current 1"));
+  grpc::ClientContext no_secret;
+  s = stub_->Heartbeat(&no_secret, h, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
 }  // namespace

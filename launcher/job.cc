@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/text_format.h"
-#include "worker/gpt_job.h"
+#include "models/registry.h"
 
 namespace stagehand {
 namespace {
@@ -22,7 +22,6 @@ constexpr int kDefaultCpuWorkers = 2;
 
 void ApplyDefaults(JobSpec& spec) {
   if (spec.steps() == 0) spec.set_steps(10);
-  if (spec.model().empty()) spec.set_model("allreduce");
   if (spec.tensor_elements() == 0) spec.set_tensor_elements(1 << 20);
   Timeouts& t = *spec.mutable_timeouts();
   if (t.register_ms() == 0) t.set_register_ms(60000);
@@ -49,11 +48,14 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.register_timeout_ms) t.set_register_ms(*r.register_timeout_ms);
   if (r.nccl_init_timeout_ms) t.set_nccl_init_ms(*r.nccl_init_timeout_ms);
   if (r.grace_ms) t.set_grace_ms(*r.grace_ms);
-  GptSpec& g = *spec.mutable_gpt();
+  ModelSpec& g = *spec.mutable_model_spec();
   if (r.vocab) g.set_vocab(*r.vocab);
   if (r.hidden) g.set_hidden(*r.hidden);
   if (r.heads) g.set_heads(*r.heads);
+  if (r.kv_heads) g.set_kv_heads(*r.kv_heads);
+  if (r.ffn_hidden) g.set_ffn_hidden(*r.ffn_hidden);
   if (r.layers) g.set_layers(*r.layers);
+  for (const auto& [k, v] : r.model_options) (*g.mutable_options())[k] = v;
   if (r.seq) g.set_seq(*r.seq);
   if (r.fp32) g.set_fp32(true);
   if (!r.attention.empty()) g.set_attention(r.attention);
@@ -72,19 +74,74 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.no_cuda_graphs) spec.set_no_cuda_graphs(true);
 }
 
-// Fills the GPT and pipeline parts once the worker count is known, and validates them.
-absl::Status ResolveGpt(JobSpec& spec) {
-  absl::StatusOr<GptSpec> gpt = ResolveGptSpec(spec.model(), spec.gpt());
-  if (!gpt.ok()) return gpt.status();
-  *spec.mutable_gpt() = *gpt;
+absl::Status Invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+// The pipeline's counts, checked: they do not depend on the model. (Layers against stages, the
+// partition and the memory are checked with the model's description: launcher/job_plan.h.)
+absl::Status ValidatePipeline(const JobSpec& job) {
+  const PipelineSpec& p = job.pipeline();
+  if (p.stages() < 1) return Invalid("--pipeline_stages must be at least 1");
+  if (p.stages() != job.workers()) {
+    return Invalid(absl::StrCat("--pipeline_stages=", p.stages(), " with ", job.workers(),
+                                " workers: each worker runs one stage (no data parallelism yet); make them equal"));
+  }
+  if (p.micro_batches() < 1) return Invalid("--micro_batches must be at least 1");
+  if (p.schedule_text().empty() && !p.inference() && p.schedule() != "gpipe" && p.schedule() != "1f1b") {
+    return Invalid(absl::StrCat("--schedule=", p.schedule(), ": unknown; use gpipe or 1f1b, or --schedule_file"));
+  }
+  if (p.schedule_text().empty() && !p.inference() && p.schedule() == "1f1b" && p.micro_batches() < p.stages()) {
+    return Invalid(absl::StrCat("1F1B needs at least as many micro-batches as stages (got ", p.micro_batches(),
+                                " for ", p.stages(), " stages); pass --micro_batches=", p.stages(),
+                                " or more, or --schedule=gpipe"));
+  }
+  if (p.global_batch() < 1 || p.global_batch() % p.micro_batches() != 0) {
+    return Invalid(absl::StrCat("--global_batch=", p.global_batch(), " does not split into ", p.micro_batches(),
+                                " equal micro-batches; pass a multiple of --micro_batches"));
+  }
+  return absl::OkStatus();
+}
+
+// Fills the model's sizes (its family's preset under the job's overrides) and the pipeline's defaults
+// once the worker count is known, and validates them. A model no built-in family knows is a family of
+// the user's worker binary: its sizes are its own to check, when its workers start.
+absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
+  if (const ModelDescription* d = FindBuiltinModel(spec.model()); d != nullptr) {
+    absl::StatusOr<ModelSpec> m = d->Resolve(spec.model(), spec.model_spec());
+    if (!m.ok()) return m.status();
+    *spec.mutable_model_spec() = *std::move(m);
+  } else if (!custom_worker) {
+    return Invalid(absl::StrCat("--model=", spec.model(), ": unknown model; known: ", absl::StrJoin(KnownModels(), ", "),
+                                "; a model family of your own runs with --worker_binary=YOUR_WORKER "
+                                "(docs/custom_model.md)"));
+  }  // else: its worker binary's family resolves the sizes (worker/pipeline.cc)
   PipelineSpec& p = *spec.mutable_pipeline();
   if (p.stages() == 0) p.set_stages(spec.workers());
+  if (const ModelDescription* d = FindBuiltinModel(spec.model()); d != nullptr) {
+    const int layers = d->NumLayers(spec.model_spec());
+    if (p.stages() > layers) {
+      return Invalid(absl::StrCat(p.stages(), " stages but the model has only ", layers, " pipeline layers (",
+                                  d->DescribeLayers(spec.model_spec()), "); use at most ", layers,
+                                  " stages or more --layers"));
+    }
+  }
   if (p.schedule().empty()) p.set_schedule("1f1b");
   if (p.micro_batches() == 0) p.set_micro_batches(std::max(8, p.stages()));
   if (p.global_batch() == 0) p.set_global_batch(std::max<int64_t>(32, p.micro_batches()));
   if (p.partition().empty()) p.set_partition("auto");
   if (spec.lr() == 0) spec.set_lr(1e-4);
-  return ValidateGptJob(spec);
+  return ValidatePipeline(spec);
+}
+
+// The job of a bare `launcher`: a model that visibly learns, sized to what the devices show. On CPU
+// workers the tiny GPT, whose loss falls from ln 256 = 5.5 to about 1 within seconds; on GPUs the
+// reference gpt-1.3b for long enough to show what they give. Flags the user set are kept.
+void ChooseDefaultModel(const JobRequest& r, ResolvedJob& out) {
+  const bool cpu = out.spec.device() == DEVICE_KIND_CPU;
+  out.spec.set_model(cpu ? "tiny" : "gpt-1.3b");
+  if (r.job_file.empty() && !r.steps) out.spec.set_steps(cpu ? 200 : 30);
+  if (r.job_file.empty() && !r.lr) out.spec.set_lr(cpu ? 3e-3 : 1e-4);
+  out.notes.push_back(absl::StrCat("no --model given: training ", out.spec.model(), " for ", out.spec.steps(),
+                                   " steps (--model=allreduce runs the checked collective instead)"));
 }
 
 absl::Status ValidateCounts(const JobRequest& r, const JobSpec& spec) {
@@ -105,11 +162,6 @@ absl::Status ValidateCounts(const JobRequest& r, const JobSpec& spec) {
   if (t.heartbeat_timeout_ms() < 2 * t.heartbeat_interval_ms()) {
     return absl::InvalidArgumentError(absl::StrCat("--heartbeat_timeout must be at least twice the heartbeat interval (",
                                                    t.heartbeat_interval_ms(), " ms)"));
-  }
-  const auto& models = KnownModels();
-  if (std::find(models.begin(), models.end(), spec.model()) == models.end() && !IsGptModel(spec.model())) {
-    return absl::InvalidArgumentError(absl::StrCat("--model=", spec.model(), ": unknown model; known: ",
-                                                   absl::StrJoin(models, ", ")));
   }
   return absl::OkStatus();
 }
@@ -170,7 +222,7 @@ absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, Reso
 const std::vector<std::string>& KnownModels() {
   static const auto* models = [] {
     auto* m = new std::vector<std::string>{"allreduce"};
-    for (const std::string& g : GptPresetNames()) m->push_back(g);
+    for (const std::string& g : BuiltinPresets()) m->push_back(g);
     return m;
   }();
   return *models;
@@ -208,8 +260,17 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   ApplyRequest(request, out.spec);
   if (absl::Status s = ValidateCounts(request, out.spec); !s.ok()) return s;
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
-  if (IsGptModel(out.spec.model())) {
-    if (absl::Status s = ResolveGpt(out.spec); !s.ok()) return s;
+  if (out.spec.model().empty()) ChooseDefaultModel(request, out);
+  if (!request.schedule_file.empty()) {
+    std::ifstream in(request.schedule_file);
+    std::stringstream text;
+    if (!in || !(text << in.rdbuf())) {
+      return Invalid(absl::StrCat("--schedule_file=", request.schedule_file, ": cannot read it: ", std::strerror(errno)));
+    }
+    out.spec.mutable_pipeline()->set_schedule_text(text.str());
+  }
+  if (out.spec.model() != "allreduce") {
+    if (absl::Status s = ResolveModel(out.spec, request.custom_worker); !s.ok()) return s;
   }
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());
   return out;

@@ -28,13 +28,16 @@ struct JobRequest {
   std::optional<int64_t> register_timeout_ms;
   std::optional<int64_t> nccl_init_timeout_ms;
   std::optional<int64_t> grace_ms;
-  // GPT models (--model=tiny or gpt-1.3b).
+  // Models (--model=tiny, gpt-1.3b, llama-tiny, tinyllama-1.1b, or a family of --worker_binary's).
+  bool custom_worker = false;     // --worker_binary given: a model unknown here may be its family's
   std::optional<int> pipeline_stages;
   std::string schedule;
+  std::string schedule_file;      // read into pipeline.schedule_text
   std::optional<int> micro_batches;
   std::optional<int64_t> global_batch;
   std::string partition;
-  std::optional<int64_t> vocab, hidden, heads, layers, seq;
+  std::optional<int64_t> vocab, hidden, heads, kv_heads, ffn_hidden, layers, seq;
+  std::vector<std::pair<std::string, std::string>> model_options;  // --model_option=KEY=VALUE
   bool fp32 = false;
   std::string attention;
   bool unfused_layernorm = false;
@@ -52,7 +55,7 @@ struct ResolvedJob {
   std::vector<std::string> notes;  // lines to print before starting ("no GPU visible: ...")
 };
 
-// The models a worker can run, for messages and validation.
+// The models stagehand's own worker runs ("allreduce" and the built-in presets), for messages.
 const std::vector<std::string>& KnownModels();
 
 absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceInventory& inventory);

@@ -67,9 +67,10 @@ TEST(JobTest, ResolveJob_NoFlags_AppliesDefaults) {
   absl::StatusOr<ResolvedJob> job = ResolveJob(JobRequest(), Inventory(2));
   ASSERT_TRUE(job.ok()) << job.status();
   const JobSpec& spec = job->spec;
-  EXPECT_EQ(spec.steps(), 10);
-  EXPECT_EQ(spec.model(), "allreduce");
-  EXPECT_EQ(spec.name(), "allreduce");
+  // No --model: the reference GPT on the GPUs, for long enough to show what they give.
+  EXPECT_EQ(spec.steps(), 30);
+  EXPECT_EQ(spec.model(), "gpt-1.3b");
+  EXPECT_EQ(spec.name(), "gpt-1.3b");
   EXPECT_EQ(spec.tensor_elements(), 1 << 20);
   EXPECT_EQ(spec.timeouts().register_ms(), 60000);
   EXPECT_EQ(spec.timeouts().heartbeat_interval_ms(), 100);
@@ -82,6 +83,7 @@ TEST(JobTest, ResolveJob_NoFlags_AppliesDefaults) {
 TEST(JobTest, ResolveJob_GpusFlag_TakesFirstNGpus) {
   JobRequest r;
   r.gpus = 2;
+  r.model = "allreduce";
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(4));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.device(), DEVICE_KIND_CUDA);
@@ -104,14 +106,29 @@ TEST(JobTest, ResolveJob_NoGpuNoFlags_RunsTwoCpuWorkersWithNote) {
   EXPECT_EQ(job->spec.device(), DEVICE_KIND_CPU);
   EXPECT_EQ(job->spec.workers(), 2);
   EXPECT_THAT(job->gpus, IsEmpty());
-  ASSERT_THAT(job->notes, SizeIs(1));
+  ASSERT_THAT(job->notes, SizeIs(2));
   EXPECT_THAT(job->notes[0], AllOf(HasSubstr("--device=cpu"), HasSubstr(kNoGpuNote)));
+  // No --model either: the tiny GPT, which learns visibly within seconds on CPU workers.
+  EXPECT_EQ(job->spec.model(), "tiny");
+  EXPECT_EQ(job->spec.steps(), 200);
+  EXPECT_DOUBLE_EQ(job->spec.lr(), 3e-3);
+  EXPECT_THAT(job->notes[1], HasSubstr("no --model given: training tiny for 200 steps"));
+}
+
+TEST(JobTest, ResolveJob_NoModelWithSteps_KeepsTheSteps) {
+  JobRequest r;
+  r.steps = 7;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.model(), "tiny");
+  EXPECT_EQ(job->spec.steps(), 7);
 }
 
 TEST(JobTest, ResolveJob_DeviceCpuWithWorkers_RunsThatManyCpuWorkersWithoutNote) {
   JobRequest r;
   r.device = "cpu";
   r.workers = 4;
+  r.model = "allreduce";
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(2));  // GPUs visible, CPU asked for
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.device(), DEVICE_KIND_CPU);
@@ -231,6 +248,7 @@ constexpr char kJobText[] = R"pb(
   device: DEVICE_KIND_CPU
   workers: 3
   steps: 25
+  model: "allreduce"
   tensor_elements: 4096
   seed: 7
   timeouts { heartbeat_timeout_ms: 5000 grace_ms: 1000 }

@@ -20,17 +20,20 @@
 #include "common/logging.h"
 #include "google/protobuf/text_format.h"
 #include "launcher/coordinator_service.h"
-#include "launcher/planner.h"
+#include "launcher/job_plan.h"
+#include "launcher/progress.h"
+#include "models/registry.h"
 #include "launcher/report.h"
 #include "launcher/sweep_report.h"
 #include "launcher/supervisor.h"
-#include "worker/gpt_job.h"
-#include "worker/gpt_layers.h"
 
 extern char** environ;
 
 namespace stagehand {
 namespace {
+
+// Every job but the checked all-reduce runs a model through the pipeline.
+bool IsModelJob(const JobSpec& job) { return job.model() != "allreduce"; }
 
 std::string RandomHex(int bytes) {
   std::string raw(bytes, '\0');
@@ -129,146 +132,6 @@ void WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, const
   std::fputs(out.c_str(), stdout);
 }
 
-PlanRequest MakePlanRequest(const JobSpec& job, const std::vector<LayerCost>& layers,
-                            const std::vector<int64_t>& memory_bytes) {
-  PlanRequest r;
-  r.stages = job.pipeline().stages();
-  r.forward_only = job.pipeline().inference();
-  r.memory_bytes = memory_bytes;
-  for (const LayerCost& c : layers) {
-    r.layers.push_back({c.forward_ms(), c.backward_ms(), c.param_bytes(), c.activation_bytes()});
-  }
-  const int m = job.pipeline().micro_batches();
-  for (int s = 0; s < r.stages; ++s) {
-    // Activations a stage holds at once: 1F1B keeps (stages - s) micro-batches in flight, GPipe all.
-    r.in_flight.push_back(r.forward_only ? 1 : job.pipeline().schedule() == "1f1b" ? std::min(r.stages - s, m) : m);
-  }
-  return r;
-}
-
-absl::StatusOr<Plan> MakePlan(const JobSpec& job, const PlanRequest& request) {
-  const std::string& p = job.pipeline().partition();
-  if (p == "auto") return PlanBalanced(request);
-  if (p == "uniform") return PlanUniform(request);
-  absl::StatusOr<std::vector<int>> counts = ParsePartition(p);
-  if (!counts.ok()) return counts.status();
-  return PlanExplicit(request, *counts);
-}
-
-std::string Describe(const JobSpec& job, const Plan& plan, const std::vector<LayerCost>& layers, bool profiled) {
-  std::string counts;
-  for (size_t i = 0; i < plan.layers_per_stage.size(); ++i) {
-    absl::StrAppend(&counts, i ? "/" : "", plan.layers_per_stage[i]);
-  }
-  std::string out = absl::StrCat(job.pipeline().partition(), ": ", counts, " pipeline layers; stage ms");
-  for (double ms : plan.stage_ms) absl::StrAppend(&out, absl::StrFormat(" %.2f", ms));
-  absl::StrAppend(&out, profiled ? " (profiled)" : " (estimated)");
-  // Each kind of layer, forward + backward ms per micro-batch (its first one): what the partition was
-  // made from.
-  const int64_t blocks = job.gpt().layers();
-  if (static_cast<int64_t>(layers.size()) == GptPipelineLayers(blocks)) {
-    bool seen[kGptLayerKinds] = {};
-    absl::StrAppend(&out, "; layer ms (forward + backward):");
-    for (size_t i = 0; i < layers.size(); ++i) {
-      const GptLayerKind kind = GptLayerKindOf(static_cast<int64_t>(i), blocks);
-      if (seen[static_cast<int>(kind)]) continue;
-      seen[static_cast<int>(kind)] = true;
-      absl::StrAppend(&out, absl::StrFormat("%s %s %.2f + %.2f", i == 0 ? "" : ",", GptLayerKindName(kind),
-                                            layers[i].forward_ms(), layers[i].backward_ms()));
-    }
-  }
-  return out;
-}
-
-// Before anything starts: does the model fit the GPUs at all (analytic estimate)?
-absl::Status CheckFits(const JobSpec& job, const std::vector<GpuInfo>& gpus) {
-  if (!IsGptModel(job.model()) || job.device() != DEVICE_KIND_CUDA) return absl::OkStatus();
-  std::vector<int64_t> memory;
-  for (const GpuInfo& g : gpus) memory.push_back(g.total_bytes * 9 / 10);  // room for CUDA and NCCL
-  LayerProfile estimate = EstimateGpt(job);
-  std::vector<LayerCost> layers(estimate.layers().begin(), estimate.layers().end());
-  absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, layers, memory));
-  if (!plan.ok()) return absl::InvalidArgumentError(std::string(plan.status().message()));
-  return absl::OkStatus();
-}
-
-// Once every worker has registered: partition by the mean of their profiles (each measured on its own
-// device), within each stage's free memory.
-PartitionFn Partitioner(const JobSpec& job) {
-  return [job](const std::vector<WorkerState>& workers) -> absl::StatusOr<Partition> {
-    std::vector<LayerCost> mean;
-    const bool profiled = !workers.empty() && workers[0].profile.layers_size() > 0;
-    if (profiled) {
-      mean.assign(workers[0].profile.layers().begin(), workers[0].profile.layers().end());
-      for (size_t w = 1; w < workers.size(); ++w) {
-        for (int i = 0; i < static_cast<int>(mean.size()) && i < workers[w].profile.layers_size(); ++i) {
-          const LayerCost& c = workers[w].profile.layers(i);
-          mean[i].set_forward_ms(mean[i].forward_ms() + c.forward_ms());
-          mean[i].set_backward_ms(mean[i].backward_ms() + c.backward_ms());
-        }
-      }
-      for (LayerCost& c : mean) {
-        c.set_forward_ms(c.forward_ms() / workers.size());
-        c.set_backward_ms(c.backward_ms() / workers.size());
-      }
-    } else {
-      LayerProfile estimate = EstimateGpt(job);
-      mean.assign(estimate.layers().begin(), estimate.layers().end());
-    }
-    std::vector<int64_t> memory;
-    if (job.device() == DEVICE_KIND_CUDA) {
-      for (const WorkerState& w : workers) memory.push_back(w.device.free_bytes() * 9 / 10);
-    }
-    absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, mean, memory));
-    if (!plan.ok()) return plan.status();
-    return Partition{plan->layers_per_stage, Describe(job, *plan, mean, profiled)};
-  };
-}
-
-// Live progress from the step reports of the last rank (which holds the loss): a line per step, or
-// on a terminal one bar redrawn in place. ETA from the mean step time so far.
-class Progress {
- public:
-  Progress(bool bar, absl::Time start) : bar_(bar), start_(start) {}
-  void Update(const CoordinatorState& state) {
-    std::vector<ReportStepRequest> steps = state.Steps();
-    const JobSpec& job = state.job();
-    for (; printed_ < steps.size(); ++printed_) {
-      const ReportStepRequest& r = steps[printed_];
-      if (r.rank() != job.workers() - 1 || !IsGptModel(job.model())) continue;
-      Print(r, job);
-    }
-  }
-  void Done() {
-    if (bar_ && drawn_) std::printf("\n");
-    std::fflush(stdout);
-  }
-
- private:
-  void Print(const ReportStepRequest& r, const JobSpec& job) {
-    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
-    const double eta = elapsed / (r.step() + 1) * (job.steps() - r.step() - 1);
-    std::string text = absl::StrFormat("step %d/%d", r.step() + 1, job.steps());
-    if (r.has_loss()) absl::StrAppend(&text, absl::StrFormat("  loss %.4f", r.loss()));
-    absl::StrAppend(&text, absl::StrFormat("  %.3f s  %.0f tokens/s  ETA %.0f s", r.step_seconds(),
-                                           r.step_seconds() > 0 ? r.tokens() / r.step_seconds() : 0.0, eta));
-    if (!bar_) {
-      std::printf("stagehand: %s\n", text.c_str());
-    } else {
-      const int width = 30, done = static_cast<int>(width * (r.step() + 1) / std::max<int64_t>(1, job.steps()));
-      std::printf("\r[%s%s] %s\x1b[K", std::string(done, '#').c_str(), std::string(width - done, '.').c_str(),
-                  text.c_str());
-      drawn_ = true;
-    }
-    std::fflush(stdout);
-  }
-
-  const bool bar_;
-  const absl::Time start_;
-  size_t printed_ = 0;
-  bool drawn_ = false;
-};
-
 // report.json and trace.json; a summary line of what the run achieved and where the time went.
 RunReport WriteReports(const CoordinatorState& state, const Supervisor& supervisor, const LaunchOptions& options,
                        const std::string& run_dir) {
@@ -298,7 +161,7 @@ RunReport WriteReports(const CoordinatorState& state, const Supervisor& supervis
   RunReport report = BuildReport(in);
   if (absl::StatusOr<std::string> json = ReportJson(report); json.ok()) std::ofstream(run_dir + "/report.json") << *json;
   std::ofstream(run_dir + "/trace.json") << ChromeTrace(in.steps, state.job().workers());
-  if (IsGptModel(state.job().model()) && report.step_seconds() > 0) {
+  if (IsModelJob(state.job()) && report.step_seconds() > 0) {
     std::string line = absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s  %.1f TFLOP/s  MFU %.1f%%  bubble",
                                        report.step_seconds(), report.tokens_per_second(), report.tflops(),
                                        100 * report.mfu());
@@ -352,7 +215,7 @@ LaunchResult Launch(const LaunchOptions& options) {
     std::fprintf(stderr, "stagehand: %s\n", std::string((job.ok() ? worker.status() : job.status()).message()).c_str());
     return result;
   }
-  if (absl::Status s = CheckFits(job->spec, job->gpus); !s.ok()) {
+  if (absl::Status s = IsModelJob(job->spec) ? CheckModelJob(job->spec, job->gpus) : absl::OkStatus(); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return result;
   }
@@ -373,7 +236,7 @@ LaunchResult Launch(const LaunchOptions& options) {
 
   job->spec.set_run_dir(run_dir);
   CoordinatorState state(job->spec, job_id, RandomHex(32));
-  if (IsGptModel(job->spec.model())) state.SetPartitioner(Partitioner(job->spec));
+  if (IsModelJob(job->spec)) state.SetPartitioner(Partitioner(job->spec));
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options.coordinator_address, &state);
   if (!server.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(server.status().message()).c_str());

@@ -21,9 +21,10 @@ ABSL_FLAG(int, gpus, -1, "GPUs to use, one worker each: the first N visible (def
 ABSL_FLAG(std::string, device, "auto", "auto, cuda or cpu");
 ABSL_FLAG(int, workers, -1, "number of CPU workers with --device=cpu (default 2)");
 ABSL_FLAG(int64_t, steps, -1, "steps to run (default 10)");
-ABSL_FLAG(std::string, model, "", "what each step runs: allreduce (a checked all-reduce of --tensor_elements "
-                                  "floats, the default), or a GPT trained (or run, --inference) as a pipeline: "
-                                  "tiny or gpt-1.3b");
+ABSL_FLAG(std::string, model, "", "what the job trains (or runs, --inference) as a pipeline: tiny or gpt-1.3b "
+                                  "(GPT), llama-tiny or tinyllama-1.1b (Llama), a family of --worker_binary's; "
+                                  "or allreduce, a checked all-reduce of --tensor_elements floats per step "
+                                  "(default: tiny on CPU workers, gpt-1.3b on GPUs)");
 ABSL_FLAG(int64_t, tensor_elements, -1, "elements of the all-reduced tensor (default 1048576)");
 ABSL_FLAG(int64_t, seed, -1, "random seed (default 0)");
 ABSL_FLAG(std::string, job, "", "a JobSpec in protobuf text format (protos/job.proto); flags override it");
@@ -42,6 +43,12 @@ ABSL_FLAG(std::string, partition, "", "GPT: auto (profiled, balanced), uniform, 
 ABSL_FLAG(int64_t, vocab, -1, "GPT: vocabulary size (default: the preset's)");
 ABSL_FLAG(int64_t, hidden, -1, "GPT: hidden size (default: the preset's)");
 ABSL_FLAG(int64_t, heads, -1, "GPT: attention heads (default: the preset's)");
+ABSL_FLAG(int64_t, kv_heads, -1, "Llama: key/value heads of grouped-query attention (default: the preset's)");
+ABSL_FLAG(int64_t, ffn_hidden, -1, "Llama: the SwiGLU MLP's inner width (default: the preset's)");
+ABSL_FLAG(std::vector<std::string>, model_option, {},
+          "KEY=VALUE settings for a model family of your own worker binary (comma-separated)");
+ABSL_FLAG(std::string, schedule_file, "",
+          "a pipeline schedule as data: one line of actions per rank (\"0F0 0SEND_F0 ...\", see schedule/schedule.h)");
 ABSL_FLAG(int64_t, layers, -1, "GPT: transformer blocks (default: the preset's)");
 ABSL_FLAG(int64_t, seq, -1, "GPT: sequence length (default: the preset's)");
 ABSL_FLAG(bool, fp32, false, "GPT: no bf16 autocast");
@@ -109,6 +116,13 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   j.vocab = Given(p, "vocab", FLAGS_vocab);
   j.hidden = Given(p, "hidden", FLAGS_hidden);
   j.heads = Given(p, "heads", FLAGS_heads);
+  j.kv_heads = Given(p, "kv_heads", FLAGS_kv_heads);
+  j.ffn_hidden = Given(p, "ffn_hidden", FLAGS_ffn_hidden);
+  for (const std::string& kv : absl::GetFlag(FLAGS_model_option)) {
+    const size_t eq = kv.find('=');
+    j.model_options.emplace_back(kv.substr(0, eq), eq == std::string::npos ? "" : kv.substr(eq + 1));
+  }
+  j.schedule_file = absl::GetFlag(FLAGS_schedule_file);
   j.layers = Given(p, "layers", FLAGS_layers);
   j.seq = Given(p, "seq", FLAGS_seq);
   j.fp32 = absl::GetFlag(FLAGS_fp32);
@@ -121,6 +135,7 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  j.custom_worker = !o.worker_binary.empty();
   j.no_timing = !absl::GetFlag(FLAGS_timing);
   j.no_cuda_graphs = !absl::GetFlag(FLAGS_cuda_graphs);
   o.peak_tflops_per_device = absl::GetFlag(FLAGS_peak_tflops);

@@ -30,7 +30,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/fd.h"
 #include "common/logging.h"
+#include "common/worker_contract.h"
 
 namespace stagehand {
 namespace {
@@ -50,31 +52,6 @@ constexpr int kExecFailedExit = 127;
 
 // Lines of all children (of all spawners) reach our stdout one whole line at a time.
 absl::Mutex stdout_mu(absl::kConstInit);
-
-std::string ErrnoText(int err) {
-  char buf[256];
-  return strerror_r(err, buf, sizeof buf);  // the GNU strerror_r returns the text
-}
-
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd = -1) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    reset(other.release());
-    return *this;
-  }
-  ~UniqueFd() { reset(); }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
 
 struct Pipe {
   UniqueFd read;

@@ -12,9 +12,8 @@
 
 namespace stagehand {
 
-// The environment variable naming the inherited file descriptor from which a child reads the job
-// secret (until EOF). The secret never appears in argv or in the environment.
-inline constexpr char kSecretFdEnv[] = "STAGEHAND_SECRET_FD";
+// kSecretFdEnv (common/worker_contract.h) names the inherited file descriptor from which a child reads
+// the job secret.
 
 struct ProcessSpec {
   std::vector<std::string> argv;  // argv[0] is the path of the executable

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "models/registry.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -284,16 +285,10 @@ std::vector<std::string> ActionEvents(const Reports& reports) {
 }  // namespace
 
 double StepFlops(const JobSpec& job) {
-  const GptSpec& gpt = job.gpt();
-  if (gpt.layers() <= 0) return 0;  // not a GPT ("allreduce"): no model FLOPs to count
-  const double gb = static_cast<double>(job.pipeline().global_batch());
-  const double s = static_cast<double>(gpt.seq());
-  const double l = static_cast<double>(gpt.layers());
-  const double h = static_cast<double>(gpt.hidden());
-  const double v = static_cast<double>(gpt.vocab());
-  const double training = 6 * gb * s * (12 * l * h * h + v * h) + 6 * l * gb * s * s * h;
-  // Forward only is one of training's three passes (forward, gradients of inputs, of weights).
-  return job.pipeline().inference() ? training / 3 : training;
+  // A built-in family's count; a user's family (or "allreduce") has no model FLOPs we could count.
+  const ModelDescription* d = FindBuiltinModel(job.model());
+  if (d == nullptr || job.model_spec().layers() <= 0) return 0;
+  return d->FlopsPerStep(job.model_spec(), job.pipeline().global_batch(), job.pipeline().inference());
 }
 
 RunReport BuildReport(const ReportInput& input) {

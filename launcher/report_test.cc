@@ -33,10 +33,11 @@ JobSpec Gpt(int64_t vocab, int64_t hidden, int64_t layers, int64_t seq, int64_t 
   JobSpec job;
   job.set_model("tiny");
   job.set_steps(5);
-  job.mutable_gpt()->set_vocab(vocab);
-  job.mutable_gpt()->set_hidden(hidden);
-  job.mutable_gpt()->set_layers(layers);
-  job.mutable_gpt()->set_seq(seq);
+  job.mutable_model_spec()->set_vocab(vocab);
+  job.mutable_model_spec()->set_hidden(hidden);
+  job.mutable_model_spec()->set_layers(layers);
+  job.mutable_model_spec()->set_seq(seq);
+  job.mutable_model_spec()->set_heads(16);
   job.mutable_pipeline()->set_global_batch(global_batch);
   return job;
 }
@@ -124,6 +125,25 @@ TEST(StepFlops, Inference_IsAThirdOfTraining) {
   const double training = StepFlops(job);
   job.mutable_pipeline()->set_inference(true);
   EXPECT_THAT(StepFlops(job), DoubleNear(training / 3, training * 1e-12));
+}
+
+TEST(StepFlops, TinyLlama_CountsGroupedQueryAttentionAndSwiGlu) {
+  JobSpec job;
+  job.set_model("tinyllama-1.1b");
+  auto& m = *job.mutable_model_spec();
+  m.set_vocab(32000);
+  m.set_hidden(2048);
+  m.set_heads(32);
+  m.set_kv_heads(4);
+  m.set_ffn_hidden(5632);
+  m.set_layers(22);
+  m.set_seq(1024);
+  job.mutable_pipeline()->set_global_batch(32);
+  // 6 * tokens * (22 * (2 H^2 + 2 H * 256 + 3 H * 5632) + V H) + 6 * L * GB * S^2 * H.
+  const double h = 2048, tokens = 32 * 1024.0;
+  const double expected = 6 * tokens * (22 * (2 * h * h + 2 * h * 256 + 3 * h * 5632) + 32000 * h) +
+                          6 * 22 * 32 * 1024.0 * 1024 * h;
+  EXPECT_THAT(StepFlops(job), DoubleNear(expected, expected * 1e-9));
 }
 
 TEST(StepFlops, AllreduceModel_IsZero) {

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/worker_contract.h"
 #include "launcher/coordinator.h"
 #include "launcher/devices.h"
 #include "launcher/process.h"
@@ -29,7 +30,6 @@ enum ExitCode {
 };
 
 // The worker's exit code when it left because the coordinator told it to (worker/main.cc).
-inline constexpr int kWorkerExitStopped = 3;
 
 struct SupervisorOptions {
   std::string worker_binary;

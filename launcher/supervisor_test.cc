@@ -171,6 +171,7 @@ class SupervisorTest : public ::testing::Test {
     for (int64_t s = 0; s < steps; ++s) {
       ReportStepRequest r;
       r.set_rank(rank);
+      r.set_incarnation(1);
       r.set_step(s);
       r.set_step_seconds(0.01);
       ASSERT_TRUE(state_->ReportStep(r).ok());
@@ -180,6 +181,7 @@ class SupervisorTest : public ::testing::Test {
   void Finish(int rank, bool ok, int64_t steps_done, const std::string& error = "") {
     FinishRequest r;
     r.set_rank(rank);
+    r.set_incarnation(1);
     r.set_ok(ok);
     r.set_error(error);
     r.set_steps_done(steps_done);
@@ -189,6 +191,7 @@ class SupervisorTest : public ::testing::Test {
   void ReportMilestone(int rank, Milestone m, absl::Duration since_launch) {
     ReportMilestoneRequest r;
     r.set_rank(rank);
+    r.set_incarnation(1);
     r.set_milestone(m);
     r.set_unix_micros(absl::ToUnixMicros(supervisor_->launch_time() + since_launch));
     ASSERT_TRUE(state_->ReportMilestone(r).ok());

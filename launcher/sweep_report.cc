@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "schedule/schedule.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 
@@ -32,16 +33,16 @@ const SweepPoint* Base(const std::vector<SweepPoint>& points) {
 }
 
 // Throughput of a run in units of one worker under the bubble-only model: each of workers/stages
-// data-parallel replicas of a pipeline reaches BubbleBound(stages, m); a run that is not a pipeline
+// data-parallel replicas of a pipeline reaches PipelineSpeedupBound(stages, m); a run that is not a pipeline
 // (stages 0) has no bubble. The data-parallel factor keeps the bound meaningful when workers > stages.
 double ModelThroughput(const SweepPoint& p) {
   if (p.stages <= 0) return p.workers;
   const int replicas = std::max(1, p.workers / p.stages);
-  return replicas * BubbleBound(p.stages, p.micro_batches);
+  return replicas * PipelineSpeedupBound(p.stages, p.micro_batches);
 }
 
 // The bound on Speedup(p) under the bubble model: the model's throughput at p over the base's. For a
-// base of one worker this is BubbleBound itself; for a larger base, it assumes the base also ran at its
+// base of one worker this is PipelineSpeedupBound itself; for a larger base, it assumes the base also ran at its
 // own bound, which is the only way to compare with a speedup measured against it. 0 when the point did
 // not run, is not a pipeline, or has no base.
 double SpeedupBound(const std::vector<SweepPoint>& points, const SweepPoint& p) {
@@ -325,10 +326,11 @@ double Efficiency(const std::vector<SweepPoint>& points, const SweepPoint& p) {
   return Speedup(points, p) * base->workers / p.workers;
 }
 
-double BubbleBound(int stages, int micro_batches) {
+double PipelineSpeedupBound(int stages, int micro_batches) {
   if (stages <= 0) return 0;  // no pipeline: nothing to bound, and m == 1 would divide 0 by 0
   if (micro_batches <= 0) return stages;
-  return static_cast<double>(stages) * micro_batches / (micro_batches + stages - 1);
+  // p stages each busy for all but the schedule's bubble (schedule/schedule.h).
+  return stages * (1 - BubbleBound(stages, micro_batches));
 }
 
 std::string SweepCsv(const std::vector<SweepPoint>& points) {

@@ -25,8 +25,8 @@ struct SweepPoint {
 // this one's), and efficiency = speedup * base_workers / workers. 0 when not computable.
 double Speedup(const std::vector<SweepPoint>& points, const SweepPoint& p);
 double Efficiency(const std::vector<SweepPoint>& points, const SweepPoint& p);
-// The GPipe/1F1B bound for p stages and m micro-batches: p*m/(m+p-1) (p for m == 0).
-double BubbleBound(int stages, int micro_batches);
+// The GPipe/1F1B speedup bound for p stages and m micro-batches: p*m/(m+p-1) (p for m == 0).
+double PipelineSpeedupBound(int stages, int micro_batches);
 
 std::string SweepCsv(const std::vector<SweepPoint>& points);
 std::string SweepMarkdown(const std::vector<SweepPoint>& points, const std::string& title);

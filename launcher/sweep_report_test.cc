@@ -148,12 +148,12 @@ TEST(Speedup, ZeroStepTime_IsNotABaseAndNotDividedBy) {
 }
 
 TEST(BubbleBound, Values) {
-  EXPECT_THAT(BubbleBound(2, 8), DoubleNear(1.7778, kTol));
-  EXPECT_THAT(BubbleBound(4, 8), DoubleNear(32.0 / 11, kTol));
-  EXPECT_THAT(BubbleBound(4, 1), DoubleNear(1.0, kTol));  // one micro-batch: no overlap at all
-  EXPECT_EQ(BubbleBound(1, 8), 1);
-  EXPECT_EQ(BubbleBound(4, 0), 4);  // not a pipeline schedule: no bubble
-  EXPECT_EQ(BubbleBound(0, 1), 0);  // no stages: must not be 0/0
+  EXPECT_THAT(PipelineSpeedupBound(2, 8), DoubleNear(1.7778, kTol));
+  EXPECT_THAT(PipelineSpeedupBound(4, 8), DoubleNear(32.0 / 11, kTol));
+  EXPECT_THAT(PipelineSpeedupBound(4, 1), DoubleNear(1.0, kTol));  // one micro-batch: no overlap at all
+  EXPECT_EQ(PipelineSpeedupBound(1, 8), 1);
+  EXPECT_EQ(PipelineSpeedupBound(4, 0), 4);  // not a pipeline schedule: no bubble
+  EXPECT_EQ(PipelineSpeedupBound(0, 1), 0);  // no stages: must not be 0/0
 }
 
 TEST(SweepCsv, Example_HeaderRowsAndSkippedStatus) {

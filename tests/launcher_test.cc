@@ -138,7 +138,7 @@ class Launcher {
 };
 
 std::vector<std::string> CpuJob(int workers, int64_t steps) {
-  return {"--device=cpu", absl::StrCat("--workers=", workers), absl::StrCat("--steps=", steps),
+  return {"--device=cpu", absl::StrCat("--workers=", workers), absl::StrCat("--steps=", steps), "--model=allreduce",
           "--tensor_elements=4096"};
 }
 

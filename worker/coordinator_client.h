@@ -1,5 +1,7 @@
-// The worker's side of the Coordinator service: one channel, the job secret attached to every call,
-// grpc::Status turned into absl::Status. Also the KeyValueStore that transports rendezvous through.
+// The worker's side of the Coordinator service, behind an interface so that the agent and the job
+// can be tested over a fake (fake_coordinator_client.h). The gRPC client keeps one channel, attaches
+// the job secret to every call and converts statuses with common/grpc_status.h. It is also the
+// KeyValueStore that transports rendezvous through.
 #ifndef STAGEHAND_WORKER_COORDINATOR_CLIENT_H_
 #define STAGEHAND_WORKER_COORDINATOR_CLIENT_H_
 
@@ -8,35 +10,40 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "protos/coordinator.grpc.pb.h"
+#include "protos/coordinator.pb.h"
 #include "worker/transport.h"
 
 namespace stagehand {
 
-absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc);
-
-class CoordinatorClient final : public KeyValueStore {
+// Every call returns the codes protos/coordinator.proto documents for its RPC, with the RPC's name
+// leading the message. Thread-safe.
+class CoordinatorClient : public KeyValueStore {
  public:
-  CoordinatorClient(const std::string& address, std::string secret);
+  virtual absl::StatusOr<GetJobResponse> GetJob(absl::Duration timeout) = 0;
+  // On success the client keeps the request's worker_index and incarnation to stamp on Set, whose
+  // KeyValueStore signature has no room for them.
+  virtual absl::StatusOr<Assignment> Register(const RegisterRequest& request,
+                                              absl::Duration timeout) = 0;
+  virtual absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request,
+                                                      absl::Duration timeout) = 0;
+  // Blocks until the job stops (OK, with the reason and its origin) or the call fails. One call at
+  // a time; CancelWaitForStop() ends it (and any later one) with CANCELLED, for the worker's exit.
+  virtual absl::StatusOr<WaitForStopResponse> WaitForStop(const WaitForStopRequest& request) = 0;
+  virtual void CancelWaitForStop() = 0;
+  virtual absl::Status ReportMilestone(const ReportMilestoneRequest& request) = 0;
+  virtual absl::Status ReportStep(const ReportStepRequest& request) = 0;
+  virtual absl::Status Finish(const FinishRequest& request) = 0;
+  // Waits up to request.timeout_ms for every rank to enter the barrier.
+  virtual absl::Status Barrier(const BarrierRequest& request) = 0;
 
-  absl::StatusOr<GetJobResponse> GetJob(absl::Duration timeout);
-  absl::StatusOr<Assignment> Register(const RegisterRequest& request, absl::Duration timeout);
-  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request, absl::Duration timeout);
-  absl::Status ReportMilestone(int rank, Milestone milestone, absl::Time when);
-  absl::Status ReportStep(const ReportStepRequest& request);
-  absl::Status Finish(const FinishRequest& request);
-  absl::Status Barrier(const std::string& id, int rank, absl::Duration timeout);
-
-  // KeyValueStore
-  absl::Status Set(const std::string& key, const std::string& value) override;
-  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
-
- private:
-  void Prepare(grpc::ClientContext& context, absl::Duration timeout) const;
-
-  const std::string secret_;
-  std::unique_ptr<Coordinator::Stub> stub_;
+  // KeyValueStore. Set is FAILED_PRECONDITION until Register has succeeded.
+  absl::Status Set(const std::string& key, const std::string& value) override = 0;
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override = 0;
 };
+
+// The gRPC client of the coordinator at `address` (host:port). Connects lazily: calls wait for the
+// channel to come up (within their own deadline).
+std::unique_ptr<CoordinatorClient> ConnectCoordinator(const std::string& address, std::string secret);
 
 }  // namespace stagehand
 

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/fd.h"
 #include "common/logging.h"
 
 namespace stagehand {
@@ -36,36 +37,6 @@ constexpr uint32_t kHelloMagic = 0x54434853;  // "SHCT" on the wire (little-endi
 constexpr uint32_t kProtocolVersion = 1;
 constexpr size_t kHelloBytes = 24;
 constexpr size_t kHeaderBytes = 8;
-
-// Owns one file descriptor; sockets are closed on every error path without bookkeeping.
-class ScopedFd {
- public:
-  ScopedFd() = default;
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ScopedFd(ScopedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  ScopedFd& operator=(ScopedFd&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  ~ScopedFd() { Reset(); }
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-
- private:
-  void Reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int fd_ = -1;
-};
-
-std::string ErrnoText(int err) {
-  char buf[256];
-  return strerror_r(err, buf, sizeof(buf));  // GNU strerror_r: thread-safe, returns the text.
-}
 
 std::string PeerName(int rank) { return absl::StrCat("rank ", rank); }
 
@@ -247,7 +218,7 @@ absl::StatusOr<AddrInfoPtr> Resolve(const std::string& host, const std::string& 
 }
 
 struct Listener {
-  ScopedFd fd;
+  UniqueFd fd;
   std::string address;  // "host:port" or "[v6]:port", as published.
 };
 
@@ -269,7 +240,7 @@ absl::StatusOr<Listener> Listen(const std::string& host, int backlog) {
   if (!ais.ok()) return ais.status();
   int err = 0;
   for (addrinfo* ai = ais->get(); ai != nullptr; ai = ai->ai_next) {
-    ScopedFd fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    UniqueFd fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (fd.valid() && ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 &&
         ::listen(fd.get(), backlog) == 0) {
       const int port = LocalPort(fd.get());
@@ -284,23 +255,23 @@ absl::StatusOr<Listener> Listen(const std::string& host, int backlog) {
 }
 
 // One non-blocking connect bounded by `deadline`; returns the socket or the errno that stopped it.
-std::pair<ScopedFd, int> ConnectOnce(const addrinfo& ai, absl::Time deadline) {
-  ScopedFd fd(::socket(ai.ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return {ScopedFd(), errno};
+std::pair<UniqueFd, int> ConnectOnce(const addrinfo& ai, absl::Time deadline) {
+  UniqueFd fd(::socket(ai.ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return {UniqueFd(), errno};
   if (::connect(fd.get(), ai.ai_addr, ai.ai_addrlen) == 0) return {std::move(fd), 0};
   // EINTR leaves the connect going on asynchronously, exactly like EINPROGRESS.
-  if (errno != EINPROGRESS && errno != EINTR) return {ScopedFd(), errno};
-  if (!WaitReady(fd.get(), POLLOUT, deadline, "connect").ok()) return {ScopedFd(), ETIMEDOUT};
+  if (errno != EINPROGRESS && errno != EINTR) return {UniqueFd(), errno};
+  if (!WaitReady(fd.get(), POLLOUT, deadline, "connect").ok()) return {UniqueFd(), ETIMEDOUT};
   int err = 0;
   socklen_t len = sizeof(err);
   if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-  if (err != 0) return {ScopedFd(), err};
+  if (err != 0) return {UniqueFd(), err};
   return {std::move(fd), 0};
 }
 
 // Retries refusals until the deadline: a peer may publish its address a moment before a restarted
 // network namespace or a slow host lets it accept.
-absl::StatusOr<ScopedFd> ConnectWithRetry(const std::string& address, absl::Time deadline) {
+absl::StatusOr<UniqueFd> ConnectWithRetry(const std::string& address, absl::Time deadline) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) return absl::InvalidArgumentError("malformed address");
   std::string host = address.substr(0, colon);
@@ -328,7 +299,7 @@ absl::StatusOr<ScopedFd> ConnectWithRetry(const std::string& address, absl::Time
 
 // Connects to a lower rank: its address from the store, then our hello, then its reply, which must
 // come from the rank we meant to reach.
-absl::StatusOr<ScopedFd> ConnectToLower(const Rendezvous& rv, int peer, KeyValueStore& kv) {
+absl::StatusOr<UniqueFd> ConnectToLower(const Rendezvous& rv, int peer, KeyValueStore& kv) {
   const std::string key = AddressKey(rv.options.key_prefix, peer);
   absl::StatusOr<std::string> address = kv.Get(key, rv.deadline - absl::Now());
   if (absl::IsDeadlineExceeded(address.status())) {
@@ -345,7 +316,7 @@ absl::StatusOr<ScopedFd> ConnectToLower(const Rendezvous& rv, int peer, KeyValue
     return absl::Status(st.code(), absl::StrCat(rv.Where(), "handshake with ", who, " at ", *address,
                                                 ": ", st.message()));
   };
-  absl::StatusOr<ScopedFd> fd = ConnectWithRetry(*address, rv.deadline);
+  absl::StatusOr<UniqueFd> fd = ConnectWithRetry(*address, rv.deadline);
   if (!fd.ok()) return fail(fd.status());
   const auto hello = EncodeHello(rv.mine);
   absl::Status st = WriteFull(fd->get(), hello.data(), hello.size(), rv.deadline, who);
@@ -366,7 +337,7 @@ absl::StatusOr<ScopedFd> ConnectToLower(const Rendezvous& rv, int peer, KeyValue
   return std::move(*fd);
 }
 
-std::string MissingRanks(const std::vector<ScopedFd>& peers, int rank) {
+std::string MissingRanks(const std::vector<UniqueFd>& peers, int rank) {
   std::vector<int> missing;
   for (int r = rank + 1; r < static_cast<int>(peers.size()); ++r) {
     if (!peers[r].valid()) missing.push_back(r);
@@ -375,10 +346,10 @@ std::string MissingRanks(const std::vector<ScopedFd>& peers, int rank) {
 }
 
 // Waits for the next incoming connection; DEADLINE_EXCEEDED when none comes in time.
-absl::StatusOr<ScopedFd> AcceptOne(int listen_fd, absl::Time deadline) {
+absl::StatusOr<UniqueFd> AcceptOne(int listen_fd, absl::Time deadline) {
   for (;;) {
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd >= 0) return ScopedFd(fd);
+    if (fd >= 0) return UniqueFd(fd);
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       return absl::UnavailableError(absl::StrCat("accept: ", ErrnoText(errno)));
@@ -391,8 +362,8 @@ absl::StatusOr<ScopedFd> AcceptOne(int listen_fd, absl::Time deadline) {
 // Accepts one connection from a higher rank, checks its hello, answers with ours, and files the
 // socket under the rank it claims (each higher rank exactly once). A bad hello fails the whole
 // rendezvous rather than being skipped: it means a misconfigured job, which retrying cannot fix.
-absl::Status AcceptFromHigher(const Rendezvous& rv, int listen_fd, std::vector<ScopedFd>& peers) {
-  absl::StatusOr<ScopedFd> fd = AcceptOne(listen_fd, rv.deadline);
+absl::Status AcceptFromHigher(const Rendezvous& rv, int listen_fd, std::vector<UniqueFd>& peers) {
+  absl::StatusOr<UniqueFd> fd = AcceptOne(listen_fd, rv.deadline);
   if (absl::IsDeadlineExceeded(fd.status())) {
     return absl::DeadlineExceededError(absl::StrCat(
         rv.Where(), "ranks ", MissingRanks(peers, rv.options.rank), " did not connect within ",
@@ -421,9 +392,9 @@ absl::Status AcceptFromHigher(const Rendezvous& rv, int listen_fd, std::vector<S
 
 // Rank r connects to every lower rank, then accepts every higher one. No cycle of waits: a rank waits
 // only on lower ranks' replies, and rank 0 waits on nobody before it starts accepting.
-absl::StatusOr<std::vector<ScopedFd>> BuildMesh(const Rendezvous& rv, KeyValueStore& kv) {
+absl::StatusOr<std::vector<UniqueFd>> BuildMesh(const Rendezvous& rv, KeyValueStore& kv) {
   const CpuTransportOptions& o = rv.options;
-  std::vector<ScopedFd> peers(o.world_size);
+  std::vector<UniqueFd> peers(o.world_size);
   if (o.world_size == 1) return peers;
   absl::StatusOr<Listener> listener = Listen(o.listen_host, o.world_size);
   if (!listener.ok()) return absl::Status(listener.status().code(), rv.Where() +
@@ -435,7 +406,7 @@ absl::StatusOr<std::vector<ScopedFd>> BuildMesh(const Rendezvous& rv, KeyValueSt
                                                 "; is another job using the same key_prefix?"));
   }
   for (int peer = 0; peer < o.rank; ++peer) {
-    absl::StatusOr<ScopedFd> fd = ConnectToLower(rv, peer, kv);
+    absl::StatusOr<UniqueFd> fd = ConnectToLower(rv, peer, kv);
     if (!fd.ok()) return fd.status();
     peers[peer] = std::move(*fd);
   }
@@ -478,7 +449,7 @@ void Accumulate(void* acc, const void* x, int64_t count, DType dtype) {
 
 class CpuTransport final : public Transport {
  public:
-  CpuTransport(const CpuTransportOptions& options, std::vector<ScopedFd> peers)
+  CpuTransport(const CpuTransportOptions& options, std::vector<UniqueFd> peers)
       : options_(options), peers_(std::move(peers)), broken_(options.world_size) {}
 
   int rank() const override { return options_.rank; }
@@ -494,7 +465,7 @@ class CpuTransport final : public Transport {
   // and a closed number could be reused by an unrelated file under it.
   void Abort() override {
     aborted_.store(true);
-    for (const ScopedFd& fd : peers_) {
+    for (const UniqueFd& fd : peers_) {
       if (fd.valid()) ::shutdown(fd.get(), SHUT_RDWR);
     }
   }
@@ -512,7 +483,7 @@ class CpuTransport final : public Transport {
   absl::Time IoDeadline() const { return absl::Now() + options_.io_timeout; }
 
   const CpuTransportOptions options_;
-  const std::vector<ScopedFd> peers_;  // Indexed by rank; this rank's entry stays invalid.
+  const std::vector<UniqueFd> peers_;  // Indexed by rank; this rank's entry stays invalid.
   // Set when a frame to or from a peer failed part-way: the byte stream is out of step after that, so
   // later calls on it fail instead of reading garbage. Group() sends and receives from two threads.
   mutable absl::Mutex broken_mu_;
@@ -651,7 +622,7 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectCpuTransport(const CpuTranspor
   rv.mine.rank = options.rank;
   rv.mine.world_size = options.world_size;
   rv.mine.prefix_hash = Fnv1a64(options.key_prefix);
-  absl::StatusOr<std::vector<ScopedFd>> peers = BuildMesh(rv, kv);
+  absl::StatusOr<std::vector<UniqueFd>> peers = BuildMesh(rv, kv);
   if (!peers.ok()) return peers.status();
   LOG(INFO) << "cpu transport rank " << options.rank << " of " << options.world_size << " ('"
             << options.key_prefix << "') connected in " << absl::FormatDuration(absl::Now() - start);

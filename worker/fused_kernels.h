@@ -1,5 +1,5 @@
 // CUDA kernels of our own, for what LibTorch does in several passes over memory. Plain CUDA (no
-// LibTorch headers): compiled by nvcc in a genrule (worker/BUILD.bazel) and called from model.cc.
+// LibTorch headers): compiled by nvcc in a genrule (worker/BUILD.bazel) and called from the models' LibTorch code.
 #ifndef STAGEHAND_WORKER_FUSED_KERNELS_H_
 #define STAGEHAND_WORKER_FUSED_KERNELS_H_
 
@@ -22,6 +22,13 @@ bool LayerNormToBf16Supports(int64_t cols);
 // was queued on `stream`).
 cudaError_t LayerNormToBf16(const float* x, const float* gamma, const float* beta, uint16_t* y, float* mean,
                             float* rstd, int64_t rows, int64_t cols, float eps, cudaStream_t stream);
+
+// RMSNorm of fp32 rows, written as bf16: y = bf16(x * rstd * gamma), rstd = 1 / sqrt(mean(x^2) + eps),
+// as Llama's RMSNorm in fp32 followed by a cast to bf16 computes it, in one pass over memory. rstd
+// (fp32, one per row) is kept for the backward. The same row lengths, layout and alignment as
+// LayerNormToBf16 (LayerNormToBf16Supports), and the same errors.
+cudaError_t RmsNormToBf16(const float* x, const float* gamma, uint16_t* y, float* rstd, int64_t rows, int64_t cols,
+                          float eps, cudaStream_t stream);
 
 }  // namespace stagehand
 

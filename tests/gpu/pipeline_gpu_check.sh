@@ -2,7 +2,8 @@
 # Pipeline checks on a GPU host, through the bundle (tools/bundle; carry dist/): CUDA graphs change
 # nothing but speed. The same short gpt-1.3b-shaped jobs (4 blocks, so each takes seconds) run with
 # --cuda_graphs=true and =false, and every step's loss must agree: 1 GPU, 2-GPU 1F1B with 8 and 32
-# micro-batches, and inference (which has no loss: both must finish).
+# micro-batches, and inference (which has no loss: both must finish); tinyllama-1.1b-shaped jobs too.
+# With one GPU visible, the 2-GPU cases are skipped.
 # Usage, from the repository root: tests/gpu/pipeline_gpu_check.sh; logs go to $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/pipeline_gpu_check}
@@ -34,9 +35,16 @@ PY
     "[ -n '$worst' ] && python3 -c 'import sys; sys.exit(not float(\"$worst\") < 1e-4)'"
 }
 
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 same train_1gpu 1 --pipeline_stages=1 --micro_batches=4
+same llama_train_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+if [ "$gpus" -lt 2 ]; then
+  echo "SKIP  the 2-GPU cases: $gpus GPU visible"
+  exit $fail
+fi
 same train_2gpu_1f1b_m8 2 --schedule=1f1b --micro_batches=8
 same train_2gpu_1f1b_m32 2 --schedule=1f1b --micro_batches=32
+same llama_train_2gpu_1f1b_m8 2 --schedule=1f1b --micro_batches=8 --model=tinyllama-1.1b
 for g in true false; do
   $run launcher --gpus=2 "${common[@]}" --inference --global_batch=64 --micro_batches=16 --cuda_graphs=$g \
     --run_dir="$out/infer.$g" >"$out/infer.$g.log" 2>&1

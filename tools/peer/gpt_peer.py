@@ -85,6 +85,8 @@ def parse_args(argv=None):
                         "passing input_args/output_args")
     p.add_argument("--infer-batch", type=int, default=64, help="inference: sequences per step")
     p.add_argument("--infer-chunk", type=int, default=16, help="infer: sequences per forward")
+    p.add_argument("--compile", action="store_true",
+                   help="eager, infer: torch.compile the model (what a user who wants one-GPU speed runs)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -241,12 +243,13 @@ def main(argv=None):
         model = GPTStage(a, 0, a.layers, True, True, device)
         opt = make_optimizer(a, model.parameters())
         xs, ys = x_all.chunk(M), y_all.chunk(M)
+        fwd = torch.compile(model) if a.compile else model
 
         def step():
             total = 0.0
             for x, y in zip(xs, ys):
                 with amp():
-                    loss = ce_loss(model(x), y)
+                    loss = ce_loss(fwd(x), y)
                 (loss / M).backward()
                 total = total + loss.detach()
             opt.step()
@@ -349,11 +352,12 @@ def main(argv=None):
         microbatches = a.infer_batch // a.infer_chunk
         model = GPTStage(a, 0, a.layers, True, True, device).eval()
         xs = x_all.split(a.infer_chunk)
+        fwd = torch.compile(model) if a.compile else model
 
         def step():
             with torch.no_grad(), amp():
                 for x in xs:
-                    model(x)
+                    fwd(x)
 
     def sync():
         if cuda:
@@ -363,10 +367,12 @@ def main(argv=None):
         if a.print_loss and last_loss[0] is not None:
             print(f"rank {rank} step {i} loss {float(last_loss[0]):.6f}", file=sys.stderr, flush=True)
 
+    t_start = time.perf_counter()
     for i in range(a.warmup):
         step()
         show(i)
     sync()
+    warmup_s = time.perf_counter() - t_start
     if distributed:
         dist.barrier()
     sync()
@@ -411,6 +417,8 @@ def main(argv=None):
             "tflops": round(flops / step_s / 1e12, 3),
             "peak_gib": [round(p, 3) if p >= 0 else None for p in peaks],
             "loss": loss,
+            "compile": bool(a.compile),
+            "warmup_s": round(warmup_s, 2),
             "device": torch.cuda.get_device_name(device) if cuda else "cpu",
             "torch": torch.__version__,
             "sizes": {"V": a.vocab, "H": a.hidden, "NH": a.heads, "L": a.layers, "S": a.seq,

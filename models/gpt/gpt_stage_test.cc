@@ -1,7 +1,7 @@
 // Tests of the GPT stages, loss, fused AdamW and token sources, on the CPU with the tiny preset. The
 // CUDA tests (bf16 autocast, fused AdamW on the GPU) skip themselves without a GPU; they run on the
 // GPU host through the bundle.
-#include "worker/model.h"
+#include "models/gpt/gpt_stage.h"
 
 #include <ATen/cuda/CUDAContext.h>
 
@@ -22,7 +22,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "models/gpt/gpt_description.h"
+#include "worker/data.h"
 #include "worker/fused_kernels.h"
+#include "worker/nn.h"
+#include "worker/stage.h"
 
 namespace stagehand {
 namespace {
@@ -35,11 +39,13 @@ class OneThread : public ::testing::Environment {
 };
 ::testing::Environment* const kOneThread = ::testing::AddGlobalTestEnvironment(new OneThread);
 
-GptConfig Tiny() {
-  absl::StatusOr<GptConfig> config = GptPreset("tiny");
-  EXPECT_TRUE(config.ok()) << config.status();
-  return *config;
+GptConfig Preset(const std::string& name) {
+  absl::StatusOr<ModelSpec> spec = GptDescription().Resolve(name, {});
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return GptConfigFromSpec(*spec);
 }
+
+GptConfig Tiny() { return Preset("tiny"); }
 
 // 2VH (embedding, head) + L (12H^2 + 13H) (qkv, proj, fc1, fc2 with biases; two LayerNorms) + 2H (final
 // LayerNorm).
@@ -55,7 +61,7 @@ int64_t CountParameters(const torch::nn::Module& m) {
 }
 
 torch::Tensor Tokens(const GptConfig& c, int64_t batch, uint64_t seed) {
-  return MakeSyntheticCorpus(c, seed)->Batch(0, 0, batch).slice(1, 0, c.seq);
+  return MakeSyntheticCorpus(c.vocab, c.seq, seed)->Batch(0, 0, batch).slice(1, 0, c.seq);
 }
 
 void ExpectSameParameters(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
@@ -69,60 +75,18 @@ std::vector<torch::Tensor> Concat(std::vector<torch::Tensor> a, const std::vecto
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Presets and validation.
+// Presets (models/description_test.cc checks the descriptions themselves).
 
-TEST(GptPreset, Tiny_HasTestSizes) {
+TEST(GptConfigFromSpec, Presets_GiveTheirSizes) {
   GptConfig c = Tiny();
   EXPECT_EQ(c.vocab, 256);
   EXPECT_EQ(c.hidden, 64);
-  EXPECT_EQ(c.heads, 4);
-  EXPECT_EQ(c.layers, 4);
   EXPECT_EQ(c.seq, 32);
   EXPECT_FALSE(c.bf16_autocast);
-  EXPECT_TRUE(ValidateConfig(c).ok());
-}
-
-TEST(GptPreset, Gpt13b_HasReferenceSizes) {
-  absl::StatusOr<GptConfig> c = GptPreset("gpt-1.3b");
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->vocab, 32768);
-  EXPECT_EQ(c->hidden, 2048);
-  EXPECT_EQ(c->heads, 16);
-  EXPECT_EQ(c->layers, 24);
-  EXPECT_EQ(c->seq, 1024);
-  EXPECT_TRUE(c->bf16_autocast);
-  EXPECT_EQ(c->pipeline_layers(), 50);  // embedding, 24 blocks as attention and MLP halves, head
-  EXPECT_TRUE(ValidateConfig(*c).ok());
-  EXPECT_EQ(ExpectedParameters(*c), 1342820352);
-}
-
-TEST(GptPreset, UnknownName_IsInvalidArgumentNamingPresets) {
-  absl::StatusOr<GptConfig> c = GptPreset("gpt-7b");
-  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(c.status().message().find("gpt-7b"), std::string::npos) << c.status();
-  EXPECT_NE(c.status().message().find("tiny"), std::string::npos) << c.status();
-  EXPECT_NE(c.status().message().find("gpt-1.3b"), std::string::npos) << c.status();
-}
-
-TEST(ValidateConfig, HiddenNotDivisibleByHeads_IsInvalidArgumentSuggestingSizes) {
-  GptConfig c;
-  c.hidden = 100;
-  c.heads = 16;
-  absl::Status s = ValidateConfig(c);
-  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("96 or 112"), std::string::npos) << s;
-}
-
-TEST(ValidateConfig, NonPositiveSize_IsInvalidArgumentNamingIt) {
-  for (int field = 0; field < 5; ++field) {
-    GptConfig c = Tiny();
-    int64_t* sizes[] = {&c.vocab, &c.hidden, &c.heads, &c.layers, &c.seq};
-    const char* names[] = {"vocab", "hidden", "heads", "layers", "seq"};
-    *sizes[field] = field % 2 == 0 ? 0 : -3;
-    absl::Status s = ValidateConfig(c);
-    ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << names[field];
-    EXPECT_NE(s.message().find(names[field]), std::string::npos) << s;
-  }
+  GptConfig big = Preset("gpt-1.3b");
+  EXPECT_TRUE(big.bf16_autocast);
+  EXPECT_EQ(big.pipeline_layers(), 50);  // embedding, 24 blocks as attention and MLP halves, head
+  EXPECT_EQ(ExpectedParameters(big), 1342820352);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -294,7 +258,7 @@ TEST(GptStage, TwoBackwardPasses_AccumulateGradients) {
   const GptConfig c = Tiny();
   GptStage model(c, 0, c.pipeline_layers(), 1);
   model->to(torch::kFloat64);
-  auto corpus = MakeSyntheticCorpus(c, 1);
+  auto corpus = MakeSyntheticCorpus(c.vocab, c.seq, 1);
   auto grads_of = [&](std::vector<int64_t> indices) {
     for (auto& p : model->parameters()) p.mutable_grad().reset();
     for (int64_t i : indices) {
@@ -330,7 +294,7 @@ TEST(GptStage, Bf16CastWeights_FollowInPlaceUpdatesAndGiveFp32Gradients) {
   const GptConfig c = Tiny();
   GptStage model(c, 0, c.pipeline_layers(), 1), reference(c, 0, c.pipeline_layers(), 1);
   torch::Tensor tokens = Tokens(c, 2, 1);
-  torch::Tensor targets = MakeSyntheticCorpus(c, 1)->Batch(0, 0, 2).slice(1, 1);
+  torch::Tensor targets = MakeSyntheticCorpus(c.vocab, c.seq, 1)->Batch(0, 0, 2).slice(1, 1);
   LanguageModelLoss(reference(tokens), targets).backward();
   {
     CpuBf16Autocast autocast;
@@ -375,7 +339,7 @@ TEST(GptStage, Bf16CastWeights_FollowInPlaceUpdatesAndGiveFp32Gradients) {
 TEST(LanguageModelLoss, UntrainedTinyModel_IsNearLnVocab) {
   const GptConfig c = Tiny();
   GptStage whole(c, 0, c.pipeline_layers(), 1);
-  torch::Tensor batch = MakeSyntheticCorpus(c, 1)->Batch(0, 0, 8);
+  torch::Tensor batch = MakeSyntheticCorpus(c.vocab, c.seq, 1)->Batch(0, 0, 8);
   torch::NoGradGuard no_grad;
   torch::Tensor loss = LanguageModelLoss(whole(batch.slice(1, 0, c.seq)), batch.slice(1, 1));
   EXPECT_EQ(loss.dim(), 0);
@@ -398,7 +362,7 @@ TEST(Training, TinyModelOnSyntheticCorpus_LossFallsWellBelowLnVocab) {
   const GptConfig c = Tiny();
   GptStage model(c, 0, c.pipeline_layers(), 5);
   FusedAdamW optimizer(model->parameters(), 3e-3);
-  auto corpus = MakeSyntheticCorpus(c, 11);
+  auto corpus = MakeSyntheticCorpus(c.vocab, c.seq, 11);
   for (int64_t step = 0; step < 150; ++step) {
     torch::Tensor batch = corpus->Batch(step, 0, 16);
     torch::Tensor loss = LanguageModelLoss(model(batch.slice(1, 0, c.seq)), batch.slice(1, 1));
@@ -478,29 +442,29 @@ TEST(FusedAdamW, ZeroGradInPlace_KeepsGradientTensors) {
 
 TEST(SyntheticCorpus, SameSeedStepIndex_SameBatch) {
   const GptConfig c = Tiny();
-  auto corpus = MakeSyntheticCorpus(c, 9);
+  auto corpus = MakeSyntheticCorpus(c.vocab, c.seq, 9);
   torch::Tensor a = corpus->Batch(3, 1, 4);
   EXPECT_EQ(a.sizes(), (std::vector<int64_t>{4, c.seq + 1}));
   EXPECT_EQ(a.scalar_type(), torch::kLong);
   EXPECT_TRUE(a.device().is_cpu());
   EXPECT_GE(a.min().item<int64_t>(), 0);
   EXPECT_LT(a.max().item<int64_t>(), c.vocab);
-  EXPECT_TRUE(torch::equal(a, MakeSyntheticCorpus(c, 9)->Batch(3, 1, 4)));  // another instance, as another rank
+  EXPECT_TRUE(torch::equal(a, MakeSyntheticCorpus(c.vocab, c.seq, 9)->Batch(3, 1, 4)));  // another instance, as another rank
   EXPECT_TRUE(torch::equal(a, corpus->Batch(3, 1, 8).slice(0, 0, 4)));       // rows do not depend on batch size
 }
 
 TEST(SyntheticCorpus, DifferentIndexStepOrSeed_DifferentBatch) {
   const GptConfig c = Tiny();
-  auto corpus = MakeSyntheticCorpus(c, 9);
+  auto corpus = MakeSyntheticCorpus(c.vocab, c.seq, 9);
   torch::Tensor a = corpus->Batch(3, 1, 4);
   EXPECT_FALSE(torch::equal(a, corpus->Batch(3, 2, 4)));
   EXPECT_FALSE(torch::equal(a, corpus->Batch(4, 1, 4)));
-  EXPECT_FALSE(torch::equal(a, MakeSyntheticCorpus(c, 10)->Batch(3, 1, 4)));
+  EXPECT_FALSE(torch::equal(a, MakeSyntheticCorpus(c.vocab, c.seq, 10)->Batch(3, 1, 4)));
 }
 
 TEST(SyntheticCorpus, NextToken_MostlyFollowsOneSuccessor) {
   const GptConfig c = Tiny();
-  torch::Tensor batch = MakeSyntheticCorpus(c, 9)->Batch(0, 0, 256);
+  torch::Tensor batch = MakeSyntheticCorpus(c.vocab, c.seq, 9)->Batch(0, 0, 256);
   std::vector<std::vector<int>> counts(c.vocab, std::vector<int>(c.vocab));
   auto t = batch.accessor<int64_t, 2>();
   for (int64_t r = 0; r < batch.size(0); ++r) {
@@ -514,9 +478,9 @@ TEST(SyntheticCorpus, NextToken_MostlyFollowsOneSuccessor) {
 }
 
 TEST(SyntheticCorpus, ReferenceSizes_AreFast) {
-  absl::StatusOr<GptConfig> c = GptPreset("gpt-1.3b");
+  absl::StatusOr<GptConfig> c = Preset("gpt-1.3b");
   ASSERT_TRUE(c.ok());
-  auto corpus = MakeSyntheticCorpus(*c, 1);
+  auto corpus = MakeSyntheticCorpus(c->vocab, c->seq, 1);
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < 10; ++i) ASSERT_EQ(corpus->Batch(0, i, 8).size(1), c->seq + 1);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.5);
@@ -534,7 +498,7 @@ TEST(OpenTokenFile, RoundTrip_WindowsOfTheFileDeterministicInStepAndIndex) {
   std::vector<uint16_t> tokens(1000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = i % 200;  // each window counts up mod 200
   const std::string path = WriteTokens("round_trip.bin", tokens);
-  absl::StatusOr<std::unique_ptr<TokenSource>> source = OpenTokenFile(path, c, 5);
+  absl::StatusOr<std::unique_ptr<TokenSource>> source = OpenTokenFile(path, c.vocab, c.seq, 5);
   ASSERT_TRUE(source.ok()) << source.status();
   torch::Tensor batch = (*source)->Batch(2, 0, 8);
   ASSERT_EQ(batch.sizes(), (std::vector<int64_t>{8, c.seq + 1}));
@@ -543,7 +507,7 @@ TEST(OpenTokenFile, RoundTrip_WindowsOfTheFileDeterministicInStepAndIndex) {
   EXPECT_TRUE(torch::equal(batch.slice(1, 1), next));
   EXPECT_TRUE((batch.select(1, 0) != batch[0][0]).any().item<bool>());  // rows start at different offsets
 
-  absl::StatusOr<std::unique_ptr<TokenSource>> again = OpenTokenFile(path, c, 5);
+  absl::StatusOr<std::unique_ptr<TokenSource>> again = OpenTokenFile(path, c.vocab, c.seq, 5);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(torch::equal((*again)->Batch(2, 0, 8), batch));
   EXPECT_FALSE(torch::equal((*source)->Batch(2, 1, 8), batch));
@@ -554,7 +518,7 @@ TEST(OpenTokenFile, ExactlySeqPlusOneTokens_GivesTheWholeFile) {
   const GptConfig c = Tiny();
   std::vector<uint16_t> tokens(c.seq + 1);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = 255 - i;
-  absl::StatusOr<std::unique_ptr<TokenSource>> source = OpenTokenFile(WriteTokens("exact.bin", tokens), c, 5);
+  absl::StatusOr<std::unique_ptr<TokenSource>> source = OpenTokenFile(WriteTokens("exact.bin", tokens), c.vocab, c.seq, 5);
   ASSERT_TRUE(source.ok()) << source.status();
   torch::Tensor batch = (*source)->Batch(0, 0, 2);
   for (int64_t t = 0; t <= c.seq; ++t) EXPECT_EQ(batch[1][t].item<int64_t>(), 255 - t);
@@ -567,29 +531,29 @@ void ExpectInvalid(const absl::StatusOr<std::unique_ptr<TokenSource>>& source, c
 
 TEST(OpenTokenFile, Missing_IsInvalidArgumentNamingIt) {
   const std::string path = ::testing::TempDir() + "/no_such_tokens.bin";
-  ExpectInvalid(OpenTokenFile(path, Tiny(), 1), path);
+  ExpectInvalid(OpenTokenFile(path, 256, 32, 1), path);
 }
 
 TEST(OpenTokenFile, Directory_IsInvalidArgument) {
-  ExpectInvalid(OpenTokenFile(::testing::TempDir(), Tiny(), 1), "not a regular file");
+  ExpectInvalid(OpenTokenFile(::testing::TempDir(), 256, 32, 1), "not a regular file");
 }
 
 TEST(OpenTokenFile, FewerThanSeqPlusOneTokens_IsInvalidArgument) {
   const GptConfig c = Tiny();
-  ExpectInvalid(OpenTokenFile(WriteTokens("short.bin", std::vector<uint16_t>(c.seq, 1)), c, 1), "seq + 1 = 33");
-  ExpectInvalid(OpenTokenFile(WriteTokens("empty.bin", {}), c, 1), "seq + 1 = 33");
+  ExpectInvalid(OpenTokenFile(WriteTokens("short.bin", std::vector<uint16_t>(c.seq, 1)), c.vocab, c.seq, 1), "seq + 1 = 33");
+  ExpectInvalid(OpenTokenFile(WriteTokens("empty.bin", {}), c.vocab, c.seq, 1), "seq + 1 = 33");
 }
 
 TEST(OpenTokenFile, OddSize_IsInvalidArgument) {
   const std::string path = WriteTokens("odd.bin", std::vector<uint16_t>(100, 1));
   std::ofstream(path, std::ios::binary | std::ios::app).put('\0');
-  ExpectInvalid(OpenTokenFile(path, Tiny(), 1), "odd");
+  ExpectInvalid(OpenTokenFile(path, 256, 32, 1), "odd");
 }
 
 TEST(OpenTokenFile, TokenOutsideVocab_IsInvalidArgumentNamingIt) {
   std::vector<uint16_t> tokens(100, 1);
   tokens[42] = 300;
-  ExpectInvalid(OpenTokenFile(WriteTokens("big_token.bin", tokens), Tiny(), 1), "token 300 at position 42");
+  ExpectInvalid(OpenTokenFile(WriteTokens("big_token.bin", tokens), 256, 32, 1), "token 300 at position 42");
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -614,7 +578,7 @@ TEST(GptStageCuda, Bf16Autocast_Fp32HiddenBf16LogitsCloseToFp32) {
   EXPECT_LT(diff, 0.05 * expected.abs().max().item<double>() + 1e-2);
 
   // Training through bf16 autocast: gradients reach the fp32 parameters of both stages.
-  torch::Tensor loss = LanguageModelLoss(logits, MakeSyntheticCorpus(c, 1)->Batch(0, 0, 4).slice(1, 1));
+  torch::Tensor loss = LanguageModelLoss(logits, MakeSyntheticCorpus(c.vocab, c.seq, 1)->Batch(0, 0, 4).slice(1, 1));
   EXPECT_EQ(loss.scalar_type(), torch::kFloat32);
   loss.backward();
   for (const auto& p : a->parameters()) {
@@ -756,7 +720,7 @@ TEST(FusedAdamWCuda, FewSteps_MatchesTorchAdamWOnCpu) {
 TEST(GptStageCuda, DISABLED_ReferenceModel_OneGpuStep) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   torch::set_num_threads(8);
-  absl::StatusOr<GptConfig> c = GptPreset("gpt-1.3b");
+  absl::StatusOr<GptConfig> c = Preset("gpt-1.3b");
   ASSERT_TRUE(c.ok());
   using Clock = std::chrono::steady_clock;
   auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
@@ -766,7 +730,7 @@ TEST(GptStageCuda, DISABLED_ReferenceModel_OneGpuStep) {
   EXPECT_EQ(CountParameters(*model), ExpectedParameters(*c));
   model->to(torch::kCUDA);
   FusedAdamW optimizer(model->parameters(), 1e-4);
-  auto corpus = MakeSyntheticCorpus(*c, 1);
+  auto corpus = MakeSyntheticCorpus(c->vocab, c->seq, 1);
   torch::Tensor loss_sum = torch::zeros({}, torch::kCUDA);  // no .item() per micro-batch: it would stall
   auto step = [&](int64_t s) {
     for (int64_t m = 0; m < 4; ++m) {

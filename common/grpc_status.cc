@@ -1,0 +1,22 @@
+// absl::Status <-> grpc::Status (see grpc_status.h).
+#include "common/grpc_status.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace stagehand {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // absl and gRPC share the canonical code numbers.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view rpc) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(rpc, ": ", status.error_message()));
+}
+
+}  // namespace stagehand

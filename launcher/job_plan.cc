@@ -1,0 +1,220 @@
+// The plan of a model job (see job_plan.h).
+#include "launcher/job_plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "launcher/planner.h"
+#include "models/registry.h"
+#include "schedule/schedule_proto.h"
+
+namespace stagehand {
+namespace {
+
+absl::Status Invalid(absl::string_view what) { return absl::InvalidArgumentError(what); }
+
+// Parses --partition: "auto", "uniform", or comma-separated pipeline-layer counts.
+absl::StatusOr<std::vector<int>> ParsePartition(const std::string& text) {
+  if (text.empty() || text == "auto" || text == "uniform") return std::vector<int>{};
+  std::vector<int> counts;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1) {
+      return Invalid(absl::StrCat("--partition=", text, ": expected auto, uniform, or pipeline-layer counts like "
+                                  "27,23 (each at least 1)"));
+    }
+    counts.push_back(n);
+  }
+  return counts;
+}
+
+// Memory a stage holds per micro-batch in flight comes from the schedule: the most activations its
+// rank keeps at once in the simulation.
+PlanRequest MakePlanRequest(const JobSpec& job, const Schedule& schedule, const SimulationResult& sim,
+                            const std::vector<LayerCost>& layers, const std::vector<int64_t>& memory_bytes) {
+  PlanRequest r;
+  r.stages = schedule.num_stages;
+  r.forward_only = schedule.forward_only;
+  r.memory_bytes = memory_bytes;
+  for (const LayerCost& c : layers) {
+    r.layers.push_back({c.forward_ms(), c.backward_ms(), c.param_bytes(), c.activation_bytes()});
+  }
+  for (int s = 0; s < r.stages; ++s) r.in_flight.push_back(std::max(1, sim.peak_activations[schedule.stage_rank[s]]));
+  return r;
+}
+
+absl::StatusOr<Plan> MakePlan(const JobSpec& job, const PlanRequest& request) {
+  const std::string& p = job.pipeline().partition();
+  if (p == "auto") return PlanBalanced(request);
+  if (p == "uniform") return PlanUniform(request);
+  absl::StatusOr<std::vector<int>> counts = ParsePartition(p);
+  if (!counts.ok()) return counts.status();
+  return PlanExplicit(request, *counts);
+}
+
+// The simulator's costs: each stage's forward and backward time from the layers it holds.
+StageCosts CostsOf(const Plan& plan, const std::vector<LayerCost>& layers) {
+  StageCosts c;
+  size_t layer = 0;
+  for (int n : plan.layers_per_stage) {
+    double f = 0, b = 0;
+    for (int i = 0; i < n && layer < layers.size(); ++i, ++layer) {
+      f += layers[layer].forward_ms();
+      b += layers[layer].backward_ms();
+    }
+    c.forward.push_back(f);
+    c.backward.push_back(b);
+  }
+  return c;
+}
+
+std::string Describe(const JobSpec& job, const Plan& plan, const std::vector<LayerCost>& layers, bool profiled,
+                     const SimulationResult& predicted) {
+  std::string counts;
+  for (size_t i = 0; i < plan.layers_per_stage.size(); ++i) {
+    absl::StrAppend(&counts, i ? "/" : "", plan.layers_per_stage[i]);
+  }
+  std::string out = absl::StrCat(job.pipeline().partition(), ": ", counts, " pipeline layers; stage ms");
+  for (double ms : plan.stage_ms) absl::StrAppend(&out, absl::StrFormat(" %.2f", ms));
+  absl::StrAppend(&out, profiled ? " (profiled)" : " (estimated)");
+  absl::StrAppend(&out, absl::StrFormat("; predicted step %.1f ms, bubble %.1f%%", predicted.makespan,
+                                        100 * predicted.bubble_fraction));
+  // Each kind of layer, forward + backward ms per micro-batch (its first one): what the partition was
+  // made from. Only a built-in family's kinds are known here.
+  const ModelDescription* d = FindBuiltinModel(job.model());
+  if (d != nullptr && static_cast<int>(layers.size()) == d->NumLayers(job.model_spec())) {
+    std::vector<bool> seen(d->NumLayerKinds());
+    absl::StrAppend(&out, "; layer ms (forward + backward):");
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const int kind = d->LayerKind(job.model_spec(), static_cast<int>(i));
+      if (seen[kind]) continue;
+      seen[kind] = true;
+      absl::StrAppend(&out, absl::StrFormat("%s %s %.2f + %.2f", i == 0 ? "" : ",", d->LayerKindName(kind),
+                                            layers[i].forward_ms(), layers[i].backward_ms()));
+    }
+  }
+  return out;
+}
+
+// The mean of the workers' profiles; a built-in family's estimate when none profiled; equal costs for a
+// user's family that reported only its layer count.
+std::vector<LayerCost> Costs(const JobSpec& job, const std::vector<WorkerState>& workers, bool* profiled) {
+  std::vector<LayerCost> mean(workers[0].profile.layers().begin(), workers[0].profile.layers().end());
+  *profiled = !mean.empty() && (mean[0].forward_ms() > 0 || mean[0].backward_ms() > 0);
+  if (*profiled) {
+    for (size_t w = 1; w < workers.size(); ++w) {
+      for (int i = 0; i < static_cast<int>(mean.size()) && i < workers[w].profile.layers_size(); ++i) {
+        const LayerCost& c = workers[w].profile.layers(i);
+        mean[i].set_forward_ms(mean[i].forward_ms() + c.forward_ms());
+        mean[i].set_backward_ms(mean[i].backward_ms() + c.backward_ms());
+      }
+    }
+    for (LayerCost& c : mean) {
+      c.set_forward_ms(c.forward_ms() / workers.size());
+      c.set_backward_ms(c.backward_ms() / workers.size());
+    }
+    return mean;
+  }
+  if (const ModelDescription* d = FindBuiltinModel(job.model()); d != nullptr) {
+    LayerProfile estimate = d->Estimate(job.model_spec(), MicroBatchSize(job));
+    return {estimate.layers().begin(), estimate.layers().end()};
+  }
+  for (LayerCost& c : mean) {
+    c.set_forward_ms(1);
+    c.set_backward_ms(2);
+  }
+  return mean;
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> JobSchedule(const JobSpec& job) {
+  const PipelineSpec& p = job.pipeline();
+  absl::StatusOr<Schedule> s;
+  if (!p.schedule_text().empty()) {
+    s = ParseSchedule(p.schedule_text(), p.schedule().empty() ? "file" : p.schedule(), p.micro_batches());
+    if (s.ok() && s->num_ranks != job.workers()) {
+      return Invalid(absl::StrCat("--schedule_file lists ", s->num_ranks, " ranks but the job has ", job.workers(),
+                                  " workers; give one line per worker"));
+    }
+    if (s.ok() && s->forward_only != p.inference()) {
+      return Invalid(p.inference() ? "--inference with a --schedule_file that trains (B or OPT actions)"
+                                   : "--schedule_file has no backward: pass --inference to run it forward only");
+    }
+  } else {
+    s = MakeSchedule(p.inference() ? "forward" : p.schedule(), p.stages(), p.micro_batches());
+  }
+  if (!s.ok()) return Invalid(absl::StrCat("schedule: ", s.status().message()));
+  absl::StatusOr<SimulationResult> sim = Simulate(*s, UniformCosts(s->num_stages));
+  if (!sim.ok()) {
+    return Invalid(absl::StrCat("the ", s->name, " schedule cannot run: ", sim.status().message(), "\n",
+                                Grid(*s)));
+  }
+  return s;
+}
+
+absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus) {
+  absl::StatusOr<Schedule> schedule = JobSchedule(job);
+  if (!schedule.ok()) return schedule.status();
+  const ModelDescription* d = FindBuiltinModel(job.model());
+  if (d == nullptr) return absl::OkStatus();
+  const int layers = d->NumLayers(job.model_spec());
+  if (schedule->num_stages > layers) {  // a schedule file's virtual stages (job.cc checked the stages)
+    return Invalid(absl::StrCat("the schedule has ", schedule->num_stages, " stages but the model only ", layers,
+                                " pipeline layers (", d->DescribeLayers(job.model_spec()), ")"));
+  }
+  absl::StatusOr<std::vector<int>> counts = ParsePartition(job.pipeline().partition());
+  if (!counts.ok()) return counts.status();
+  int sum = 0;
+  for (int c : *counts) sum += c;
+  if (!counts->empty() && (static_cast<int>(counts->size()) != schedule->num_stages || sum != layers)) {
+    return Invalid(absl::StrCat("--partition=", job.pipeline().partition(), " lists ", counts->size(),
+                                " stages of ", sum, " layers in all, but the job has ", schedule->num_stages,
+                                " stages and the model ", d->DescribeLayers(job.model_spec())));
+  }
+  if (job.device() != DEVICE_KIND_CUDA) return absl::OkStatus();
+  std::vector<int64_t> memory;
+  for (const GpuInfo& g : gpus) memory.push_back(g.total_bytes * 9 / 10);  // room for CUDA and NCCL
+  LayerProfile estimate = d->Estimate(job.model_spec(), MicroBatchSize(job));
+  std::vector<LayerCost> costs(estimate.layers().begin(), estimate.layers().end());
+  absl::StatusOr<SimulationResult> sim = Simulate(*schedule, UniformCosts(schedule->num_stages));
+  if (!sim.ok()) return sim.status();
+  std::vector<int64_t> stage_memory;
+  for (int s = 0; s < schedule->num_stages; ++s) stage_memory.push_back(memory[schedule->stage_rank[s]]);
+  absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, *schedule, *sim, costs, stage_memory));
+  if (!plan.ok()) return Invalid(plan.status().message());
+  return absl::OkStatus();
+}
+
+PartitionFn Partitioner(const JobSpec& job) {
+  return [job](const std::vector<WorkerState>& workers) -> absl::StatusOr<Partition> {
+    absl::StatusOr<Schedule> schedule = JobSchedule(job);
+    if (!schedule.ok()) return schedule.status();
+    bool profiled = false;
+    const std::vector<LayerCost> costs = Costs(job, workers, &profiled);
+    if (static_cast<int>(costs.size()) < schedule->num_stages) {
+      return Invalid(absl::StrCat(schedule->num_stages, " stages but the model has only ", costs.size(),
+                                  " pipeline layers; use fewer stages"));
+    }
+    absl::StatusOr<SimulationResult> uniform = Simulate(*schedule, UniformCosts(schedule->num_stages));
+    if (!uniform.ok()) return uniform.status();
+    std::vector<int64_t> memory;
+    if (job.device() == DEVICE_KIND_CUDA) {
+      for (int s = 0; s < schedule->num_stages; ++s) {
+        memory.push_back(workers[schedule->stage_rank[s]].device.free_bytes() * 9 / 10);
+      }
+    }
+    absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, *schedule, *uniform, costs, memory));
+    if (!plan.ok()) return plan.status();
+    absl::StatusOr<SimulationResult> predicted = Simulate(*schedule, CostsOf(*plan, costs));
+    if (!predicted.ok()) return predicted.status();
+    Partition out{plan->layers_per_stage, Describe(job, *plan, costs, profiled, *predicted), {}};
+    for (int r = 0; r < schedule->num_ranks; ++r) out.schedules.push_back(ToProto(*schedule, r));
+    return out;
+  };
+}
+
+}  // namespace stagehand

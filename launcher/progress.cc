@@ -1,0 +1,86 @@
+// Progress lines of a foreground run (see progress.h).
+#include "launcher/progress.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace stagehand {
+
+std::string Progress::AllReduceHeader() {
+  return absl::StrFormat("#%12s %12s %8s %6s %10s %8s %8s %7s\n#%12s %12s %8s %6s %10s %8s %8s %7s\n", "size",
+                         "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "(B)", "(elements)", "", "",
+                         "(us)", "(GB/s)", "(GB/s)", "");
+}
+
+std::string Progress::AllReduceRow(int64_t elements, int ranks, double seconds) {
+  const double bytes = 4.0 * elements;
+  const double algbw = seconds > 0 ? bytes / seconds / 1e9 : 0;
+  const double busbw = ranks > 0 ? algbw * 2.0 * (ranks - 1) / ranks : 0;
+  // #wrong is 0 by construction: every rank checks every element and fails the job otherwise.
+  return absl::StrFormat(" %12d %12d %8s %6s %10.1f %8.2f %8.2f %7d\n", static_cast<int64_t>(bytes), elements,
+                         "float", "sum", seconds * 1e6, algbw, busbw, 0);
+}
+
+void Progress::Update(const CoordinatorState& state) {
+  std::vector<ReportStepRequest> steps = state.Steps();
+  const JobSpec& job = state.job();
+  for (; printed_ < steps.size(); ++printed_) {
+    const ReportStepRequest& r = steps[printed_];
+    if (r.rank() != job.workers() - 1) continue;  // the last rank holds the loss
+    if (job.model() == "allreduce") {
+      PrintAllReduceStep(r, job);
+    } else {
+      PrintModelStep(r, job);
+    }
+  }
+}
+
+void Progress::Done() {
+  if (bar_ && drawn_) std::fprintf(out_, "\n");
+  if (busbw_count_ > 0) {
+    std::fprintf(out_, "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : %.3f GB/s (%d ranks, %d steps)\n",
+                 busbw_sum_ / busbw_count_, ranks_, busbw_count_);
+    busbw_count_ = 0;
+  }
+  std::fflush(out_);
+}
+
+void Progress::PrintAllReduceStep(const ReportStepRequest& r, const JobSpec& job) {
+  if (!header_) {
+    std::fputs(AllReduceHeader().c_str(), out_);
+    header_ = true;
+  }
+  ranks_ = job.workers();
+  const std::string row = AllReduceRow(job.tensor_elements(), ranks_, r.step_seconds());
+  std::fputs(row.c_str(), out_);
+  const double bytes = 4.0 * job.tensor_elements();
+  // The first step includes the transport's warm-up: the average leaves it out, as nccl-tests' does.
+  if (r.step() > 0 && r.step_seconds() > 0) {
+    busbw_sum_ += bytes / r.step_seconds() / 1e9 * 2.0 * (ranks_ - 1) / ranks_;
+    ++busbw_count_;
+  }
+  std::fflush(out_);
+}
+
+void Progress::PrintModelStep(const ReportStepRequest& r, const JobSpec& job) {
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
+  const double eta = elapsed / (r.step() + 1) * (job.steps() - r.step() - 1);
+  std::string text = absl::StrFormat("step %d/%d", r.step() + 1, job.steps());
+  if (r.has_loss()) absl::StrAppend(&text, absl::StrFormat("  loss %.4f", r.loss()));
+  absl::StrAppend(&text, absl::StrFormat("  %.3f s  %.0f tokens/s  ETA %.0f s", r.step_seconds(),
+                                         r.step_seconds() > 0 ? r.tokens() / r.step_seconds() : 0.0, eta));
+  if (!bar_) {
+    std::fprintf(out_, "stagehand: %s\n", text.c_str());
+  } else {
+    const int width = 30, done = static_cast<int>(width * (r.step() + 1) / std::max<int64_t>(1, job.steps()));
+    std::fprintf(out_, "\r[%s%s] %s\x1b[K", std::string(done, '#').c_str(), std::string(width - done, '.').c_str(),
+                 text.c_str());
+    drawn_ = true;
+  }
+  std::fflush(out_);
+}
+
+}  // namespace stagehand

@@ -1,0 +1,48 @@
+// What a foreground run prints while it goes, from the workers' step reports: for a model, a line per
+// step (or one bar redrawn in place on a terminal) with the loss, step time, tokens/s and an ETA; for the
+// checked all-reduce, nccl-tests' columns (size, count, type, time, algbw, busbw, #wrong) and its
+// average bus bandwidth at the end.
+#ifndef STAGEHAND_LAUNCHER_PROGRESS_H_
+#define STAGEHAND_LAUNCHER_PROGRESS_H_
+
+#include <cstdio>
+#include <string>
+
+#include "absl/time/time.h"
+#include "launcher/coordinator.h"
+#include "protos/job.pb.h"
+
+namespace stagehand {
+
+class Progress {
+ public:
+  // `out` is where lines go (stdout in the launcher); `bar` redraws one line in place.
+  Progress(bool bar, absl::Time start, std::FILE* out = stdout) : bar_(bar), start_(start), out_(out) {}
+  // Prints what arrived since the last call.
+  void Update(const CoordinatorState& state);
+  // Ends the bar's line; for the all-reduce, the footer.
+  void Done();
+
+  // One row of nccl-tests' all_reduce_perf table for `elements` floats over `ranks` in `seconds`:
+  // algbw = bytes / time, busbw = algbw * 2 (n - 1) / n.
+  static std::string AllReduceRow(int64_t elements, int ranks, double seconds);
+  static std::string AllReduceHeader();
+
+ private:
+  void PrintModelStep(const ReportStepRequest& r, const JobSpec& job);
+  void PrintAllReduceStep(const ReportStepRequest& r, const JobSpec& job);
+
+  const bool bar_;
+  const absl::Time start_;
+  std::FILE* const out_;
+  size_t printed_ = 0;
+  bool drawn_ = false;
+  bool header_ = false;
+  int ranks_ = 0;
+  double busbw_sum_ = 0;
+  int busbw_count_ = 0;
+};
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_LAUNCHER_PROGRESS_H_

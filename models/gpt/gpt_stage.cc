@@ -1,0 +1,225 @@
+// The GPT in LibTorch (see gpt_stage.h). LibTorch translation unit; forward() may throw c10::Error,
+// which the engine turns into a Status.
+#include "models/gpt/gpt_stage.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "models/gpt/gpt_description.h"
+#include "worker/nn.h"
+#include "worker/stage.h"
+
+namespace stagehand {
+namespace {
+
+// One pipeline layer: tokens or hidden states in, hidden states or logits out.
+class PipelineLayerImpl : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+};
+
+class EmbeddingImpl : public PipelineLayerImpl {
+ public:
+  EmbeddingImpl(const GptConfig& c, uint64_t seed) {
+    weight_ = register_parameter("weight", torch::empty({c.vocab, c.hidden}));
+    at::Generator gen = LayerGenerator(seed, 0);
+    torch::NoGradGuard no_grad;
+    weight_.normal_(0.0, 0.02, gen);
+  }
+  torch::Tensor forward(const torch::Tensor& tokens) override {
+    TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
+                "the first stage takes token ids [B, S] int64, got ", tokens.sizes(), " ", tokens.scalar_type());
+    return torch::embedding(weight_, tokens);
+  }
+
+ private:
+  torch::Tensor weight_;
+};
+
+// A transformer block is two pipeline layers, so that a partition can cut between its halves: the
+// attention half (x + proj(attention(ln1(x)))) and the MLP half (x + fc2(gelu(fc1(ln2(x))))). A whole
+// block of gpt-1.3b is 0.82 ms of forward and backward per sequence on an H200 (attention 0.3, MLP 0.5),
+// too coarse to balance two stages when the head alone is 1.1 ms.
+class AttentionImpl : public PipelineLayerImpl {
+ public:
+  AttentionImpl(const GptConfig& c, int layer, uint64_t seed)
+      : hidden_(c.hidden), heads_(c.heads), fused_layernorm_(c.fused_layernorm) {
+    ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
+    qkv_ = register_module("qkv", Dense(c.hidden, 3 * c.hidden, true));
+    proj_ = register_module("proj", Dense(c.hidden, c.hidden, true));
+    at::Generator gen = LayerGenerator(seed, layer);
+    qkv_->InitWeight(0.02, gen);
+    // GPT-2: the projections into the residual stream are scaled down by sqrt(2 L).
+    proj_->InitWeight(0.02 / std::sqrt(2.0 * c.layers), gen);
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "an attention layer takes hidden states [B, S, ", hidden_,
+                "], got ", x.sizes());
+    const int64_t b = x.size(0), s = x.size(1);
+    // [B, S, 3H] -> [3, B, NH, S, H/NH]: q, k, v as nanoGPT splits them.
+    // unbind, not three selects: select's backward would zero-fill a full-size gradient for each of q, k, v
+    // and add them up (about 10% of a gpt-1.3b step on an H200).
+    auto qkv = qkv_(NormForGemm(ln1_, x, fused_layernorm_)).view({b, s, 3, heads_, hidden_ / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
+    auto att = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true);
+    // Under autocast the branch comes out bf16; adding it to the fp32 stream keeps it fp32.
+    return x + proj_(att.transpose(1, 2).reshape({b, s, hidden_}));
+  }
+
+ private:
+  int64_t hidden_, heads_;
+  bool fused_layernorm_;
+  torch::nn::LayerNorm ln1_{nullptr};
+  Dense qkv_{nullptr}, proj_{nullptr};
+};
+
+class MlpImpl : public PipelineLayerImpl {
+ public:
+  MlpImpl(const GptConfig& c, int layer, uint64_t seed) : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm) {
+    ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
+    fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true));
+    fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true));
+    at::Generator gen = LayerGenerator(seed, layer);
+    fc1_->InitWeight(0.02, gen);
+    fc2_->InitWeight(0.02 / std::sqrt(2.0 * c.layers), gen);
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "an MLP layer takes hidden states [B, S, ", hidden_, "], got ",
+                x.sizes());
+    return x + fc2_(at::gelu(fc1_(NormForGemm(ln2_, x, fused_layernorm_))));  // exact (erf) GELU, as torch's default
+  }
+
+ private:
+  int64_t hidden_;
+  bool fused_layernorm_;
+  torch::nn::LayerNorm ln2_{nullptr};
+  Dense fc1_{nullptr}, fc2_{nullptr};
+};
+
+class HeadImpl : public PipelineLayerImpl {
+ public:
+  HeadImpl(const GptConfig& c, uint64_t seed) : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm) {
+    ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
+    lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false));
+    at::Generator gen = LayerGenerator(seed, c.pipeline_layers() - 1);
+    lm_head_->InitWeight(0.02, gen);
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "the head takes hidden states [B, S, ", hidden_, "], got ",
+                x.sizes());
+    return lm_head_(NormForGemm(ln_f_, x, fused_layernorm_));
+  }
+
+ private:
+  int64_t hidden_;
+  bool fused_layernorm_;
+  torch::nn::LayerNorm ln_f_{nullptr};
+  Dense lm_head_{nullptr};
+};
+
+std::shared_ptr<PipelineLayerImpl> MakeLayer(const GptConfig& config, int layer, uint64_t seed) {
+  switch (DecoderLayerKindOf(layer, config.layers)) {
+    case DecoderLayerKind::kEmbedding: return std::make_shared<EmbeddingImpl>(config, seed);
+    case DecoderLayerKind::kAttention: return std::make_shared<AttentionImpl>(config, layer, seed);
+    case DecoderLayerKind::kMlp: return std::make_shared<MlpImpl>(config, layer, seed);
+    case DecoderLayerKind::kHead: return std::make_shared<HeadImpl>(config, seed);
+  }
+  return nullptr;
+}
+
+// GptStage behind the engine's interface.
+class GptPipelineStage final : public Stage {
+ public:
+  GptPipelineStage(const GptConfig& config, const StageOptions& o)
+      : config_(config), module_(config, o.first_layer, o.last_layer, o.seed) {
+    module_->to(o.device);
+  }
+  TensorSpec Input(int64_t batch) const override {
+    if (module_->has_embedding()) return {{batch, config_.seq}, torch::kInt64};
+    return {{batch, config_.seq, config_.hidden}, torch::kFloat32};
+  }
+  TensorSpec Output(int64_t batch) const override {
+    if (module_->has_head()) return {{batch, config_.seq, config_.vocab}, torch::kFloat32};
+    return {{batch, config_.seq, config_.hidden}, torch::kFloat32};
+  }
+  torch::Tensor Forward(const torch::Tensor& input) override { return module_->forward(input); }
+  std::vector<torch::Tensor> Parameters() override { return module_->parameters(); }
+  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& item : module_->named_parameters()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  void SetTraining(bool training) override { module_->train(training); }
+  void PrepareForGraphs() override { module_->RefreshCasts(); }
+
+ private:
+  GptConfig config_;
+  GptStage module_;
+};
+
+class GptFamily final : public ModelFamily {
+ public:
+  const ModelDescription& description() const override { return GptDescription(); }
+  absl::Status Prepare(const JobSpec& job) const override {
+    return job.device() == DEVICE_KIND_CUDA ? SelectAttentionKernel(job.model_spec().attention()) : absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageOptions& o) const override {
+    const GptConfig config = GptConfigFromSpec(o.job->model_spec());
+    if (o.first_layer < 0 || o.first_layer >= o.last_layer || o.last_layer > config.pipeline_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("a GPT stage holds layers [first, last) of 0..",
+                                                     config.pipeline_layers(), ", got [", o.first_layer, ", ",
+                                                     o.last_layer, ")"));
+    }
+    return std::unique_ptr<Stage>(std::make_unique<GptPipelineStage>(config, o));
+  }
+};
+
+}  // namespace
+
+GptConfig GptConfigFromSpec(const ModelSpec& g) {
+  GptConfig c;
+  c.vocab = g.vocab();
+  c.hidden = g.hidden();
+  c.heads = g.heads();
+  c.layers = g.layers();
+  c.seq = g.seq();
+  c.bf16_autocast = !g.fp32();
+  c.fused_layernorm = !g.unfused_layernorm();
+  return c;
+}
+
+GptStageImpl::GptStageImpl(const GptConfig& config, int first, int last, uint64_t seed)
+    : config_(config), first_(first), last_(last) {
+  TORCH_CHECK(0 <= first && first < last && last <= config.pipeline_layers(),
+              "a stage holds layers [first, last) of 0..", config.pipeline_layers(), ", got [", first, ", ", last, ")");
+  // Each layer draws from its own generator, so layers can be built on several threads with the same
+  // result: the 1.3B model's normal draws are serial within a tensor and take seconds.
+  std::vector<std::shared_ptr<PipelineLayerImpl>> built(last - first);
+  at::parallel_for(first, last, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) built[i - first] = MakeLayer(config, i, seed);
+  });
+  layers_ = register_module("layers", torch::nn::ModuleList());
+  for (auto& layer : built) layers_->push_back(std::move(layer));
+}
+
+torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {
+  std::optional<CudaBf16Autocast> autocast;
+  if (config_.bf16_autocast && input.is_cuda()) autocast.emplace();
+  torch::Tensor x = input;
+  for (size_t i = 0; i < layers_->size(); ++i) x = layers_->ptr<PipelineLayerImpl>(i)->forward(x);
+  // Stages exchange fp32 hidden states; logits stay as autocast made them (the loss upcasts).
+  return has_head() ? x : x.to(torch::kFloat32);
+}
+
+void GptStageImpl::RefreshCasts() {
+  if (!config_.bf16_autocast) return;
+  RefreshDenseCasts(*this, at::kBFloat16);
+}
+
+std::unique_ptr<ModelFamily> MakeGptFamily() { return std::make_unique<GptFamily>(); }
+
+}  // namespace stagehand

@@ -1,0 +1,67 @@
+// The reference GPT (../shared/targets.md) in LibTorch, cut into the decoder's pipeline layers
+// (models/decoder_layers.h): the token embedding, each block's attention and MLP halves, the head (final
+// LayerNorm and the vocabulary projection). GptStage holds a contiguous range of them; MakeGptFamily()
+// is the family a worker registers, built on the engine's public interface (worker/stage.h).
+#ifndef STAGEHAND_MODELS_GPT_GPT_STAGE_H_
+#define STAGEHAND_MODELS_GPT_GPT_STAGE_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "models/decoder_layers.h"
+#include "protos/job.pb.h"
+#include "worker/model_family.h"
+
+namespace stagehand {
+
+struct GptConfig {
+  int64_t vocab = 32768;
+  int64_t hidden = 2048;
+  int64_t heads = 16;
+  int64_t layers = 24;   // transformer blocks
+  int64_t seq = 1024;
+  bool bf16_autocast = true;  // bf16 autocast over fp32 parameters (CUDA); false: plain fp32
+  // Under bf16 autocast on CUDA, each LayerNorm that feeds a GEMM writes its bf16 output in one kernel
+  // (worker/fused_kernels.h) instead of ATen's fp32 LayerNorm and a cast. Same values up to the rounding of the
+  // fp32 sums (a bf16 ulp at most, in rare elements).
+  bool fused_layernorm = true;
+
+  int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }
+};
+
+// The sizes of a resolved ModelSpec (GptDescription().Resolve).
+GptConfig GptConfigFromSpec(const ModelSpec& spec);
+
+// One pipeline stage: layers [first, last) of the model.
+class GptStageImpl : public torch::nn::Module {
+ public:
+  GptStageImpl(const GptConfig& config, int first, int last, uint64_t seed);
+
+  // input: token ids [B, S] (int64) when the stage holds layer 0, else hidden states [B, S, H] (fp32).
+  // Returns hidden states [B, S, H] (fp32), or logits [B, S, V] when the stage holds the head.
+  torch::Tensor forward(const torch::Tensor& input);
+
+  // Brings the bf16 copies of the linear layers' weights up to date with the fp32 parameters now (they
+  // are otherwise refreshed at the next forward): before capturing or replaying a CUDA graph, which
+  // reads the copies without running the code that refreshes them.
+  void RefreshCasts();
+
+  bool has_embedding() const { return first_ == 0; }
+  bool has_head() const { return last_ == config_.pipeline_layers(); }
+  int first() const { return first_; }
+  int last() const { return last_; }
+
+ private:
+  GptConfig config_;
+  int first_, last_;
+  torch::nn::ModuleList layers_{nullptr};
+};
+TORCH_MODULE(GptStage);
+
+std::unique_ptr<ModelFamily> MakeGptFamily();
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_MODELS_GPT_GPT_STAGE_H_

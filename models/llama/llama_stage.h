@@ -1,0 +1,81 @@
+// Llama (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, no biases, untied head) in
+// LibTorch, cut into the decoder's pipeline layers (models/decoder_layers.h). LlamaStage holds a
+// contiguous range of them; MakeLlamaFamily() is the family a worker registers, built only on the
+// engine's public interface (worker/stage.h, worker/model_family.h, worker/nn.h).
+#ifndef STAGEHAND_MODELS_LLAMA_LLAMA_STAGE_H_
+#define STAGEHAND_MODELS_LLAMA_LLAMA_STAGE_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/decoder_layers.h"
+#include "protos/job.pb.h"
+#include "worker/model_family.h"
+
+namespace stagehand {
+
+struct LlamaConfig {
+  int64_t vocab = 32000;
+  int64_t hidden = 2048;
+  int64_t heads = 32;      // query heads
+  int64_t kv_heads = 4;    // key/value heads, each shared by heads / kv_heads query heads
+  int64_t ffn_hidden = 5632;
+  int64_t layers = 22;     // transformer blocks
+  int64_t seq = 1024;      // the longest sequence: the rotary tables' length
+  double rope_theta = 10000;
+  double norm_eps = 1e-5;
+  bool bf16_autocast = true;  // bf16 autocast over fp32 parameters (CUDA); false: plain fp32
+  // Under bf16 autocast on CUDA, each RMSNorm (all feed a GEMM) writes its bf16 output in one kernel
+  // (worker/fused_kernels.h) instead of ATen's fp32 ops and a cast; rows of a multiple of 128 up to
+  // 4096 elements, else the ATen path. false: spec.unfused_layernorm().
+  bool fused_rmsnorm = true;
+
+  int64_t head_dim() const { return hidden / heads; }
+  int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }
+};
+
+// The sizes of a resolved ModelSpec (LlamaDescription().Resolve).
+LlamaConfig LlamaConfigFromSpec(const ModelSpec& spec);
+
+// One pipeline stage: layers [first, last) of the model. Parameters depend on (seed, layer) only.
+class LlamaStageImpl : public torch::nn::Module {
+ public:
+  LlamaStageImpl(const LlamaConfig& config, int first, int last, uint64_t seed);
+
+  // input: token ids [B, S] (int64, S <= seq) when the stage holds layer 0, else hidden states
+  // [B, S, H] (fp32). Returns hidden states [B, S, H] (fp32), or logits [B, S, V] when the stage holds
+  // the head (bf16 under autocast). Throws c10::Error for inputs of another shape or dtype.
+  torch::Tensor forward(const torch::Tensor& input);
+
+  // The parameters under Hugging Face's LlamaForCausalLM names ("model.layers.3.mlp.up_proj.weight"),
+  // block indices counted from 0 over the whole model, in pipeline-layer order.
+  std::vector<std::pair<std::string, torch::Tensor>> NamedParametersHf();
+
+  // Brings the bf16 copies of the linear layers' weights up to date now (before CUDA graphs).
+  void RefreshCasts();
+
+  bool has_embedding() const { return first_ == 0; }
+  bool has_head() const { return last_ == config_.pipeline_layers(); }
+  int first() const { return first_; }
+  int last() const { return last_; }
+  const LlamaConfig& config() const { return config_; }
+
+ private:
+  LlamaConfig config_;
+  int first_, last_;
+  torch::nn::ModuleList layers_{nullptr};
+  // Rotary tables [seq, head_dim] in fp32, computed once here and moved with the stage by .to().
+  torch::Tensor rope_cos_, rope_sin_;
+};
+TORCH_MODULE(LlamaStage);
+
+std::unique_ptr<ModelFamily> MakeLlamaFamily();
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_MODELS_LLAMA_LLAMA_STAGE_H_

@@ -1,0 +1,125 @@
+// The pipeline engine: runs one rank's action list (schedule/schedule.h), exactly as the coordinator
+// shipped it, over the rank's stages (worker/stage.h) and a transport. Actions are keyed by (stage,
+// chunk, micro-batch); the engine knows no model family and no schedule by name. Receive buffers are
+// allocated once from the shapes the stages declare; on GPUs, sends and receives run on their own
+// stream and order with the compute stream through events, so that the host enqueues a whole step
+// without waiting, and each micro-batch slot's forward and backward can be replayed as CUDA graphs.
+#ifndef STAGEHAND_WORKER_EXECUTOR_H_
+#define STAGEHAND_WORKER_EXECUTOR_H_
+
+#include <ATen/cuda/CUDAGraph.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "protos/job.pb.h"
+#include "schedule/schedule.h"
+#include "worker/data.h"
+#include "worker/nn.h"
+#include "worker/stage.h"
+#include "worker/step_timer.h"
+#include "worker/transport.h"
+
+namespace stagehand {
+
+struct StepResult {
+  int64_t step = 0;
+  bool has_loss = false;  // on the rank holding the last stage
+  double loss = 0;        // mean over the step's micro-batches
+  double seconds = 0;
+  int64_t tokens = 0;     // tokens through the whole pipeline this step
+  int64_t peak_memory_bytes = 0;
+  StepTiming timing;      // where the step's time went on this rank (actions empty when timing is off)
+};
+
+struct ExecutorOptions {
+  int rank = 0;
+  Schedule schedule;         // ranks[rank] is this rank's list; the other ranks' lists may be empty
+  int64_t micro_batch = 1;   // sequences per micro-batch
+  int64_t seq = 1;           // tokens per sequence (the batch's inputs; targets are shifted by one)
+  double lr = 1e-4;
+  bool timing = true;
+  bool cuda_graphs = true;   // on GPUs: replay captured graphs from step 1 where the list allows it
+  torch::Device device = torch::kCPU;
+};
+
+// One micro-batch's forward (and for training its backward) through a stage, captured as CUDA graphs
+// and replayed for every micro-batch that the list puts in this slot. The graphs read and write only the
+// slot's own tensors (and the parameters, their gradients and derived copies, all of fixed address).
+struct GraphSlot {
+  at::cuda::CUDAGraph forward, backward;
+  torch::Tensor input;        // tokens (first stage) or the received input, a leaf
+  torch::Tensor targets;      // the last stage's targets (training)
+  torch::Tensor output;       // the stage's output, or the micro-batch's loss (training, last stage)
+  torch::Tensor grad_output;  // the gradient received for `output` (training, not the last stage)
+  torch::Tensor grad_input;   // input.grad after the backward (training, not the first stage)
+};
+
+// Captures `stage`'s forward (and backward unless `inference`) for a micro-batch of `batch` sequences
+// of `seq` tokens on the current stream, in a memory pool of its own. `first`/`last`: whether the stage takes tokens /
+// computes the loss, which is divided by `loss_divisor`. The stage must have been run once eagerly
+// (warmed-up kernels, gradients allocated: the graphs accumulate into them in place).
+std::unique_ptr<GraphSlot> CaptureSlot(Stage& stage, int64_t batch, int64_t seq, bool first, bool last,
+                                       bool inference, int loss_divisor, const torch::Device& device);
+
+class Executor {
+ public:
+  // `chunks[c]` is the stage this rank holds as its chunk c. `transport` may be null when every
+  // neighbour stage is on this rank. `data` gives the tokens to ranks that hold the first or last stage.
+  Executor(ExecutorOptions options, std::vector<std::unique_ptr<Stage>> chunks, const TokenSource* data,
+           Transport* transport, Streams* streams);
+  ~Executor();
+
+  // INVALID_ARGUMENT naming the first action of the list that this engine does not run (before any
+  // step), or a list that does not fit the chunks it was given.
+  absl::Status Check() const;
+
+  // One step of the list. An error names the rank and the action it came from ("rank 1, 1B3: ...");
+  // failed_action() then says which one, for the grid in the log.
+  absl::StatusOr<StepResult> Step(int64_t step);
+  int failed_action() const { return failed_action_; }
+
+  std::vector<torch::Tensor> Parameters() const;
+
+ private:
+  struct Slot;  // per (chunk, micro-batch) state within a step
+  absl::Status Run(size_t& i);
+  absl::Status Compute(const Action& a);
+  absl::Status Communicate(const std::vector<Action>& group);
+  void Forward(const Action& a);
+  void Backward(const Action& a);
+  void Capture();
+  torch::Tensor Tokens(int mb, bool targets);
+  void LoadBatch();
+  Slot& At(int chunk, int mb);
+  bool First(int chunk) const;
+  bool Last(int chunk) const;
+
+  const ExecutorOptions o_;
+  const std::vector<Action>& actions_;
+  std::vector<std::unique_ptr<Stage>> chunks_;
+  std::vector<int> chunk_stage_;  // chunk -> virtual stage
+  const TokenSource* data_;
+  Transport* transport_;
+  Streams* streams_;
+  const int m_;
+  const bool training_;
+  int64_t step_ = 0;
+  std::unique_ptr<FusedAdamW> optimizer_;
+  std::vector<Slot> slots_;       // [chunk * m + mb]
+  torch::Tensor loss_sum_;
+  torch::Tensor batch_;           // the step's global batch of tokens, on the device
+  StepTimer timer_;
+  bool graphs_ = false;           // CUDA graphs wanted; captured at the start of step 1 (step 0 warms up)
+  bool captured_ = false;
+  std::vector<std::unique_ptr<GraphSlot>> graph_slots_;
+  std::vector<int> graph_slot_of_;  // micro-batch -> graph slot (one chunk per rank)
+  int failed_action_ = -1;
+};
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_WORKER_EXECUTOR_H_

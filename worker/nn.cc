@@ -1,0 +1,226 @@
+// Building blocks for model families (see nn.h). LibTorch translation unit.
+#include "worker/nn.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include <array>
+#include <map>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "models/attention_kernels.h"
+#include "worker/fused_kernels.h"
+
+namespace stagehand {
+namespace {
+
+// weight.grad += dy^T x, in the weight's dtype (fp32) whatever the dtype of dy and x. On CUDA one GEMM
+// with bf16 inputs and an fp32 output (beta = 1) does it; elsewhere (CPU tests) a GEMM and an add.
+void AccumulateWeightGrad(torch::Tensor& weight, const torch::Tensor& dy, const torch::Tensor& x) {
+  torch::Tensor& grad = weight.mutable_grad();
+  const at::ScalarType dtype = weight.scalar_type();
+  const bool mixed = dy.scalar_type() != dtype;
+  if (!grad.defined()) {
+    grad = !mixed ? at::mm(dy.t(), x) : dy.is_cuda() ? at::mm(dy.t(), x, dtype) : at::mm(dy.t(), x).to(dtype);
+  } else if (!mixed) {
+    grad.addmm_(dy.t(), x);
+  } else if (dy.is_cuda()) {
+    at::addmm_out(grad, grad, dy.t(), x, dtype);
+  } else {
+    grad.add_(at::mm(dy.t(), x));
+  }
+}
+
+// y = x W^T + b with x, W and b already in the compute dtype, whose backward adds the weight gradient
+// into the fp32 parameter's .grad itself (and so returns none for it).
+class LinearFunction : public torch::autograd::Function<LinearFunction> {
+ public:
+  // weight, bias: the parameters; x, weight_c, bias_c: in the compute dtype. Without a bias, both bias
+  // arguments are nullopt (apply() takes no undefined tensors) and the edges after the weight's shift.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
+                               const torch::Tensor& weight_c, const std::optional<torch::Tensor>& bias_c) {
+    ctx->save_for_backward({x, weight_c});
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["has_bias"] = bias.has_value();
+    return at::linear(x, weight_c, bias_c);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight_c = saved[1];
+    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const int64_t out = weight_c.size(0), in = weight_c.size(1);
+    const torch::Tensor dy = grads[0].to(weight_c.scalar_type()).reshape({-1, out});
+    torch::Tensor dx, db;
+    if (ctx->needs_input_grad(0)) dx = at::mm(dy, weight_c).view(x.sizes());
+    if (ctx->needs_input_grad(1)) AccumulateWeightGrad(weight, dy, x.reshape({-1, in}));
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
+      db = dy.sum(0, /*keepdim=*/false, weight.scalar_type());
+    }
+    return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// LayerNorm of an fp32 input to a bf16 output in one kernel (fused_kernels.h): what bf16 autocast
+// computes for a LayerNorm that feeds a GEMM (LayerNorm in fp32, then a cast), without the fp32 output's
+// round trip through memory. The backward is ATen's LayerNorm backward on the fp32 input, with the
+// incoming bf16 gradient upcast as the cast's backward would.
+class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16Function> {
+ public:
+  // x: contiguous and 16-byte aligned (NormForGemm checks).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    std::vector<int64_t> stats_shape(x.sizes().begin(), x.sizes().end() - 1);
+    stats_shape.push_back(1);  // the shape at::native_layer_norm gives its mean and rstd
+    torch::Tensor y = torch::empty(x.sizes(), x.options().dtype(torch::kBFloat16));
+    torch::Tensor mean = torch::empty(stats_shape, x.options()), rstd = torch::empty(stats_shape, x.options());
+    const cudaError_t e = LayerNormToBf16(x.data_ptr<float>(), weight.data_ptr<float>(), bias.data_ptr<float>(),
+                                          reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
+                                          mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols,
+                                          static_cast<float>(eps), at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "LayerNormToBf16: ", cudaGetErrorString(e));
+    ctx->save_for_backward({x, weight, bias, mean, rstd});
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list s = ctx->get_saved_variables();
+    const torch::Tensor &x = s[0], &weight = s[1], &bias = s[2], &mean = s[3], &rstd = s[4];
+    auto [dx, dweight, dbias] = at::native_layer_norm_backward(
+        grads[0].to(torch::kFloat32), x, {x.size(-1)}, mean, rstd, weight, bias,
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+    return {dx, dweight, dbias, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Generator LayerGenerator(uint64_t seed, int layer) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + static_cast<uint64_t>(layer));
+}
+
+// ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16
+// that the GEMM would make; otherwise (CPU, fp32, inputs the kernel does not take) the LayerNorm module.
+torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused) {
+  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const bool fuse = fused && x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && aligned(x) &&
+                    at::autocast::is_autocast_enabled(at::kCUDA) &&
+                    at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && ln->weight.defined() &&
+                    ln->bias.defined() && ln->weight.scalar_type() == torch::kFloat32 && aligned(ln->weight) &&
+                    aligned(ln->bias) && LayerNormToBf16Supports(x.size(-1));
+  if (!fuse) return ln(x);
+  return LayerNormToBf16Function::apply(x, ln->weight, ln->bias, ln->options.eps());
+}
+
+torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
+  const c10::DeviceType device = x.device().type();
+  const bool autocast = at::autocast::is_autocast_enabled(device);
+  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
+  const torch::Tensor& w = dtype == weight.scalar_type() ? weight : weight_cast_.Get(weight, dtype);
+  std::optional<torch::Tensor> b, bias_param;
+  if (bias.defined()) {
+    b = dtype == bias.scalar_type() ? bias : bias_cast_.Get(bias, dtype);
+    bias_param = bias;
+  }
+  const torch::Tensor xc = x.scalar_type() == dtype ? x : x.to(dtype);
+  // at::linear, not F::linear: for [B, S, in] inputs the C++ frontend's F::linear does a matmul and
+  // then a separate bias add, where at::linear folds the bias into the GEMM as Python does.
+  if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || weight.requires_grad())) {
+    return at::linear(xc, w, b);
+  }
+  return LinearFunction::apply(xc, weight, bias_param, w, b);
+}
+
+void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype) {
+  for (const auto& module : root.modules(/*include_self=*/false)) {
+    auto* dense = dynamic_cast<DenseImpl*>(module.get());
+    if (dense != nullptr && dense->weight.is_cuda()) dense->RefreshCasts(dtype);
+  }
+}
+
+absl::Status SelectAttentionKernel(const std::string& kernel) {
+  using B = at::SDPBackend;
+  using Order = std::array<B, at::num_sdp_backends>;
+  // LibTorch's own order, as it stood before any choice here.
+  static const Order initial = at::globalContext().sDPPriorityOrder();
+  Order order;
+  if (kernel == "cudnn" || kernel.empty()) {
+    // For gpt-1.3b's shapes on an H200 (bf16, 16 heads of 128, causal, 1024 tokens), cuDNN's forward
+    // takes 50 us per 4 sequences where FlashAttention-2 takes 93 (bench/probes/block_parts.py).
+    order = {B::cudnn_attention, B::flash_attention, B::efficient_attention, B::math, B::overrideable};
+  } else if (kernel == "flash") {
+    order = {B::flash_attention, B::efficient_attention, B::math, B::cudnn_attention, B::overrideable};
+  } else if (kernel == "torch") {
+    order = initial;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("attention kernel ", kernel, ": unknown; use ", AttentionKernelChoices()));
+  }
+  std::vector<int64_t> v;
+  for (B b : order) v.push_back(static_cast<int64_t>(b));
+  at::globalContext().setSDPPriorityOrder(v);
+  return absl::OkStatus();
+}
+
+FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, double lr, double beta1, double beta2, double eps,
+                       double weight_decay)
+    : params_(std::move(params)), lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay) {
+  exp_avg_.resize(params_.size());
+  exp_avg_sq_.resize(params_.size());
+  steps_.resize(params_.size());
+}
+
+void FusedAdamW::Step() {
+  torch::NoGradGuard no_grad;
+  // One fused call per (device, dtype): the kernel wants every list on one device, in one dtype.
+  struct Group {
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  };
+  std::map<std::tuple<int, int, int>, Group> groups;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor& p = params_[i];
+    if (!p.grad().defined()) continue;
+    if (!steps_[i].defined()) {  // state is created on first use, where the parameter lives then
+      exp_avg_[i] = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+      exp_avg_sq_[i] = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+      steps_[i] = torch::zeros({}, p.options().dtype(torch::kFloat32));
+    }
+    Group& g = groups[{static_cast<int>(p.device().type()), p.device().index(), static_cast<int>(p.scalar_type())}];
+    g.params.push_back(p);
+    g.grads.push_back(p.grad());
+    g.exp_avgs.push_back(exp_avg_[i]);
+    g.exp_avg_sqs.push_back(exp_avg_sq_[i]);
+    g.steps.push_back(steps_[i]);
+  }
+  for (auto& [key, g] : groups) {
+    at::_foreach_add_(g.steps, 1);  // the kernel reads the step count; as torch.optim, we advance it
+    at::_fused_adamw_(g.params, g.grads, g.exp_avgs, g.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, g.steps, lr_, beta1_,
+                      beta2_, weight_decay_, eps_, /*amsgrad=*/false, /*maximize=*/false);
+    // The fused kernel writes the parameters without moving their version counters (torch 2.11); move
+    // them, so that anything keyed on them (the linear layers' bf16 copies) sees the update.
+    for (const torch::Tensor& p : g.params) torch::autograd::impl::bump_version(p);
+  }
+}
+
+void FusedAdamW::ZeroGrad(bool set_to_none) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> defined;
+  for (torch::Tensor& p : params_) {
+    torch::Tensor& g = p.mutable_grad();
+    if (set_to_none) {
+      g.reset();
+    } else if (g.defined()) {
+      defined.push_back(g);
+    } else {
+      g = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+    }
+  }
+  if (!defined.empty()) at::_foreach_zero_(defined);  // one launch (per chunk) for all of them
+}
+
+}  // namespace stagehand

@@ -1,0 +1,141 @@
+// Building blocks for model families' stages (LibTorch): linear layers whose bf16 weight copies are
+// cast once per optimizer step and whose weight gradients accumulate into fp32 in the GEMM, a fused
+// LayerNorm-to-bf16 for norms that feed a GEMM, bf16 autocast, per-layer generators, the choice of
+// attention kernel, and fused AdamW. GPT and Llama use them; a user's family may.
+#ifndef STAGEHAND_WORKER_NN_H_
+#define STAGEHAND_WORKER_NN_H_
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace stagehand {
+
+// The generator of pipeline layer `layer`: parameters drawn from it depend on (seed, layer) alone,
+// never on the partition, so every way of cutting a model gives the same parameters as the whole.
+at::Generator LayerGenerator(uint64_t seed, int layer);
+
+// A parameter in a compute dtype, cast again only when the parameter changed: its version counter
+// moves with every in-place update (the optimizer's step included) and its storage with .to(device).
+// Parameters must be changed in place or replaced, not written through .data(), which would bypass
+// the version counter. A fresh cast goes into the same buffer, so a captured CUDA graph that reads the
+// copy sees it.
+class CastCache {
+ public:
+  const torch::Tensor& Get(const torch::Tensor& param, at::ScalarType dtype) {
+    if (!cast_.defined() || version_ != param._version() || source_ != param.data_ptr() ||
+        cast_.scalar_type() != dtype) {
+      torch::NoGradGuard no_grad;
+      if (cast_.defined() && cast_.scalar_type() == dtype && cast_.device() == param.device() &&
+          cast_.sizes() == param.sizes()) {
+        cast_.copy_(param);
+      } else {
+        cast_ = param.detach().to(dtype);
+      }
+      version_ = param._version();
+      source_ = param.data_ptr();
+    }
+    return cast_;
+  }
+
+ private:
+  torch::Tensor cast_;
+  int64_t version_ = -1;
+  const void* source_ = nullptr;
+};
+
+// y = x W^T (+ b). The weight is drawn by the owner, in the owner's fixed order.
+//
+// Under bf16 autocast a plain at::linear casts the fp32 weight to bf16 on every call, once per
+// micro-batch, and autograd then upcasts each micro-batch's bf16 weight gradient and adds it to .grad:
+// tens of bytes of memory traffic per parameter per micro-batch (gpt-1.3b, 1F1B over 8 micro-batches
+// on 2 x H200: 0.3731 s per step with autocast's casts, 0.3412 s without them). Here, as Megatron-LM's gradient-accumulation fusion does, the bf16 copy is made
+// once per optimizer step (CastCache) and the backward accumulates dy^T x into the fp32 .grad with one
+// GEMM. The forward and dx are what autocast computes; the weight gradient is summed in fp32 instead of
+// being rounded to bf16 per micro-batch first. Without autocast (fp32, the CPU tests) the same function
+// runs with the parameters themselves.
+class DenseImpl : public torch::nn::Module {
+ public:
+  DenseImpl(int64_t in, int64_t out, bool bias) {
+    weight = register_parameter("weight", torch::empty({out, in}));
+    if (bias) this->bias = register_parameter("bias", torch::zeros({out}));
+  }
+  void InitWeight(double std, at::Generator& gen) {
+    torch::NoGradGuard no_grad;
+    weight.normal_(0.0, std, gen);
+  }
+  torch::Tensor forward(const torch::Tensor& x);
+  // Brings the cast copies up to date now rather than at the next forward.
+  void RefreshCasts(at::ScalarType dtype) {
+    weight_cast_.Get(weight, dtype);
+    if (bias.defined()) bias_cast_.Get(bias, dtype);
+  }
+
+  torch::Tensor weight, bias;
+
+ private:
+  CastCache weight_cast_, bias_cast_;
+};
+TORCH_MODULE(Dense);
+
+// Brings the bf16 copies of every Dense under `root` up to date (before CUDA graphs replay them).
+void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype);
+
+// ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16
+// that the GEMM would make; otherwise (CPU, fp32, inputs the kernel does not take) the LayerNorm module.
+torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused);
+
+// bf16 autocast on CUDA for one forward, restoring what was there before. Like Python's
+// torch.autocast, the cache of cast weights is dropped when the outermost region ends: a cached bf16
+// copy would go stale once the optimizer updates the fp32 weight in place.
+class CudaBf16Autocast {
+ public:
+  CudaBf16Autocast()
+      : was_enabled_(at::autocast::is_autocast_enabled(at::kCUDA)),
+        old_dtype_(at::autocast::get_autocast_dtype(at::kCUDA)) {
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~CudaBf16Autocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCUDA, was_enabled_);
+    at::autocast::set_autocast_dtype(at::kCUDA, old_dtype_);
+  }
+  CudaBf16Autocast(const CudaBf16Autocast&) = delete;
+  CudaBf16Autocast& operator=(const CudaBf16Autocast&) = delete;
+
+ private:
+  bool was_enabled_;
+  at::ScalarType old_dtype_;
+};
+
+// Puts `kernel` first in line for scaled-dot-product attention in this process (LibTorch's choice is
+// global): "cudnn" (cuDNN's fused attention; also for ""), "flash" (FlashAttention-2) or "torch"
+// (LibTorch's own order: flash, memory-efficient, math, cuDNN). A kernel that cannot take given inputs
+// (fp32, say) hands them to the next in line. INVALID_ARGUMENT for another name.
+absl::Status SelectAttentionKernel(const std::string& kernel);
+
+// Fused AdamW (ATen's _fused_adamw_) over a set of parameters; state is created on first use.
+class FusedAdamW {
+ public:
+  FusedAdamW(std::vector<torch::Tensor> params, double lr = 1e-4, double beta1 = 0.9, double beta2 = 0.95,
+             double eps = 1e-8, double weight_decay = 0.1);
+  void Step();      // uses each parameter's .grad(); parameters without a gradient are skipped
+  // Sets gradients to None; or, with set_to_none false, to zeros in place (allocating them if need be),
+  // so that they keep their addresses (captured CUDA graphs accumulate into them).
+  void ZeroGrad(bool set_to_none = true);
+
+ private:
+  std::vector<torch::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
+  double lr_, beta1_, beta2_, eps_, weight_decay_;
+};
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_WORKER_NN_H_

@@ -1,0 +1,221 @@
+// The worker process's main (see worker_main.h): reads the job secret from the launcher, brings up its
+// device, registers with the coordinator, sets up its transport and runs its job while its Agent
+// (agent.h) heartbeats and aborts the transport as soon as the job stops. Started by the launcher, not
+// by hand. The flags are defined here, in the library, because every worker binary shares this main.
+//
+// Exit codes: 0 done; 1 failed (reported to the coordinator); 3 stopped by the coordinator;
+// 4 lost the coordinator.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/host.h"
+#include "common/logging.h"
+#include "common/worker_contract.h"
+#include "worker/agent.h"
+#include "worker/coordinator_client.h"
+#include "worker/cpu_transport.h"
+#include "worker/device.h"
+#include "worker/model_family.h"
+#include "worker/nccl_transport.h"
+#include "worker/pipeline.h"
+#include "worker/torch_jobs.h"
+#include "worker/worker_main.h"
+
+ABSL_FLAG(std::string, coordinator, "", "HOST:PORT of the coordinator");
+ABSL_FLAG(std::string, job_id, "", "the job this worker belongs to");
+ABSL_FLAG(int, worker_index, -1, "this worker's slot in the job, 0-based");
+ABSL_FLAG(int64_t, incarnation, 1, "increases each time the slot's worker is restarted");
+
+namespace stagehand {
+namespace {
+
+
+// Every job but the checked all-reduce runs a model through the pipeline.
+bool IsModelJob(const JobSpec& job) { return job.model() != "allreduce"; }
+
+absl::StatusOr<std::string> ReadSecret() {
+  const char* fd_text = std::getenv(kSecretFdEnv);
+  int fd = -1;
+  if (fd_text == nullptr || !absl::SimpleAtoi(fd_text, &fd)) {
+    return absl::FailedPreconditionError("no job secret: workers are started by the launcher");
+  }
+  std::string secret;
+  char buf[256];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::FailedPreconditionError(absl::StrCat("reading the job secret: ", std::strerror(errno)));
+    if (n == 0) break;
+    secret.append(buf, n);
+  }
+  close(fd);
+  unsetenv(kSecretFdEnv);
+  return secret;
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, CoordinatorClient& client) {
+  const std::string prefix = absl::StrCat(a.job_id(), "/world");
+  const absl::Duration timeout = absl::Milliseconds(a.job().timeouts().nccl_init_ms());
+  if (a.job().device() == DEVICE_KIND_CUDA) {
+    NcclTransportOptions o;
+    o.rank = a.rank();
+    o.world_size = a.world_size();
+    o.key_prefix = prefix;
+    o.init_timeout = timeout;
+    o.stream = IsModelJob(a.job()) ? PipelineCommStream() : CurrentCudaStream();
+    // A posted receive holds its thread blocks on their SMs until the data comes, beside the compute.
+    // Inference posts every receive of the step early: at most 8 blocks each made gpt-1.3b's 16
+    // micro-batches 3.7% faster on 2 x H200 (0.1879 -> 0.1810 s); training was unchanged, so NCCL
+    // chooses there (bench/results/2026-11-30-pipeline-gpt-1.3b-graphs.md).
+    if (a.job().pipeline().inference()) o.max_ctas = 8;
+    return ConnectNcclTransport(o, client);
+  }
+  CpuTransportOptions o;
+  o.rank = a.rank();
+  o.world_size = a.world_size();
+  o.key_prefix = prefix;
+  o.connect_timeout = timeout;
+  return ConnectCpuTransport(o, client);
+}
+
+struct Run {
+  CoordinatorClient* client;
+  Assignment assignment;
+  int64_t incarnation;  // on every report: the coordinator refuses a replaced worker's
+  std::unique_ptr<Agent> agent;  // heartbeats and watches for the stop while the job runs
+};
+
+void ReportMilestone(const Run& run, Milestone milestone, absl::Time when) {
+  ReportMilestoneRequest r;
+  r.set_rank(run.assignment.rank());
+  r.set_incarnation(run.incarnation);
+  r.set_milestone(milestone);
+  r.set_unix_micros(absl::ToUnixMicros(when));
+  (void)run.client->ReportMilestone(r);  // the ledger is for the record: the job goes on without it
+}
+
+ReportStepRequest StepRequest(const Run& run, int64_t step) {
+  ReportStepRequest r;
+  r.set_rank(run.assignment.rank());
+  r.set_incarnation(run.incarnation);
+  r.set_step(step);
+  return r;
+}
+
+absl::Status RunModel(Run& run, Transport* transport) {
+  const Assignment& a = run.assignment;
+  LOG(INFO) << "stage " << a.stage() << " of " << a.num_stages() << ": pipeline layers [" << a.first_layer() << ", "
+            << a.last_layer() << ") (" << a.plan() << ")";
+  return RunPipeline(a, a.world_size() > 1 ? transport : nullptr, [&](const StepResult& r) {
+    if (r.step == 0) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
+    run.agent->SetSteps(r.step + 1);
+    ReportStepRequest req = StepRequest(run, r.step);
+    req.set_has_loss(r.has_loss);
+    req.set_loss(r.loss);
+    req.set_step_seconds(r.seconds);
+    req.set_tokens(r.tokens);
+    req.set_peak_memory_bytes(r.peak_memory_bytes);
+    *req.mutable_timing() = r.timing;
+    return run.client->ReportStep(req);
+  });
+}
+
+absl::Status RunJob(Run& run, absl::Time cuda_ready) {
+  const Assignment& a = run.assignment;
+  CoordinatorClient& client = *run.client;
+  ReportMilestone(run, MILESTONE_CUDA_READY, cuda_ready);
+  absl::StatusOr<std::unique_ptr<Transport>> transport = MakeTransport(a, client);
+  if (!transport.ok()) return transport.status();
+  run.agent->SetTransport(transport->get());
+  ReportMilestone(run, MILESTONE_NCCL_READY, absl::Now());
+  absl::Status s = IsModelJob(a.job()) ? RunModel(run, transport->get()) : RunAllReduceJob(a, **transport, [&](int64_t step, double secs) {
+    if (step == 0) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
+    run.agent->SetSteps(step + 1);
+    ReportStepRequest r = StepRequest(run, step);
+    r.set_step_seconds(secs);
+    return client.ReportStep(r);
+  });
+  run.agent->SetTransport(nullptr);
+  return s;
+}
+
+int Main() {
+  const int index = absl::GetFlag(FLAGS_worker_index);
+  SetLogTag(absl::StrCat("w", index));
+  absl::StatusOr<std::string> secret = ReadSecret();
+  if (!secret.ok()) {
+    LOG(ERROR) << secret.status().message();
+    return kWorkerExitFailed;
+  }
+  std::unique_ptr<CoordinatorClient> connection = ConnectCoordinator(absl::GetFlag(FLAGS_coordinator), *secret);
+  CoordinatorClient& client = *connection;
+  absl::StatusOr<GetJobResponse> job = client.GetJob(absl::Seconds(60));
+  if (!job.ok()) {
+    LOG(ERROR) << job.status().ToString();
+    return kWorkerExitFailed;
+  }
+  const bool cuda = job->job().device() == DEVICE_KIND_CUDA;
+  absl::StatusOr<DeviceInfo> device = cuda ? InitCudaDevice() : CpuDeviceInfo();
+  const absl::Time cuda_ready = absl::Now();
+  // The planner partitions by what every worker measured on its own device.
+  absl::StatusOr<LayerProfile> profile = LayerProfile();
+  if (device.ok() && IsModelJob(job->job())) {
+    profile = job->job().pipeline().partition() == "auto" ? ProfileModel(job->job()) : DescribeLayers(job->job());
+    if (!profile.ok()) {
+      // Registering without a profile would make the partition fail with a message about memory
+      // instead of this one.
+      LOG(ERROR) << "profiling the model on this worker's device failed: " << profile.status().ToString();
+      return kWorkerExitFailed;
+    }
+  }
+  RegisterRequest req;
+  req.set_job_id(absl::GetFlag(FLAGS_job_id));
+  req.set_worker_index(index);
+  req.set_incarnation(absl::GetFlag(FLAGS_incarnation));
+  req.set_host(HostName());
+  req.set_pid(getpid());
+  if (device.ok()) *req.mutable_device() = *device;
+  if (profile.ok()) *req.mutable_profile() = *profile;
+  absl::StatusOr<Assignment> assignment = client.Register(req, absl::InfiniteDuration());
+  if (!assignment.ok()) {
+    LOG(ERROR) << assignment.status().ToString();
+    return absl::IsCancelled(assignment.status()) ? kWorkerExitStopped : kWorkerExitFailed;
+  }
+  Run run{&client, *assignment, req.incarnation(), nullptr};
+  run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
+                                      assignment->job().timeouts());
+  absl::Status status = device.ok() ? RunJob(run, cuda_ready) : device.status();
+  if (int code = run.agent->exit_code(); code != 0) {
+    LOG(WARNING) << "stopping: " << run.agent->reason();
+    return code;
+  }
+  FinishRequest finish;
+  finish.set_rank(assignment->rank());
+  finish.set_incarnation(req.incarnation());
+  finish.set_ok(status.ok());
+  finish.set_error(status.ToString());
+  if (!status.ok()) LOG(ERROR) << status.ToString();
+  (void)client.Finish(finish);
+  return status.ok() ? 0 : kWorkerExitFailed;
+}
+
+}  // namespace
+
+int WorkerMain(int argc, char** argv) {
+  absl::SetProgramUsageMessage("stagehand worker: started by the launcher, one per GPU");
+  absl::ParseCommandLine(argc, argv);
+  return Main();
+}
+
+}  // namespace stagehand
