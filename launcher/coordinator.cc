@@ -102,6 +102,13 @@ absl::Status CoordinatorState::CheckCaller(int rank, int64_t incarnation) const 
         absl::StrCat("rank ", rank, " has not registered; Register first"));
   }
   if (incarnation < workers_[rank].incarnation) return StaleError(rank, incarnation);
+  // A newer incarnation than the registered one has not registered: it may not speak for the slot
+  // (refresh its heartbeat, record steps, or fail the job) before it does.
+  if (incarnation > workers_[rank].incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " incarnation ", incarnation,
+                                                      " has not registered (incarnation ",
+                                                      workers_[rank].incarnation, " has); Register first"));
+  }
   return absl::OkStatus();
 }
 
@@ -269,8 +276,7 @@ Assignment CoordinatorState::BuildAssignment(int rank) const {
   a.set_job_id(job_id_);
   a.set_rank(rank);
   a.set_world_size(workers);
-  // One stage per worker until the planner lands and assigns stages from the cost profiles.
-  a.set_stage(rank);
+  a.set_stage(rank);  // a job without a partition ("allreduce"): one rank, one stage
   a.set_num_stages(workers);
   for (int r = 0; r < workers; ++r) {
     Peer* peer = a.add_peers();
@@ -281,13 +287,28 @@ Assignment CoordinatorState::BuildAssignment(int rank) const {
   }
   *a.mutable_job() = job_;
   if (partition_) {
+    // The rank's stages come from its schedule (several when interleaved); stage and layers name the
+    // first of them, layers_per_stage and the schedule say the rest.
+    const std::vector<int>& counts = partition_->layers_per_stage;
+    int stage = rank;
+    if (rank < static_cast<int>(partition_->schedules.size())) {
+      const RankSchedule& schedule = partition_->schedules[rank];
+      *a.mutable_schedule() = schedule;
+      for (int s = 0; s < schedule.stage_rank_size(); ++s) {
+        if (schedule.stage_rank(s) == rank) {
+          stage = s;
+          break;
+        }
+      }
+    }
     int first = 0;
-    for (int r = 0; r < rank; ++r) first += partition_->layers_per_stage[r];
+    for (int s = 0; s < stage && s < static_cast<int>(counts.size()); ++s) first += counts[s];
+    a.set_stage(stage);
+    a.set_num_stages(static_cast<int>(counts.size()));
     a.set_first_layer(first);
-    a.set_last_layer(first + partition_->layers_per_stage[rank]);
-    for (int n : partition_->layers_per_stage) a.add_layers_per_stage(n);
+    a.set_last_layer(stage < static_cast<int>(counts.size()) ? first + counts[stage] : first);
+    for (int n : counts) a.add_layers_per_stage(n);
     a.set_plan(partition_->description);
-    if (rank < static_cast<int>(partition_->schedules.size())) *a.mutable_schedule() = partition_->schedules[rank];
   }
   return a;
 }
@@ -462,6 +483,7 @@ absl::Status CoordinatorState::Finish(const FinishRequest& request) {
   slot.finished = true;
   slot.ok = request.ok();
   slot.error = request.error();
+  slot.failed_action = request.failed_action() - 1;
   slot.failed_before_stop = !request.ok() && !stop_reason_;
   slot.steps_done = std::max(slot.steps_done, request.steps_done());
   // The first failure names the root cause; later ones are usually its consequences.
@@ -509,6 +531,12 @@ std::optional<std::string> CoordinatorState::stop_reason() const {
 std::vector<WorkerState> CoordinatorState::Workers() const {
   absl::ReaderMutexLock lock(&mu_);
   return workers_;
+}
+
+std::vector<ReportStepRequest> CoordinatorState::StepsSince(size_t from) const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (from >= steps_.size()) return {};
+  return std::vector<ReportStepRequest>(steps_.begin() + from, steps_.end());
 }
 
 std::vector<ReportStepRequest> CoordinatorState::Steps() const {

@@ -43,6 +43,7 @@ struct WorkerState {
   bool ok = false;
   bool failed_before_stop = false;  // reported a failure while the job still ran: a candidate root cause
   std::string error;
+  int failed_action = -1;  // the index of the action that failed in its schedule (-1: none or unknown)
 };
 
 
@@ -124,6 +125,9 @@ class CoordinatorState {
   // Snapshots for the supervisor and the reports.
   std::vector<WorkerState> Workers() const;
   std::vector<ReportStepRequest> Steps() const;  // every step once, in arrival order
+  // The steps from the `from`-th on (arrival order): what arrived since a reader's last call, without
+  // copying the whole history each time.
+  std::vector<ReportStepRequest> StepsSince(size_t from) const;
   std::optional<Partition> partition() const;  // once planned
 
   // For tests: true once at least `count` waits are pending (false if `deadline` passes first), so

@@ -692,6 +692,53 @@ TEST_F(CoordinatorTest, Heartbeat_UnregisteredRank_IsRefused) {
   EXPECT_EQ(state->Workers()[3].last_heartbeat, absl::InfinitePast());
 }
 
+TEST_F(CoordinatorTest, Reports_NewerIncarnationNotRegistered_AreRefusedAndChangeNothing) {
+  auto state = MakeState(1);
+  RegisterAllOk(*state, 1);  // incarnation 1
+  HeartbeatRequest h;
+  h.set_incarnation(2);
+  h.set_steps_done(99);
+  ReportStepRequest r;
+  r.set_incarnation(2);
+  FinishRequest f;
+  f.set_incarnation(2);
+  f.set_ok(false);
+  f.set_error("an impostor's last words");
+  for (const absl::Status& s : {state->Heartbeat(h).status(), state->ReportStep(r), state->Finish(f)}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("incarnation 2 has not registered (incarnation 1 has)"));
+  }
+  EXPECT_FALSE(state->stopping()) << "an unregistered incarnation must not fail the job";
+  EXPECT_EQ(state->Workers()[0].steps_done, 0);
+  EXPECT_TRUE(state->Steps().empty());
+}
+
+TEST_F(CoordinatorTest, Register_PartitionerGivesSchedules_AssignmentCarriesEachRanksList) {
+  auto state = MakeState(2);
+  state->SetPartitioner([](const std::vector<WorkerState>&) -> absl::StatusOr<Partition> {
+    Partition p{{3, 7}, "test plan", {}};
+    for (int r = 0; r < 2; ++r) {
+      RankSchedule s;
+      s.set_name("1f1b");
+      s.set_rank(r);
+      s.set_num_ranks(2);
+      s.add_actions()->set_stage(r);
+      p.schedules.push_back(s);
+    }
+    return p;
+  });
+  std::vector<absl::StatusOr<Assignment>> a = RegisterAll(*state, 2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(a[r].ok()) << a[r].status();
+    EXPECT_EQ(a[r]->schedule().name(), "1f1b");
+    EXPECT_EQ(a[r]->schedule().rank(), r);
+    ASSERT_EQ(a[r]->schedule().actions_size(), 1);
+    EXPECT_EQ(a[r]->schedule().actions(0).stage(), r);
+  }
+  EXPECT_EQ(a[1]->first_layer(), 3);
+  EXPECT_EQ(a[1]->last_layer(), 10);
+}
+
 TEST_F(CoordinatorTest, Reports_UnregisteredRank_AreFailedPrecondition) {
   auto state = MakeState(2);
   ReportMilestoneRequest m;

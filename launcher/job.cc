@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/text_format.h"
 #include "models/registry.h"
+#include "schedule/schedule.h"
 
 namespace stagehand {
 namespace {
@@ -76,8 +77,8 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
 
 absl::Status Invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
 
-// The pipeline's counts, checked: they do not depend on the model. (Layers against stages, the
-// partition and the memory are checked with the model's description: launcher/job_plan.h.)
+// The pipeline's counts, checked: they do not depend on the model. (The schedule is checked by the
+// schedule library, and the partition and the memory with the model's description: launcher/job_plan.h.)
 absl::Status ValidatePipeline(const JobSpec& job) {
   const PipelineSpec& p = job.pipeline();
   if (p.stages() < 1) return Invalid("--pipeline_stages must be at least 1");
@@ -86,14 +87,6 @@ absl::Status ValidatePipeline(const JobSpec& job) {
                                 " workers: each worker runs one stage (no data parallelism yet); make them equal"));
   }
   if (p.micro_batches() < 1) return Invalid("--micro_batches must be at least 1");
-  if (p.schedule_text().empty() && !p.inference() && p.schedule() != "gpipe" && p.schedule() != "1f1b") {
-    return Invalid(absl::StrCat("--schedule=", p.schedule(), ": unknown; use gpipe or 1f1b, or --schedule_file"));
-  }
-  if (p.schedule_text().empty() && !p.inference() && p.schedule() == "1f1b" && p.micro_batches() < p.stages()) {
-    return Invalid(absl::StrCat("1F1B needs at least as many micro-batches as stages (got ", p.micro_batches(),
-                                " for ", p.stages(), " stages); pass --micro_batches=", p.stages(),
-                                " or more, or --schedule=gpipe"));
-  }
   if (p.global_batch() < 1 || p.global_batch() % p.micro_batches() != 0) {
     return Invalid(absl::StrCat("--global_batch=", p.global_batch(), " does not split into ", p.micro_batches(),
                                 " equal micro-batches; pass a multiple of --micro_batches"));
@@ -130,6 +123,25 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
   if (p.partition().empty()) p.set_partition("auto");
   if (spec.lr() == 0) spec.set_lr(1e-4);
   return ValidatePipeline(spec);
+}
+
+// A schedule file says how many micro-batches it runs: that is the job's count, unless the flags ask
+// for another, which cannot work.
+absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
+  absl::StatusOr<Schedule> parsed = ParseSchedule(spec.pipeline().schedule_text(), "file", 1);
+  if (!parsed.ok()) {
+    return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, ": ", parsed.status().message()));
+  }
+  int m = 0;
+  for (const std::vector<Action>& rank : parsed->ranks) {
+    for (const Action& a : rank) m = std::max(m, a.microbatch + 1);
+  }
+  if (r.micro_batches && *r.micro_batches != m) {
+    return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " runs ", m, " micro-batches but --micro_batches=",
+                                *r.micro_batches, "; drop --micro_batches or pass ", m));
+  }
+  spec.mutable_pipeline()->set_micro_batches(m);
+  return absl::OkStatus();
 }
 
 // The job of a bare `launcher`: a model that visibly learns, sized to what the devices show. On CPU
@@ -221,7 +233,7 @@ absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, Reso
 
 const std::vector<std::string>& KnownModels() {
   static const auto* models = [] {
-    auto* m = new std::vector<std::string>{"allreduce"};
+    auto* m = new std::vector<std::string>{kAllReduceModel};
     for (const std::string& g : BuiltinPresets()) m->push_back(g);
     return m;
   }();
@@ -268,8 +280,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
       return Invalid(absl::StrCat("--schedule_file=", request.schedule_file, ": cannot read it: ", std::strerror(errno)));
     }
     out.spec.mutable_pipeline()->set_schedule_text(text.str());
+    if (absl::Status s = TakeMicroBatchesFromSchedule(request, out.spec); !s.ok()) return s;
   }
-  if (out.spec.model() != "allreduce") {
+  if (IsModelJob(out.spec)) {
     if (absl::Status s = ResolveModel(out.spec, request.custom_worker); !s.ok()) return s;
   }
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());

@@ -31,8 +31,25 @@ absl::StatusOr<std::vector<int>> ParsePartition(const std::string& text) {
   return counts;
 }
 
+// How many of the schedule's stages each rank holds (more than one when interleaved).
+std::vector<int> StagesPerRank(const Schedule& schedule) {
+  std::vector<int> n(schedule.num_ranks, 0);
+  for (int r : schedule.stage_rank) ++n[r];
+  return n;
+}
+
+// Each stage's share of its rank's memory: a rank's memory split evenly among the stages it holds.
+std::vector<int64_t> StageMemory(const Schedule& schedule, const std::vector<int64_t>& rank_memory) {
+  if (rank_memory.empty()) return {};
+  const std::vector<int> per_rank = StagesPerRank(schedule);
+  std::vector<int64_t> out;
+  for (int r : schedule.stage_rank) out.push_back(rank_memory[r] / std::max(1, per_rank[r]));
+  return out;
+}
+
 // Memory a stage holds per micro-batch in flight comes from the schedule: the most activations its
-// rank keeps at once in the simulation.
+// rank keeps at once in the simulation, shared evenly among the rank's stages (an approximation when
+// interleaved: the simulator counts activations per rank).
 PlanRequest MakePlanRequest(const JobSpec& job, const Schedule& schedule, const SimulationResult& sim,
                             const std::vector<LayerCost>& layers, const std::vector<int64_t>& memory_bytes) {
   PlanRequest r;
@@ -42,7 +59,11 @@ PlanRequest MakePlanRequest(const JobSpec& job, const Schedule& schedule, const 
   for (const LayerCost& c : layers) {
     r.layers.push_back({c.forward_ms(), c.backward_ms(), c.param_bytes(), c.activation_bytes()});
   }
-  for (int s = 0; s < r.stages; ++s) r.in_flight.push_back(std::max(1, sim.peak_activations[schedule.stage_rank[s]]));
+  const std::vector<int> per_rank = StagesPerRank(schedule);
+  for (int s = 0; s < r.stages; ++s) {
+    const int rank = schedule.stage_rank[s];
+    r.in_flight.push_back(std::max(1, (sim.peak_activations[rank] + per_rank[rank] - 1) / std::max(1, per_rank[rank])));
+  }
   return r;
 }
 
@@ -129,13 +150,25 @@ std::vector<LayerCost> Costs(const JobSpec& job, const std::vector<WorkerState>&
   return mean;
 }
 
+bool HasCommunication(const Schedule& s) {
+  for (const std::vector<Action>& rank : s.ranks) {
+    for (const Action& a : rank) {
+      if (IsCommunication(a.kind)) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<Schedule> JobSchedule(const JobSpec& job) {
   const PipelineSpec& p = job.pipeline();
   absl::StatusOr<Schedule> s;
   if (!p.schedule_text().empty()) {
-    s = ParseSchedule(p.schedule_text(), p.schedule().empty() ? "file" : p.schedule(), p.micro_batches());
+    s = ParseSchedule(p.schedule_text(), "file", p.micro_batches());
+    // A list of compute only (torch.distributed.pipelining's compute-only form) gets its sends and
+    // receives from the same lowering pass as the generated schedules.
+    if (s.ok() && s->num_ranks > 1 && !HasCommunication(*s)) s = AddCommunication(*s);
     if (s.ok() && s->num_ranks != job.workers()) {
       return Invalid(absl::StrCat("--schedule_file lists ", s->num_ranks, " ranks but the job has ", job.workers(),
                                   " workers; give one line per worker"));
@@ -144,10 +177,13 @@ absl::StatusOr<Schedule> JobSchedule(const JobSpec& job) {
       return Invalid(p.inference() ? "--inference with a --schedule_file that trains (B or OPT actions)"
                                    : "--schedule_file has no backward: pass --inference to run it forward only");
     }
+    if (!s.ok()) return Invalid(absl::StrCat("--schedule_file: ", s.status().message()));
+  } else if (!p.inference() && p.schedule() == "forward") {
+    return Invalid("--schedule=forward runs no backward: pass --inference for a forward-only run");
   } else {
     s = MakeSchedule(p.inference() ? "forward" : p.schedule(), p.stages(), p.micro_batches());
+    if (!s.ok()) return Invalid(absl::StrCat("--schedule=", p.schedule(), ": ", s.status().message()));
   }
-  if (!s.ok()) return Invalid(absl::StrCat("schedule: ", s.status().message()));
   absl::StatusOr<SimulationResult> sim = Simulate(*s, UniformCosts(s->num_stages));
   if (!sim.ok()) {
     return Invalid(absl::StrCat("the ", s->name, " schedule cannot run: ", sim.status().message(), "\n",
@@ -161,31 +197,23 @@ absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus)
   if (!schedule.ok()) return schedule.status();
   const ModelDescription* d = FindBuiltinModel(job.model());
   if (d == nullptr) return absl::OkStatus();
-  const int layers = d->NumLayers(job.model_spec());
-  if (schedule->num_stages > layers) {  // a schedule file's virtual stages (job.cc checked the stages)
-    return Invalid(absl::StrCat("the schedule has ", schedule->num_stages, " stages but the model only ", layers,
-                                " pipeline layers (", d->DescribeLayers(job.model_spec()), ")"));
+  // The planner checks an explicit partition's counts, and on GPUs the memory (the analytic estimate
+  // against each GPU's memory, with room for CUDA and NCCL).
+  std::vector<int64_t> rank_memory;
+  if (job.device() == DEVICE_KIND_CUDA) {
+    for (const GpuInfo& g : gpus) rank_memory.push_back(g.total_bytes * 9 / 10);
   }
-  absl::StatusOr<std::vector<int>> counts = ParsePartition(job.pipeline().partition());
-  if (!counts.ok()) return counts.status();
-  int sum = 0;
-  for (int c : *counts) sum += c;
-  if (!counts->empty() && (static_cast<int>(counts->size()) != schedule->num_stages || sum != layers)) {
-    return Invalid(absl::StrCat("--partition=", job.pipeline().partition(), " lists ", counts->size(),
-                                " stages of ", sum, " layers in all, but the job has ", schedule->num_stages,
-                                " stages and the model ", d->DescribeLayers(job.model_spec())));
-  }
-  if (job.device() != DEVICE_KIND_CUDA) return absl::OkStatus();
-  std::vector<int64_t> memory;
-  for (const GpuInfo& g : gpus) memory.push_back(g.total_bytes * 9 / 10);  // room for CUDA and NCCL
+  const std::vector<int64_t> stage_memory = StageMemory(*schedule, rank_memory);
   LayerProfile estimate = d->Estimate(job.model_spec(), MicroBatchSize(job));
   std::vector<LayerCost> costs(estimate.layers().begin(), estimate.layers().end());
   absl::StatusOr<SimulationResult> sim = Simulate(*schedule, UniformCosts(schedule->num_stages));
   if (!sim.ok()) return sim.status();
-  std::vector<int64_t> stage_memory;
-  for (int s = 0; s < schedule->num_stages; ++s) stage_memory.push_back(memory[schedule->stage_rank[s]]);
   absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, *schedule, *sim, costs, stage_memory));
-  if (!plan.ok()) return Invalid(plan.status().message());
+  if (!plan.ok()) {
+    const std::string& p = job.pipeline().partition();
+    return Invalid(p == "auto" || p == "uniform" ? std::string(plan.status().message())
+                                                 : absl::StrCat("--partition=", p, ": ", plan.status().message()));
+  }
   return absl::OkStatus();
 }
 
@@ -201,12 +229,11 @@ PartitionFn Partitioner(const JobSpec& job) {
     }
     absl::StatusOr<SimulationResult> uniform = Simulate(*schedule, UniformCosts(schedule->num_stages));
     if (!uniform.ok()) return uniform.status();
-    std::vector<int64_t> memory;
+    std::vector<int64_t> rank_memory;
     if (job.device() == DEVICE_KIND_CUDA) {
-      for (int s = 0; s < schedule->num_stages; ++s) {
-        memory.push_back(workers[schedule->stage_rank[s]].device.free_bytes() * 9 / 10);
-      }
+      for (const WorkerState& w : workers) rank_memory.push_back(w.device.free_bytes() * 9 / 10);
     }
+    const std::vector<int64_t> memory = StageMemory(*schedule, rank_memory);
     absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, *schedule, *uniform, costs, memory));
     if (!plan.ok()) return plan.status();
     absl::StatusOr<SimulationResult> predicted = Simulate(*schedule, CostsOf(*plan, costs));
@@ -215,6 +242,18 @@ PartitionFn Partitioner(const JobSpec& job) {
     for (int r = 0; r < schedule->num_ranks; ++r) out.schedules.push_back(ToProto(*schedule, r));
     return out;
   };
+}
+
+absl::StatusOr<std::string> FailureGrid(const Partition& partition, int rank, int index) {
+  if (partition.schedules.empty()) return absl::NotFoundError("no schedule was shipped");
+  absl::StatusOr<Schedule> whole = FromProto(partition.schedules[0]);
+  if (!whole.ok()) return whole.status();
+  for (size_t r = 1; r < partition.schedules.size(); ++r) {
+    absl::StatusOr<Schedule> one = FromProto(partition.schedules[r]);
+    if (!one.ok()) return one.status();
+    whole->ranks[r] = one->ranks[r];
+  }
+  return Grid(*whole, rank, index);
 }
 
 }  // namespace stagehand

@@ -31,6 +31,10 @@ absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus)
 // step time goes into the plan line), and gives every rank its list.
 PartitionFn Partitioner(const JobSpec& job);
 
+// The rank-by-step grid of the whole schedule the partition shipped, with action `index` of `rank`
+// marked, for the log of a failed run.
+absl::StatusOr<std::string> FailureGrid(const Partition& partition, int rank, int index);
+
 }  // namespace stagehand
 
 #endif  // STAGEHAND_LAUNCHER_JOB_PLAN_H_

@@ -22,18 +22,16 @@
 #include "launcher/coordinator_service.h"
 #include "launcher/job_plan.h"
 #include "launcher/progress.h"
-#include "models/registry.h"
 #include "launcher/report.h"
+#include "launcher/run_dir.h"
 #include "launcher/sweep_report.h"
 #include "launcher/supervisor.h"
-
-extern char** environ;
+#include "launcher/worker_binary.h"
+#include "models/model_description.h"
 
 namespace stagehand {
 namespace {
 
-// Every job but the checked all-reduce runs a model through the pipeline.
-bool IsModelJob(const JobSpec& job) { return job.model() != "allreduce"; }
 
 std::string RandomHex(int bytes) {
   std::string raw(bytes, '\0');
@@ -42,95 +40,12 @@ std::string RandomHex(int bytes) {
   return absl::BytesToHexString(raw);
 }
 
-// `bazel run` starts us in the runfiles tree; paths the user typed are relative to where they were.
-std::string UserPath(const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  const char* wd = std::getenv("BUILD_WORKING_DIRECTORY");
-  return wd ? absl::StrCat(wd, "/", path) : path;
-}
 
-absl::Status MakeDirs(const std::string& path) {
-  for (size_t i = 1; i <= path.size(); ++i) {
-    if (i < path.size() && path[i] != '/') continue;
-    std::string prefix = path.substr(0, i);
-    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot create the run directory ", prefix, ": ", std::strerror(errno)));
-    }
-  }
-  return absl::OkStatus();
-}
 
-std::string ExeDir() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  std::string exe(buf, n);
-  return exe.substr(0, exe.rfind('/'));
-}
 
-// The worker sits beside the launcher in the bundle, and in ../worker/ in bazel-bin.
-absl::StatusOr<std::string> FindWorker(const std::string& given) {
-  std::vector<std::string> candidates;
-  if (!given.empty()) {
-    candidates = {UserPath(given)};
-  } else {
-    candidates = {ExeDir() + "/worker", ExeDir() + "/../worker/worker"};
-  }
-  for (const std::string& c : candidates) {
-    if (access(c.c_str(), X_OK) == 0) return c;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("no worker binary at ", candidates[0],
-                                                 given.empty() ? " or beside the launcher's bazel-bin folder" : "",
-                                                 "; pass --worker_binary=PATH"));
-}
 
-std::vector<std::string> WorkerEnvironment(int workers) {
-  std::vector<std::string> env;
-  // Like torchrun: workers share the cores instead of each spinning up a thread per core, which
-  // oversubscribes the machine (OpenMP threads busy-wait) and slows every worker down.
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    env.push_back(absl::StrCat("OMP_NUM_THREADS=", std::max(1, cores / std::max(1, workers))));
-  }
-  for (char** e = environ; *e != nullptr; ++e) {
-    absl::string_view v(*e);
-    // Set per worker by the supervisor, or forced below.
-    if (absl::StartsWith(v, "CUDA_VISIBLE_DEVICES=") || absl::StartsWith(v, "STAGEHAND_") ||
-        absl::StartsWith(v, "NCCL_NVLS_ENABLE=") || absl::StartsWith(v, "TORCH_SYMM_MEM_DISABLE_MULTICAST=") ||
-        absl::StartsWith(v, "NVSHMEM_DISABLE_NVLS=")) {
-      continue;
-    }
-    env.emplace_back(v);
-  }
-  // NVLink multicast can take shared GPUs out of service: off in every process we start.
-  env.push_back("NCCL_NVLS_ENABLE=0");
-  env.push_back("TORCH_SYMM_MEM_DISABLE_MULTICAST=1");
-  env.push_back("NVSHMEM_DISABLE_NVLS=1");
-  return env;
-}
 
-std::string Seconds(const std::optional<absl::Duration>& d) {
-  return d ? absl::StrFormat("%.3f", absl::ToDoubleSeconds(*d)) : "-";
-}
 
-void WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, const std::string& path) {
-  std::string table = absl::StrCat("# launch_unix_micros=", absl::ToUnixMicros(launch), "\n");
-  absl::StrAppend(&table, "rank\tspawned\tcuda_ready\tregistered\tnccl_ready\tfirst_step\n");
-  for (const RankLedger& l : ledger) {
-    absl::StrAppend(&table, l.rank, "\t", Seconds(l.spawned), "\t", Seconds(l.cuda_ready), "\t",
-                    Seconds(l.registered), "\t", Seconds(l.nccl_ready), "\t", Seconds(l.first_step), "\n");
-  }
-  std::ofstream(path) << table;
-  std::string out = "stagehand: startup ledger (seconds since launch)\n";
-  absl::StrAppend(&out, absl::StrFormat("  %4s %8s %10s %10s %10s %10s\n", "rank", "spawned", "cuda_ready", "registered",
-                                        "nccl_ready", "first_step"));
-  for (const RankLedger& l : ledger) {
-    absl::StrAppend(&out, absl::StrFormat("  %4d %8s %10s %10s %10s %10s\n", l.rank, Seconds(l.spawned),
-                                          Seconds(l.cuda_ready), Seconds(l.registered), Seconds(l.nccl_ready),
-                                          Seconds(l.first_step)));
-  }
-  std::fputs(out.c_str(), stdout);
-}
 
 // report.json and trace.json; a summary line of what the run achieved and where the time went.
 RunReport WriteReports(const CoordinatorState& state, const Supervisor& supervisor, const LaunchOptions& options,
@@ -171,13 +86,18 @@ RunReport WriteReports(const CoordinatorState& state, const Supervisor& supervis
   return report;
 }
 
-void WriteSteps(const std::vector<ReportStepRequest>& steps, const std::string& path) {
-  std::string csv = "step,rank,loss,seconds,tokens,peak_memory_bytes\n";
-  for (const ReportStepRequest& r : steps) {
-    absl::StrAppend(&csv, r.step(), ",", r.rank(), ",", r.has_loss() ? absl::StrFormat("%.9g", r.loss()) : "", ",",
-                    absl::StrFormat("%.6f", r.step_seconds()), ",", r.tokens(), ",", r.peak_memory_bytes(), "\n");
+
+// For each worker that failed at an action of its schedule: the rank-by-step grid of the whole
+// schedule with that action marked (torch.distributed.pipelining prints the same on failure).
+void PrintFailedActions(const CoordinatorState& state) {
+  const std::optional<Partition> partition = state.partition();
+  if (!partition) return;
+  const std::vector<WorkerState> workers = state.Workers();
+  for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
+    if (workers[r].failed_action < 0) continue;
+    absl::StatusOr<std::string> grid = FailureGrid(*partition, r, workers[r].failed_action);
+    if (grid.ok()) std::printf("stagehand: rank %d failed at the marked action of its schedule:\n%s", r, grid->c_str());
   }
-  std::ofstream(path) << csv;
 }
 
 // Runs the supervisor until every worker is gone, feeding it signals.
@@ -267,6 +187,7 @@ LaunchResult Launch(const LaunchOptions& options) {
     std::printf("stagehand: done: %d workers, %lld steps in %.2f s; run directory %s\n", job->spec.workers(),
                 static_cast<long long>(job->spec.steps()), absl::ToDoubleSeconds(elapsed), run_dir.c_str());
   } else {
+    PrintFailedActions(state);
     std::printf("stagehand: FAILED (exit %d): %s; run directory %s\n", supervisor.exit_code(),
                 supervisor.root_cause().c_str(), run_dir.c_str());
   }
@@ -292,6 +213,7 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
   const bool cpu = options.job.device == "cpu" || (options.job.device != "cuda" && inventory.gpus.empty());
   std::vector<SweepPoint> points;
   int exit_code = kExitSuccess;
+  std::string results_model;  // the model the runs ran (the default when none was asked for)
   for (int n : counts) {
     SweepPoint p;
     p.workers = p.stages = n;
@@ -315,6 +237,7 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
       if (exit_code == kExitSuccess) exit_code = r.exit_code;
     }
     p.run_dir = r.run_dir;
+    if (!r.report.job().model().empty()) results_model = r.report.job().model();
     p.step_seconds = r.report.step_seconds();
     p.tokens_per_second = r.report.tokens_per_second();
     p.micro_batches = r.report.job().pipeline().micro_batches();
@@ -322,8 +245,8 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
     points.push_back(p);
     if (!r.started) break;  // the job itself is refused: every count would be
   }
-  const std::string title = absl::StrCat("stagehand sweep: ", options.job.model.empty() ? "allreduce" : options.job.model,
-                                         cpu ? " on CPU workers" : " on GPUs");
+  const std::string model = !results_model.empty() ? results_model : options.job.model;
+  const std::string title = absl::StrCat("stagehand sweep: ", model, cpu ? " on CPU workers" : " on GPUs");
   std::ofstream(base + "/sweep.csv") << SweepCsv(points);
   std::ofstream(base + "/sweep.md") << SweepMarkdown(points, title);
   std::ofstream(base + "/sweep.svg") << SweepSvg(points, title);

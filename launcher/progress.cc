@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "models/model_description.h"
 
 namespace stagehand {
 
@@ -25,15 +26,15 @@ std::string Progress::AllReduceRow(int64_t elements, int ranks, double seconds) 
 }
 
 void Progress::Update(const CoordinatorState& state) {
-  std::vector<ReportStepRequest> steps = state.Steps();
+  const std::vector<ReportStepRequest> steps = state.StepsSince(seen_);
+  seen_ += steps.size();
   const JobSpec& job = state.job();
-  for (; printed_ < steps.size(); ++printed_) {
-    const ReportStepRequest& r = steps[printed_];
-    if (r.rank() != job.workers() - 1) continue;  // the last rank holds the loss
-    if (job.model() == "allreduce") {
+  for (const ReportStepRequest& r : steps) {
+    if (!IsModelJob(job)) {
+      if (r.rank() != job.workers() - 1) continue;  // one row a step
       PrintAllReduceStep(r, job);
-    } else {
-      PrintModelStep(r, job);
+    } else if (r.has_loss() || (job.pipeline().inference() && r.rank() == job.workers() - 1)) {
+      PrintModelStep(r, job);  // from the rank that holds the last stage
     }
   }
 }

@@ -35,7 +35,7 @@ class Progress {
   const bool bar_;
   const absl::Time start_;
   std::FILE* const out_;
-  size_t printed_ = 0;
+  size_t seen_ = 0;  // step reports read so far
   bool drawn_ = false;
   bool header_ = false;
   int ranks_ = 0;

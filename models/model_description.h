@@ -46,6 +46,10 @@ class ModelDescription {
   virtual int64_t ParameterCount(const ModelSpec& spec) const = 0;
 };
 
+// The one job that runs no model: a checked all-reduce per step (the transport's own test).
+inline constexpr char kAllReduceModel[] = "allreduce";
+inline bool IsModelJob(const JobSpec& job) { return job.model() != kAllReduceModel; }
+
 // Sequences per micro-batch.
 inline int64_t MicroBatchSize(const JobSpec& job) {
   const int m = job.pipeline().micro_batches();

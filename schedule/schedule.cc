@@ -383,7 +383,7 @@ absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, int ranks, int mic
     compute = GenerateForwardOnly(ranks, microbatches);
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown schedule \"", name, "\"; use gpipe, 1f1b or forward"));
+        absl::StrCat("unknown schedule \"", name, "\"; use gpipe or 1f1b (or forward, the inference list)"));
   }
   if (!compute.ok()) return compute.status();
   return AddCommunication(*compute);

@@ -27,5 +27,9 @@ check "schedule/ uses LibTorch" '#include <(torch|ATen|c10)/' schedule/*.h sched
 check "model descriptions use LibTorch" '#include <(torch|ATen|c10)/' models/*.h models/*.cc models/*/*_description.*
 check "the engine names a model family" '(gpt|llama|Gpt|Llama)' worker/executor.* worker/pipeline.* worker/stage.*
 check "launcher BUILD depends on a worker library" '"//worker:[a-z_]+"' launcher/BUILD.bazel
+# Transitively, as Bazel resolves the targets (genquery): no path from the launcher's library into
+# worker/ or a model's LibTorch stage, none from the worker's into launcher/.
+check "//launcher:launch depends (transitively) on" '^(//worker|//models/[a-z]+:[a-z_]*stage|@libtorch)' tests/launcher_deps
+check "//worker:worker_main depends (transitively) on" '^//launcher' tests/worker_deps
 [ "$status" -eq 0 ] && echo "layering: ok (${#launcher[@]} launcher files, ${#worker[@]} worker files)"
 exit "$status"

@@ -15,11 +15,6 @@
 namespace stagehand {
 namespace {
 
-bool IsComm(ActionKind k) {
-  return k == ActionKind::kSendForward || k == ActionKind::kRecvForward || k == ActionKind::kSendBackward ||
-         k == ActionKind::kRecvBackward;
-}
-
 // For messages: what an action kind does.
 const char* ActionKindName(ActionKind k) {
   switch (k) {
@@ -93,6 +88,8 @@ Executor::Executor(ExecutorOptions options, std::vector<std::unique_ptr<Stage>> 
     if (o_.schedule.stage_rank[s] == o_.rank) chunk_stage_.push_back(s);
   }
   slots_.resize(static_cast<size_t>(chunks_.size()) * m_);
+  // Peak memory from here on: the profile that ran before (and its graphs) is not the run's.
+  if (o_.device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(0);
   if (training_) {
     optimizer_ = std::make_unique<FusedAdamW>(Parameters(), o_.lr);
     for (auto& c : chunks_) c->SetTraining(true);
@@ -155,7 +152,7 @@ absl::Status Executor::Check() const {
                                                      "not hold (", chunks_.size(), " chunks, ", m_,
                                                      " micro-batches)"));
     }
-    if (IsComm(a.kind) && transport_ == nullptr) {
+    if (IsCommunication(a.kind) && transport_ == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", o_.rank, ": ", name, " without a transport"));
     }
   }
@@ -310,6 +307,7 @@ absl::Status Executor::Communicate(const std::vector<Action>& group) {
     if (x.kind == ActionKind::kRecvForward) s.act_ready = done;
     if (x.kind == ActionKind::kRecvBackward) s.grad_ready = done;
     if (x.kind == ActionKind::kSendBackward) s.grad_out = torch::Tensor();
+    if (x.kind == ActionKind::kSendForward && !training_) s.output = torch::Tensor();  // no backward needs it
   }
   return absl::OkStatus();
 }
@@ -320,12 +318,15 @@ absl::Status Executor::Compute(const Action& x) {
   std::string waited_for;
   if (x.kind != ActionKind::kOptimizerStep) {
     Slot& s = At(x.chunk, x.microbatch);
+    Action received = x;  // the receive this compute waits for, named as the list names it
     if (x.kind == ActionKind::kForward && s.act_ready) {
       streams_->ComputeAfter(s.act_ready);
-      waited_for = absl::StrCat(x.stage, "RECV_F", x.microbatch);
+      received.kind = ActionKind::kRecvForward;
+      waited_for = ToString(received);
     } else if (x.kind == ActionKind::kBackward && s.grad_ready) {
       streams_->ComputeAfter(s.grad_ready);
-      waited_for = absl::StrCat(x.stage, "RECV_B", x.microbatch);
+      received.kind = ActionKind::kRecvBackward;
+      waited_for = ToString(received);
     }
   }
   timer_.StartCompute();
@@ -346,7 +347,7 @@ absl::Status Executor::Compute(const Action& x) {
 // Runs actions_[i] (and the rest of its group), advancing i past them.
 absl::Status Executor::Run(size_t& i) {
   const Action& x = actions_[i];
-  if (IsComm(x.kind)) {
+  if (IsCommunication(x.kind)) {
     std::vector<Action> group{x};
     while (x.group >= 0 && i + 1 < actions_.size() && actions_[i + 1].group == x.group) group.push_back(actions_[++i]);
     ++i;

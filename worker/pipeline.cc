@@ -13,9 +13,9 @@
 #include <map>
 #include <optional>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/log_message.h"
 #include "models/model_description.h"
 #include "schedule/schedule_proto.h"
 #include "worker/data.h"
@@ -113,7 +113,7 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   o.schedule = *schedule;
   o.micro_batch = MicroBatchSize(job);
   o.seq = job.model_spec().seq();
-  o.lr = job.lr() > 0 ? job.lr() : 1e-4;
+  o.lr = job.lr();  // the launcher fills the default
   o.timing = !job.no_timing();
   o.cuda_graphs = !job.no_cuda_graphs();
   o.device = DeviceOf(job);
@@ -122,9 +122,9 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   for (int64_t step = 0; step < job.steps(); ++step) {
     absl::StatusOr<StepResult> r = executor.Step(step);
     if (!r.ok()) {
-      LogMessage(LogSeverity::kError, __FILE__, __LINE__).stream() << "the step failed at the marked action; this rank's schedule:\n"
-                 << Grid(*schedule, a.rank(), executor.failed_action());
-      return r.status();
+      absl::Status s = r.status();
+      if (executor.failed_action() >= 0) s.SetPayload(kFailedActionPayload, absl::Cord(absl::StrCat(executor.failed_action())));
+      return s;
     }
     if (absl::Status s = on_step(*r); !s.ok()) return s;
   }

@@ -16,6 +16,10 @@ namespace stagehand {
 
 using PipelineStepCallback = std::function<absl::Status(const StepResult&)>;
 
+// The payload of a RunPipeline error that failed at an action: the action's index in the rank's list,
+// in decimal. The worker reports it to the coordinator, which prints the grid.
+inline constexpr char kFailedActionPayload[] = "stagehand.failed_action";
+
 // Runs job.steps() steps of the assignment's schedule (training, or forward-only for inference),
 // reporting each; writes the stages' parameters to the run directory if job.save_params(). `transport`
 // may be null when the rank has no neighbour on another rank. On a failure inside a step, logs the

@@ -16,12 +16,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/host.h"
 #include "common/logging.h"
 #include "common/worker_contract.h"
+#include "models/model_description.h"
 #include "worker/agent.h"
 #include "worker/coordinator_client.h"
 #include "worker/cpu_transport.h"
@@ -41,8 +43,6 @@ namespace stagehand {
 namespace {
 
 
-// Every job but the checked all-reduce runs a model through the pipeline.
-bool IsModelJob(const JobSpec& job) { return job.model() != "allreduce"; }
 
 absl::StatusOr<std::string> ReadSecret() {
   const char* fd_text = std::getenv(kSecretFdEnv);
@@ -204,6 +204,11 @@ int Main() {
   finish.set_rank(assignment->rank());
   finish.set_incarnation(req.incarnation());
   finish.set_ok(status.ok());
+  if (auto action = status.GetPayload(kFailedActionPayload)) {
+    int index = -1;
+    if (absl::SimpleAtoi(std::string(*action), &index)) finish.set_failed_action(index + 1);
+    status.ErasePayload(kFailedActionPayload);
+  }
   finish.set_error(status.ToString());
   if (!status.ok()) LOG(ERROR) << status.ToString();
   (void)client.Finish(finish);

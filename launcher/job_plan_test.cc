@@ -1,0 +1,114 @@
+// Tests of the job plan: the schedule the coordinator ships (generated, or given as text and lowered),
+// refused when it cannot run; the partition from profiles; the grid of a failed run.
+#include "launcher/job_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "models/registry.h"
+#include "schedule/schedule_proto.h"
+
+namespace stagehand {
+namespace {
+
+using ::testing::HasSubstr;
+
+JobSpec TinyJob(int stages, const std::string& schedule, int microbatches) {
+  JobSpec job;
+  job.set_model("tiny");
+  job.set_device(DEVICE_KIND_CPU);
+  job.set_workers(stages);
+  *job.mutable_model_spec() = *FindBuiltinModel("tiny")->Resolve("tiny", {});
+  PipelineSpec& p = *job.mutable_pipeline();
+  p.set_stages(stages);
+  p.set_schedule(schedule);
+  p.set_micro_batches(microbatches);
+  p.set_global_batch(4 * microbatches);
+  p.set_partition("auto");
+  return job;
+}
+
+std::vector<WorkerState> Profiled(const JobSpec& job, int workers) {
+  std::vector<WorkerState> out(workers);
+  const LayerProfile estimate = FindBuiltinModel("tiny")->Estimate(job.model_spec(), 4);
+  for (WorkerState& w : out) w.profile = estimate;
+  return out;
+}
+
+TEST(JobSchedule, Generated1F1B_IsLoweredWithSendsAndReceives) {
+  absl::StatusOr<Schedule> s = JobSchedule(TinyJob(2, "1f1b", 4));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->name, "1f1b");
+  EXPECT_EQ(s->num_ranks, 2);
+  EXPECT_THAT(ToString(s->ranks[0]), HasSubstr("0SEND_F"));
+}
+
+TEST(JobSchedule, ComputeOnlyText_GetsTheLoweringPass) {
+  JobSpec job = TinyJob(2, "gpipe", 2);
+  job.mutable_pipeline()->set_schedule_text("0F0 0F1 0B1 0B0 OPT\n1F0 1F1 1B1 1B0 OPT\n");
+  absl::StatusOr<Schedule> s = JobSchedule(job);
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<Schedule> generated = MakeSchedule("gpipe", 2, 2);
+  ASSERT_TRUE(generated.ok());
+  EXPECT_EQ(ToString(s->ranks[1]), ToString(generated->ranks[1]));
+}
+
+TEST(JobSchedule, DeadlockingText_IsInvalidArgumentNamingEachRanksStuckAction) {
+  JobSpec job = TinyJob(2, "gpipe", 2);
+  job.mutable_pipeline()->set_schedule_text(
+      "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B1 0B1 0RECV_B0 0B0 OPT\n"
+      "1RECV_F1 1F1 1RECV_F0 1F0 1B1 1SEND_B1 1B0 1SEND_B0 OPT\n");
+  absl::Status s = JobSchedule(job).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cannot run"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0 waits at 0SEND_F0"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1 waits at 1RECV_F1"));
+}
+
+TEST(JobSchedule, TextForOtherRanksOrInferenceMismatch_IsRefusedSayingWhatToChange) {
+  JobSpec job = TinyJob(3, "gpipe", 1);
+  job.mutable_pipeline()->set_schedule_text("0F0 0B0 OPT\n1F0 1B0 OPT\n");
+  EXPECT_THAT(std::string(JobSchedule(job).status().message()), HasSubstr("lists 2 ranks but the job has 3 workers"));
+  job = TinyJob(1, "gpipe", 1);
+  job.mutable_pipeline()->set_schedule_text("0F0\n");
+  EXPECT_THAT(std::string(JobSchedule(job).status().message()), HasSubstr("pass --inference"));
+  job.mutable_pipeline()->set_schedule("forward");
+  job.mutable_pipeline()->clear_schedule_text();
+  EXPECT_THAT(std::string(JobSchedule(job).status().message()), HasSubstr("pass --inference"));
+}
+
+TEST(Partitioner, Profiled_GivesEveryRankItsListAndPredictsTheStep) {
+  const JobSpec job = TinyJob(2, "1f1b", 4);
+  absl::StatusOr<Partition> p = Partitioner(job)(Profiled(job, 2));
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->schedules.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(p->schedules[r].rank(), r);
+    EXPECT_GT(p->schedules[r].actions_size(), 0);
+  }
+  int layers = 0;
+  for (int n : p->layers_per_stage) layers += n;
+  EXPECT_EQ(layers, 10);
+  EXPECT_THAT(p->description, HasSubstr("predicted step"));
+  EXPECT_THAT(p->description, HasSubstr("layer ms (forward + backward): embedding"));
+}
+
+TEST(FailureGrid, MarksTheFailedActionInTheWholeSchedule) {
+  const JobSpec job = TinyJob(2, "gpipe", 2);
+  absl::StatusOr<Partition> p = Partitioner(job)(Profiled(job, 2));
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<Schedule> s = FromProto(p->schedules[1]);
+  ASSERT_TRUE(s.ok());
+  int index = -1;  // rank 1's backward of micro-batch 0
+  for (size_t i = 0; i < s->ranks[1].size(); ++i) {
+    if (ToString(s->ranks[1][i]) == "1B0") index = static_cast<int>(i);
+  }
+  ASSERT_GE(index, 0);
+  absl::StatusOr<std::string> grid = FailureGrid(*p, 1, index);
+  ASSERT_TRUE(grid.ok()) << grid.status();
+  EXPECT_THAT(*grid, HasSubstr("[1B0]"));
+  EXPECT_THAT(*grid, HasSubstr("0F0"));  // rank 0's row is there too
+}
+
+}  // namespace
+}  // namespace stagehand

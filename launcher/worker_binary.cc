@@ -1,0 +1,70 @@
+// The worker binary and its environment (see worker_binary.h).
+#include "launcher/worker_binary.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "launcher/run_dir.h"
+
+extern char** environ;
+
+namespace stagehand {
+namespace {
+
+std::string ExeDir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string exe(buf, n);
+  return exe.substr(0, exe.rfind('/'));
+}
+
+}  // namespace
+
+// The worker sits beside the launcher in the bundle, and in ../worker/ in bazel-bin.
+absl::StatusOr<std::string> FindWorker(const std::string& given) {
+  std::vector<std::string> candidates;
+  if (!given.empty()) {
+    candidates = {UserPath(given)};
+  } else {
+    candidates = {ExeDir() + "/worker", ExeDir() + "/../worker/worker"};
+  }
+  for (const std::string& c : candidates) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("no worker binary at ", candidates[0],
+                                                 given.empty() ? " or beside the launcher's bazel-bin folder" : "",
+                                                 "; pass --worker_binary=PATH"));
+}
+
+std::vector<std::string> WorkerEnvironment(int workers) {
+  std::vector<std::string> env;
+  // Like torchrun: workers share the cores instead of each spinning up a thread per core, which
+  // oversubscribes the machine (OpenMP threads busy-wait) and slows every worker down.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    env.push_back(absl::StrCat("OMP_NUM_THREADS=", std::max(1, cores / std::max(1, workers))));
+  }
+  for (char** e = environ; *e != nullptr; ++e) {
+    absl::string_view v(*e);
+    // Set per worker by the supervisor, or forced below.
+    if (absl::StartsWith(v, "CUDA_VISIBLE_DEVICES=") || absl::StartsWith(v, "STAGEHAND_") ||
+        absl::StartsWith(v, "NCCL_NVLS_ENABLE=") || absl::StartsWith(v, "TORCH_SYMM_MEM_DISABLE_MULTICAST=") ||
+        absl::StartsWith(v, "NVSHMEM_DISABLE_NVLS=")) {
+      continue;
+    }
+    env.emplace_back(v);
+  }
+  // NVLink multicast can take shared GPUs out of service: off in every process we start.
+  env.push_back("NCCL_NVLS_ENABLE=0");
+  env.push_back("TORCH_SYMM_MEM_DISABLE_MULTICAST=1");
+  env.push_back("NVSHMEM_DISABLE_NVLS=1");
+  return env;
+}
+
+}  // namespace stagehand
