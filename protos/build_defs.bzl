@@ -32,6 +32,7 @@ def cc_grpc_proto_library(name, srcs, deps = [], grpc = True, visibility = None)
         cmd = "/usr/bin/protoc -I. --cpp_out=$(GENDIR) " + grpc_flags +
               " ".join(["$(location %s)" % s for s in srcs]),
         message = "protoc " + " ".join(srcs),
+        visibility = visibility,  # the generated sources, for builds outside Bazel's toolchain (tests/fuzz)
     )
     cc_library(
         name = name,
