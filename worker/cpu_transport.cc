@@ -465,6 +465,8 @@ class Doorman {
   Doorman(const CpuTransportOptions& options, uint64_t prefix_hash, UniqueFd listener)
       : options_(options), rv_{options_, prefix_hash, absl::InfiniteFuture()},
         listener_(std::move(listener)), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+  // False when the eventfd could not be made: Stop() could not reach Serve(), so none may run.
+  bool ok() const { return wake_.valid(); }
 
   // Until every higher rank has a verified socket in `peers`, or `deadline`.
   absl::Status AcceptHigherRanks(std::vector<UniqueFd>& peers, absl::Time deadline);
@@ -526,7 +528,14 @@ void Doorman::AcceptNew() {
                              SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      // EAGAIN: drained. Anything else (EMFILE under a flood) is retried at the next readiness.
+      // Out of descriptors under a flood: the oldest stranger makes room, or the listener would stay
+      // readable and spin this loop. EAGAIN (drained) and anything else wait for the next readiness.
+      if ((errno == EMFILE || errno == ENFILE) && !pending_.empty()) {
+        Drop(pending_.front(), absl::ResourceExhaustedError(absl::StrCat(
+                                   "this process ran out of file descriptors (", ErrnoText(errno), ")")));
+        pending_.erase(pending_.begin());
+        continue;
+      }
       return;
     }
     if (pending_.size() >= kMaxPendingHandshakes) {
@@ -717,6 +726,10 @@ absl::StatusOr<Mesh> BuildMesh(const Rendezvous& rv, KeyValueStore& kv) {
                                                 "; is another job using the same key_prefix?"));
   }
   mesh.doorman = std::make_unique<Doorman>(o, rv.prefix_hash, std::move(listener->fd));
+  if (!mesh.doorman->ok()) {
+    return absl::UnavailableError(absl::StrCat(rv.Where(), "eventfd: ", ErrnoText(errno),
+                                               "; is the process out of file descriptors?"));
+  }
   for (int peer = 0; peer < o.rank; ++peer) {
     absl::StatusOr<UniqueFd> fd = ConnectToLower(rv, peer, kv);
     if (!fd.ok()) return fd.status();
