@@ -1,4 +1,5 @@
-// The CPU transport: rendezvous through the key-value store, a TCP full mesh with a checked hello, framed
+// The CPU transport: rendezvous through the key-value store, a TCP full mesh whose every connection
+// proves the job secret (an HMAC challenge both ways; strangers are dropped and the job goes on), framed
 // blocking Send/Recv over non-blocking sockets and poll() (so deadlines and Abort work), and an
 // all-reduce that reduces at rank 0 in rank order and broadcasts, so every rank gets the same bits.
 #include "worker/cpu_transport.h"
@@ -8,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/crypto.h"
 #include "common/fd.h"
 #include "common/logging.h"
 
@@ -34,8 +37,7 @@ namespace stagehand {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x54434853;  // "SHCT" on the wire (little-endian).
-constexpr uint32_t kProtocolVersion = 1;
-constexpr size_t kHelloBytes = 24;
+constexpr uint32_t kProtocolVersion = 2;  // 1 had no proof of the job secret
 constexpr size_t kHeaderBytes = 8;
 
 std::string PeerName(int rank) { return absl::StrCat("rank ", rank); }
@@ -130,39 +132,97 @@ absl::Status ReadFull(int fd, char* data, size_t n, absl::Time deadline, const s
 }
 
 // ---- Rendezvous ----
+//
+// The handshake (protocol 2), higher rank C connecting to lower rank A; integers little-endian:
+//   C -> A  hello      magic "SHCT" u32, version u32, sender rank u32, receiver rank u32, world size u32,
+//                      key-prefix hash u64 (a diagnostic only), C's nonce [32]                 60 bytes
+//   A -> C  challenge  A's hello (its rank, C's rank, A's nonce), then MAC_A [32]             92 bytes
+//   C -> A  proof      MAC_C [32]                                                              32 bytes
+//   A -> C  verdict    "SHOK" u32, once A has filed the connection under C's rank              4 bytes
+// MAC_X = HMAC-SHA256(secret, "stagehand-cpu-transport v2" || role X ('A' or 'C') || u32 length of the
+// key prefix || key prefix || C's nonce || A's nonce || u32 X's rank || u32 the other's rank || u32 world
+// size). Each side checks the other's MAC (constant time) before it trusts the connection; fresh nonces
+// on both sides make a captured exchange worthless, and the role byte keeps one side's answer from
+// being reflected as the other's. The secret itself never goes on the wire.
+
+constexpr uint32_t kVerdictMagic = 0x4b4f4853;  // "SHOK"
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kHelloBytes = 28 + kNonceBytes;
+constexpr size_t kChallengeBytes = kHelloBytes + kSha256Bytes;
+constexpr size_t kVerdictBytes = 4;
+// More connections than this in handshake at once are a flood: the oldest is dropped to make room.
+constexpr size_t kMaxPendingHandshakes = 64;
+// Warnings for dropped connections are rate-limited so that a flood cannot fill the rank's log.
+constexpr int kDropsLoggedInFull = 10;
+constexpr char kMacLabel[] = "stagehand-cpu-transport v2";
+
+using Nonce = std::array<uint8_t, kNonceBytes>;
 
 struct Hello {
   uint32_t magic = kHelloMagic;
   uint32_t version = kProtocolVersion;
-  int rank = 0;
+  int sender = 0;
+  int receiver = 0;
   int world_size = 0;
   uint64_t prefix_hash = 0;
+  Nonce nonce{};
 };
 
-std::array<char, kHelloBytes> EncodeHello(const Hello& h) {
-  std::array<char, kHelloBytes> out;
+std::string EncodeHello(const Hello& h) {
+  std::string out(kHelloBytes, '\0');
   PutU64(h.magic, &out[0], 4);
   PutU64(h.version, &out[4], 4);
-  PutU64(static_cast<uint32_t>(h.rank), &out[8], 4);
-  PutU64(static_cast<uint32_t>(h.world_size), &out[12], 4);
-  PutU64(h.prefix_hash, &out[16]);
+  PutU64(static_cast<uint32_t>(h.sender), &out[8], 4);
+  PutU64(static_cast<uint32_t>(h.receiver), &out[12], 4);
+  PutU64(static_cast<uint32_t>(h.world_size), &out[16], 4);
+  PutU64(h.prefix_hash, &out[20]);
+  std::memcpy(&out[28], h.nonce.data(), kNonceBytes);
   return out;
 }
 
-Hello DecodeHello(const std::array<char, kHelloBytes>& in) {
+Hello DecodeHello(const char* in) {
   Hello h;
   h.magic = static_cast<uint32_t>(GetU64(&in[0], 4));
   h.version = static_cast<uint32_t>(GetU64(&in[4], 4));
-  h.rank = static_cast<int32_t>(GetU64(&in[8], 4));
-  h.world_size = static_cast<int32_t>(GetU64(&in[12], 4));
-  h.prefix_hash = GetU64(&in[16]);
+  h.sender = static_cast<int32_t>(GetU64(&in[8], 4));
+  h.receiver = static_cast<int32_t>(GetU64(&in[12], 4));
+  h.world_size = static_cast<int32_t>(GetU64(&in[16], 4));
+  h.prefix_hash = GetU64(&in[20]);
+  std::memcpy(h.nonce.data(), &in[28], kNonceBytes);
   return h;
+}
+
+// What both sides of one connection put under their MACs; `role` is the side that computes it.
+Sha256Digest HandshakeMac(const CpuTransportOptions& o, char role, const Nonce& connector_nonce,
+                          const Nonce& acceptor_nonce, int sender, int receiver) {
+  std::string m(kMacLabel);
+  m.push_back(role);
+  char u32[4];
+  PutU64(o.key_prefix.size(), u32, 4);
+  m.append(u32, 4).append(o.key_prefix);
+  m.append(reinterpret_cast<const char*>(connector_nonce.data()), kNonceBytes);
+  m.append(reinterpret_cast<const char*>(acceptor_nonce.data()), kNonceBytes);
+  for (int v : {sender, receiver, o.world_size}) {
+    PutU64(static_cast<uint32_t>(v), u32, 4);
+    m.append(u32, 4);
+  }
+  return HmacSha256(o.secret, m);
+}
+
+Sha256Digest DigestAt(const char* in) {
+  Sha256Digest d;
+  std::memcpy(d.data(), in, d.size());
+  return d;
+}
+
+std::string DigestBytes(const Sha256Digest& d) {
+  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
 }
 
 // What one rank knows while it builds the mesh.
 struct Rendezvous {
   const CpuTransportOptions& options;
-  Hello mine;
+  uint64_t prefix_hash;
   absl::Time deadline;
   std::string Where() const {  // Prefix of every rendezvous error.
     return absl::StrCat("cpu transport rank ", options.rank, " of ", options.world_size,
@@ -174,22 +234,41 @@ std::string AddressKey(const std::string& prefix, int rank) {
   return absl::StrCat(prefix, "/cpu/addr/", rank);
 }
 
-// Checks the fields every rank of one communicator must share; `from` names the other side.
-absl::Status CheckHello(const Hello& got, const Hello& mine, const std::string& from) {
-  if (got.magic != kHelloMagic || got.version != kProtocolVersion) {
+// The magic and version are checked as soon as they arrive, so that junk is dropped at once.
+absl::Status CheckMagic(uint32_t magic, uint32_t version) {
+  if (magic != kHelloMagic) {
     return absl::InvalidArgumentError(absl::StrCat(
-        from, " does not speak cpu transport protocol ", kProtocolVersion, " (magic ", got.magic,
-        ", version ", got.version, "); is another program using this port?"));
+        "does not speak the cpu transport protocol (magic ", magic, "); is another program using this port?"));
   }
-  if (got.world_size != mine.world_size) {
+  if (version != kProtocolVersion) {
     return absl::InvalidArgumentError(absl::StrCat(
-        from, " (rank ", got.rank, ") has world size ", got.world_size, " but this rank has ",
-        mine.world_size, "; start every rank of a communicator with the same world size"));
+        "speaks cpu transport protocol ", version, " but this rank speaks ", kProtocolVersion,
+        "; start every worker of a job from the same build"));
   }
-  if (got.prefix_hash != mine.prefix_hash) {
+  return absl::OkStatus();
+}
+
+// Checks the fields every rank of one communicator must share, and that `got` is from `sender` to
+// `receiver` (-1: any sender, checked by the caller).
+absl::Status CheckHello(const Hello& got, const Rendezvous& rv, int sender, int receiver) {
+  if (absl::Status st = CheckMagic(got.magic, got.version); !st.ok()) return st;
+  if (got.world_size != rv.options.world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        from, " (rank ", got.rank, ") has a different key_prefix; two communicators are sharing "
+        "rank ", got.sender, " has world size ", got.world_size, " but this rank has ",
+        rv.options.world_size, "; start every rank of a communicator with the same world size"));
+  }
+  if (got.prefix_hash != rv.prefix_hash) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", got.sender, " has a different key_prefix; two communicators are sharing "
         "addresses, give each job and communicator its own key_prefix"));
+  }
+  if (got.receiver != receiver) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", got.sender, " addressed rank ", got.receiver,
+                                                   " but this is rank ", receiver, "; is the address stale?"));
+  }
+  if (sender >= 0 && got.sender != sender) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the address answered as rank ", got.sender, "; is the address stale?"));
   }
   return absl::OkStatus();
 }
@@ -230,7 +309,11 @@ int LocalPort(int fd) {
   return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
 }
 
-absl::StatusOr<Listener> Listen(const std::string& host, int backlog) {
+// A deep backlog: strangers' connections wait there while this rank connects to lower ranks, and must
+// not crowd out a real peer's.
+constexpr int kListenBacklog = 128;
+
+absl::StatusOr<Listener> Listen(const std::string& host) {
   // A wildcard would be published as is, and other hosts cannot connect to "0.0.0.0".
   if (host.empty() || host == "0.0.0.0" || host == "::") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -242,7 +325,7 @@ absl::StatusOr<Listener> Listen(const std::string& host, int backlog) {
   for (addrinfo* ai = ais->get(); ai != nullptr; ai = ai->ai_next) {
     UniqueFd fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (fd.valid() && ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 &&
-        ::listen(fd.get(), backlog) == 0) {
+        ::listen(fd.get(), kListenBacklog) == 0) {
       const int port = LocalPort(fd.get());
       const bool v6 = host.find(':') != std::string::npos;
       std::string address = v6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
@@ -297,8 +380,48 @@ absl::StatusOr<UniqueFd> ConnectWithRetry(const std::string& address, absl::Time
   }
 }
 
-// Connects to a lower rank: its address from the store, then our hello, then its reply, which must
-// come from the rank we meant to reach.
+// The connecting side of the handshake, on a connected socket to `peer`: hello, then the challenge,
+// whose MAC must prove the job secret, then our proof, then the verdict.
+absl::Status ConnectorHandshake(const Rendezvous& rv, int fd, int peer) {
+  const CpuTransportOptions& o = rv.options;
+  const std::string who = PeerName(peer);
+  Hello mine{kHelloMagic, kProtocolVersion, o.rank, peer, o.world_size, rv.prefix_hash};
+  if (absl::Status st = RandomBytes(mine.nonce.data(), mine.nonce.size()); !st.ok()) return st;
+  const std::string hello = EncodeHello(mine);
+  absl::Status st = WriteFull(fd, hello.data(), hello.size(), rv.deadline, who);
+  char challenge[kChallengeBytes];
+  if (st.ok()) st = ReadFull(fd, challenge, sizeof(challenge), rv.deadline, who);
+  if (absl::IsUnavailable(st)) {
+    return absl::UnavailableError(absl::StrCat(st.message(), " before its challenge (it refused this "
+                                               "rank's hello: its log says why)"));
+  }
+  if (!st.ok()) return st;
+  const Hello theirs = DecodeHello(challenge);
+  if (st = CheckHello(theirs, rv, peer, o.rank); !st.ok()) return st;
+  const Sha256Digest expected = HandshakeMac(o, 'A', mine.nonce, theirs.nonce, peer, o.rank);
+  if (!ConstantTimeEqual(expected, DigestAt(challenge + kHelloBytes))) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        who, " answered without proving this job's secret: the two ranks were given different job "
+        "secrets (workers of two launches?) or another process answers at this address; start every "
+        "worker of a job from the same launcher"));
+  }
+  const std::string proof =
+      DigestBytes(HandshakeMac(o, 'C', mine.nonce, theirs.nonce, o.rank, peer));
+  st = WriteFull(fd, proof.data(), proof.size(), rv.deadline, who);
+  char verdict[kVerdictBytes];
+  if (st.ok()) st = ReadFull(fd, verdict, sizeof(verdict), rv.deadline, who);
+  if (absl::IsUnavailable(st)) {
+    return absl::UnavailableError(absl::StrCat(st.message(), " after this rank's proof: it refused "
+                                               "this rank (is another worker running as rank ",
+                                               o.rank, "? its log says why)"));
+  }
+  if (st.ok() && GetU64(verdict, 4) != kVerdictMagic) {
+    st = absl::InvalidArgumentError("answered the proof with something other than the verdict");
+  }
+  return st;
+}
+
+// Connects to a lower rank: its address from the store, then the handshake.
 absl::StatusOr<UniqueFd> ConnectToLower(const Rendezvous& rv, int peer, KeyValueStore& kv) {
   const std::string key = AddressKey(rv.options.key_prefix, peer);
   absl::StatusOr<std::string> address = kv.Get(key, rv.deadline - absl::Now());
@@ -311,30 +434,210 @@ absl::StatusOr<UniqueFd> ConnectToLower(const Rendezvous& rv, int peer, KeyValue
     return absl::Status(address.status().code(), absl::StrCat(rv.Where(), "reading '", key, "': ",
                                                               address.status().message()));
   }
-  const std::string who = PeerName(peer);
   auto fail = [&](const absl::Status& st) {
-    return absl::Status(st.code(), absl::StrCat(rv.Where(), "handshake with ", who, " at ", *address,
-                                                ": ", st.message()));
+    return absl::Status(st.code(), absl::StrCat(rv.Where(), "handshake with ", PeerName(peer), " at ",
+                                                *address, ": ", st.message()));
   };
   absl::StatusOr<UniqueFd> fd = ConnectWithRetry(*address, rv.deadline);
   if (!fd.ok()) return fail(fd.status());
-  const auto hello = EncodeHello(rv.mine);
-  absl::Status st = WriteFull(fd->get(), hello.data(), hello.size(), rv.deadline, who);
-  std::array<char, kHelloBytes> reply{};
-  if (st.ok()) st = ReadFull(fd->get(), reply.data(), reply.size(), rv.deadline, who);
-  if (absl::IsUnavailable(st)) {
-    return fail(absl::UnavailableError(absl::StrCat(st.message(), " (it may have rejected this "
-                                                    "rank's hello: see the error it reports)")));
-  }
-  const Hello theirs = DecodeHello(reply);
-  if (st.ok()) st = CheckHello(theirs, rv.mine, who);
-  if (st.ok() && theirs.rank != peer) {
-    st = absl::InvalidArgumentError(
-        absl::StrCat("the address answered as rank ", theirs.rank, "; is the address stale?"));
-  }
+  absl::Status st = ConnectorHandshake(rv, fd->get(), peer);
   if (st.ok()) st = SetNoDelay(fd->get());
   if (!st.ok()) return fail(st);
   return std::move(*fd);
+}
+
+std::string PeerAddress(const sockaddr_storage& ss, socklen_t len) {
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&ss), len, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "an unknown address";
+  }
+  return ss.ss_family == AF_INET6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
+
+// The accepting side of the handshake for every connection that reaches this rank's listener, all at
+// once in one poll() loop: a stranger that stalls holds only its own slot until its own deadline, and
+// a connection that fails any check is dropped with a warning while the listener goes on accepting.
+// During the rendezvous it files the higher ranks that prove themselves; afterwards (Serve, on the
+// transport's thread) every rank is connected, so it drops whatever comes until Stop.
+class Doorman {
+ public:
+  Doorman(const CpuTransportOptions& options, uint64_t prefix_hash, UniqueFd listener)
+      : options_(options), rv_{options_, prefix_hash, absl::InfiniteFuture()},
+        listener_(std::move(listener)), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+  // False when the eventfd could not be made: Stop() could not reach Serve(), so none may run.
+  bool ok() const { return wake_.valid(); }
+
+  // Until every higher rank has a verified socket in `peers`, or `deadline`.
+  absl::Status AcceptHigherRanks(std::vector<UniqueFd>& peers, absl::Time deadline);
+  // Drops every connection until Stop() is called (from any thread).
+  void Serve() { (void)Loop(nullptr, absl::InfiniteFuture()); }
+  void Stop() {
+    const uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof(one));
+  }
+
+ private:
+  enum class Stage { kHello, kProof };
+  struct Pending {
+    UniqueFd fd;
+    std::string from;  // the stranger's address, for the warning
+    absl::Time deadline;
+    Stage stage = Stage::kHello;
+    std::string buf;  // what has come of the message this stage reads
+    Hello hello;      // theirs, once read
+    Nonce nonce{};    // ours
+  };
+
+  absl::Status Loop(std::vector<UniqueFd>* peers, absl::Time deadline);
+  bool Connected(const std::vector<UniqueFd>* peers, int rank) const {
+    return peers == nullptr || rank <= options_.rank || (*peers)[rank].valid();
+  }
+  void AcceptNew();
+  absl::StatusOr<bool> ReadSome(Pending& p, size_t need);
+  absl::StatusOr<bool> Advance(Pending& p, std::vector<UniqueFd>* peers);
+  absl::Status OnHello(Pending& p, const std::vector<UniqueFd>* peers);
+  absl::Status OnProof(Pending& p, std::vector<UniqueFd>* peers);
+  void Drop(const Pending& p, const absl::Status& why);
+
+  const CpuTransportOptions options_;
+  const Rendezvous rv_;
+  const UniqueFd listener_;
+  const UniqueFd wake_;  // an eventfd: Stop() makes it readable
+  std::vector<Pending> pending_;
+  int drops_ = 0;
+  std::string last_drop_;
+};
+
+void Doorman::Drop(const Pending& p, const absl::Status& why) {
+  ++drops_;
+  const std::string text = absl::StrCat("dropped the connection from ", p.from, ": ", why.message());
+  last_drop_ = text;
+  if (drops_ <= kDropsLoggedInFull || drops_ % 100 == 0) {
+    LOG(WARNING) << rv_.Where() << text << (drops_ > kDropsLoggedInFull ? absl::StrCat(" (", drops_, " dropped so far)") : "")
+                 << "; the transport goes on";
+  }
+  if (options_.on_dropped_connection) options_.on_dropped_connection(absl::Status(why.code(), text));
+}
+
+void Doorman::AcceptNew() {
+  for (;;) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    const int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len,
+                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      // Out of descriptors under a flood: the oldest stranger makes room, or the listener would stay
+      // readable and spin this loop. EAGAIN (drained) and anything else wait for the next readiness.
+      if ((errno == EMFILE || errno == ENFILE) && !pending_.empty()) {
+        Drop(pending_.front(), absl::ResourceExhaustedError(absl::StrCat(
+                                   "this process ran out of file descriptors (", ErrnoText(errno), ")")));
+        pending_.erase(pending_.begin());
+        continue;
+      }
+      return;
+    }
+    if (pending_.size() >= kMaxPendingHandshakes) {
+      Drop(pending_.front(), absl::ResourceExhaustedError(absl::StrCat(
+                                 "more than ", kMaxPendingHandshakes, " connections in handshake at once")));
+      pending_.erase(pending_.begin());
+    }
+    Pending p;
+    p.fd.reset(fd);
+    p.from = PeerAddress(ss, len);
+    p.deadline = absl::Now() + options_.handshake_timeout;
+    pending_.push_back(std::move(p));
+  }
+}
+
+// Reads toward `need` bytes of the current message without blocking: true once they are all there.
+// Never reads past the message, so what a stranger sends early waits for the stage that reads it.
+absl::StatusOr<bool> Doorman::ReadSome(Pending& p, size_t need) {
+  while (p.buf.size() < need) {
+    char chunk[kChallengeBytes];
+    const ssize_t r = ::recv(p.fd.get(), chunk, need - p.buf.size(), 0);
+    if (r > 0) {
+      p.buf.append(chunk, r);
+      if (p.stage == Stage::kHello && p.buf.size() >= 8) {
+        absl::Status st = CheckMagic(GetU64(&p.buf[0], 4), GetU64(&p.buf[4], 4));
+        if (!st.ok()) return st;
+      }
+    } else if (r == 0) {
+      return absl::UnavailableError(absl::StrCat("closed the connection after ", p.buf.size(), " of the ",
+                                                 need, " bytes of its ", p.stage == Stage::kHello ? "hello" : "proof"));
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return false;
+    } else if (errno != EINTR) {
+      return SocketError(errno, "the connecting side");
+    }
+  }
+  return true;
+}
+
+// Sends a short message whole or not at all: the first bytes of a new connection always fit its send
+// buffer, so a short write means something is wrong with the socket, and waiting would let a stranger
+// hold this loop.
+absl::Status SendSmall(int fd, const std::string& bytes) {
+  const ssize_t w = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (w == static_cast<ssize_t>(bytes.size())) return absl::OkStatus();
+  return w < 0 ? SocketError(errno, "the connecting side")
+               : absl::UnavailableError("the connecting side took only part of a handshake message");
+}
+
+absl::Status Doorman::OnHello(Pending& p, const std::vector<UniqueFd>* peers) {
+  p.hello = DecodeHello(p.buf.data());
+  const int claimed = p.hello.sender;
+  if (absl::Status st = CheckHello(p.hello, rv_, -1, options_.rank); !st.ok()) return st;
+  if (claimed <= options_.rank || claimed >= options_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("claims rank ", claimed, ", which is not a higher rank of world size ",
+                                                   options_.world_size, " (lower ranks are the ones connected to)"));
+  }
+  if (Connected(peers, claimed)) {
+    return absl::AlreadyExistsError(absl::StrCat("claims rank ", claimed, ", which is already connected"));
+  }
+  if (absl::Status st = RandomBytes(p.nonce.data(), p.nonce.size()); !st.ok()) return st;
+  Hello mine{kHelloMagic, kProtocolVersion, options_.rank, claimed, options_.world_size, rv_.prefix_hash, p.nonce};
+  const std::string challenge =
+      EncodeHello(mine) + DigestBytes(HandshakeMac(options_, 'A', p.hello.nonce, p.nonce, options_.rank, claimed));
+  if (absl::Status st = SendSmall(p.fd.get(), challenge); !st.ok()) return st;
+  p.stage = Stage::kProof;
+  p.buf.clear();
+  return absl::OkStatus();
+}
+
+absl::Status Doorman::OnProof(Pending& p, std::vector<UniqueFd>* peers) {
+  const int claimed = p.hello.sender;
+  const Sha256Digest expected = HandshakeMac(options_, 'C', p.hello.nonce, p.nonce, claimed, options_.rank);
+  if (!ConstantTimeEqual(expected, DigestAt(p.buf.data()))) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "claimed rank ", claimed, " but did not prove the job secret (a stranger, or a worker given "
+        "another job's secret)"));
+  }
+  if (Connected(peers, claimed)) {  // another connection proved it first
+    return absl::AlreadyExistsError(absl::StrCat("claims rank ", claimed, ", which is already connected"));
+  }
+  std::string verdict(kVerdictBytes, '\0');
+  PutU64(kVerdictMagic, &verdict[0], 4);
+  if (absl::Status st = SendSmall(p.fd.get(), verdict); !st.ok()) return st;
+  if (absl::Status st = SetNoDelay(p.fd.get()); !st.ok()) return st;
+  (*peers)[claimed] = std::move(p.fd);
+  return absl::OkStatus();
+}
+
+// True when `p` is finished with: filed under its rank, or failed (the error says why).
+absl::StatusOr<bool> Doorman::Advance(Pending& p, std::vector<UniqueFd>* peers) {
+  for (;;) {
+    const size_t need = p.stage == Stage::kHello ? kHelloBytes : kSha256Bytes;
+    absl::StatusOr<bool> complete = ReadSome(p, need);
+    if (!complete.ok() || !*complete) return complete;
+    if (p.stage == Stage::kHello) {
+      if (absl::Status st = OnHello(p, peers); !st.ok()) return st;
+      continue;  // the proof may be there already
+    }
+    if (absl::Status st = OnProof(p, peers); !st.ok()) return st;
+    return true;
+  }
 }
 
 std::string MissingRanks(const std::vector<UniqueFd>& peers, int rank) {
@@ -345,58 +648,75 @@ std::string MissingRanks(const std::vector<UniqueFd>& peers, int rank) {
   return absl::StrJoin(missing, ", ");
 }
 
-// Waits for the next incoming connection; DEADLINE_EXCEEDED when none comes in time.
-absl::StatusOr<UniqueFd> AcceptOne(int listen_fd, absl::Time deadline) {
+// With `peers` null: serves until Stop(). Otherwise until every higher rank is filed or `deadline`.
+absl::Status Doorman::Loop(std::vector<UniqueFd>* peers, absl::Time deadline) {
+  std::vector<pollfd> fds;
   for (;;) {
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd >= 0) return UniqueFd(fd);
-    if (errno == EINTR || errno == ECONNABORTED) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return absl::UnavailableError(absl::StrCat("accept: ", ErrnoText(errno)));
+    if (peers != nullptr && MissingRanks(*peers, options_.rank).empty()) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return absl::DeadlineExceededError("deadline");
+    absl::Time wake_at = deadline;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (now < it->deadline) {
+        wake_at = std::min(wake_at, it->deadline);
+        ++it;
+        continue;
+      }
+      Drop(*it, absl::DeadlineExceededError(absl::StrCat(
+                    "sent ", it->buf.size(), " bytes of its ", it->stage == Stage::kHello ? "hello" : "proof",
+                    " and then nothing within the handshake timeout (", absl::FormatDuration(options_.handshake_timeout), ")")));
+      it = pending_.erase(it);
     }
-    absl::Status st = WaitReady(listen_fd, POLLIN, deadline, "connections");
-    if (!st.ok()) return st;
+    fds.assign({pollfd{listener_.get(), POLLIN, 0}, pollfd{wake_.get(), POLLIN, 0}});
+    for (const Pending& p : pending_) fds.push_back(pollfd{p.fd.get(), POLLIN, 0});
+    const int n = ::poll(fds.data(), fds.size(), PollTimeoutMs(wake_at));
+    if (n < 0 && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat("poll on the listener: ", ErrnoText(errno)));
+    }
+    if (n <= 0) continue;
+    if (fds[1].revents != 0) return absl::CancelledError("stopped");
+    // Back to front, so that erasing keeps the indices of the ones still to visit.
+    for (size_t i = pending_.size(); i-- > 0;) {
+      if (fds[i + 2].revents == 0) continue;
+      absl::StatusOr<bool> done = Advance(pending_[i], peers);
+      if (done.ok() && !*done) continue;
+      if (!done.ok()) Drop(pending_[i], done.status());
+      pending_.erase(pending_.begin() + i);
+    }
+    if (fds[0].revents != 0) AcceptNew();
   }
 }
 
-// Accepts one connection from a higher rank, checks its hello, answers with ours, and files the
-// socket under the rank it claims (each higher rank exactly once). A bad hello fails the whole
-// rendezvous rather than being skipped: it means a misconfigured job, which retrying cannot fix.
-absl::Status AcceptFromHigher(const Rendezvous& rv, int listen_fd, std::vector<UniqueFd>& peers) {
-  absl::StatusOr<UniqueFd> fd = AcceptOne(listen_fd, rv.deadline);
-  if (absl::IsDeadlineExceeded(fd.status())) {
+absl::Status Doorman::AcceptHigherRanks(std::vector<UniqueFd>& peers, absl::Time deadline) {
+  absl::Status st = Loop(&peers, deadline);
+  if (absl::IsDeadlineExceeded(st)) {
+    std::string dropped;
+    if (drops_ > 0) {
+      dropped = absl::StrCat("; ", drops_, " connection(s) were dropped meanwhile, the last: ", last_drop_);
+    }
     return absl::DeadlineExceededError(absl::StrCat(
-        rv.Where(), "ranks ", MissingRanks(peers, rv.options.rank), " did not connect within ",
-        absl::FormatDuration(rv.options.connect_timeout), "; were they started, with the same "
-        "key_prefix and world size?"));
+        rv_.Where(), "ranks ", MissingRanks(peers, options_.rank), " did not connect within ",
+        absl::FormatDuration(options_.connect_timeout), "; were they started, with the same "
+        "key_prefix, world size and job secret?", dropped));
   }
-  if (!fd.ok()) return absl::Status(fd.status().code(), rv.Where() + std::string(fd.status().message()));
-  const std::string who = "a connecting rank";
-  std::array<char, kHelloBytes> buf{};
-  absl::Status st = ReadFull(fd->get(), buf.data(), buf.size(), rv.deadline, who);
-  const Hello got = DecodeHello(buf);
-  if (st.ok()) st = CheckHello(got, rv.mine, who);
-  if (st.ok() && (got.rank <= rv.options.rank || got.rank >= rv.options.world_size ||
-                  peers[got.rank].valid())) {
-    st = absl::InvalidArgumentError(absl::StrCat(
-        who, " claims rank ", got.rank, ", which is not a higher rank still expected (",
-        MissingRanks(peers, rv.options.rank), "); are two ranks started with the same rank?"));
-  }
-  const auto hello = EncodeHello(rv.mine);
-  if (st.ok()) st = WriteFull(fd->get(), hello.data(), hello.size(), rv.deadline, PeerName(got.rank));
-  if (st.ok()) st = SetNoDelay(fd->get());
-  if (!st.ok()) return absl::Status(st.code(), rv.Where() + std::string(st.message()));
-  peers[got.rank] = std::move(*fd);
-  return absl::OkStatus();
+  if (!st.ok()) return absl::Status(st.code(), rv_.Where() + std::string(st.message()));
+  return st;
 }
+
+struct Mesh {
+  std::vector<UniqueFd> peers;
+  std::unique_ptr<Doorman> doorman;  // null for a world of one
+};
 
 // Rank r connects to every lower rank, then accepts every higher one. No cycle of waits: a rank waits
-// only on lower ranks' replies, and rank 0 waits on nobody before it starts accepting.
-absl::StatusOr<std::vector<UniqueFd>> BuildMesh(const Rendezvous& rv, KeyValueStore& kv) {
+// only on lower ranks' replies, and rank 0 waits on nobody before it starts accepting. Strangers that
+// connect meanwhile wait in the listen backlog and meet the doorman after.
+absl::StatusOr<Mesh> BuildMesh(const Rendezvous& rv, KeyValueStore& kv) {
   const CpuTransportOptions& o = rv.options;
-  std::vector<UniqueFd> peers(o.world_size);
-  if (o.world_size == 1) return peers;
-  absl::StatusOr<Listener> listener = Listen(o.listen_host, o.world_size);
+  Mesh mesh;
+  mesh.peers.resize(o.world_size);
+  if (o.world_size == 1) return mesh;
+  absl::StatusOr<Listener> listener = Listen(o.listen_host);
   if (!listener.ok()) return absl::Status(listener.status().code(), rv.Where() +
                                           std::string(listener.status().message()));
   const std::string key = AddressKey(o.key_prefix, o.rank);
@@ -405,16 +725,19 @@ absl::StatusOr<std::vector<UniqueFd>> BuildMesh(const Rendezvous& rv, KeyValueSt
     return absl::Status(st.code(), absl::StrCat(rv.Where(), "publishing '", key, "': ", st.message(),
                                                 "; is another job using the same key_prefix?"));
   }
+  mesh.doorman = std::make_unique<Doorman>(o, rv.prefix_hash, std::move(listener->fd));
+  if (!mesh.doorman->ok()) {
+    return absl::UnavailableError(absl::StrCat(rv.Where(), "eventfd: ", ErrnoText(errno),
+                                               "; is the process out of file descriptors?"));
+  }
   for (int peer = 0; peer < o.rank; ++peer) {
     absl::StatusOr<UniqueFd> fd = ConnectToLower(rv, peer, kv);
     if (!fd.ok()) return fd.status();
-    peers[peer] = std::move(*fd);
+    mesh.peers[peer] = std::move(*fd);
   }
-  for (int i = o.rank + 1; i < o.world_size; ++i) {
-    st = AcceptFromHigher(rv, listener->fd.get(), peers);
-    if (!st.ok()) return st;
-  }
-  return peers;
+  st = mesh.doorman->AcceptHigherRanks(mesh.peers, rv.deadline);
+  if (!st.ok()) return st;
+  return mesh;
 }
 
 // ---- The transport ----
@@ -449,8 +772,19 @@ void Accumulate(void* acc, const void* x, int64_t count, DType dtype) {
 
 class CpuTransport final : public Transport {
  public:
-  CpuTransport(const CpuTransportOptions& options, std::vector<UniqueFd> peers)
-      : options_(options), peers_(std::move(peers)), broken_(options.world_size) {}
+  CpuTransport(const CpuTransportOptions& options, Mesh mesh)
+      : options_(options), peers_(std::move(mesh.peers)), broken_(options.world_size),
+        doorman_(std::move(mesh.doorman)) {
+    // The listener stays open, its doorman dropping whoever comes, so that a stranger on the
+    // published port meets a warning in this rank's log instead of a port the kernel may reuse.
+    if (doorman_ != nullptr) doorman_thread_ = std::thread([this] { doorman_->Serve(); });
+  }
+  ~CpuTransport() override {
+    if (doorman_thread_.joinable()) {
+      doorman_->Stop();
+      doorman_thread_.join();
+    }
+  }
 
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
@@ -489,6 +823,8 @@ class CpuTransport final : public Transport {
   mutable absl::Mutex broken_mu_;
   std::vector<absl::Status> broken_ ABSL_GUARDED_BY(broken_mu_);
   std::atomic<bool> aborted_{false};
+  const std::unique_ptr<Doorman> doorman_;
+  std::thread doorman_thread_;
 };
 
 absl::Status Cancelled() { return absl::CancelledError("transport aborted"); }
@@ -617,16 +953,18 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectCpuTransport(const CpuTranspor
     return absl::InvalidArgumentError(absl::StrCat("cpu transport: rank ", options.rank,
                                                    " is not in [0, world size ", options.world_size, ")"));
   }
+  if (options.world_size > 1 && options.secret.empty()) {
+    return absl::InvalidArgumentError(
+        "cpu transport: no job secret; set CpuTransportOptions::secret to the job secret the launcher "
+        "gives each worker (without one, anyone could join the communicator)");
+  }
   const absl::Time start = absl::Now();
-  Rendezvous rv{options, Hello{}, start + options.connect_timeout};
-  rv.mine.rank = options.rank;
-  rv.mine.world_size = options.world_size;
-  rv.mine.prefix_hash = Fnv1a64(options.key_prefix);
-  absl::StatusOr<std::vector<UniqueFd>> peers = BuildMesh(rv, kv);
-  if (!peers.ok()) return peers.status();
+  const Rendezvous rv{options, Fnv1a64(options.key_prefix), start + options.connect_timeout};
+  absl::StatusOr<Mesh> mesh = BuildMesh(rv, kv);
+  if (!mesh.ok()) return mesh.status();
   LOG(INFO) << "cpu transport rank " << options.rank << " of " << options.world_size << " ('"
             << options.key_prefix << "') connected in " << absl::FormatDuration(absl::Now() - start);
-  return std::unique_ptr<Transport>(new CpuTransport(options, std::move(*peers)));
+  return std::unique_ptr<Transport>(new CpuTransport(options, std::move(*mesh)));
 }
 
 }  // namespace stagehand

@@ -3,6 +3,7 @@
 #ifndef STAGEHAND_WORKER_CPU_TRANSPORT_H_
 #define STAGEHAND_WORKER_CPU_TRANSPORT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,16 +26,34 @@ struct CpuTransportOptions {
   // Bounds each Send/Recv (and each step of AllReduceSum) when finite: the whole message must move
   // within it, or the call fails with DEADLINE_EXCEEDED naming the peer.
   absl::Duration io_timeout = absl::InfiniteDuration();
+  // The job secret (the launcher hands it to each worker on a pipe); required when world_size > 1.
+  // Both sides of every connection prove they hold it (HMAC-SHA256 over fresh nonces from both); it
+  // never goes on the wire and is never logged.
+  std::string secret;
+  // Bounds the handshake of each incoming connection: one that stalls is dropped after it, while the
+  // others (a real peer among them) go on meanwhile.
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  // Called with why each dropped connection was dropped (from the transport's threads: during the
+  // rendezvous, then a thread of its own), beside the warning in the log; for tests and counters.
+  std::function<void(const absl::Status&)> on_dropped_connection;
 };
 
 // Publishes this rank's address under "<key_prefix>/cpu/addr/<rank>", reads the lower ranks'
-// addresses, connects to each of them and accepts a connection from each higher rank.
+// addresses, connects to each of them and accepts a connection from each higher rank; every connection
+// passes a mutual challenge on the job secret (the layout is in cpu_transport.cc). A connection that
+// fails any check on the accepting side (junk, a short read, a wrong MAC, a rank already connected,
+// handshake_timeout passed) is dropped with a warning and the rank goes on accepting: a stranger cannot
+// fail the rendezvous, only the deadline can. The listener stays open, dropping every newcomer, for
+// the transport's life.
 // Errors:
-//   INVALID_ARGUMENT   rank or world_size out of range, listen_host unusable, or a peer's hello
-//                      disagrees (world size, key_prefix) or is not from this protocol.
+//   INVALID_ARGUMENT   rank or world_size out of range, no secret, listen_host unusable, or the lower
+//                      rank's answer disagrees (world size, key_prefix, rank) or is not this protocol.
+//   PERMISSION_DENIED  the lower rank did not prove the job secret (the two were given different ones).
 //   ALREADY_EXISTS     the address key already holds another address (key_prefix reused).
-//   DEADLINE_EXCEEDED  a peer did not publish, connect or answer within connect_timeout.
-//   UNAVAILABLE        a peer closed its connection during the handshake, or a socket call failed.
+//   DEADLINE_EXCEEDED  a peer did not publish, connect or answer within connect_timeout (the message
+//                      says how many connections were dropped meanwhile and why the last one was).
+//   UNAVAILABLE        a peer closed its connection during the handshake (it refused this rank: its
+//                      log says why), or a socket call failed.
 // The rendezvous cannot be aborted (there is no Transport yet): connect_timeout bounds it.
 //
 // Errors of the returned transport's operations:

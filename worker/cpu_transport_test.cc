@@ -1,22 +1,32 @@
 // Tests of the CPU transport with every rank a thread of this process, meeting through one in-memory
-// key-value store; also the store itself and DTypeSize.
+// key-value store, some of them under attack by a stranger on their ports; also the store and DTypeSize.
 #include "worker/cpu_transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/fd.h"
 #include "worker/in_memory_kv_store.h"
 #include "worker/transport.h"
 
@@ -24,6 +34,7 @@ namespace stagehand {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Finite timeouts everywhere, so that a bug fails the test in seconds instead of hanging it.
 CpuTransportOptions TestOptions(int rank, int world_size) {
@@ -33,6 +44,7 @@ CpuTransportOptions TestOptions(int rank, int world_size) {
   o.key_prefix = "job-1/comm-0";
   o.connect_timeout = absl::Seconds(5);
   o.io_timeout = absl::Seconds(5);
+  o.secret = "the job secret of job-1";
   return o;
 }
 
@@ -163,7 +175,8 @@ TEST(CpuTransportTest, Connect_AddressKeyAlreadyTaken_IsAlreadyExists) {
   EXPECT_EQ(st.code(), absl::StatusCode::kAlreadyExists) << st;
 }
 
-// Rank 1 of another communicator is pointed at rank 0's address: both sides must refuse.
+// Rank 1 of another communicator is pointed at rank 0's address: both sides must refuse, and rank 0's
+// timeout must say why it dropped the connection.
 TEST(CpuTransportTest, Connect_PeerWithDifferentKeyPrefix_IsRejectedOnBothSides) {
   InMemoryKeyValueStore kv;
   CpuTransportOptions o0 = TestOptions(0, 2);
@@ -177,10 +190,39 @@ TEST(CpuTransportTest, Connect_PeerWithDifferentKeyPrefix_IsRejectedOnBothSides)
   o1.key_prefix = "job-2/comm-0";
   absl::Status st1 = ConnectCpuTransport(o1, kv).status();
   rank0.join();
-  EXPECT_EQ(st0.code(), absl::StatusCode::kInvalidArgument) << st0;
+  EXPECT_EQ(st0.code(), absl::StatusCode::kDeadlineExceeded) << st0;
   EXPECT_THAT(st0.message(), HasSubstr("different key_prefix"));
   EXPECT_FALSE(st1.ok());
   EXPECT_THAT(st1.message(), HasSubstr("rank 0"));
+}
+
+TEST(CpuTransportTest, Connect_NoSecret_IsInvalidArgument) {
+  InMemoryKeyValueStore kv;
+  CpuTransportOptions o = TestOptions(0, 2);
+  o.secret.clear();
+  absl::Status st = ConnectCpuTransport(o, kv).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(st.message(), HasSubstr("no job secret"));
+}
+
+// The higher rank checks the lower rank's answer first, so it is the one told; the lower one drops the
+// connection and goes on waiting.
+TEST(CpuTransportTest, Connect_PeerWithWrongSecret_IsPermissionDeniedSayingSo) {
+  InMemoryKeyValueStore kv;
+  CpuTransportOptions o0 = TestOptions(0, 2);
+  o0.connect_timeout = absl::Seconds(1);
+  absl::Status st0;
+  std::thread rank0([&] { st0 = ConnectCpuTransport(o0, kv).status(); });
+  CpuTransportOptions o1 = TestOptions(1, 2);
+  o1.secret = "the secret of another launch";
+  absl::Status st1 = ConnectCpuTransport(o1, kv).status();
+  rank0.join();
+  EXPECT_EQ(st1.code(), absl::StatusCode::kPermissionDenied) << st1;
+  EXPECT_THAT(st1.message(), HasSubstr("rank 0 answered without proving this job's secret"));
+  EXPECT_THAT(st1.message(), Not(HasSubstr(o0.secret)));
+  EXPECT_THAT(st1.message(), Not(HasSubstr(o1.secret)));
+  EXPECT_EQ(st0.code(), absl::StatusCode::kDeadlineExceeded) << st0;
+  EXPECT_THAT(st0.message(), HasSubstr("1 connection(s) were dropped"));
 }
 
 // ---- AllReduceSum ----
@@ -420,6 +462,340 @@ TEST(CpuTransportTest, Abort_FromAnotherThread_UnblocksRecvWithCancelled) {
   EXPECT_THAT(st1.message(), HasSubstr("rank 0 closed the connection"));
   EXPECT_EQ(ts[0]->Send(&c0, 1, 1).code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(ts[0]->AllReduceSum(&c0, 0, DType::kFloat32).code(), absl::StatusCode::kCancelled);
+}
+
+// ---- Strangers ----
+// A stranger knows everything public (the address, the job id, the key prefix, the protocol) but not the
+// secret. Every attack must be dropped at the listener while the real ranks connect and move exact data.
+
+// Collects what the transports report through on_dropped_connection, and waits for it.
+class DropRecorder {
+ public:
+  std::function<void(const absl::Status&)> Hook() {
+    return [this](const absl::Status& st) {
+      absl::MutexLock lock(&mu_);
+      drops_.push_back(st);
+    };
+  }
+  // The drops so far, once there are at least `n` of them or `timeout` has passed.
+  std::vector<absl::Status> WaitFor(size_t n, absl::Duration timeout = absl::Seconds(5)) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return drops_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+    return drops_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<absl::Status> drops_ ABSL_GUARDED_BY(mu_);
+};
+
+// A raw TCP client to a published "127.0.0.1:port"; reads give up after 5 s, so no test can hang on one.
+UniqueFd StrangerConnect(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  timeval tv{5, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) return UniqueFd();
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& bytes) {
+  return ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+// Reads exactly n bytes ("" when the connection ends or the 5 s read timeout passes first).
+std::string ReadExactly(int fd, size_t n) {
+  std::string out(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::recv(fd, &out[got], n - got, 0);
+    if (r <= 0) return "";
+    got += r;
+  }
+  return out;
+}
+
+// Whether the other side closed the connection (within the 5 s read timeout), discarding what it sent.
+bool ClosedByPeer(int fd) {
+  char buf[256];
+  for (;;) {
+    const ssize_t r = ::recv(fd, buf, sizeof(buf), 0);
+    if (r == 0 || (r < 0 && errno == ECONNRESET)) return true;
+    if (r < 0) return false;
+  }
+}
+
+void PutLe(uint64_t v, int bytes, std::string& out) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+// A hello exactly as a real rank writes one (protocol 2, cpu_transport.cc), built only from public facts.
+std::string ForgedHello(int sender, int receiver, int world_size, const std::string& key_prefix) {
+  uint64_t fnv = 0xcbf29ce484222325ull;
+  for (unsigned char c : key_prefix) fnv = (fnv ^ c) * 0x100000001b3ull;
+  std::string h;
+  PutLe(0x54434853, 4, h);  // "SHCT"
+  PutLe(2, 4, h);
+  PutLe(sender, 4, h);
+  PutLe(receiver, 4, h);
+  PutLe(world_size, 4, h);
+  PutLe(fnv, 8, h);
+  h.append(32, '\x42');  // the nonce
+  return h;
+}
+constexpr size_t kChallengeBytes = 92;  // the lower rank's hello (60 bytes), then its MAC (32)
+
+std::string AddressOf(InMemoryKeyValueStore& kv, int rank) {
+  absl::StatusOr<std::string> a = kv.Get(absl::StrCat("job-1/comm-0/cpu/addr/", rank), absl::Seconds(5));
+  return a.ok() ? *a : "";
+}
+
+// A job of `world_size` ranks whose highest rank is held back: the others start, `attack` runs against
+// their published addresses, and then the last rank starts and the mesh must come up.
+class HeldBackJob {
+ public:
+  HeldBackJob(int world_size, InMemoryKeyValueStore& kv, DropRecorder& drops,
+              absl::Duration handshake_timeout = absl::Seconds(5))
+      : world_size_(world_size), kv_(kv), transports_(world_size), statuses_(world_size) {
+    for (int r = 0; r + 1 < world_size; ++r) Start(r, drops, handshake_timeout);
+  }
+  // Starts the last rank and waits for every rank's rendezvous.
+  Transports Finish(DropRecorder& drops) {
+    Start(world_size_ - 1, drops, absl::Seconds(5));
+    for (std::thread& t : threads_) t.join();
+    for (int r = 0; r < world_size_; ++r) EXPECT_TRUE(statuses_[r].ok()) << "rank " << r << ": " << statuses_[r];
+    return std::move(transports_);
+  }
+
+ private:
+  void Start(int r, DropRecorder& drops, absl::Duration handshake_timeout) {
+    threads_.emplace_back([this, r, &drops, handshake_timeout] {
+      CpuTransportOptions o = TestOptions(r, world_size_);
+      o.handshake_timeout = handshake_timeout;
+      o.on_dropped_connection = drops.Hook();
+      absl::StatusOr<std::unique_ptr<Transport>> t = ConnectCpuTransport(o, kv_);
+      statuses_[r] = t.status();
+      if (t.ok()) transports_[r] = std::move(*t);
+    });
+  }
+
+  const int world_size_;
+  InMemoryKeyValueStore& kv_;
+  Transports transports_;
+  std::vector<absl::Status> statuses_;
+  std::vector<std::thread> threads_;
+};
+
+// After an attack: the all-reduce is exact on every rank, and a ring of sends arrives intact.
+void ExpectExactTraffic(Transports& ts) {
+  ASSERT_TRUE(AllConnected(ts));
+  const int world = ts.size();
+  std::vector<std::vector<double>> data(world);
+  for (int r = 0; r < world; ++r) data[r] = {1.0 + r, 0.25 * r};
+  ExpectAllOk(RunOnEach(ts, [&](Transport& t) { return t.AllReduceSum(data[t.rank()].data(), 2, DType::kFloat64); }));
+  const double sum_r = world * (world - 1) / 2.0;
+  for (int r = 0; r < world; ++r) EXPECT_EQ(data[r], (std::vector<double>{world + sum_r, 0.25 * sum_r})) << "rank " << r;
+  std::vector<int64_t> got(world, -1);
+  ExpectAllOk(RunOnEach(ts, [&](Transport& t) {
+    const int64_t mine = 1000 + t.rank();
+    const int right = (t.rank() + 1) % world, left = (t.rank() + world - 1) % world;
+    return t.Group({{true, const_cast<int64_t*>(&mine), 8, right}, {false, &got[t.rank()], 8, left}});
+  }));
+  for (int r = 0; r < world; ++r) EXPECT_EQ(got[r], 1000 + (r + world - 1) % world) << "rank " << r;
+}
+
+TEST(CpuTransportStrangerTest, Connect_StrangerWrites24JunkBytes_IsDroppedAndJobConnects) {
+  InMemoryKeyValueStore kv;
+  DropRecorder drops;
+  HeldBackJob job(3, kv, drops);
+  UniqueFd stranger = StrangerConnect(AddressOf(kv, 0));
+  ASSERT_TRUE(stranger.valid());
+  ASSERT_TRUE(SendAll(stranger.get(), std::string("GET / HTTP/1.1\r\nHost: x\r\n", 24)));
+  std::vector<absl::Status> seen = drops.WaitFor(1);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].code(), absl::StatusCode::kInvalidArgument) << seen[0];
+  EXPECT_THAT(seen[0].message(), HasSubstr("does not speak the cpu transport protocol"));
+  EXPECT_TRUE(ClosedByPeer(stranger.get()));
+  Transports ts = job.Finish(drops);
+  ExpectExactTraffic(ts);
+}
+
+TEST(CpuTransportStrangerTest, Connect_StrangerClosesMidHello_IsDroppedAndJobConnects) {
+  InMemoryKeyValueStore kv;
+  DropRecorder drops;
+  HeldBackJob job(2, kv, drops);
+  {
+    UniqueFd stranger = StrangerConnect(AddressOf(kv, 0));
+    ASSERT_TRUE(SendAll(stranger.get(), ForgedHello(1, 0, 2, "job-1/comm-0").substr(0, 30)));
+  }
+  std::vector<absl::Status> seen = drops.WaitFor(1);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].code(), absl::StatusCode::kUnavailable) << seen[0];
+  EXPECT_THAT(seen[0].message(), HasSubstr("closed the connection after 30 of the 60 bytes of its hello"));
+  Transports ts = job.Finish(drops);
+  ExpectExactTraffic(ts);
+}
+
+// The attack of issue 11: a forged hello claiming the rank not yet connected (rank 2, at rank 1), which
+// protocol 1 accepted, so that the real rank 2 was refused.
+TEST(CpuTransportStrangerTest, Connect_ForgedHelloWithWrongMac_IsDroppedAndRealRankConnects) {
+  InMemoryKeyValueStore kv;
+  DropRecorder drops;
+  HeldBackJob job(3, kv, drops);
+  UniqueFd stranger = StrangerConnect(AddressOf(kv, 1));
+  ASSERT_TRUE(SendAll(stranger.get(), ForgedHello(2, 1, 3, "job-1/comm-0")));
+  ASSERT_EQ(ReadExactly(stranger.get(), kChallengeBytes).size(), kChallengeBytes) << "no challenge came";
+  ASSERT_TRUE(SendAll(stranger.get(), std::string(32, '\x17')));  // a guess at the MAC
+  std::vector<absl::Status> seen = drops.WaitFor(1);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].code(), absl::StatusCode::kPermissionDenied) << seen[0];
+  EXPECT_THAT(seen[0].message(), HasSubstr("claimed rank 2 but did not prove the job secret"));
+  EXPECT_TRUE(ClosedByPeer(stranger.get()));
+  Transports ts = job.Finish(drops);
+  ExpectExactTraffic(ts);
+}
+
+// Forwards one connection between a client and `target`, recording what the client sent, until either
+// side closes (or 10 s pass).
+class RecordingProxy {
+ public:
+  explicit RecordingProxy(std::string target) : target_(std::move(target)) {
+    listener_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(sa);
+    ::bind(listener_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    ::listen(listener_.get(), 1);
+    ::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&sa), &len);
+    address_ = absl::StrCat("127.0.0.1:", ntohs(sa.sin_port));
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~RecordingProxy() { thread_.join(); }
+  const std::string& address() const { return address_; }
+  std::string Recorded() {
+    thread_.join();
+    thread_ = std::thread([] {});
+    return recorded_;
+  }
+
+ private:
+  void Run() {
+    pollfd lp{listener_.get(), POLLIN, 0};
+    if (::poll(&lp, 1, 10000) != 1) return;
+    UniqueFd client(::accept(listener_.get(), nullptr, nullptr));
+    UniqueFd server = StrangerConnect(target_);
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < end) {
+      pollfd p[2] = {{client.get(), POLLIN, 0}, {server.get(), POLLIN, 0}};
+      if (::poll(p, 2, 100) <= 0) continue;
+      char buf[4096];
+      for (int i = 0; i < 2; ++i) {
+        if (p[i].revents == 0) continue;
+        const ssize_t r = ::recv(p[i].fd, buf, sizeof(buf), 0);
+        if (r <= 0) return;
+        if (i == 0) recorded_.append(buf, r);
+        if (!SendAll(p[1 - i].fd, std::string(buf, r))) return;
+      }
+    }
+  }
+
+  const std::string target_;
+  UniqueFd listener_;
+  std::string address_;
+  std::string recorded_;
+  std::thread thread_;
+};
+
+// Rank 1's real hello and proof, captured on the wire through a proxy in one rendezvous, are replayed
+// to rank 0 of a later rendezvous of the same communicator and secret: rank 0's fresh nonce makes the
+// old proof wrong.
+TEST(CpuTransportStrangerTest, Connect_ReplayedRealHandshake_IsDroppedAndRealRankConnects) {
+  std::string captured;
+  {
+    InMemoryKeyValueStore kv0, kv1;  // rank 1 finds "rank 0" at the proxy
+    absl::StatusOr<std::unique_ptr<Transport>> t0;
+    std::thread rank0([&] { t0 = ConnectCpuTransport(TestOptions(0, 2), kv0); });
+    RecordingProxy proxy(AddressOf(kv0, 0));
+    ASSERT_TRUE(kv1.Set("job-1/comm-0/cpu/addr/0", proxy.address()).ok());
+    absl::StatusOr<std::unique_ptr<Transport>> t1 = ConnectCpuTransport(TestOptions(1, 2), kv1);
+    rank0.join();
+    ASSERT_TRUE(t0.ok()) << t0.status();
+    ASSERT_TRUE(t1.ok()) << t1.status();
+    t1->reset();  // ends the proxy's connection
+    captured = proxy.Recorded();
+  }
+  ASSERT_EQ(captured.size(), 60u + 32u) << "expected rank 1's hello and proof";
+  InMemoryKeyValueStore kv;
+  DropRecorder drops;
+  HeldBackJob job(2, kv, drops);
+  UniqueFd replayer = StrangerConnect(AddressOf(kv, 0));
+  ASSERT_TRUE(SendAll(replayer.get(), captured));
+  std::vector<absl::Status> seen = drops.WaitFor(1);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].code(), absl::StatusCode::kPermissionDenied) << seen[0];
+  EXPECT_THAT(seen[0].message(), HasSubstr("claimed rank 1 but did not prove the job secret"));
+  EXPECT_TRUE(ClosedByPeer(replayer.get()));
+  Transports ts = job.Finish(drops);
+  ExpectExactTraffic(ts);
+}
+
+// Strangers that connect and stall, at the head of rank 0's and rank 1's queues, must not delay the real
+// ranks: their handshake timeout (10 min) is far beyond the ranks' connect_timeout (5 s), so the mesh
+// comes up only if the real ranks are served beside the stalled ones; nothing is dropped meanwhile.
+TEST(CpuTransportStrangerTest, Connect_StrangersStall_RealRanksConnectWithoutWaitingForThem) {
+  InMemoryKeyValueStore kv;
+  DropRecorder drops;
+  HeldBackJob job(3, kv, drops, /*handshake_timeout=*/absl::Minutes(10));
+  UniqueFd silent = StrangerConnect(AddressOf(kv, 0));
+  UniqueFd half_hello = StrangerConnect(AddressOf(kv, 1));
+  ASSERT_TRUE(SendAll(half_hello.get(), ForgedHello(2, 1, 3, "job-1/comm-0").substr(0, 20)));
+  UniqueFd unanswered = StrangerConnect(AddressOf(kv, 0));  // holds a challenge and never answers
+  ASSERT_TRUE(SendAll(unanswered.get(), ForgedHello(2, 0, 3, "job-1/comm-0")));
+  ASSERT_EQ(ReadExactly(unanswered.get(), kChallengeBytes).size(), kChallengeBytes);
+  Transports ts = job.Finish(drops);
+  ExpectExactTraffic(ts);
+  EXPECT_TRUE(drops.WaitFor(0).empty());
+}
+
+TEST(CpuTransportStrangerTest, Connect_StrangerStallsPastHandshakeTimeout_IsDropped) {
+  InMemoryKeyValueStore kv;
+  DropRecorder drops;
+  HeldBackJob job(2, kv, drops, /*handshake_timeout=*/absl::Milliseconds(200));
+  UniqueFd stranger = StrangerConnect(AddressOf(kv, 0));
+  std::vector<absl::Status> seen = drops.WaitFor(1);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].code(), absl::StatusCode::kDeadlineExceeded) << seen[0];
+  EXPECT_THAT(seen[0].message(), HasSubstr("sent 0 bytes of its hello and then nothing"));
+  EXPECT_TRUE(ClosedByPeer(stranger.get()));
+  Transports ts = job.Finish(drops);
+  ExpectExactTraffic(ts);
+}
+
+// Once the mesh is up the listener stays open: junk and a hello for a connected rank are dropped there
+// while the job's traffic goes on.
+TEST(CpuTransportStrangerTest, AfterConnect_StrangersAtListener_AreDroppedAndTrafficIsExact) {
+  InMemoryKeyValueStore kv;
+  DropRecorder drops;
+  Transports ts = ConnectAll(3, kv, [&](CpuTransportOptions& o) { o.on_dropped_connection = drops.Hook(); });
+  ASSERT_TRUE(AllConnected(ts));
+  UniqueFd junk = StrangerConnect(AddressOf(kv, 0));
+  ASSERT_TRUE(SendAll(junk.get(), std::string(24, '\xff')));
+  UniqueFd forged = StrangerConnect(AddressOf(kv, 0));
+  ASSERT_TRUE(SendAll(forged.get(), ForgedHello(1, 0, 3, "job-1/comm-0")));
+  EXPECT_TRUE(ClosedByPeer(junk.get()));
+  EXPECT_TRUE(ClosedByPeer(forged.get()));
+  std::vector<absl::Status> seen = drops.WaitFor(2);
+  ASSERT_EQ(seen.size(), 2u);
+  std::vector<absl::StatusCode> codes = {seen[0].code(), seen[1].code()};
+  EXPECT_THAT(codes, ::testing::UnorderedElementsAre(absl::StatusCode::kInvalidArgument,
+                                                     absl::StatusCode::kAlreadyExists));
+  ExpectExactTraffic(ts);
 }
 
 }  // namespace

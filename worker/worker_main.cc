@@ -64,7 +64,8 @@ absl::StatusOr<std::string> ReadSecret() {
   return secret;
 }
 
-absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, CoordinatorClient& client) {
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, CoordinatorClient& client,
+                                                         const std::string& secret) {
   const std::string prefix = absl::StrCat(a.job_id(), "/world");
   const absl::Duration timeout = absl::Milliseconds(a.job().timeouts().nccl_init_ms());
   if (a.job().device() == DEVICE_KIND_CUDA) {
@@ -86,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, Co
   o.world_size = a.world_size();
   o.key_prefix = prefix;
   o.connect_timeout = timeout;
+  o.secret = secret;  // every connection proves it: a stranger on the port is dropped
   return ConnectCpuTransport(o, client);
 }
 
@@ -131,11 +133,11 @@ absl::Status RunModel(Run& run, Transport* transport) {
   });
 }
 
-absl::Status RunJob(Run& run, absl::Time cuda_ready) {
+absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) {
   const Assignment& a = run.assignment;
   CoordinatorClient& client = *run.client;
   ReportMilestone(run, MILESTONE_CUDA_READY, cuda_ready);
-  absl::StatusOr<std::unique_ptr<Transport>> transport = MakeTransport(a, client);
+  absl::StatusOr<std::unique_ptr<Transport>> transport = MakeTransport(a, client, secret);
   if (!transport.ok()) return transport.status();
   run.agent->SetTransport(transport->get());
   ReportMilestone(run, MILESTONE_NCCL_READY, absl::Now());
@@ -195,7 +197,7 @@ int Main() {
   Run run{&client, *assignment, req.incarnation(), nullptr};
   run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
                                       assignment->job().timeouts());
-  absl::Status status = device.ok() ? RunJob(run, cuda_ready) : device.status();
+  absl::Status status = device.ok() ? RunJob(run, cuda_ready, *secret) : device.status();
   if (int code = run.agent->exit_code(); code != 0) {
     LOG(WARNING) << "stopping: " << run.agent->reason();
     return code;

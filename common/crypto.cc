@@ -1,0 +1,52 @@
+// HMAC-SHA256 and constant-time comparison from libcrypto (already in every process that links gRPC),
+// random bytes from getrandom(2).
+#include "common/crypto.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "common/fd.h"
+
+namespace stagehand {
+
+Sha256Digest HmacSha256(absl::string_view key, absl::string_view message) {
+  Sha256Digest out{};
+  unsigned int len = 0;
+  // The one-shot HMAC() fails only on allocation failure or a bad digest: neither can be handled here,
+  // and returning a predictable digest would be worse than stopping.
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(),
+           &len) == nullptr ||
+      len != out.size()) {
+    std::fputs("stagehand: HMAC-SHA256 failed in libcrypto (out of memory?)\n", stderr);
+    std::abort();
+  }
+  return out;
+}
+
+bool ConstantTimeEqual(const Sha256Digest& a, const Sha256Digest& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+absl::Status RandomBytes(uint8_t* out, size_t n) {
+  while (n > 0) {
+    const ssize_t got = ::getrandom(out, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      return absl::UnavailableError(absl::StrCat("getrandom: ", ErrnoText(errno),
+                                                 "; this kernel cannot give random bytes"));
+    }
+    out += got;
+    n -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace stagehand

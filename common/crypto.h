@@ -1,0 +1,32 @@
+// The few cryptographic primitives stagehand needs, over OpenSSL's libcrypto: HMAC-SHA256, a
+// constant-time comparison, and fresh random bytes from the kernel (getrandom(2)).
+#ifndef STAGEHAND_COMMON_CRYPTO_H_
+#define STAGEHAND_COMMON_CRYPTO_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace stagehand {
+
+inline constexpr size_t kSha256Bytes = 32;
+using Sha256Digest = std::array<uint8_t, kSha256Bytes>;
+
+// HMAC-SHA256 (RFC 2104, FIPS 180-4) of `message` under `key`; any key length (longer than the block
+// size is hashed first, as the RFC says).
+Sha256Digest HmacSha256(absl::string_view key, absl::string_view message);
+
+// Whether a == b, in time that does not depend on where they differ: comparing a MAC byte by byte
+// with an early exit would tell an attacker how many leading bytes of a forgery are right.
+bool ConstantTimeEqual(const Sha256Digest& a, const Sha256Digest& b);
+
+// Fills out[0, n) with random bytes from the kernel's CSPRNG (getrandom(2), which blocks only until
+// the pool is first seeded at boot). UNAVAILABLE when the kernel refuses (it names the errno).
+absl::Status RandomBytes(uint8_t* out, size_t n);
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_COMMON_CRYPTO_H_
