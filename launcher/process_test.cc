@@ -454,8 +454,22 @@ TEST(TerminalWriterTest, Flush_TerminalNeverReads_GivesUpAfterPatience) {
   writer.Submit("stuck");
   const absl::Time start = absl::Now();
   EXPECT_FALSE(writer.Flush(absl::Milliseconds(100)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 }  // and the destructor returns although the thread waits in Write
+
+TEST(TerminalWriterTest, Flush_TerminalStalledLongBeforeTheCall_GivesUpAtOnce) {
+  auto sink = std::make_unique<FakeTerminalSink>();
+  FakeTerminalSink* terminal = sink.get();
+  terminal->Stall();
+  TerminalWriter writer(std::move(sink));
+  writer.Submit("stuck");
+  ASSERT_TRUE(terminal->AwaitBlocked(kPatience));
+  EXPECT_FALSE(writer.Flush(absl::Milliseconds(200)));  // stalled for 200 ms now
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(writer.Flush(absl::Milliseconds(200)));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+}
 
 TEST(TerminalWriterTest, Submit_TerminalGone_LinesDiscardedWithoutCount) {
   auto sink = std::make_unique<FakeTerminalSink>();

@@ -163,6 +163,7 @@ void TerminalWriter::Run() {
       queue_.pop_front();
       if (entry.gap.empty()) bytes_ -= entry.text.size() + kEntryOverhead;
       writing_ = true;
+      write_began_ = absl::Now();
     }
     const bool ok = sink_->Write(entry.gap.empty() ? entry.text : Notices(entry.gap));
     absl::MutexLock lock(&mu_);
@@ -187,13 +188,14 @@ bool TerminalWriter::Flush(absl::Duration patience) {
       TerminalWriter* w;
       int64_t before;
     } args{this, before};
-    const bool moved = mu_.AwaitWithTimeout(
+    const absl::Time deadline = (writing_ ? write_began_ : absl::Now()) + patience;
+    const bool moved = mu_.AwaitWithDeadline(
         absl::Condition(
             +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
               return a->w->broken_ || a->w->written_ != a->before || (a->w->queue_.empty() && !a->w->writing_);
             },
             &args),
-        patience);
+        deadline);
     if (!moved) return false;
   }
 }

@@ -60,7 +60,8 @@ class TerminalWriter {
   void SubmitPartial(absl::string_view text);
 
   // Waits until every queued line is written; gives up (false) once the terminal has taken nothing
-  // for `patience`. A slow terminal that keeps moving gets everything.
+  // for `patience`, counting the time it was stalled before the call: at the end of a run during
+  // which the terminal did not read, it returns at once. A slow terminal that keeps moving gets all.
   bool Flush(absl::Duration patience);
 
   int64_t dropped() const;  // lines dropped from the terminal so far, in all
@@ -81,6 +82,7 @@ class TerminalWriter {
   std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // charged by the lines in queue_
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // the thread holds an entry it has not written yet
+  absl::Time write_began_ ABSL_GUARDED_BY(mu_);  // when it took that entry
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;   // entries written: Flush's measure of progress
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;   // the sink failed: lines are discarded uncounted
