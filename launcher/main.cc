@@ -15,6 +15,7 @@
 #include "launcher/launch.h"
 #include "launcher/process.h"
 #include "launcher/supervisor.h"
+#include "launcher/terminal.h"
 
 ABSL_FLAG(int, gpus, -1, "GPUs to use, one worker each: the first N visible (default: all visible; "
                          "with none visible, 2 CPU workers)");
@@ -143,6 +144,23 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   return o;
 }
 
+// The sweep or the single launch that the flags ask for; returns the exit code.
+int Run(const stagehand::LaunchOptions& options) {
+  if (!absl::GetFlag(FLAGS_sweep).empty()) {
+    std::vector<int> counts;
+    for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_sweep), ',')) {
+      int n = 0;
+      if (!absl::SimpleAtoi(c, &n) || n < 1) {
+        std::fprintf(stderr, "stagehand: --sweep=%s: expected worker counts like 1,2,4\n", absl::GetFlag(FLAGS_sweep).c_str());
+        return stagehand::kExitUsage;
+      }
+      counts.push_back(n);
+    }
+    return stagehand::Sweep(options, counts);
+  }
+  return stagehand::Launch(options).exit_code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,19 +188,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return stagehand::kExitLaunchFailed;
   }
-  stagehand::LaunchOptions options = OptionsFromFlags(*parsed);
+  stagehand::LaunchOptions options = OptionsFromFlags(*parsed);  // isatty(1) before the capture
   options.launch = launch;
-  if (!absl::GetFlag(FLAGS_sweep).empty()) {
-    std::vector<int> counts;
-    for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_sweep), ',')) {
-      int n = 0;
-      if (!absl::SimpleAtoi(c, &n) || n < 1) {
-        std::fprintf(stderr, "stagehand: --sweep=%s: expected worker counts like 1,2,4\n", absl::GetFlag(FLAGS_sweep).c_str());
-        return stagehand::kExitUsage;
-      }
-      counts.push_back(n);
-    }
-    return stagehand::Sweep(options, counts);
+  // From here on the launcher's stdout goes through the bounded terminal writer (terminal.h), so that
+  // a terminal that stops reading cannot block supervision. If the capture cannot be set up, stdout
+  // is written directly, as before.
+  if (absl::Status s = stagehand::CaptureStdout(); !s.ok()) {
+    std::fprintf(stderr, "stagehand: %s; writing stdout directly\n", std::string(s.message()).c_str());
   }
-  return stagehand::Launch(options).exit_code;
+  const int code = Run(options);
+  // A terminal that takes nothing for half a second loses the last lines (the run directory has
+  // them) rather than keep the launcher from exiting.
+  stagehand::FinishStdout(absl::Milliseconds(500));
+  return code;
 }

@@ -1,5 +1,5 @@
 // The real ProcessSpawner (fork/exec, process groups, PR_SET_PDEATHSIG, the secret pipe, one thread per
-// child forwarding its output line by line) and BecomeSubreaper().
+// child forwarding its output line by line to its log and the terminal writer) and BecomeSubreaper().
 #include "launcher/process.h"
 
 #include <fcntl.h>
@@ -49,9 +49,6 @@ constexpr size_t kMaxLineBytes = 64 * 1024;
 constexpr absl::Duration kDestructorDrain = absl::Seconds(1);
 // The exit code of a child that could not exec (as a shell's "command not found").
 constexpr int kExecFailedExit = 127;
-
-// Lines of all children (of all spawners) reach our stdout one whole line at a time.
-absl::Mutex stdout_mu(absl::kConstInit);
 
 struct Pipe {
   UniqueFd read;
@@ -234,14 +231,19 @@ ProcessExit ToProcessExit(int pid, int wait_status) {
   return exit;
 }
 
-// Forwards one child's output pipe, line by line, to our stdout (with a prefix) and to its log file.
+// Forwards one child's output pipe, line by line, to its log file and (with a prefix) to the
+// terminal writer. The log is written first and in full; the writer never blocks, so a terminal that
+// does not read neither stalls the child nor costs the log a line.
 class OutputForwarder {
  public:
   // stop_fd becoming readable ends the thread before EOF (a grandchild may hold the pipe open).
-  OutputForwarder(UniqueFd pipe, UniqueFd log, std::string prefix, int stop_fd)
+  OutputForwarder(UniqueFd pipe, UniqueFd log, std::string log_path, std::string prefix,
+                  TerminalWriter* terminal, int stop_fd)
       : pipe_(std::move(pipe)),
         log_(std::move(log)),
+        log_path_(std::move(log_path)),
         prefix_(std::move(prefix)),
+        terminal_(terminal),
         stop_fd_(stop_fd),
         thread_([this] { Run(); }) {}
   ~OutputForwarder() { Join(); }
@@ -259,7 +261,9 @@ class OutputForwarder {
 
   UniqueFd pipe_;
   UniqueFd log_;
+  const std::string log_path_;
   const std::string prefix_;
+  TerminalWriter* const terminal_;
   const int stop_fd_;
   std::string partial_;  // the line read so far, without its newline
   absl::Notification done_;
@@ -308,16 +312,14 @@ void OutputForwarder::Consume(absl::string_view chunk) {
 
 void OutputForwarder::Emit(absl::string_view line) {
   const std::string out = absl::StrCat(prefix_, line, "\n");
-  {
-    absl::MutexLock lock(&stdout_mu);
-    WriteAll(STDOUT_FILENO, out);  // one write(2) unless stdout takes it in parts
-  }
   if (log_.get() >= 0) WriteAll(log_.get(), absl::string_view(out).substr(prefix_.size()));
+  terminal_->Submit(out, log_path_);
 }
 
 class PosixProcessSpawner : public ProcessSpawner {
  public:
-  PosixProcessSpawner() : stop_fd_(eventfd(0, EFD_CLOEXEC)) {
+  explicit PosixProcessSpawner(TerminalWriter* terminal)
+      : terminal_(terminal), stop_fd_(eventfd(0, EFD_CLOEXEC)) {
     CHECK(stop_fd_.get() >= 0) << "eventfd: " << ErrnoText(errno);
     rlimit limit;
     max_fd_ = getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
@@ -337,6 +339,7 @@ class PosixProcessSpawner : public ProcessSpawner {
   void Started(int pid, std::shared_ptr<OutputForwarder> output);
   void JoinFinishedForwarders() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  TerminalWriter* const terminal_;
   UniqueFd stop_fd_;  // an eventfd written once, by the destructor
   int max_fd_ = 0;
   absl::Mutex mu_;
@@ -385,7 +388,8 @@ absl::StatusOr<int> PosixProcessSpawner::Spawn(const ProcessSpec& spec) {
     return absl::ErrnoToStatus(err, absl::StrCat("cannot execute ", spec.argv[0]));
   }
   Started(*pid, std::make_shared<OutputForwarder>(std::move(fds->output.read), std::move(fds->log),
-                                                  spec.output_prefix, stop_fd_.get()));
+                                                  spec.log_path, spec.output_prefix, terminal_,
+                                                  stop_fd_.get()));
   return *pid;
 }
 
@@ -479,8 +483,8 @@ void PosixProcessSpawner::DrainOutput(int pid, absl::Duration timeout) {
 
 }  // namespace
 
-std::unique_ptr<ProcessSpawner> NewPosixProcessSpawner() {
-  return std::make_unique<PosixProcessSpawner>();
+std::unique_ptr<ProcessSpawner> NewPosixProcessSpawner(TerminalWriter* terminal) {
+  return std::make_unique<PosixProcessSpawner>(terminal != nullptr ? terminal : &StdoutTerminal());
 }
 
 absl::Status BecomeSubreaper() {

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "launcher/terminal.h"
 
 namespace stagehand {
 
@@ -19,7 +20,8 @@ struct ProcessSpec {
   std::vector<std::string> argv;  // argv[0] is the path of the executable
   std::vector<std::string> env;   // the child's whole environment, "NAME=value"
   std::string output_prefix;      // each line the child writes (stdout and stderr) is printed with it
-  std::string log_path;           // and appended, without the prefix, to this file (if not empty)
+  std::string log_path;           // and appended, without the prefix, to this file (if not empty),
+                                  // which the terminal's notice of dropped lines names
   std::string secret;             // written to a pipe whose read end the child inherits
 };
 
@@ -49,11 +51,12 @@ class ProcessSpawner {
 
 // The real spawner: fork/exec; the child gets its own process group, PR_SET_PDEATHSIG(SIGKILL) with a
 // getppid() check (so it dies with the launcher, even if the launcher is killed with SIGKILL), a reset
-// signal mask, and its stdout and stderr on one pipe that a thread forwards line by line with the
-// prefix to this process's stdout and to the log file.
+// signal mask, and its stdout and stderr on one pipe that a thread forwards line by line to the log
+// file (every line) and with the prefix to `terminal` (StdoutTerminal() when null), which drops lines
+// rather than wait for a terminal that does not read.
 // Spawn() must be called from a thread that lives as long as the children: PR_SET_PDEATHSIG fires when
 // the thread that forked exits.
-std::unique_ptr<ProcessSpawner> NewPosixProcessSpawner();
+std::unique_ptr<ProcessSpawner> NewPosixProcessSpawner(TerminalWriter* terminal = nullptr);
 
 // Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER), so that orphaned grandchildren are
 // reparented to it and reaped, not to init.

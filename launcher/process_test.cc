@@ -1,7 +1,9 @@
-// Tests of the POSIX process spawner with real processes (/bin/sh, /bin/sleep), and of the fake.
+// Tests of the POSIX process spawner with real processes (/bin/sh, /bin/sleep), of the bounded
+// terminal writer its forwarders write to (with a fake terminal and a real pipe), and of the fakes.
 #include "launcher/process.h"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -30,6 +32,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "launcher/fake_process.h"
+#include "launcher/fake_terminal.h"
+#include "launcher/terminal.h"
 
 namespace stagehand {
 namespace {
@@ -400,6 +404,149 @@ TEST(PosixProcessSpawnerTest, Destructor_ChildStillRunning_ReturnsWithoutKilling
   EXPECT_EQ(waitpid(*pid, nullptr, WNOHANG), 0) << "the destructor ended the child";
   kill(-*pid, SIGKILL);
   EXPECT_EQ(waitpid(*pid, nullptr, 0), *pid);
+}
+
+// ---- The terminal writer. ----
+
+// Room for `lines` queued lines of `text` (each charged its bytes, a newline and the overhead).
+TerminalOptions RoomFor(int lines, absl::string_view text) {
+  TerminalOptions options;
+  options.max_bytes = lines * (text.size() + 1 + TerminalWriter::kEntryOverhead);
+  return options;
+}
+
+TEST(TerminalWriterTest, Submit_TerminalStalled_DropsBeyondTheBoundAndSaysHowManyOnceItMoves) {
+  auto sink = std::make_unique<FakeTerminalSink>();
+  FakeTerminalSink* terminal = sink.get();
+  terminal->Stall();
+  TerminalWriter writer(std::move(sink), RoomFor(3, "line 0"));
+  writer.Submit("line 0", "/run/rank0.log");
+  ASSERT_TRUE(terminal->AwaitBlocked(kPatience));  // its thread holds line 0, in a write that waits
+  for (int i = 1; i <= 10; ++i) writer.Submit(absl::StrCat("line ", i), "/run/rank0.log");  // never waits
+  writer.Submit("a launcher line");
+  EXPECT_EQ(writer.dropped(), 8);  // lines 1-3 queued, 4-10 and the launcher's line dropped
+  terminal->Resume();
+  ASSERT_TRUE(writer.Flush(kPatience));
+  writer.Submit("line 11", "/run/rank0.log");
+  ASSERT_TRUE(writer.Flush(kPatience));
+  EXPECT_EQ(terminal->text(),
+            "line 0\nline 1\nline 2\nline 3\n"
+            "[stagehand] 1 lines of the launcher's output not shown (the terminal was not reading)\n"
+            "[stagehand] 7 lines of worker output not shown (the terminal was not reading); see /run/rank0.log\n"
+            "line 11\n");
+}
+
+TEST(TerminalWriterTest, Submit_LineLongerThanTheBound_TakenWhenTheQueueIsEmpty) {
+  auto sink = std::make_unique<FakeTerminalSink>();
+  FakeTerminalSink* terminal = sink.get();
+  TerminalWriter writer(std::move(sink), RoomFor(1, "x"));
+  const std::string long_line(10000, 'x');
+  writer.Submit(long_line);
+  ASSERT_TRUE(writer.Flush(kPatience));
+  EXPECT_EQ(terminal->text(), long_line + "\n");
+  EXPECT_EQ(writer.dropped(), 0);
+}
+
+TEST(TerminalWriterTest, Flush_TerminalNeverReads_GivesUpAfterPatience) {
+  auto sink = std::make_unique<FakeTerminalSink>();
+  sink->Stall();
+  TerminalWriter writer(std::move(sink));
+  writer.Submit("stuck");
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(writer.Flush(absl::Milliseconds(100)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}  // and the destructor returns although the thread waits in Write
+
+TEST(TerminalWriterTest, Flush_TerminalStalledLongBeforeTheCall_GivesUpAtOnce) {
+  auto sink = std::make_unique<FakeTerminalSink>();
+  FakeTerminalSink* terminal = sink.get();
+  terminal->Stall();
+  TerminalWriter writer(std::move(sink));
+  writer.Submit("stuck");
+  ASSERT_TRUE(terminal->AwaitBlocked(kPatience));
+  EXPECT_FALSE(writer.Flush(absl::Milliseconds(200)));  // stalled for 200 ms now
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(writer.Flush(absl::Milliseconds(200)));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+}
+
+TEST(TerminalWriterTest, Submit_TerminalGone_LinesDiscardedWithoutCount) {
+  auto sink = std::make_unique<FakeTerminalSink>();
+  FakeTerminalSink* terminal = sink.get();
+  terminal->Close();
+  TerminalWriter writer(std::move(sink));
+  for (int i = 0; i < 100; ++i) writer.Submit("into the void");
+  EXPECT_TRUE(writer.Flush(kPatience));
+  EXPECT_EQ(terminal->text(), "");
+}
+
+// A real pipe, full, that nobody reads: the writer's thread waits in poll, Submit does not, and the
+// destructor ends the wait.
+TEST(TerminalWriterTest, FdSink_FullPipeNobodyReads_SubmitReturnsAndDestructorEndsTheWait) {
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  absl::Cleanup close_pipe = [&] {
+    close(fds[0]);
+    close(fds[1]);
+  };
+  const int capacity = fcntl(fds[1], F_SETPIPE_SZ, 4096);
+  ASSERT_GT(capacity, 0);
+  const std::string fill(capacity, 'f');
+  ASSERT_EQ(write(fds[1], fill.data(), fill.size()), capacity);  // exactly full: did not block
+  auto writer = std::make_unique<TerminalWriter>(NewFdTerminalSink(fds[1]), RoomFor(10, "line"));
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 1000; ++i) writer->Submit("line", "rank0.log");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_GE(writer->dropped(), 1000 - 11);
+  int queued = 0;
+  ASSERT_EQ(ioctl(fds[0], FIONREAD, &queued), 0);
+  EXPECT_EQ(queued, capacity);
+  writer.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+// The forwarders' side: with the terminal stalled, the log still gets every line of a chatty child,
+// and the terminal gets some lines and a count of the rest.
+TEST(TerminalWriterTest, Spawn_TerminalStalled_LogCompleteTerminalGetsTheRestCounted) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string log = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/chatty.", getpid(), ".log");
+  auto sink = std::make_unique<FakeTerminalSink>();
+  FakeTerminalSink* terminal = sink.get();
+  terminal->Stall();
+  TerminalWriter writer(std::move(sink), RoomFor(100, "[rank 0] 12345"));
+  std::unique_ptr<ProcessSpawner> spawner = NewPosixProcessSpawner(&writer);  // ends before writer
+  ProcessSpec spec;
+  spec.argv = {"/usr/bin/seq", "1", "20000"};
+  spec.output_prefix = "[rank 0] ";
+  spec.log_path = log;
+  absl::StatusOr<int> pid = spawner->Spawn(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  bool reaped = WaitFor([&] {
+    for (const ProcessExit& e : spawner->Reap()) {
+      if (e.pid == *pid) return true;
+    }
+    return false;
+  });
+  ASSERT_TRUE(reaped);
+  spawner->DrainOutput(*pid, kPatience);  // the child was never held up by the stalled terminal
+  const std::vector<std::string> logged = absl::StrSplit(ReadFile(log), '\n', absl::SkipEmpty());
+  ASSERT_EQ(logged.size(), 20000u);
+  EXPECT_EQ(logged.front(), "1");
+  EXPECT_EQ(logged.back(), "20000");
+  const int64_t dropped = writer.dropped();
+  EXPECT_GT(dropped, 0);
+  terminal->Resume();
+  ASSERT_TRUE(writer.Flush(kPatience));
+  const std::vector<std::string> shown = absl::StrSplit(terminal->text(), '\n', absl::SkipEmpty());
+  ASSERT_EQ(shown.size(), 20000 - dropped + 1);
+  EXPECT_EQ(shown.front(), "[rank 0] 1");
+  EXPECT_EQ(shown.back(), absl::StrCat("[stagehand] ", dropped, " lines of worker output not shown (the terminal "
+                                       "was not reading); see ", log));
+  for (size_t i = 0; i + 1 < shown.size(); ++i) {
+    ASSERT_EQ(shown[i], absl::StrCat("[rank 0] ", i + 1)) << "the lines shown are the first, in order";
+  }
+  spawner.reset();
 }
 
 TEST(FakeProcessSpawnerTest, SpawnSignalExit_RecordedAndReported) {

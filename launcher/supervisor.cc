@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 
 namespace stagehand {
@@ -82,6 +83,17 @@ std::string Supervisor::Describe(int rank) const {
   return absl::StrCat("rank ", rank, where);
 }
 
+// Every live rank that has not registered, named as Describe() does ("rank 0 (pid 12)", "ranks 0
+// (pid 12), 2 (pid 14)"), so that the hang names each worker that did not arrive, not only the first.
+std::string Supervisor::Unregistered(const std::vector<WorkerState>& workers) const {
+  std::vector<std::string> names;
+  for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
+    if (!slots_[r].exited && !workers[r].registered) names.push_back(absl::StrCat(r, " (pid ", slots_[r].pid, ")"));
+  }
+  if (names.empty()) return "";
+  return absl::StrCat(names.size() == 1 ? "rank " : "ranks ", absl::StrJoin(names, ", "));
+}
+
 void Supervisor::Record(Kind kind, int exit_code, std::string text) {
   if (interrupt_signal_ != 0 || sent_term_) return;  // what happens while we stop the run is not a cause
   incidents_.push_back({kind, now_(), exit_code, std::move(text)});
@@ -125,6 +137,10 @@ void Supervisor::OnExit(const ProcessExit& e) {
   if (e.signal == 0 && e.exit_code == 0 && w.finished && w.ok) return;
   if (e.signal == 0 && e.exit_code == kWorkerExitStopped && stopping_) return;  // it did as told
   if (e.signal == 0 && w.finished && !w.ok) return;  // it reported why (an incident if it came first)
+  // Once stopping, the coordinator refuses new registrations and a worker that never registered
+  // leaves with an error: a consequence of the stop (a missed registration deadline, most often),
+  // which must not displace its cause. A signal is still a crash: nothing we sent yet kills.
+  if (e.signal == 0 && stopping_ && !w.registered) return;
   std::string how = e.signal != 0 ? absl::StrCat("was killed by signal ", SignalName(e.signal))
                                   : absl::StrCat("exited with code ", e.exit_code);
   Record(Kind::kCrash, kExitWorkerFailed, absl::StrCat(Describe(rank), " ", how, " after ", w.steps_done, " steps"));
@@ -151,14 +167,16 @@ void Supervisor::CheckDeadlines() {
   const Timeouts& t = state_->job().timeouts();
   const absl::Time now = now_();
   std::vector<WorkerState> workers = state_->Workers();
+  if (now - launch_ > absl::Milliseconds(t.register_ms())) {
+    if (std::string missing = Unregistered(workers); !missing.empty()) {
+      return Record(Kind::kHang, kExitWorkerHung,
+                    absl::StrCat(missing, " did not register within ",
+                                 absl::FormatDuration(absl::Milliseconds(t.register_ms()))));
+    }
+  }
   for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
     const WorkerState& w = workers[r];
-    if (slots_[r].exited || w.finished) continue;
-    if (!w.registered && now - launch_ > absl::Milliseconds(t.register_ms())) {
-      return Record(Kind::kHang, kExitWorkerHung, absl::StrCat(Describe(r), " did not register within ",
-                                                               absl::FormatDuration(absl::Milliseconds(t.register_ms()))));
-    }
-    if (!w.registered) continue;
+    if (slots_[r].exited || w.finished || !w.registered) continue;
     if (now - w.last_heartbeat > absl::Milliseconds(t.heartbeat_timeout_ms())) {
       return Record(Kind::kHang, kExitWorkerHung,
                     absl::StrCat(Describe(r), " stopped heartbeating (none for ",

@@ -94,6 +94,7 @@ class Supervisor {
   void BeginStop(const std::string& cause);
   void Escalate();
   std::string Describe(int rank) const;
+  std::string Unregistered(const std::vector<WorkerState>& workers) const;
 
   CoordinatorState* const state_;
   ProcessSpawner* const spawner_;

@@ -424,6 +424,46 @@ TEST_F(SupervisorTest, Tick_WorkerNeverRegisters_IsHungWithDidNotRegister) {
   EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 1"), HasSubstr("did not register")));
 }
 
+// The coordinator refuses registrations once the job stops, so a worker that arrives late exits 1:
+// that exit is a consequence and must not displace the hang (it once did: exit 1 blaming rank 1).
+TEST_F(SupervisorTest, Tick_RankZeroNeverRegisters_HangNamesItAndLateExitsAreNotBlamed) {
+  Init(2);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  EXPECT_EQ(state_->Register(MakeRegister(1), absl::InfinitePast()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);  // rank 1 is in; rank 0 never comes
+  EXPECT_FALSE(TickAfter(absl::Milliseconds(kRegisterMs) + kTick));
+  EXPECT_TRUE(state_->stopping());
+  spawner_.Exit(Pid(0), 1);  // "Register: the job is stopping; no new registrations"
+  spawner_.Exit(Pid(1), 3);  // its Register wait was cancelled by the stop
+  EXPECT_TRUE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerHung);
+  EXPECT_EQ(supervisor_->root_cause(), "rank 0 (pid 1000) did not register within 5s");
+}
+
+TEST_F(SupervisorTest, Tick_SeveralNeverRegister_HangNamesEachOfThem) {
+  Init(3);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  EXPECT_EQ(state_->Register(MakeRegister(1), absl::InfinitePast()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(TickAfter(absl::Milliseconds(kRegisterMs) + kTick));
+  spawner_.Exit(Pid(0), 1);  // refused: the job is stopping
+  spawner_.Exit(Pid(1), 3);  // cancelled
+  spawner_.Exit(Pid(2), 1);
+  EXPECT_TRUE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerHung);
+  EXPECT_EQ(supervisor_->root_cause(), "ranks 0 (pid 1000), 2 (pid 1002) did not register within 5s");
+}
+
+// A worker killed before it registers is still a crash, even once the job is stopping.
+TEST_F(SupervisorTest, Tick_UnregisteredWorkerKilledBeforeDeadline_IsACrash) {
+  Init(2);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  spawner_.Kill(Pid(0), SIGKILL);
+  EXPECT_FALSE(TickAfter(kTick));
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 0"), HasSubstr("signal 9")));
+}
+
 TEST_F(SupervisorTest, Interrupt_Sigint_StopsCoordinatorAndExits130) {
   Init(2);
   StartAndRegisterAll();
