@@ -1,6 +1,8 @@
-// One launch from start to end: resolve and validate the job, create the run directory, serve the
-// coordinator, spawn and supervise the workers, handle SIGINT/SIGTERM, print the root cause or the
-// summary and the startup ledger. Returns the launcher's exit code (supervisor.h lists them).
+// One launch from start to end: resolve and validate the job and the run directory, serve the
+// coordinator, create the run directory (after everything that can refuse), spawn and supervise the
+// workers, write steps.csv as steps arrive, handle SIGINT/SIGTERM/SIGHUP, write the reports (each
+// whole or absent), print the root cause or the summary and the startup ledger. Returns the
+// launcher's exit code (supervisor.h lists them; kExitWriteFailed below).
 #ifndef STAGEHAND_LAUNCHER_LAUNCH_H_
 #define STAGEHAND_LAUNCHER_LAUNCH_H_
 
@@ -13,9 +15,14 @@
 
 namespace stagehand {
 
+// The run's results could not be written (a full disk, an I/O error, permissions): the run was
+// stopped, and what is in the run directory is whole but not everything. Beside supervisor.h's codes.
+inline constexpr int kExitWriteFailed = 5;
+
 struct LaunchOptions {
   JobRequest job;
   std::string run_dir;              // "" for runs/<time>-<name>-<id> under the working directory
+  bool overwrite = false;           // a non-empty run_dir holding an earlier run of ours is cleared
   std::string coordinator_address;  // host:port; port 0 picks one
   std::string worker_binary;        // "" to find it beside the launcher
   absl::Time launch = absl::Now();  // when the launcher process started (the ledger counts from it)
@@ -30,13 +37,14 @@ struct LaunchResult {
   std::string run_dir;
 };
 
-// SIGINT, SIGTERM and SIGCHLD must be blocked in every thread before this is called (main() does it
+// SIGINT, SIGTERM, SIGHUP and SIGCHLD must be blocked in every thread before this is called (main() does it
 // first thing), so that Launch() receives them with sigtimedwait.
 LaunchResult Launch(const LaunchOptions& options);
 
 // `launcher --sweep=1,2,4`: the same job at each worker count (counts beyond the visible GPUs are
 // skipped with a note), each run in <run_dir>/workers_<N>, then sweep.csv, sweep.md and sweep.svg in
-// <run_dir>. Returns 0 when every run that was not skipped succeeded, else the first failure's code.
+// <run_dir>. Every count is checked before the first runs (a refused one: exit 2, nothing started).
+// Returns 0 when every run that was not skipped succeeded, else the first failure's code.
 int Sweep(const LaunchOptions& options, const std::vector<int>& counts);
 
 }  // namespace stagehand

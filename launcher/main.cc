@@ -29,7 +29,9 @@ ABSL_FLAG(std::string, model, "", "what the job trains (or runs, --inference) as
 ABSL_FLAG(int64_t, tensor_elements, -1, "elements of the all-reduced tensor (default 1048576)");
 ABSL_FLAG(int64_t, seed, -1, "random seed (default 0)");
 ABSL_FLAG(std::string, job, "", "a JobSpec in protobuf text format (protos/job.proto); flags override it");
-ABSL_FLAG(std::string, run_dir, "", "where logs and reports go (default runs/<time>-<name>-<job id>)");
+ABSL_FLAG(std::string, run_dir, "", "where logs and reports go, a new or empty directory (default "
+                                    "runs/<time>-<name>-<job id>)");
+ABSL_FLAG(bool, overwrite, false, "replace the earlier run in a non-empty --run_dir (only files a run writes are removed)");
 ABSL_FLAG(std::string, coordinator_address, "127.0.0.1:0", "HOST:PORT the coordinator serves on (port 0 picks one)");
 ABSL_FLAG(std::string, worker_binary, "", "the worker executable (default: beside the launcher)");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, -1, "a worker silent this long is dead (default 10000)");
@@ -134,6 +136,7 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   j.inference = absl::GetFlag(FLAGS_inference);
   j.save_params = absl::GetFlag(FLAGS_save_params);
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
+  o.overwrite = absl::GetFlag(FLAGS_overwrite);
   o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   j.custom_worker = !o.worker_binary.empty();
@@ -171,6 +174,7 @@ int main(int argc, char** argv) {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);  // handled as SIGTERM: results are written
   sigaddset(&set, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);

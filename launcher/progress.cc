@@ -29,13 +29,14 @@ void Progress::Update(const CoordinatorState& state) {
   const std::vector<ReportStepRequest> steps = state.StepsSince(seen_);
   seen_ += steps.size();
   const JobSpec& job = state.job();
-  for (const ReportStepRequest& r : steps) {
-    if (!IsModelJob(job)) {
-      if (r.rank() != job.workers() - 1) continue;  // one row a step
-      PrintAllReduceStep(r, job);
-    } else if (r.has_loss() || (job.pipeline().inference() && r.rank() == job.workers() - 1)) {
-      PrintModelStep(r, job);  // from the rank that holds the last stage
-    }
+  for (const ReportStepRequest& r : steps) PrintStep(r, job);
+}
+
+void Progress::PrintStep(const ReportStepRequest& r, const JobSpec& job) {
+  if (!IsModelJob(job)) {
+    if (r.rank() == job.workers() - 1) PrintAllReduceStep(r, job);  // one row a step
+  } else if (r.has_loss() || (job.pipeline().inference() && r.rank() == job.workers() - 1)) {
+    PrintModelStep(r, job);  // from the rank that holds the last stage
   }
 }
 
@@ -67,12 +68,20 @@ void Progress::PrintAllReduceStep(const ReportStepRequest& r, const JobSpec& job
 }
 
 void Progress::PrintModelStep(const ReportStepRequest& r, const JobSpec& job) {
-  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
-  const double eta = elapsed / (r.step() + 1) * (job.steps() - r.step() - 1);
+  if (r.step() > 0 && r.step_seconds() > 0) {
+    recent_seconds_.push_back(r.step_seconds());
+    if (recent_seconds_.size() > 10) recent_seconds_.pop_front();
+  }
   std::string text = absl::StrFormat("step %d/%d", r.step() + 1, job.steps());
   if (r.has_loss()) absl::StrAppend(&text, absl::StrFormat("  loss %.4f", r.loss()));
-  absl::StrAppend(&text, absl::StrFormat("  %.3f s  %.0f tokens/s  ETA %.0f s", r.step_seconds(),
-                                         r.step_seconds() > 0 ? r.tokens() / r.step_seconds() : 0.0, eta));
+  absl::StrAppend(&text, absl::StrFormat("  %.3f s  %.0f tokens/s", r.step_seconds(),
+                                         r.step_seconds() > 0 ? r.tokens() / r.step_seconds() : 0.0));
+  if (!recent_seconds_.empty()) {
+    double sum = 0;
+    for (double s : recent_seconds_) sum += s;
+    const double eta = sum / recent_seconds_.size() * std::max<int64_t>(0, job.steps() - r.step() - 1);
+    absl::StrAppend(&text, absl::StrFormat("  ETA %.0f s", eta));
+  }
   if (!bar_) {
     std::fprintf(out_, "stagehand: %s\n", text.c_str());
   } else {

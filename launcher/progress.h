@@ -1,11 +1,13 @@
 // What a foreground run prints while it goes, from the workers' step reports: for a model, a line per
-// step (or one bar redrawn in place on a terminal) with the loss, step time, tokens/s and an ETA; for the
+// step (or one bar redrawn in place on a terminal) with the loss, step time, tokens/s and, from the
+// second step on, an ETA from the mean of the last steps; for the
 // checked all-reduce, nccl-tests' columns (size, count, type, time, algbw, busbw, #wrong) and its
 // average bus bandwidth at the end.
 #ifndef STAGEHAND_LAUNCHER_PROGRESS_H_
 #define STAGEHAND_LAUNCHER_PROGRESS_H_
 
 #include <cstdio>
+#include <deque>
 #include <string>
 
 #include "absl/time/time.h"
@@ -17,11 +19,13 @@ namespace stagehand {
 class Progress {
  public:
   // `out` is where lines go (stdout in the launcher); `bar` redraws one line in place.
-  Progress(bool bar, absl::Time start, std::FILE* out = stdout) : bar_(bar), start_(start), out_(out) {}
+  explicit Progress(bool bar, std::FILE* out = stdout) : bar_(bar), out_(out) {}
   // Prints what arrived since the last call.
   void Update(const CoordinatorState& state);
   // Ends the bar's line; for the all-reduce, the footer.
   void Done();
+  // What Update() does with each new report (the lines come from the rank that holds the loss).
+  void PrintStep(const ReportStepRequest& r, const JobSpec& job);
 
   // One row of nccl-tests' all_reduce_perf table for `elements` floats over `ranks` in `seconds`:
   // algbw = bytes / time, busbw = algbw * 2 (n - 1) / n.
@@ -33,7 +37,6 @@ class Progress {
   void PrintAllReduceStep(const ReportStepRequest& r, const JobSpec& job);
 
   const bool bar_;
-  const absl::Time start_;
   std::FILE* const out_;
   size_t seen_ = 0;  // step reports read so far
   bool drawn_ = false;
@@ -41,6 +44,9 @@ class Progress {
   int ranks_ = 0;
   double busbw_sum_ = 0;
   int busbw_count_ = 0;
+  // The last steps' times, for the ETA. Step 0 is left out: it includes the first allocations and
+  // the transport's warm-up, and a run's length estimated from it was ten times off.
+  std::deque<double> recent_seconds_;
 };
 
 }  // namespace stagehand

@@ -1,7 +1,13 @@
-// Tests of the progress lines: nccl-tests' all-reduce columns and bandwidths.
+// Tests of the progress lines: nccl-tests' all-reduce columns and bandwidths, the model's ETA.
 #include "launcher/progress.h"
 
 #include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "protos/coordinator.pb.h"
+#include "protos/job.pb.h"
 
 namespace stagehand {
 namespace {
@@ -25,6 +31,46 @@ TEST(AllReduceHeader, NamesNcclTestsColumns) {
   for (const char* column : {"size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "(GB/s)"}) {
     EXPECT_NE(h.find(column), std::string::npos) << column;
   }
+}
+
+// The lines Progress prints for the loss-holding rank's report of each of `seconds`' steps.
+std::string ModelLines(const std::vector<double>& seconds, int64_t steps) {
+  JobSpec job;
+  job.set_model("tiny");
+  job.set_workers(1);
+  job.set_steps(steps);
+  char* buffer = nullptr;
+  size_t size = 0;
+  std::FILE* out = open_memstream(&buffer, &size);
+  {
+    Progress p(/*bar=*/false, out);
+    for (size_t i = 0; i < seconds.size(); ++i) {
+      ReportStepRequest r;
+      r.set_step(static_cast<int64_t>(i));
+      r.set_has_loss(true);
+      r.set_loss(5);
+      r.set_step_seconds(seconds[i]);
+      r.set_tokens(100);
+      p.PrintStep(r, job);
+    }
+  }
+  std::fclose(out);
+  std::string text(buffer, size);
+  std::free(buffer);
+  return text;
+}
+
+TEST(PrintStep, FirstStep_NoEta) {
+  // The first step carries the start-up (10 s here): an ETA from it would say 990 s.
+  const std::string text = ModelLines({10.0}, 100);
+  EXPECT_NE(text.find("step 1/100"), std::string::npos) << text;
+  EXPECT_EQ(text.find("ETA"), std::string::npos) << text;
+}
+
+TEST(PrintStep, LaterSteps_EtaFromTheirMeanNotTheFirstStep) {
+  // Steps 2 and 3 take 0.1 s and 0.3 s: 97 steps left at 0.2 s = 19 s (the first step's 10 s left out).
+  const std::string text = ModelLines({10.0, 0.1, 0.3}, 100);
+  EXPECT_NE(text.find("step 3/100  loss 5.0000  0.300 s  333 tokens/s  ETA 19 s"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -128,10 +128,12 @@ RankSums SumRank(int rank, const Reports& timed) {
     s.idle_ms += t.idle_ms();
     s.comm_bytes += static_cast<double>(t.comm_bytes());
     s.comm_ms += t.comm_ms();
-    if (t.step_ms() <= 0) return;
     // Clamped per step: compute a little over the step time is disagreement between timers, not a
     // negative bubble.
     const double busy = t.forward_ms() + t.backward_ms() + t.optimizer_ms();
+    // With --timing=false a step still carries its length but neither actions nor a breakdown: that
+    // is no bubble of 100%, it is no bubble figure at all.
+    if (t.step_ms() <= 0 || (busy <= 0 && t.actions_size() == 0)) return;
     s.bubble += std::clamp(1 - busy / t.step_ms(), 0.0, 1.0);
     ++s.bubble_steps;
   });
@@ -282,7 +284,26 @@ std::vector<std::string> ActionEvents(const Reports& reports) {
   return events;
 }
 
+// A step is done when every rank reported it (a rank's report comes after its part of the step).
+int64_t StepsDone(const Reports& all, int ranks) {
+  if (ranks <= 0) return 0;
+  std::map<int64_t, int> reporters;
+  for (const auto& [key, r] : all) ++reporters[key.second];
+  int64_t done = 0;
+  for (const auto& [step, n] : reporters) done += n >= ranks;
+  return done;
+}
+
 }  // namespace
+
+bool HasActionTiming(const std::vector<ReportStepRequest>& steps) {
+  for (const ReportStepRequest& r : steps) {
+    if (!r.has_timing()) continue;
+    const StepTiming& t = r.timing();
+    if (t.actions_size() > 0 || t.forward_ms() + t.backward_ms() + t.optimizer_ms() > 0) return true;
+  }
+  return false;
+}
 
 double StepFlops(const JobSpec& job) {
   // A built-in family's count; a user's family (or "allreduce") has no model FLOPs we could count.
@@ -305,6 +326,7 @@ RunReport BuildReport(const ReportInput& input) {
   const Reports all = ByRankAndStep(input.steps);
   const Reports timed = TimedReports(all, input.warmup_steps);
   const int ranks = RankCount(input, all);
+  report.set_steps_done(StepsDone(all, ranks));
   FillThroughput(timed, input, ranks, report);
   FillLosses(all, report);
   for (int rank = 0; rank < ranks; ++rank) *report.add_ranks() = BuildRank(rank, all, timed, input);

@@ -31,9 +31,13 @@ struct ReportInput {
   double launch_to_first_step_seconds = 0;
 };
 
-// Aggregates: step time (the rank holding the loss, else the slowest rank), tokens/s, TFLOP/s, MFU,
+// Aggregates: steps done (every rank reported them), step time (the rank holding the loss, else the slowest rank), tokens/s, TFLOP/s, MFU,
 // and per rank the mean breakdown, bubble fraction, communication bandwidth and peak memory.
 RunReport BuildReport(const ReportInput& input);
+
+// Whether any step carries per-action timing or a compute breakdown (not so with --timing=false):
+// without it there is no bubble to print.
+bool HasActionTiming(const std::vector<ReportStepRequest>& steps);
 
 // report.json text (protobuf's JSON printer, fields as in the proto, indented).
 absl::StatusOr<std::string> ReportJson(const RunReport& report);

@@ -256,6 +256,27 @@ TEST(BuildReport, NoReports_ZerosWithoutDividingByZero) {
   EXPECT_EQ(r.ranks(0).bubble_fraction(), 0);
 }
 
+TEST(BuildReport, StepsEveryRankReported_AreStepsDoneNotTheRequestedCount) {
+  ReportInput in = TwoRankRun();
+  in.job.set_steps(100);
+  in.steps.push_back(Step(1, 5, 1, kTokens, 0));  // step 5 only on rank 1: not done
+  const RunReport r = BuildReport(in);
+  EXPECT_EQ(r.steps(), 100);
+  EXPECT_EQ(r.steps_done(), 5);
+}
+
+TEST(BuildReport, TimingOff_NoBubble) {
+  // --timing=false: each step still carries its length, but no actions and no breakdown.
+  ReportInput in;
+  in.job = Gpt(128, 64, 2, 16, 4);
+  in.hosts = {"h"};
+  for (int s = 0; s < 3; ++s) in.steps.push_back(WithTiming(Step(0, s, 0.1, kTokens, 0), Timing{100}));
+  const RunReport r = BuildReport(in);
+  EXPECT_EQ(r.ranks(0).bubble_fraction(), 0);
+  EXPECT_FALSE(HasActionTiming(in.steps));
+  EXPECT_TRUE(HasActionTiming(TwoRankRun().steps));
+}
+
 TEST(ReportJson, TwoRanks_ParsesBackToTheSameReport) {
   const RunReport report = BuildReport(TwoRankRun());
   const absl::StatusOr<std::string> json = ReportJson(report);

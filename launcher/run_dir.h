@@ -1,5 +1,7 @@
-// The run directory and the files a run leaves in it, apart from the reports (report.h): paths as
-// the user typed them, the directory itself, the startup ledger and steps.csv.
+// The run directory and the files a run leaves in it, apart from the reports' contents (report.h):
+// paths as the user typed them, the directory itself (new or empty unless --overwrite), files written
+// whole or not at all (a temporary name, fsync, rename), steps.csv appended as steps arrive, and the
+// startup ledger.
 #ifndef STAGEHAND_LAUNCHER_RUN_DIR_H_
 #define STAGEHAND_LAUNCHER_RUN_DIR_H_
 
@@ -7,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "launcher/supervisor.h"
 #include "protos/coordinator.pb.h"
@@ -20,12 +23,59 @@ std::string UserPath(const std::string& path);
 // mkdir -p. INVALID_ARGUMENT naming the prefix that could not be made.
 absl::Status MakeDirs(const std::string& path);
 
-// startup_ledger.tsv at `path` (seconds from launch to each milestone, per rank), and the same table
-// printed on stdout.
-void WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, const std::string& path);
+// Whether `path` can be this run's directory, without changing anything (so it is asked before
+// anything is created or started): it is absent and its nearest existing ancestor is a directory we
+// can write in, or it is a directory we can write in that is empty, or (with `overwrite`) that holds
+// only what an earlier run of ours left there. INVALID_ARGUMENT for a file, PERMISSION_DENIED for a
+// directory we cannot write in (read-only, no permission), FAILED_PRECONDITION for a directory that is
+// not empty; each message says what to pass instead.
+absl::Status CheckRunDir(const std::string& path, bool overwrite);
 
-// steps.csv: step, rank, loss (on the rank that computes it), seconds, tokens, peak memory.
-void WriteSteps(const std::vector<ReportStepRequest>& steps, const std::string& path);
+// Creates the run directory (mkdir -p) and, with `overwrite`, removes what an earlier run left in it,
+// so that no stale rank log or report mixes with this run's. Call CheckRunDir first.
+absl::Status PrepareRunDir(const std::string& path, bool overwrite);
+
+// Writes `contents` to `path` so that `path` is either the whole new file or what it was before: the
+// bytes go to a temporary name beside it, are fsync'd, then renamed over `path`, and the directory is
+// fsync'd. On any failure the temporary file is removed and `path` is untouched. RESOURCE_EXHAUSTED
+// for a full disk or quota, PERMISSION_DENIED for EACCES/EPERM/EROFS, DATA_LOSS for EIO, NOT_FOUND for a
+// missing directory; the message names the path and the error.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+// steps.csv: step, rank, loss (on the rank that computes it), seconds, tokens, peak memory; one row
+// per step report, appended (with write(2), no user-space buffer) as reports arrive, so a launcher
+// killed with SIGKILL leaves every step reported so far. A row is whole or absent: a write that fails
+// part-way is cut back to the last whole row. After a failure every call returns the same error.
+class StepsCsv {
+ public:
+  StepsCsv() = default;
+  ~StepsCsv();
+  StepsCsv(const StepsCsv&) = delete;
+  StepsCsv& operator=(const StepsCsv&) = delete;
+
+  // Creates (truncates) the file and writes the header.
+  absl::Status Open(const std::string& path);
+  absl::Status Append(const std::vector<ReportStepRequest>& steps);
+  // fsync and close; the file stays as written.
+  absl::Status Close();
+  const std::string& path() const { return path_; }
+
+ private:
+  absl::Status Write(absl::string_view text);
+
+  std::string path_;
+  int fd_ = -1;
+  off_t size_ = 0;  // bytes of whole rows (and the header) written
+  absl::Status error_;
+};
+
+// One steps.csv row (with its newline).
+std::string StepsCsvRow(const ReportStepRequest& r);
+
+// startup_ledger.tsv at `path` (seconds from launch to each milestone, per rank), written atomically,
+// and the same table printed on stdout. `gpu`: a CPU run has no CUDA context and no NCCL communicator,
+// so the file says n/a in those columns and the printed table leaves them out.
+absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, bool gpu, const std::string& path);
 
 }  // namespace stagehand
 

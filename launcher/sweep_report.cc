@@ -100,6 +100,8 @@ std::string MdCell(const std::string& s) { return absl::StrReplaceAll(OneLine(s)
 
 std::string MdMemory(const std::vector<int64_t>& bytes) {
   if (bytes.empty()) return "-";
+  // CPU workers measure no device memory: n/a, not a GPU with 0.0 GiB.
+  if (std::all_of(bytes.begin(), bytes.end(), [](int64_t b) { return b == 0; })) return "n/a";
   return absl::StrJoin(bytes, " / ", [](std::string* out, int64_t b) { absl::StrAppendFormat(out, "%.1f", b / kGiB); });
 }
 

@@ -1,18 +1,22 @@
 // Integration tests of the launcher with real processes over loopback (CPU workers): clean runs,
-// a worker killed, the launcher killed, SIGINT, a hung worker, a wrong secret, bad flags, a stdout
-// nobody reads, a registration timeout, and (LauncherCycles, its own large target) 200 start/kill
-// cycles. Each test checks that no process of the run outlives it.
+// a worker killed, the launcher killed, SIGINT, SIGHUP, a hung worker, a wrong secret, bad flags, run
+// directories it must refuse, results on a full disk, a stdout nobody reads, a registration timeout,
+// and (LauncherCycles, its own large target) 200 start/kill cycles. Each test checks that no process
+// of the run outlives it.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -21,15 +25,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 #include "protos/coordinator.grpc.pb.h"
+#include "protos/job.pb.h"
 
 namespace {
 
 using ::stagehand::testing::ReadFile;
 using ::stagehand::testing::Runfile;
+using ::stagehand::testing::ScopedTmpfs;
 
 using Clock = std::chrono::steady_clock;
 
@@ -71,10 +78,15 @@ class Launcher {
   // goes to the output file).
   explicit Launcher(std::vector<std::string> args, bool stdout_pipe = false) {
     static int counter = 0;
-    run_dir_ = absl::StrCat(TempDir(), "/run", getpid(), "_", counter++);
-    output_ = run_dir_ + ".out";
+    run_dir_ = absl::StrCat(TempDir(), "/run", getpid(), "_", counter);
+    output_ = absl::StrCat(TempDir(), "/run", getpid(), "_", counter++, ".out");
     args.insert(args.begin(), Runfile("launcher/launcher"));
-    args.push_back("--run_dir=" + run_dir_);
+    // A test that names its own run directory keeps it; the others get a fresh one.
+    bool given = false;
+    for (const std::string& a : args) {
+      if (a.rfind("--run_dir=", 0) == 0) given = true, run_dir_ = a.substr(10);
+    }
+    if (!given) args.push_back("--run_dir=" + run_dir_);
     int pipe_fds[2] = {-1, -1};
     if (stdout_pipe) {
       if (pipe2(pipe_fds, O_CLOEXEC) != 0) abort();
@@ -443,6 +455,8 @@ TEST(LauncherCycles, StartKill_200Cycles_NoProcessLeft) {
 
 TEST(Launcher, BadFlags_OneClearLineAndExitCode2) {
   const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--coordinator_address=10.0.0.1:0", "only loopback addresses"},
+      {"--sweep=2,20", "sweep: 20 workers: 20 stages but the model has only 10 pipeline layers"},
       {"--gpus=0", "--gpus=0: must be at least 1"},
       {"--workers=-1", "--workers=-1: must be at least 1"},
       {"--device=tpu", "--device=tpu: unknown device"},
@@ -458,6 +472,190 @@ TEST(Launcher, BadFlags_OneClearLineAndExitCode2) {
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << flag << ": " << out;
     EXPECT_NE(access(l.run_dir().c_str(), F_OK), 0) << flag << ": a run directory was created";
   }
+}
+
+// ---- The run directory: refused before anything starts, and results that survive faults. ----
+
+std::vector<std::string> Lines(const std::string& text) { return absl::StrSplit(text, '\n', absl::SkipEmpty()); }
+
+std::vector<std::string> DirEntries(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") names.push_back(e->d_name);
+    }
+    closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// steps.csv as a reader finds it: every row whole (six fields, ended by a newline). Returns the rows
+// after the header, or -1 (with a failure) when a row is cut.
+int WholeStepRows(const std::string& path) {
+  const std::string text = ReadFile(path);
+  if (text.empty()) return 0;
+  EXPECT_EQ(text.back(), '\n') << path << " ends in a cut row";
+  std::vector<std::string> lines = Lines(text);
+  EXPECT_EQ(lines[0], "step,rank,loss,seconds,tokens,peak_memory_bytes");
+  for (const std::string& line : lines) {
+    if (std::count(line.begin(), line.end(), ',') != 5) {
+      ADD_FAILURE() << path << ": cut row '" << line << "'";
+      return -1;
+    }
+  }
+  return static_cast<int>(lines.size()) - 1;
+}
+
+// report.json is whole or absent: when present it parses as a RunReport.
+std::optional<stagehand::RunReport> ReportIfPresent(const std::string& run_dir) {
+  const std::string path = run_dir + "/report.json";
+  if (access(path.c_str(), F_OK) != 0) return std::nullopt;
+  stagehand::RunReport report;
+  const auto status = google::protobuf::util::JsonStringToMessage(ReadFile(path), &report);
+  EXPECT_TRUE(status.ok()) << path << " is not whole JSON: " << status.ToString();
+  return report;
+}
+
+int StepRowsNow(const std::string& run_dir) {
+  return static_cast<int>(Lines(ReadFile(run_dir + "/steps.csv")).size()) - 1;
+}
+
+TEST(Launcher, RunDir_EarlierRunWithoutOverwrite_Exits2AndTouchesNothing) {
+  const std::string dir = absl::StrCat(TempDir(), "/reused_", getpid());
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  std::ofstream(dir + "/rank3.log") << "a line of an earlier run\n";
+  std::vector<std::string> args = CpuJob(2, 3);
+  args.push_back("--run_dir=" + dir);
+  Launcher refused(args);
+  EXPECT_EQ(refused.Wait(std::chrono::seconds(10)), 2) << refused.output();
+  EXPECT_NE(refused.output().find("is not empty (rank3.log); pass --overwrite"), std::string::npos) << refused.output();
+  EXPECT_EQ(Lines(refused.output()).size(), 1u) << refused.output();
+  EXPECT_EQ(DirEntries(dir), std::vector<std::string>{"rank3.log"});
+
+  args.push_back("--overwrite");
+  Launcher replaced(args);
+  ASSERT_EQ(replaced.Wait(std::chrono::seconds(60)), 0) << replaced.output();
+  const std::vector<std::string> entries = DirEntries(dir);
+  EXPECT_EQ(std::count(entries.begin(), entries.end(), "rank3.log"), 0) << "a stale rank log mixes with the new run";
+  EXPECT_EQ(std::count(entries.begin(), entries.end(), "rank1.log"), 1);
+  EXPECT_EQ(ReadFile(dir + "/rank0.log").find("earlier run"), std::string::npos);
+}
+
+TEST(Launcher, RunDir_ReadOnlyOrAFile_Exits2AndCreatesNothing) {
+  const std::string base = absl::StrCat(TempDir(), "/readonly_", getpid());
+  ScopedTmpfs ro(base, "64k", "ro");
+  if (!ro.ok()) {
+    ASSERT_EQ(mkdir(base.c_str(), 0555), 0);  // without root a directory without write permission
+    if (access(base.c_str(), W_OK) == 0) GTEST_SKIP() << ro.why();
+  }
+  const std::string file = absl::StrCat(TempDir(), "/a_file_", getpid());
+  std::ofstream(file) << "not a directory\n";
+  for (const std::string& dir : {base, base + "/new", file}) {
+    std::vector<std::string> args = CpuJob(2, 3);
+    args.push_back("--run_dir=" + dir);
+    Launcher l(args);
+    EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 2) << dir << ": " << l.output();
+    EXPECT_EQ(Lines(l.output()).size(), 1u) << l.output();
+    EXPECT_NE(l.output().find("--run_dir=" + dir), std::string::npos) << l.output();
+  }
+  EXPECT_TRUE(DirEntries(base).empty());
+  EXPECT_EQ(ReadFile(file), "not a directory\n");
+}
+
+TEST(Launcher, Sighup_HandledAsSigterm_Exits143WithResults) {
+  Launcher l(CpuJob(2, 10000000));
+  std::string job = l.JobId();
+  ASSERT_TRUE(WaitFor([&] { return StepRowsNow(l.run_dir()) >= 10; }, std::chrono::seconds(30))) << l.output();
+  kill(l.pid(), SIGHUP);
+  EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 143) << l.output();
+  EXPECT_NE(l.output().find("interrupted by SIGHUP"), std::string::npos) << l.output();
+  std::optional<stagehand::RunReport> report = ReportIfPresent(l.run_dir());
+  ASSERT_TRUE(report.has_value()) << "no report.json after SIGHUP";
+  EXPECT_EQ(report->exit_code(), 143);
+  EXPECT_EQ(report->steps(), 10000000);
+  EXPECT_GE(report->steps_done(), 10);
+  EXPECT_LT(report->steps_done(), 10000000);
+  EXPECT_GE(WholeStepRows(l.run_dir() + "/steps.csv"), 2 * 10);
+  EXPECT_FALSE(ReadFile(l.run_dir() + "/trace.json").empty());
+  EXPECT_FALSE(ReadFile(l.run_dir() + "/startup_ledger.tsv").empty());
+  ExpectNothingLeft(job, std::chrono::milliseconds(500));
+}
+
+TEST(Launcher, KillLauncher_Sigkill_StepsSoFarKeptAndReportWholeOrAbsent) {
+  Launcher l(CpuJob(2, 10000000));
+  std::string job = l.JobId();
+  ASSERT_TRUE(WaitFor([&] { return StepRowsNow(l.run_dir()) >= 40; }, std::chrono::seconds(30))) << l.output();
+  const int seen = StepRowsNow(l.run_dir());
+  kill(l.pid(), SIGKILL);
+  EXPECT_EQ(l.Wait(std::chrono::seconds(5)), 128 + SIGKILL);
+  EXPECT_GE(WholeStepRows(l.run_dir() + "/steps.csv"), seen);
+  (void)ReportIfPresent(l.run_dir());
+  ExpectNothingLeft(job, std::chrono::seconds(5));
+}
+
+// A run whose steps.csv fills the disk part-way: it is stopped, exits 5 naming the file, and leaves
+// whole rows and no cut file.
+TEST(Launcher, FullDisk_StepsCsvMidRun_Exits5NamingThePathNoCutFile) {
+  ScopedTmpfs fs(absl::StrCat(TempDir(), "/full_mid_", getpid()), "256k");
+  if (!fs.ok()) GTEST_SKIP() << fs.why();
+  ASSERT_TRUE(fs.LeaveFree(32 * 1024));
+  std::vector<std::string> args = CpuJob(2, 10000000);
+  args.push_back("--run_dir=" + fs.dir() + "/run");
+  Launcher l(args);
+  std::string job = l.JobId();
+  EXPECT_EQ(l.Wait(std::chrono::seconds(60)), 5) << l.output();
+  EXPECT_NE(l.output().find("cannot write " + fs.dir() + "/run/steps.csv: No space left on device"), std::string::npos)
+      << l.output();
+  EXPECT_NE(l.output().find("FAILED (exit 5)"), std::string::npos) << l.output();
+  EXPECT_GT(WholeStepRows(fs.dir() + "/run/steps.csv"), 0);
+  (void)ReportIfPresent(fs.dir() + "/run");
+  ExpectNothingLeft(job, std::chrono::seconds(1));
+}
+
+// A run that ends well but whose trace.json does not fit: exit 5 naming trace.json; no trace.json
+// under its name, and report.json (written last, it fits) says why.
+TEST(Launcher, FullDisk_ResultsAtTheEnd_Exits5NamingThePathNoCutFile) {
+  ScopedTmpfs fs(absl::StrCat(TempDir(), "/full_end_", getpid()), "256k");
+  if (!fs.ok()) GTEST_SKIP() << fs.why();
+  ASSERT_TRUE(fs.LeaveFree(64 * 1024));
+  const std::string dir = fs.dir() + "/run";
+  Launcher l({"--device=cpu", "--workers=2", "--model=tiny", "--steps=20", "--run_dir=" + dir});
+  std::string job = l.JobId();
+  EXPECT_EQ(l.Wait(std::chrono::seconds(60)), 5) << l.output();
+  EXPECT_NE(l.output().find("cannot write " + dir + "/trace.json: No space left on device"), std::string::npos)
+      << l.output();
+  EXPECT_NE(access((dir + "/trace.json").c_str(), F_OK), 0) << "a cut trace.json";
+  EXPECT_NE(access((dir + "/.trace.json.tmp").c_str(), F_OK), 0);
+  EXPECT_EQ(WholeStepRows(dir + "/steps.csv"), 2 * 20);
+  if (std::optional<stagehand::RunReport> report = ReportIfPresent(dir)) {
+    EXPECT_EQ(report->exit_code(), 5);
+    EXPECT_NE(report->root_cause().find("trace.json"), std::string::npos) << report->root_cause();
+    EXPECT_EQ(report->steps_done(), 20);
+  }
+  ExpectNothingLeft(job, std::chrono::seconds(1));
+}
+
+// A model on CPU workers with --timing=false: no bubble without timing, no MFU and no GPU columns
+// without a GPU, the partition line once, and no ETA from the first step (it includes start-up).
+TEST(Launcher, CpuModel_TimingOff_NoBubbleMfuOrGpuColumnsOnePartitionLine) {
+  Launcher l({"--device=cpu", "--workers=2", "--model=tiny", "--steps=4", "--timing=false"});
+  ASSERT_EQ(l.Wait(std::chrono::seconds(60)), 0) << l.output();
+  const std::string out = l.output();
+  for (const char* absent : {"bubble 100.0%", "MFU", "cuda_ready", "nccl_ready", "memory per GPU"}) {
+    EXPECT_EQ(out.find(absent), std::string::npos) << absent << " in:\n" << out;
+  }
+  std::smatch summary;  // the plan line's predicted bubble is a prediction; the summary measures
+  ASSERT_TRUE(std::regex_search(out, summary, std::regex("stagehand: [0-9.]+ s/step[^\n]*"))) << out;
+  EXPECT_EQ(summary.str().find("bubble"), std::string::npos) << summary.str();
+  size_t partitions = 0;
+  for (size_t at = out.find("partition: "); at != std::string::npos; at = out.find("partition: ", at + 1)) ++partitions;
+  EXPECT_EQ(partitions, 1u) << out;
+  std::smatch first;
+  ASSERT_TRUE(std::regex_search(out, first, std::regex("stagehand: step 1/4[^\n]*"))) << out;
+  EXPECT_EQ(first.str().find("ETA"), std::string::npos) << first.str();
+  EXPECT_NE(out.find("step 2/4"), std::string::npos) << out;
+  EXPECT_NE(ReadFile(l.run_dir() + "/startup_ledger.tsv").find("\tn/a\t"), std::string::npos);
 }
 
 }  // namespace

@@ -11,7 +11,7 @@ run=dist/bundle/run
 fail=0
 check() { if eval "$2"; then echo "PASS  $1"; else echo "FAIL  $1"; fail=1; fi; }
 
-$run launcher --gpus="$gpus" --model=allreduce --steps=50 --tensor_elements=67108864 --run_dir="$out/clean" >"$out/clean.log" 2>&1
+$run launcher --gpus="$gpus" --model=allreduce --steps=50 --tensor_elements=67108864 --overwrite --run_dir="$out/clean" >"$out/clean.log" 2>&1
 rc=$?
 check "clean run on $gpus GPUs exits 0 (all-reduce of 256 MiB checked on every step)" "[ $rc -eq 0 ]"
 grep -E "startup ledger" -A $((gpus + 1)) "$out/clean.log"
@@ -20,7 +20,7 @@ $run launcher --gpus=$((gpus + 1)) >"$out/too_many.log" 2>&1
 rc=$?
 check "--gpus=$((gpus + 1)) exits 2: $(head -n 1 "$out/too_many.log")" "[ $rc -eq 2 ]"
 
-$run launcher --gpus="$gpus" --model=allreduce --steps=100000000 --tensor_elements=16777216 --run_dir="$out/kill" >"$out/kill.log" 2>&1 &
+$run launcher --gpus="$gpus" --model=allreduce --steps=100000000 --tensor_elements=16777216 --overwrite --run_dir="$out/kill" >"$out/kill.log" 2>&1 &
 launcher=$!
 for _ in $(seq 1 200); do grep -q "first_step\|\[rank $((gpus - 1))\]" "$out/kill.log" && break; sleep 0.05; done
 sleep 2

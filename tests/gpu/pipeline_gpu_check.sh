@@ -18,7 +18,7 @@ same() {
   local name=$1 gpus=$2
   shift 2
   for g in true false; do
-    $run launcher --gpus="$gpus" "${common[@]}" --cuda_graphs=$g --run_dir="$out/$name.$g" "$@" >"$out/$name.$g.log" 2>&1 ||
+    $run launcher --gpus="$gpus" "${common[@]}" --cuda_graphs=$g --overwrite --run_dir="$out/$name.$g" "$@" >"$out/$name.$g.log" 2>&1 ||
       { check "$name, --cuda_graphs=$g, exits 0" false; tail -n 5 "$out/$name.$g.log"; return; }
   done
   local worst
@@ -47,7 +47,7 @@ same train_2gpu_1f1b_m32 2 --schedule=1f1b --micro_batches=32
 same llama_train_2gpu_1f1b_m8 2 --schedule=1f1b --micro_batches=8 --model=tinyllama-1.1b
 for g in true false; do
   $run launcher --gpus=2 "${common[@]}" --inference --global_batch=64 --micro_batches=16 --cuda_graphs=$g \
-    --run_dir="$out/infer.$g" >"$out/infer.$g.log" 2>&1
+    --overwrite --run_dir="$out/infer.$g" >"$out/infer.$g.log" 2>&1
   check "inference, 2 GPUs, 16 micro-batches, --cuda_graphs=$g, exits 0" "[ $? -eq 0 ]"
 done
 exit $fail
