@@ -41,7 +41,7 @@ void ExpectWokenBeforeDeadline(absl::Time start) {
 JobSpec MakeJob(int workers) {
   JobSpec job;
   job.set_name("test");
-  job.set_device(DEVICE_KIND_CPU);
+  job.set_device("cpu");
   job.set_workers(workers);
   job.set_steps(10);
   return job;

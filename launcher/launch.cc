@@ -126,26 +126,45 @@ void Supervise(Supervisor& supervisor, const CoordinatorState& state, Progress& 
 
 }  // namespace
 
+// Everything a launch checks before it creates anything: the job (ResolveJob), the worker binary,
+// the model's schedule and memory, the coordinator's address. INVALID_ARGUMENT is exit 2.
+absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, const DeviceInventory& inventory) {
+  absl::StatusOr<ResolvedJob> job = ResolveJob(options.job, inventory);
+  if (!job.ok()) return job.status();
+  absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
+  if (!worker.ok()) return worker.status();
+  if (IsModelJob(job->spec)) {
+    if (absl::Status s = CheckModelJob(job->spec, job->gpus, inventory.memory_bytes); !s.ok()) return s;
+  }
+  if (absl::StatusOr<std::string> a = LoopbackListenAddress(options.coordinator_address); !a.ok()) return a.status();
+  return ValidatedLaunch{*std::move(job), *std::move(worker)};
+}
+
+namespace {
+
+// The run directory: --run_dir, else the job file's run_dir, else a new one under runs/.
+std::string RunDirOf(const LaunchOptions& options, const JobSpec& spec, const std::string& job_id) {
+  if (!options.run_dir.empty()) return UserPath(options.run_dir);
+  if (!spec.run_dir().empty()) return spec.run_dir();  // resolved against the user's directory already
+  return UserPath(absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()), "-",
+                               spec.name(), "-", job_id));
+}
+
+}  // namespace
+
 LaunchResult Launch(const LaunchOptions& options) {
   LaunchResult result;
   result.exit_code = kExitUsage;
-  absl::StatusOr<ResolvedJob> job = ResolveJob(options.job, QueryDevices());
-  absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
-  if (!job.ok() || !worker.ok()) {
-    std::fprintf(stderr, "stagehand: %s\n", std::string((job.ok() ? worker.status() : job.status()).message()).c_str());
+  absl::StatusOr<ValidatedLaunch> valid = ValidateLaunch(options, QueryDevices());
+  if (!valid.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", std::string(valid.status().message()).c_str());
     return result;
   }
-  if (absl::Status s = IsModelJob(job->spec) ? CheckModelJob(job->spec, job->gpus) : absl::OkStatus(); !s.ok()) {
-    std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
-    return result;
-  }
+  ResolvedJob* job = &valid->job;
+  const std::string* worker = &valid->worker_binary;
   for (const std::string& note : job->notes) std::printf("stagehand: %s\n", note.c_str());
   const std::string job_id = RandomHex(4);
-  std::string run_dir = UserPath(options.run_dir);
-  if (run_dir.empty()) {
-    run_dir = UserPath(absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()), "-",
-                                    job->spec.name(), "-", job_id));
-  }
+  const std::string run_dir = RunDirOf(options, job->spec, job_id);
   if (absl::Status s = MakeDirs(run_dir); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return result;
@@ -167,7 +186,7 @@ LaunchResult Launch(const LaunchOptions& options) {
   SupervisorOptions so{*worker, (*server)->address(), run_dir, WorkerEnvironment(job->spec.workers()), job->gpus, options.launch};
   Supervisor supervisor(&state, spawner.get(), so);
   std::printf("stagehand: job %s: %d %s worker%s, %lld steps of %s; coordinator %s; run directory %s\n", job_id.c_str(),
-              job->spec.workers(), job->spec.device() == DEVICE_KIND_CUDA ? "GPU" : "CPU",
+              job->spec.workers(), job->spec.device() == "cuda" ? "GPU" : "CPU",
               job->spec.workers() == 1 ? "" : "s", static_cast<long long>(job->spec.steps()), job->spec.model().c_str(),
               (*server)->address().c_str(), run_dir.c_str());
   std::fflush(stdout);
@@ -200,17 +219,35 @@ LaunchResult Launch(const LaunchOptions& options) {
 
 namespace stagehand {
 
+// The options of one sweep point: `n` workers (CPU) or GPUs, in <base>/workers_<n>.
+LaunchOptions PointOptions(const LaunchOptions& options, const std::string& base, bool cpu, int n) {
+  LaunchOptions o = options;
+  o.run_dir = absl::StrCat(base, "/workers_", n);
+  if (cpu) o.job.workers = n; else o.job.gpus = n;
+  o.job.pipeline_stages = n;
+  return o;
+}
+
 int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
   const std::string base = UserPath(options.run_dir.empty()
                                         ? absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(),
                                                                                  absl::LocalTimeZone()), "-sweep")
                                         : options.run_dir);
+  const DeviceInventory inventory = QueryDevices();
+  const bool cpu = options.job.device == "cpu" || (options.job.device != "cuda" && inventory.gpus.empty());
+  // Every point is checked before the first runs: a sweep whose later point is impossible starts nothing.
+  for (int n : counts) {
+    if (!cpu && n > static_cast<int>(inventory.gpus.size())) continue;  // skipped with a note below
+    absl::StatusOr<ValidatedLaunch> v = ValidateLaunch(PointOptions(options, base, cpu, n), inventory);
+    if (!v.ok()) {
+      std::fprintf(stderr, "stagehand: --sweep point %d: %s\n", n, std::string(v.status().message()).c_str());
+      return kExitUsage;
+    }
+  }
   if (absl::Status s = MakeDirs(base); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return kExitUsage;
   }
-  const DeviceInventory inventory = QueryDevices();
-  const bool cpu = options.job.device == "cpu" || (options.job.device != "cuda" && inventory.gpus.empty());
   std::vector<SweepPoint> points;
   int exit_code = kExitSuccess;
   std::string results_model;  // the model the runs ran (the default when none was asked for)
@@ -223,11 +260,8 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
       points.push_back(p);
       continue;
     }
-    LaunchOptions o = options;
-    o.run_dir = absl::StrCat(base, "/workers_", n);
+    LaunchOptions o = PointOptions(options, base, cpu, n);
     o.launch = absl::Now();  // each run's ledger counts from its own start
-    if (cpu) o.job.workers = n; else o.job.gpus = n;
-    o.job.pipeline_stages = n;
     std::printf("stagehand: sweep: %d worker%s\n", n, n == 1 ? "" : "s");
     std::fflush(stdout);
     LaunchResult r = Launch(o);

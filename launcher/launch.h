@@ -8,10 +8,16 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "absl/status/statusor.h"
+#include "launcher/devices.h"
 #include "launcher/job.h"
 #include "protos/job.pb.h"
 
 namespace stagehand {
+
+// The launcher's version (--version), bumped with each release; the wire protocol has its own number
+// (kProtocolVersion, launcher/coordinator_service.h).
+inline constexpr char kVersion[] = "0.11.0";
 
 struct LaunchOptions {
   JobRequest job;
@@ -29,6 +35,16 @@ struct LaunchResult {
   RunReport report;
   std::string run_dir;
 };
+
+struct ValidatedLaunch {
+  ResolvedJob job;
+  std::string worker_binary;
+};
+
+// Everything checked before anything is created (a run directory, a port, a process): the job
+// (ResolveJob), the worker binary, the model's schedule and memory, the coordinator's address.
+// INVALID_ARGUMENT (exit 2) with one line.
+absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, const DeviceInventory& inventory);
 
 // SIGINT, SIGTERM and SIGCHLD must be blocked in every thread before this is called (main() does it
 // first thing), so that Launch() receives them with sigtimedwait.
