@@ -6,6 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -15,30 +19,43 @@
 namespace stagehand {
 namespace {
 
-// Chunks small enough to stay in cache and let the compiler vectorize the max over them; only a chunk
-// whose max is too large is searched again for the position.
+// Chunks small enough to stay in cache; only a chunk with a token too large is searched again for
+// its position.
 constexpr int64_t kChunk = 1 << 16;
 
 absl::Status Bad(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("--data=", path, ": ", what));
 }
 
-uint16_t ChunkMax(const uint16_t* p, int64_t n) {
-  uint16_t m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, p[i]);
-  return m;
+// Whether any of the n tokens is above `max`. SSE2 (every x86-64) has no unsigned 16-bit max, but a
+// saturating subtract is zero exactly for tokens <= max: OR the differences 8 at a time. GCC 12 at
+// -O2 leaves the scalar loop unvectorized, 1.2 s per GB; this runs at memory speed.
+bool AnyAbove(const uint16_t* p, int64_t n, uint16_t max) {
+  int64_t i = 0;
+  bool any = false;
+#ifdef __SSE2__
+  const __m128i m = _mm_set1_epi16(static_cast<short>(max));
+  __m128i acc = _mm_setzero_si128();
+  for (; i + 8 <= n; i += 8) {
+    acc = _mm_or_si128(acc, _mm_subs_epu16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)), m));
+  }
+  any = _mm_movemask_epi8(_mm_cmpeq_epi16(acc, _mm_setzero_si128())) != 0xffff;
+#endif
+  for (; i < n; ++i) any |= p[i] > max;
+  return any;
 }
 
 }  // namespace
 
 int64_t FirstTokenAtOrAbove(const uint16_t* tokens, int64_t count, int64_t vocab) {
   if (vocab > 0xffff) return -1;  // every uint16 is below it
-  const uint16_t limit = static_cast<uint16_t>(std::max<int64_t>(vocab, 0));
+  if (vocab <= 0) return count > 0 ? 0 : -1;
+  const uint16_t max = static_cast<uint16_t>(vocab - 1);
   for (int64_t start = 0; start < count; start += kChunk) {
     const int64_t n = std::min(kChunk, count - start);
-    if (ChunkMax(tokens + start, n) < limit) continue;
+    if (!AnyAbove(tokens + start, n, max)) continue;
     for (int64_t i = 0; i < n; ++i) {
-      if (tokens[start + i] >= limit) return start + i;
+      if (tokens[start + i] > max) return start + i;
     }
   }
   return -1;

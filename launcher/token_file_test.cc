@@ -70,6 +70,9 @@ TEST(TokenFileTest, FirstTokenAtOrAbove_FindsFirstInChunk) {
   EXPECT_EQ(FirstTokenAtOrAbove(tokens.data(), tokens.size(), 8), 150000);
   EXPECT_EQ(FirstTokenAtOrAbove(tokens.data(), tokens.size(), 10), -1);
   EXPECT_EQ(FirstTokenAtOrAbove(tokens.data(), tokens.size(), 70000), -1);
+  EXPECT_EQ(FirstTokenAtOrAbove(tokens.data(), 13, 2), -1);  // the scalar tail
+  tokens[11] = 2;
+  EXPECT_EQ(FirstTokenAtOrAbove(tokens.data(), 13, 2), 11);
 }
 
 }  // namespace
