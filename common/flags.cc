@@ -79,8 +79,11 @@ std::string FlagsHelp(absl::string_view usage, absl::string_view file_suffix) {
   std::sort(flags.begin(), flags.end(), [](auto* a, auto* b) { return a->Name() < b->Name(); });
   std::string out = absl::StrCat(usage, "\n\nFlags:\n");
   for (auto* f : flags) {
-    absl::StrAppend(&out, "  --", f->Name(), " (", f->Help(), ")\n      default: ",
-                    f->DefaultValue().empty() ? "\"\"" : f->DefaultValue(), "\n");
+    absl::StrAppend(&out, "  --", f->Name(), " (", f->Help(), ")\n");
+    // A help text that states its default says what an unset flag means; the flag's own value is
+    // then a sentinel (-1, ""), which printed beside it would contradict it.
+    if (absl::StrContains(f->Help(), "default")) continue;
+    absl::StrAppend(&out, "      default: ", f->DefaultValue().empty() ? "\"\"" : f->DefaultValue(), "\n");
   }
   return out;
 }

@@ -2,6 +2,10 @@
 // request to the state and finishes its reactor from the state's answer or completion callback.
 #include "launcher/coordinator_service.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -32,8 +36,39 @@ absl::Time Deadline(const grpc::ServerContextBase& context, int64_t timeout_ms) 
   return d;
 }
 
-bool IsLoopback(absl::string_view host) {
-  return host == "127.0.0.1" || host == "localhost" || host == "[::1]" || absl::StartsWith(host, "127.");
+bool IsLoopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;  // 127.0.0.0/8
+  }
+  if (a->sa_family != AF_INET6) return false;
+  const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+}
+
+// "[v6]:port" or "host:port", split; false when it is neither.
+bool SplitHostPort(const std::string& address, std::string& host, std::string& port) {
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') return false;
+    host = address.substr(1, close - 1);
+    port = address.substr(close + 2);
+  } else {
+    const size_t colon = address.find(':');
+    if (colon == std::string::npos || address.find(':', colon + 1) != std::string::npos) return false;
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+  }
+  return !host.empty();
+}
+
+std::string Numeric(const addrinfo* a) {
+  char text[INET6_ADDRSTRLEN] = {0};
+  const void* addr = a->ai_family == AF_INET
+                         ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr)
+                         : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
+  inet_ntop(a->ai_family, addr, text, sizeof(text));
+  return a->ai_family == AF_INET6 ? absl::StrCat("[", text, "]") : std::string(text);
 }
 
 grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context, const absl::Status& status) {
@@ -164,24 +199,52 @@ CoordinatorService::Reactor* CoordinatorService::Finish(Context* context, const 
   return Finished(context, state_->Finish(*request));
 }
 
+absl::StatusOr<std::string> LoopbackListenAddress(const std::string& address) {
+  std::string host, port_text;
+  int port = 0;
+  if (!SplitHostPort(address, host, port_text) || !absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--coordinator_address=", address,
+                                                   ": expected HOST:PORT or [IPv6]:PORT (port 0 picks one)"));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--coordinator_address=", address, ": cannot resolve ", host, ": ",
+                                                   gai_strerror(rc), "; use 127.0.0.1:PORT"));
+  }
+  const addrinfo* chosen = nullptr;
+  std::string refused;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
+    if (!IsLoopback(a->ai_addr)) {
+      refused = Numeric(a);
+      break;
+    }
+    if (chosen == nullptr || (chosen->ai_family != AF_INET && a->ai_family == AF_INET)) chosen = a;  // IPv4 first
+  }
+  const std::string numeric = chosen != nullptr ? Numeric(chosen) : "";
+  freeaddrinfo(found);
+  if (!refused.empty() || numeric.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--coordinator_address=", address, ": ", host, refused.empty() ? " has no address" : " resolves to " + refused,
+        ", not loopback (127.0.0.0/8 or ::1); only loopback is served until TLS and tokens land: use 127.0.0.1:PORT"));
+  }
+  return absl::StrCat(numeric, ":", port);
+}
+
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const std::string& address,
                                                                             CoordinatorState* state,
                                                                             int max_threads) {
-  std::pair<std::string, std::string> hp = absl::StrSplit(address, absl::MaxSplits(':', 1));
-  int port = 0;
-  if (hp.second.empty() || !absl::SimpleAtoi(hp.second, &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--coordinator_address=", address, ": expected HOST:PORT (port 0 picks one)"));
-  }
-  if (!IsLoopback(hp.first)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--coordinator_address=", address,
-        ": only loopback addresses are served until TLS and tokens land; use 127.0.0.1:PORT"));
-  }
+  absl::StatusOr<std::string> bind = LoopbackListenAddress(address);
+  if (!bind.ok()) return bind.status();
   std::unique_ptr<CoordinatorServer> server(
       new CoordinatorServer(state, std::make_unique<CoordinatorService>(state)));
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
+  // The resolved address, not the name: a second resolution could give another answer.
+  builder.AddListeningPort(*bind, grpc::InsecureServerCredentials(), &bound);
   builder.RegisterService(server->service_.get());
   if (max_threads > 0) {
     grpc::ResourceQuota quota("coordinator");
@@ -192,7 +255,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   if (server->server_ == nullptr || bound == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (is the port in use?)"));
   }
-  server->address_ = absl::StrCat(hp.first, ":", bound);
+  server->address_ = absl::StrCat(bind->substr(0, bind->rfind(':')), ":", bound);
   return server;
 }
 

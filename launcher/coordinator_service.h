@@ -43,6 +43,11 @@ class CoordinatorService final : public Coordinator::CallbackService {
   CoordinatorState* const state_;
 };
 
+// The numeric address to listen on for `address` (HOST:PORT or [IPv6]:PORT): HOST is resolved and
+// every address it has must be loopback (127.0.0.0/8 or ::1), so a name like "127.evil.test" that
+// resolves elsewhere is refused. INVALID_ARGUMENT naming --coordinator_address and what to pass.
+absl::StatusOr<std::string> LoopbackListenAddress(const std::string& address);
+
 // A running server. Stop() (or the destructor) ends every pending wait of the state with
 // UNAVAILABLE (CoordinatorState::Shutdown) and then shuts the server down.
 class CoordinatorServer {

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -41,7 +42,7 @@ void ExpectWokenBeforeDeadline(absl::Time start) {
 JobSpec MakeJob(int workers) {
   JobSpec job;
   job.set_name("test");
-  job.set_device(DEVICE_KIND_CPU);
+  job.set_device("cpu");
   job.set_workers(workers);
   job.set_steps(10);
   return job;
@@ -1061,6 +1062,49 @@ TEST_F(CoordinatorServerTest, Heartbeat_StaleIncarnationOverGrpc_IsAbortedWithTh
   grpc::ClientContext no_secret;
   s = stub_->Heartbeat(&no_secret, h, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+}  // namespace
+}  // namespace stagehand
+
+namespace stagehand {
+namespace {
+
+// Loopback is an address, not a name: the host is resolved and each of its addresses checked.
+TEST(LoopbackListenAddressTest, LoopbackAddresses_AreServedNumerically) {
+  EXPECT_EQ(LoopbackListenAddress("127.0.0.1:0").value_or(""), "127.0.0.1:0");
+  EXPECT_EQ(LoopbackListenAddress("127.1.2.3:80").value_or(""), "127.1.2.3:80");
+  EXPECT_EQ(LoopbackListenAddress("[::1]:0").value_or(""), "[::1]:0");
+  EXPECT_EQ(LoopbackListenAddress("localhost:5").value_or(""), "127.0.0.1:5");
+}
+
+TEST(LoopbackListenAddressTest, NamesAndOtherAddresses_AreRefusedNamingTheFlag) {
+  for (const std::string address : {"127.evil.test:0", "0.0.0.0:0", "[::]:0", "10.1.2.3:0", "128.0.0.1:0",
+                                    "::1:0", "127.0.0.1", "127.0.0.1:70000", "[::1]0", ":0"}) {
+    SCOPED_TRACE(address);
+    absl::StatusOr<std::string> a = LoopbackListenAddress(address);
+    ASSERT_FALSE(a.ok()) << *a;
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(a.status().message()), ::testing::HasSubstr("--coordinator_address=" + address));
+  }
+}
+
+TEST(LoopbackListenAddressTest, Start_Ipv6Loopback_ServesOnIt) {
+  CoordinatorState state(MakeJob(1), kJobId, kSecret);
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start("[::1]:0", &state);
+  if (!server.ok() && server.status().code() == absl::StatusCode::kUnavailable) {
+    GTEST_SKIP() << "no IPv6 loopback here: " << server.status();
+  }
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(absl::StartsWith((*server)->address(), "[::1]:")) << (*server)->address();
+  EXPECT_NE((*server)->address(), "[::1]:0");
+}
+
+TEST(LoopbackListenAddressTest, Start_NameResolvingElsewhere_IsRefused) {
+  CoordinatorState state(MakeJob(1), kJobId, kSecret);
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start("127.evil.test:0", &state);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -2,8 +2,12 @@
 #include "launcher/devices.h"
 
 #include <dlfcn.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu_uuid.h"
@@ -20,10 +24,32 @@ using CuDeviceGetName = int (*)(char*, int, int);
 using CuDeviceTotalMem = int (*)(size_t*, int);
 using CuDeviceGetUuid = int (*)(unsigned char*, int);
 
+// MemAvailable of /proc/meminfo (what can be had without swapping), else physical memory.
+int64_t MachineMemory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+int MachineCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 0;
+}
+
 }  // namespace
 
 DeviceInventory QueryDevices() {
   DeviceInventory inv;
+  inv.cpu_cores = MachineCores();
+  inv.memory_bytes = MachineMemory();
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
     inv.cuda_visible_devices = v;
     inv.cuda_visible_devices_set = true;

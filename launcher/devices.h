@@ -21,6 +21,9 @@ struct DeviceInventory {
   std::string cuda_visible_devices;  // the variable as the launcher saw it ("" when unset)
   bool cuda_visible_devices_set = false;
   std::string note;  // why no GPU is visible, when none is ("no CUDA driver (libcuda.so.1)", ...)
+  // The machine, for capping CPU workers (0: unknown, not capped by it).
+  int cpu_cores = 0;         // cores this process may run on (sched_getaffinity)
+  int64_t memory_bytes = 0;  // MemAvailable (else physical memory)
 };
 
 // Queries the driver (cuInit, cuDeviceGetCount, ...). Never fails: problems end up in `note`.

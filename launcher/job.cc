@@ -1,10 +1,13 @@
-// Job resolution and validation: flags over the job file over defaults, checked against the devices.
+// Job resolution and validation: flags over the job file over defaults, every value ranged, checked
+// against the devices and the machine.
 #include "launcher/job.h"
 
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -12,7 +15,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/escaping.h"
+#include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "launcher/run_dir.h"
+#include "launcher/token_file.h"
 #include "models/registry.h"
 #include "schedule/schedule.h"
 
@@ -20,25 +27,35 @@ namespace stagehand {
 namespace {
 
 constexpr int kDefaultCpuWorkers = 2;
+constexpr int64_t kDayMs = int64_t{24} * 3600 * 1000;
 
+absl::Status Invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+// Fills what neither the job file nor a flag set.
 void ApplyDefaults(JobSpec& spec) {
-  if (spec.steps() == 0) spec.set_steps(10);
-  if (spec.tensor_elements() == 0) spec.set_tensor_elements(1 << 20);
+  if (!spec.has_steps()) spec.set_steps(10);
+  if (!spec.has_tensor_elements()) spec.set_tensor_elements(1 << 20);
+  if (!spec.has_seed()) spec.set_seed(0);
+  if (!spec.has_timing()) spec.set_timing(true);
+  if (!spec.has_cuda_graphs()) spec.set_cuda_graphs(true);
   Timeouts& t = *spec.mutable_timeouts();
-  if (t.register_ms() == 0) t.set_register_ms(60000);
-  if (t.heartbeat_interval_ms() == 0) t.set_heartbeat_interval_ms(100);
-  if (t.heartbeat_timeout_ms() == 0) t.set_heartbeat_timeout_ms(10000);
-  if (t.progress_timeout_ms() == 0) t.set_progress_timeout_ms(300000);
-  if (t.nccl_init_ms() == 0) t.set_nccl_init_ms(60000);
-  if (t.grace_ms() == 0) t.set_grace_ms(3000);
+  if (!t.has_register_ms()) t.set_register_ms(60000);
+  if (!t.has_heartbeat_interval_ms()) t.set_heartbeat_interval_ms(100);
+  if (!t.has_heartbeat_timeout_ms()) t.set_heartbeat_timeout_ms(10000);
+  if (!t.has_progress_timeout_ms()) t.set_progress_timeout_ms(300000);
+  if (!t.has_nccl_init_ms()) t.set_nccl_init_ms(60000);
+  if (!t.has_grace_ms()) t.set_grace_ms(3000);
 }
 
 absl::Status Positive(const char* flag, int64_t v) {
   if (v >= 1) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", v, ": must be at least 1"));
+  return Invalid(absl::StrCat("--", flag, "=", v, ": must be at least 1; pass --", flag, "=N with N >= 1"));
 }
 
+// The flags the user typed, over the job file: one overlay.
 void ApplyRequest(const JobRequest& r, JobSpec& spec) {
+  if (!r.device.empty()) spec.set_device(r.device);
+  if (r.workers) spec.set_workers(*r.workers);
   if (r.steps) spec.set_steps(*r.steps);
   if (!r.model.empty()) spec.set_model(r.model);
   if (r.tensor_elements) spec.set_tensor_elements(*r.tensor_elements);
@@ -58,24 +75,122 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.layers) g.set_layers(*r.layers);
   for (const auto& [k, v] : r.model_options) (*g.mutable_options())[k] = v;
   if (r.seq) g.set_seq(*r.seq);
-  if (r.fp32) g.set_fp32(true);
+  if (r.fp32) g.set_fp32(*r.fp32);
   if (!r.attention.empty()) g.set_attention(r.attention);
-  if (r.unfused_layernorm) g.set_unfused_layernorm(true);
+  if (r.fused_layernorm) g.set_fused_layernorm(*r.fused_layernorm);
   PipelineSpec& p = *spec.mutable_pipeline();
   if (r.pipeline_stages) p.set_stages(*r.pipeline_stages);
   if (!r.schedule.empty()) p.set_schedule(r.schedule);
   if (r.micro_batches) p.set_micro_batches(*r.micro_batches);
   if (r.global_batch) p.set_global_batch(*r.global_batch);
   if (!r.partition.empty()) p.set_partition(r.partition);
-  if (r.inference) p.set_inference(true);
+  if (r.inference) p.set_inference(*r.inference);
   if (!r.data.empty()) spec.set_data(r.data);
   if (r.lr) spec.set_lr(*r.lr);
-  if (r.save_params) spec.set_save_params(true);
-  if (r.no_timing) spec.set_no_timing(true);
-  if (r.no_cuda_graphs) spec.set_no_cuda_graphs(true);
+  if (r.save_params) spec.set_save_params(*r.save_params);
+  if (r.timing) spec.set_timing(*r.timing);
+  if (r.cuda_graphs) spec.set_cuda_graphs(*r.cuda_graphs);
 }
 
-absl::Status Invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
+// One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.
+struct Ranged {
+  const char* flag;
+  const char* field;
+  bool set;          // the merged job has it (else the default, in range, comes later)
+  bool from_flag;    // the user typed the flag (else the job file set it)
+  int64_t value, lo, hi;
+};
+
+absl::Status CheckRanged(const Ranged& f, const std::string& job_file) {
+  if (!f.set || (f.value >= f.lo && f.value <= f.hi)) return absl::OkStatus();
+  const std::string range = absl::StrCat(f.lo, " <= N <= ", f.hi);
+  if (f.from_flag) {
+    return Invalid(absl::StrCat("--", f.flag, "=", f.value, ": out of range; pass --", f.flag, "=N with ", range));
+  }
+  return Invalid(absl::StrCat("--job=", job_file, ": ", f.field, ": ", f.value, " is out of range; write ", f.field,
+                              ": N with ", range, *f.flag ? absl::StrCat(" (or pass --", f.flag, "=N)") : ""));
+}
+
+std::vector<Ranged> RangedFields(const JobRequest& r, const JobSpec& s) {
+  const Timeouts& t = s.timeouts();
+  const ModelSpec& m = s.model_spec();
+  const PipelineSpec& p = s.pipeline();
+  return {
+      {"workers", "workers", s.has_workers(), r.workers.has_value(), s.workers(), 1, kMaxWorkers},
+      {"steps", "steps", s.has_steps(), r.steps.has_value(), s.steps(), 1, 1000000000},
+      {"tensor_elements", "tensor_elements", s.has_tensor_elements(), r.tensor_elements.has_value(),
+       s.tensor_elements(), 1, int64_t{1} << 28},
+      {"register_timeout_ms", "timeouts.register_ms", t.has_register_ms(), r.register_timeout_ms.has_value(),
+       t.register_ms(), 1, kDayMs},
+      {"", "timeouts.heartbeat_interval_ms", t.has_heartbeat_interval_ms(), false, t.heartbeat_interval_ms(), 1, 60000},
+      {"heartbeat_timeout_ms", "timeouts.heartbeat_timeout_ms", t.has_heartbeat_timeout_ms(),
+       r.heartbeat_timeout_ms.has_value(), t.heartbeat_timeout_ms(), 1, kDayMs},
+      {"progress_timeout_ms", "timeouts.progress_timeout_ms", t.has_progress_timeout_ms(),
+       r.progress_timeout_ms.has_value(), t.progress_timeout_ms(), 1, kDayMs},
+      {"nccl_init_timeout_ms", "timeouts.nccl_init_ms", t.has_nccl_init_ms(), r.nccl_init_timeout_ms.has_value(),
+       t.nccl_init_ms(), 1, kDayMs},
+      {"grace_period_ms", "timeouts.grace_ms", t.has_grace_ms(), r.grace_ms.has_value(), t.grace_ms(), 1, 600000},
+      {"vocab", "model_spec.vocab", m.has_vocab(), r.vocab.has_value(), m.vocab(), 2, int64_t{1} << 20},
+      {"hidden", "model_spec.hidden", m.has_hidden(), r.hidden.has_value(), m.hidden(), 1, int64_t{1} << 16},
+      {"heads", "model_spec.heads", m.has_heads(), r.heads.has_value(), m.heads(), 1, 1024},
+      {"kv_heads", "model_spec.kv_heads", m.has_kv_heads(), r.kv_heads.has_value(), m.kv_heads(), 1, 1024},
+      {"ffn_hidden", "model_spec.ffn_hidden", m.has_ffn_hidden(), r.ffn_hidden.has_value(), m.ffn_hidden(), 1,
+       int64_t{1} << 18},
+      {"layers", "model_spec.layers", m.has_layers(), r.layers.has_value(), m.layers(), 1, 1024},
+      {"seq", "model_spec.seq", m.has_seq(), r.seq.has_value(), m.seq(), 1, kMaxSeq},
+      {"pipeline_stages", "pipeline.stages", p.has_stages(), r.pipeline_stages.has_value(), p.stages(), 1, kMaxWorkers},
+      {"micro_batches", "pipeline.micro_batches", p.has_micro_batches(), r.micro_batches.has_value(),
+       p.micro_batches(), 1, 1 << 16},
+      {"global_batch", "pipeline.global_batch", p.has_global_batch(), r.global_batch.has_value(), p.global_batch(),
+       1, int64_t{1} << 24},
+  };
+}
+
+// A real number that must be finite and inside (lo, hi) (lo excluded: a learning rate of 0 learns nothing).
+absl::Status CheckReal(const char* flag, const char* field, bool set, bool from_flag, double v, double lo, double hi,
+                       const std::string& job_file) {
+  if (!set || (std::isfinite(v) && v > lo && v <= hi)) return absl::OkStatus();
+  const std::string range = absl::StrCat(lo, " < X <= ", hi);
+  if (from_flag) return Invalid(absl::StrCat("--", flag, "=", v, ": out of range; pass --", flag, "=X with ", range));
+  return Invalid(absl::StrCat("--job=", job_file, ": ", field, ": ", v, " is out of range; write ", field, ": X with ",
+                              range, *flag ? absl::StrCat(" (or pass --", flag, "=X)") : ""));
+}
+
+// Names become a directory under runs/: no separators, no "..", nothing hidden.
+absl::Status CheckName(const std::string& name) {
+  const bool ok = !name.empty() && name.size() <= 64 && name[0] != '.' &&
+                  std::all_of(name.begin(), name.end(), [](char c) {
+                    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+                  });
+  if (ok) return absl::OkStatus();
+  return Invalid(absl::StrCat("name: \"", absl::CHexEscape(name), "\": a job's name names its directory under runs/; "
+                              "use up to 64 of A-Z a-z 0-9 . _ - (not starting with .)"));
+}
+
+// Every number of the merged job in its range, before any default or preset fills the rest.
+absl::Status ValidateRanges(const JobRequest& r, const JobSpec& spec) {
+  if (r.gpus) {
+    if (absl::Status s = Positive("gpus", *r.gpus); !s.ok()) return s;
+    if (*r.gpus > kMaxWorkers) return Invalid(absl::StrCat("--gpus=", *r.gpus, ": pass at most ", kMaxWorkers));
+  }
+  for (const Ranged& f : RangedFields(r, spec)) {
+    if (absl::Status s = CheckRanged(f, r.job_file); !s.ok()) return s;
+  }
+  const ModelSpec& m = spec.model_spec();
+  if (absl::Status s = CheckReal("lr", "lr", spec.has_lr(), r.lr.has_value(), spec.lr(), 0, 10, r.job_file); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckReal("", "model_spec.rope_theta", m.has_rope_theta(), false, m.rope_theta(), 0, 1e12,
+                                 r.job_file); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckReal("", "model_spec.norm_eps", m.has_norm_eps(), false, m.norm_eps(), 0, 1, r.job_file);
+      !s.ok()) {
+    return s;
+  }
+  if (!spec.name().empty()) return CheckName(spec.name());
+  return absl::OkStatus();
+}
 
 // The pipeline's counts, checked: they do not depend on the model. (The schedule is checked by the
 // schedule library, and the partition and the memory with the model's description: launcher/job_plan.h.)
@@ -108,7 +223,7 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
                                 "(docs/custom_model.md)"));
   }  // else: its worker binary's family resolves the sizes (worker/pipeline.cc)
   PipelineSpec& p = *spec.mutable_pipeline();
-  if (p.stages() == 0) p.set_stages(spec.workers());
+  if (!p.has_stages()) p.set_stages(spec.workers());
   if (const ModelDescription* d = FindBuiltinModel(spec.model()); d != nullptr) {
     const int layers = d->NumLayers(spec.model_spec());
     if (p.stages() > layers) {
@@ -118,10 +233,10 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
     }
   }
   if (p.schedule().empty()) p.set_schedule("1f1b");
-  if (p.micro_batches() == 0) p.set_micro_batches(std::max(8, p.stages()));
-  if (p.global_batch() == 0) p.set_global_batch(std::max<int64_t>(32, p.micro_batches()));
+  if (!p.has_micro_batches()) p.set_micro_batches(std::max(8, p.stages()));
+  if (!p.has_global_batch()) p.set_global_batch(std::max<int64_t>(32, p.micro_batches()));
   if (p.partition().empty()) p.set_partition("auto");
-  if (spec.lr() == 0) spec.set_lr(1e-4);
+  if (!spec.has_lr()) spec.set_lr(1e-4);
   return ValidatePipeline(spec);
 }
 
@@ -148,7 +263,7 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
 // workers the tiny GPT, whose loss falls from ln 256 = 5.5 to about 1 within seconds; on GPUs the
 // reference gpt-1.3b for long enough to show what they give. Flags the user set are kept.
 void ChooseDefaultModel(const JobRequest& r, ResolvedJob& out) {
-  const bool cpu = out.spec.device() == DEVICE_KIND_CPU;
+  const bool cpu = out.spec.device() == "cpu";
   out.spec.set_model(cpu ? "tiny" : "gpt-1.3b");
   if (r.job_file.empty() && !r.steps) out.spec.set_steps(cpu ? 200 : 30);
   if (r.job_file.empty() && !r.lr) out.spec.set_lr(cpu ? 3e-3 : 1e-4);
@@ -156,24 +271,39 @@ void ChooseDefaultModel(const JobRequest& r, ResolvedJob& out) {
                                    " steps (--model=allreduce runs the checked collective instead)"));
 }
 
-absl::Status ValidateCounts(const JobRequest& r, const JobSpec& spec) {
-  if (r.gpus) {
-    if (absl::Status s = Positive("gpus", *r.gpus); !s.ok()) return s;
-  }
-  if (r.workers) {
-    if (absl::Status s = Positive("workers", *r.workers); !s.ok()) return s;
-  }
-  if (absl::Status s = Positive("steps", spec.steps()); !s.ok()) return s;
-  if (absl::Status s = Positive("tensor_elements", spec.tensor_elements()); !s.ok()) return s;
+// What ranges alone cannot say: relations between the merged values, once the defaults are in.
+absl::Status ValidateRelations(const JobSpec& spec) {
   const Timeouts& t = spec.timeouts();
-  for (auto [name, v] : {std::pair<const char*, int64_t>{"heartbeat_timeout", t.heartbeat_timeout_ms()},
-                         {"progress_timeout", t.progress_timeout_ms()}, {"register_timeout", t.register_ms()},
-                         {"nccl_init_timeout", t.nccl_init_ms()}, {"grace_period", t.grace_ms()}}) {
-    if (v < 1) return absl::InvalidArgumentError(absl::StrCat("--", name, ": must be a positive duration"));
-  }
   if (t.heartbeat_timeout_ms() < 2 * t.heartbeat_interval_ms()) {
-    return absl::InvalidArgumentError(absl::StrCat("--heartbeat_timeout must be at least twice the heartbeat interval (",
-                                                   t.heartbeat_interval_ms(), " ms)"));
+    return Invalid(absl::StrCat("--heartbeat_timeout_ms=", t.heartbeat_timeout_ms(),
+                                " must be at least twice the heartbeat interval (", t.heartbeat_interval_ms(),
+                                " ms); pass --heartbeat_timeout_ms=", 2 * t.heartbeat_interval_ms(), " or more"));
+  }
+  const std::string& d = spec.device();
+  if (!d.empty() && d != "auto" && d != "cpu" && d != "cuda") {
+    return Invalid(absl::StrCat("--device=", d, ": unknown device; use cuda, cpu or auto"));
+  }
+  return absl::OkStatus();
+}
+
+// CPU workers are processes of this machine: more than it has memory for is refused (the kernel would
+// kill processes at random), more than kCpuWorkersPerCore per core too; more than its cores is a note.
+absl::Status CheckCpuWorkers(int n, const DeviceInventory& inv, std::vector<std::string>& notes) {
+  if (inv.memory_bytes > 0 && int64_t{n} * kCpuWorkerBytes > inv.memory_bytes) {
+    const int64_t fit = std::max<int64_t>(1, inv.memory_bytes / kCpuWorkerBytes);
+    return Invalid(absl::StrCat("--workers=", n, ": ", n, " CPU workers need at least ", n * (kCpuWorkerBytes >> 20),
+                                " MiB (", kCpuWorkerBytes >> 20, " MiB each) but this machine has ",
+                                inv.memory_bytes >> 20, " MiB available; pass --workers=", fit, " or fewer"));
+  }
+  if (inv.cpu_cores > 0 && n > kCpuWorkersPerCore * inv.cpu_cores) {
+    return Invalid(absl::StrCat("--workers=", n, ": more than ", kCpuWorkersPerCore, " CPU workers per core on ",
+                                inv.cpu_cores, " cores; pass --workers=", kCpuWorkersPerCore * inv.cpu_cores,
+                                " or fewer"));
+  }
+  if (inv.cpu_cores > 0 && n > inv.cpu_cores) {
+    notes.push_back(absl::StrCat("warning: ", n, " CPU workers on ", inv.cpu_cores,
+                                 " cores: they share the cores, so steps are slower than with --workers=",
+                                 inv.cpu_cores));
   }
   return absl::OkStatus();
 }
@@ -184,46 +314,38 @@ std::string Visible(const DeviceInventory& inv) {
   return s;
 }
 
-// Picks the device kind and worker count; fills `out` with GPUs and notes.
+// Picks the device kind and worker count from the merged job (spec.device: the flag over the file);
+// fills `out` with GPUs and notes.
 absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, ResolvedJob& out) {
   JobSpec& spec = out.spec;
-  std::string device = r.device;
-  if ((device.empty() || device == "auto") && r.gpus) device = "cuda";  // the flag overrides the job file
-  if (device.empty() || device == "auto") {
-    if (spec.device() == DEVICE_KIND_CPU || (spec.device() == DEVICE_KIND_UNSPECIFIED && inv.gpus.empty() && !r.gpus)) {
-      device = "cpu";
-    } else {
-      device = "cuda";
-    }
-  }
+  std::string device = spec.device();
+  const bool auto_device = device.empty() || device == "auto";
+  if (auto_device) device = r.gpus || !inv.gpus.empty() ? "cuda" : "cpu";
+  if (r.gpus && r.device.empty() && device == "cpu") device = "cuda";  // the flag overrides the job file
   if (device == "cpu") {
-    if (r.gpus) return absl::InvalidArgumentError("--gpus and --device=cpu contradict each other; use --workers=N for CPU workers");
-    int n = r.workers ? *r.workers : (spec.workers() > 0 ? spec.workers() : kDefaultCpuWorkers);
-    if (r.device != "cpu" && spec.device() != DEVICE_KIND_CPU) {
+    if (r.gpus) return Invalid("--gpus and --device=cpu contradict each other; use --workers=N for CPU workers");
+    const int n = spec.has_workers() ? spec.workers() : kDefaultCpuWorkers;
+    if (auto_device) {
       out.notes.push_back(absl::StrCat("no GPU visible (", inv.note, "): running ", n,
                                        " CPU workers; pass --device=cpu --workers=N to choose the count"));
     }
-    spec.set_device(DEVICE_KIND_CPU);
+    if (absl::Status s = CheckCpuWorkers(n, inv, out.notes); !s.ok()) return s;
+    spec.set_device("cpu");
     spec.set_workers(n);
     return absl::OkStatus();
   }
-  if (device != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat("--device=", device, ": unknown device; use cuda, cpu or auto"));
-  }
-  int n = r.gpus ? *r.gpus : (spec.workers() > 0 ? spec.workers() : static_cast<int>(inv.gpus.size()));
+  const int n = r.gpus ? *r.gpus : (spec.has_workers() ? spec.workers() : static_cast<int>(inv.gpus.size()));
   if (r.workers && *r.workers != n) {
-    return absl::InvalidArgumentError(absl::StrCat("--workers=", *r.workers, " with ", n,
-                                                   " GPUs: GPU jobs run one worker per GPU; drop --workers or pass --gpus"));
+    return Invalid(absl::StrCat("--workers=", *r.workers, " with ", n,
+                                " GPUs: GPU jobs run one worker per GPU; drop --workers or pass --gpus"));
   }
   if (inv.gpus.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("asked for GPUs but none is visible (", inv.note,
-                                                   "); pass --device=cpu to run CPU workers"));
+    return Invalid(absl::StrCat("asked for GPUs but none is visible (", inv.note, "); pass --device=cpu to run CPU workers"));
   }
   if (n > static_cast<int>(inv.gpus.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("asked for ", n, " GPUs but ", Visible(inv), "; pass --gpus=",
-                                                   inv.gpus.size(), " or fewer"));
+    return Invalid(absl::StrCat("asked for ", n, " GPUs but ", Visible(inv), "; pass --gpus=", inv.gpus.size(), " or fewer"));
   }
-  spec.set_device(DEVICE_KIND_CUDA);
+  spec.set_device("cuda");
   spec.set_workers(n);
   out.gpus.assign(inv.gpus.begin(), inv.gpus.begin() + n);
   return absl::OkStatus();
@@ -240,50 +362,88 @@ const std::vector<std::string>& KnownModels() {
   return *models;
 }
 
+// Collects the parser's errors: the first one becomes the single line of the refusal (the default
+// collector would log each to stderr besides).
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
 absl::StatusOr<JobSpec> ReadJobFile(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("--job=", path, ": not a file"));
+    return Invalid(absl::StrCat("--job=", path, ": not a file; pass a JobSpec in protobuf text format"));
   }
   std::ifstream in(path);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat("--job=", path, ": cannot read it: ", std::strerror(errno)));
-  }
+  if (!in) return Invalid(absl::StrCat("--job=", path, ": cannot read it: ", std::strerror(errno)));
   std::stringstream text;
   text << in.rdbuf();
+  // A read that fails midway (/proc/self/mem opens, then reads fail) must not pass as an empty job.
+  if (in.bad() || (in.fail() && !in.eof()) || text.fail()) {
+    return Invalid(absl::StrCat("--job=", path, ": cannot read it; pass a readable JobSpec file"));
+  }
   JobSpec spec;
-  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &spec)) {
-    return absl::InvalidArgumentError(absl::StrCat("--job=", path,
-                                                   ": not a JobSpec in protobuf text format (see protos/job.proto)"));
+  google::protobuf::TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text.str(), &spec)) {
+    return Invalid(absl::StrCat("--job=", path, ": ", errors.first(),
+                                " (a JobSpec in protobuf text format: protos/job.proto)"));
   }
   return spec;
 }
 
+// The job file and the token file are the user's paths: relative to where they ran `bazel run`.
+absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
+  JobSpec spec;
+  if (!r.job_file.empty()) {
+    absl::StatusOr<JobSpec> read = ReadJobFile(UserPath(r.job_file));
+    if (!read.ok()) return read.status();
+    spec = *std::move(read);
+  }
+  ApplyRequest(r, spec);
+  if (!spec.data().empty() && spec.data() != "synthetic") spec.set_data(UserPath(spec.data()));
+  if (!spec.run_dir().empty()) spec.set_run_dir(UserPath(spec.run_dir()));
+  return spec;
+}
+
+absl::Status ReadScheduleFile(const JobRequest& request, JobSpec& spec) {
+  std::ifstream in(UserPath(request.schedule_file));
+  std::stringstream text;
+  if (!in || !(text << in.rdbuf())) {
+    return Invalid(absl::StrCat("--schedule_file=", request.schedule_file, ": cannot read it: ", std::strerror(errno)));
+  }
+  spec.mutable_pipeline()->set_schedule_text(text.str());
+  return TakeMicroBatchesFromSchedule(request, spec);
+}
+
 absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceInventory& inventory) {
   ResolvedJob out;
-  if (!request.job_file.empty()) {
-    absl::StatusOr<JobSpec> spec = ReadJobFile(request.job_file);
-    if (!spec.ok()) return spec.status();
-    out.spec = *std::move(spec);
-  }
-  // Defaults fill what the job file left unset (proto3 zeros); flags come last, so that a flag's 0 is
-  // refused rather than mistaken for "unset".
+  absl::StatusOr<JobSpec> merged = ReadJob(request);
+  if (!merged.ok()) return merged.status();
+  out.spec = *std::move(merged);
+  // Ranges first, on what the user wrote or typed: a 0 is refused, never taken for "unset".
+  if (absl::Status s = ValidateRanges(request, out.spec); !s.ok()) return s;
   ApplyDefaults(out.spec);
-  ApplyRequest(request, out.spec);
-  if (absl::Status s = ValidateCounts(request, out.spec); !s.ok()) return s;
+  if (absl::Status s = ValidateRelations(out.spec); !s.ok()) return s;
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
   if (out.spec.model().empty()) ChooseDefaultModel(request, out);
   if (!request.schedule_file.empty()) {
-    std::ifstream in(request.schedule_file);
-    std::stringstream text;
-    if (!in || !(text << in.rdbuf())) {
-      return Invalid(absl::StrCat("--schedule_file=", request.schedule_file, ": cannot read it: ", std::strerror(errno)));
-    }
-    out.spec.mutable_pipeline()->set_schedule_text(text.str());
-    if (absl::Status s = TakeMicroBatchesFromSchedule(request, out.spec); !s.ok()) return s;
+    if (absl::Status s = ReadScheduleFile(request, out.spec); !s.ok()) return s;
   }
   if (IsModelJob(out.spec)) {
     if (absl::Status s = ResolveModel(out.spec, request.custom_worker); !s.ok()) return s;
+    const std::string& data = out.spec.data();
+    if (!data.empty() && data != "synthetic") {
+      const ModelSpec& m = out.spec.model_spec();
+      if (absl::Status s = CheckTokenFile(data, m.seq(), m.vocab()); !s.ok()) return s;
+    }
   }
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());
   return out;

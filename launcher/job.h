@@ -9,15 +9,18 @@
 
 #include "absl/status/statusor.h"
 #include "launcher/devices.h"
+#include "launcher/job_plan.h"  // kCpuWorkerBytes
 #include "protos/job.pb.h"
 
 namespace stagehand {
 
-// The launcher's flags that shape the job; unset optionals leave the job file's (or the default) value.
+// The launcher's flags that shape the job: one overlay on the job file. Only what the user typed is
+// set (an unset optional, an empty string), so the job file's value (or the default) holds otherwise,
+// and a typed flag wins, bools too (--timing=false over `timing: true`).
 struct JobRequest {
   std::string job_file;           // protobuf text format JobSpec; "" for none
   std::optional<int> gpus;        // --gpus
-  std::string device;             // --device: "", "auto", "cuda", "cpu"
+  std::string device;             // --device: "" (not given), "auto", "cuda", "cpu"
   std::optional<int> workers;     // --workers (CPU workers; with cuda it must equal the GPU count)
   std::optional<int64_t> steps;
   std::string model;
@@ -38,15 +41,15 @@ struct JobRequest {
   std::string partition;
   std::optional<int64_t> vocab, hidden, heads, kv_heads, ffn_hidden, layers, seq;
   std::vector<std::pair<std::string, std::string>> model_options;  // --model_option=KEY=VALUE
-  bool fp32 = false;
+  std::optional<bool> fp32;
   std::string attention;
-  bool unfused_layernorm = false;
+  std::optional<bool> fused_layernorm;
   std::string data;
   std::optional<double> lr;
-  bool inference = false;
-  bool save_params = false;
-  bool no_timing = false;
-  bool no_cuda_graphs = false;
+  std::optional<bool> inference;
+  std::optional<bool> save_params;
+  std::optional<bool> timing;
+  std::optional<bool> cuda_graphs;
 };
 
 struct ResolvedJob {
@@ -58,7 +61,16 @@ struct ResolvedJob {
 // The models stagehand's own worker runs ("allreduce" and the built-in presets), for messages.
 const std::vector<std::string>& KnownModels();
 
+// The one validation every source passes before anything is created: the job file read, the flags
+// merged onto it, every number ranged, paths resolved against the user's directory (`bazel run`),
+// the devices and the machine's cores and memory, the model and the token file checked.
+// INVALID_ARGUMENT (exit 2) with one line naming the flag (or job-file field) and what to pass.
 absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceInventory& inventory);
+
+// Hard caps, documented in --help and the README: beyond them a job is refused, not tried.
+inline constexpr int kMaxWorkers = 1024;
+inline constexpr int kCpuWorkersPerCore = 8;              // CPU workers beyond this many per core are refused
+inline constexpr int64_t kMaxSeq = int64_t{1} << 17;
 
 // Reads a JobSpec in protobuf text format. INVALID_ARGUMENT naming the file and what is wrong.
 absl::StatusOr<JobSpec> ReadJobFile(const std::string& path);

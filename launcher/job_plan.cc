@@ -192,16 +192,36 @@ absl::StatusOr<Schedule> JobSchedule(const JobSpec& job) {
   return s;
 }
 
-absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus) {
+// The family's estimate counts attention as FlashAttention does (linear in seq); a CPU worker may
+// materialize the scores, micro-batch x heads x seq^2 fp32 values, and a long --seq would have the
+// kernel kill it. Refused when that alone exceeds a worker's share of the machine's memory.
+absl::Status CheckCpuAttention(const JobSpec& job, int64_t share_bytes) {
+  const ModelSpec& m = job.model_spec();
+  const double scores = 4.0 * static_cast<double>(MicroBatchSize(job)) * m.heads() * m.seq() * m.seq();
+  if (scores <= static_cast<double>(share_bytes)) return absl::OkStatus();
+  return Invalid(absl::StrFormat("--seq=%d: a CPU worker's attention scores (micro-batch %d x %d heads x seq^2 fp32) "
+                                 "take %.1f GiB, more than its %.1f GiB share of this machine's memory; pass a "
+                                 "smaller --seq or more --micro_batches",
+                                 m.seq(), MicroBatchSize(job), m.heads(), scores / (1 << 30),
+                                 static_cast<double>(std::max<int64_t>(share_bytes, 0)) / (1 << 30)));
+}
+
+absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus, int64_t cpu_memory_bytes) {
   absl::StatusOr<Schedule> schedule = JobSchedule(job);
   if (!schedule.ok()) return schedule.status();
   const ModelDescription* d = FindBuiltinModel(job.model());
   if (d == nullptr) return absl::OkStatus();
-  // The planner checks an explicit partition's counts, and on GPUs the memory (the analytic estimate
-  // against each GPU's memory, with room for CUDA and NCCL).
+  // The planner checks an explicit partition's counts, and the memory (the analytic estimate against
+  // each GPU's memory, with room for CUDA and NCCL, or against a CPU worker's share of the machine's).
   std::vector<int64_t> rank_memory;
-  if (job.device() == DEVICE_KIND_CUDA) {
+  if (job.device() == "cuda") {
     for (const GpuInfo& g : gpus) rank_memory.push_back(g.total_bytes * 9 / 10);
+  } else if (cpu_memory_bytes > 0) {
+    // CPU workers share the machine's memory: each gets its share, less what a worker process needs
+    // itself, so that a model the machine cannot hold is refused here, not killed by the kernel.
+    const int64_t share = cpu_memory_bytes * 8 / 10 / std::max(1, job.workers()) - kCpuWorkerBytes;
+    rank_memory.assign(job.workers(), std::max<int64_t>(share, 1));
+    if (absl::Status s = CheckCpuAttention(job, share); !s.ok()) return s;
   }
   const std::vector<int64_t> stage_memory = StageMemory(*schedule, rank_memory);
   LayerProfile estimate = d->Estimate(job.model_spec(), MicroBatchSize(job));
@@ -230,7 +250,7 @@ PartitionFn Partitioner(const JobSpec& job) {
     absl::StatusOr<SimulationResult> uniform = Simulate(*schedule, UniformCosts(schedule->num_stages));
     if (!uniform.ok()) return uniform.status();
     std::vector<int64_t> rank_memory;
-    if (job.device() == DEVICE_KIND_CUDA) {
+    if (job.device() == "cuda") {
       for (const WorkerState& w : workers) rank_memory.push_back(w.device.free_bytes() * 9 / 10);
     }
     const std::vector<int64_t> memory = StageMemory(*schedule, rank_memory);

@@ -22,9 +22,11 @@ namespace stagehand {
 // malformed one, or one that deadlocks (naming each rank's stuck action).
 absl::StatusOr<Schedule> JobSchedule(const JobSpec& job);
 
-// Before anything starts: the schedule, and whether the model fits the GPUs at all (a built-in
-// family's analytic estimate; a user's family is checked once its workers report their layers).
-absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus);
+// Before anything starts: the schedule, and whether the model fits the GPUs (or, for CPU workers, their
+// share of `cpu_memory_bytes`, the machine's; 0: unknown) at all (a built-in family's analytic
+// estimate; a user's family is checked once its workers report their layers).
+inline constexpr int64_t kCpuWorkerBytes = int64_t{256} << 20;  // what a CPU worker process needs itself
+absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus, int64_t cpu_memory_bytes = 0);
 
 // Once every worker has registered: partitions by the mean of their profiles (each measured on its own
 // device) within each stage's free memory, simulates the schedule with the stages' costs (the predicted

@@ -16,7 +16,7 @@ using ::testing::HasSubstr;
 JobSpec TinyJob(int stages, const std::string& schedule, int microbatches) {
   JobSpec job;
   job.set_model("tiny");
-  job.set_device(DEVICE_KIND_CPU);
+  job.set_device("cpu");
   job.set_workers(stages);
   *job.mutable_model_spec() = *FindBuiltinModel("tiny")->Resolve("tiny", {});
   PipelineSpec& p = *job.mutable_pipeline();

@@ -2,7 +2,10 @@
 // device inventories (0, 2 or 4 GPUs), and every refusal naming what to change.
 #include "launcher/job.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,8 @@ DeviceInventory Inventory(int n, const std::string* cuda_visible_devices = nullp
     inv.cuda_visible_devices_set = true;
   }
   if (n == 0) inv.note = kNoGpuNote;
+  inv.cpu_cores = 8;
+  inv.memory_bytes = int64_t{64} << 30;
   return inv;
 }
 
@@ -86,7 +91,7 @@ TEST(JobTest, ResolveJob_GpusFlag_TakesFirstNGpus) {
   r.model = "allreduce";
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(4));
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->spec.device(), DEVICE_KIND_CUDA);
+  EXPECT_EQ(job->spec.device(), "cuda");
   EXPECT_EQ(job->spec.workers(), 2);
   EXPECT_THAT(Uuids(*job), ElementsAre(Uuid(0), Uuid(1)));
   EXPECT_THAT(job->notes, IsEmpty());
@@ -95,7 +100,7 @@ TEST(JobTest, ResolveJob_GpusFlag_TakesFirstNGpus) {
 TEST(JobTest, ResolveJob_NoGpusFlag_TakesAllVisible) {
   absl::StatusOr<ResolvedJob> job = ResolveJob(JobRequest(), Inventory(4));
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->spec.device(), DEVICE_KIND_CUDA);
+  EXPECT_EQ(job->spec.device(), "cuda");
   EXPECT_EQ(job->spec.workers(), 4);
   EXPECT_THAT(Uuids(*job), ElementsAre(Uuid(0), Uuid(1), Uuid(2), Uuid(3)));
 }
@@ -103,7 +108,7 @@ TEST(JobTest, ResolveJob_NoGpusFlag_TakesAllVisible) {
 TEST(JobTest, ResolveJob_NoGpuNoFlags_RunsTwoCpuWorkersWithNote) {
   absl::StatusOr<ResolvedJob> job = ResolveJob(JobRequest(), Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->spec.device(), DEVICE_KIND_CPU);
+  EXPECT_EQ(job->spec.device(), "cpu");
   EXPECT_EQ(job->spec.workers(), 2);
   EXPECT_THAT(job->gpus, IsEmpty());
   ASSERT_THAT(job->notes, SizeIs(2));
@@ -131,7 +136,7 @@ TEST(JobTest, ResolveJob_DeviceCpuWithWorkers_RunsThatManyCpuWorkersWithoutNote)
   r.model = "allreduce";
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(2));  // GPUs visible, CPU asked for
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->spec.device(), DEVICE_KIND_CPU);
+  EXPECT_EQ(job->spec.device(), "cpu");
   EXPECT_EQ(job->spec.workers(), 4);
   EXPECT_THAT(job->gpus, IsEmpty());
   EXPECT_THAT(job->notes, IsEmpty());
@@ -190,7 +195,7 @@ TEST(JobTest, ResolveJob_NegativeSteps_IsInvalidArgumentNamingFlag) {
 TEST(JobTest, ResolveJob_HeartbeatTimeoutBelowTwoIntervals_IsInvalidArgument) {
   JobRequest r;
   r.heartbeat_timeout_ms = 150;  // the interval is 100 ms
-  ExpectInvalidArgument(ResolveJob(r, Inventory(2)), "--heartbeat_timeout");
+  ExpectInvalidArgument(ResolveJob(r, Inventory(2)), "--heartbeat_timeout_ms=150");
 }
 
 TEST(JobTest, ResolveJob_UnknownDevice_IsInvalidArgumentListingDevices) {
@@ -245,7 +250,7 @@ TEST(JobTest, ResolveJob_GpusWithoutGpu_IsInvalidArgumentSuggestingCpu) {
 
 constexpr char kJobText[] = R"pb(
   name: "from-file"
-  device: DEVICE_KIND_CPU
+  device: "cpu"
   workers: 3
   steps: 25
   model: "allreduce"
@@ -261,7 +266,7 @@ TEST(JobTest, ResolveJob_JobFile_ValuesHoldWithoutFlags) {
   ASSERT_TRUE(job.ok()) << job.status();
   const JobSpec& spec = job->spec;
   EXPECT_EQ(spec.name(), "from-file");
-  EXPECT_EQ(spec.device(), DEVICE_KIND_CPU);
+  EXPECT_EQ(spec.device(), "cpu");
   EXPECT_EQ(spec.workers(), 3);
   EXPECT_EQ(spec.steps(), 25);
   EXPECT_EQ(spec.tensor_elements(), 4096);
@@ -294,10 +299,10 @@ TEST(JobTest, ResolveJob_JobFileAndFlags_FlagsOverride) {
 
 TEST(JobTest, ResolveJob_JobFileCudaWorkers_TakesThatManyGpus) {
   JobRequest r;
-  r.job_file = WriteJobFile("cuda_workers.textproto", "device: DEVICE_KIND_CUDA workers: 2");
+  r.job_file = WriteJobFile("cuda_workers.textproto", "device: \"cuda\" workers: 2");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(4));
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->spec.device(), DEVICE_KIND_CUDA);
+  EXPECT_EQ(job->spec.device(), "cuda");
   EXPECT_THAT(Uuids(*job), ElementsAre(Uuid(0), Uuid(1)));
 }
 
@@ -309,7 +314,7 @@ TEST(JobTest, ResolveJob_JobFileCpuAndGpusFlag_FlagWins) {
   r.gpus = 2;
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(4));
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->spec.device(), DEVICE_KIND_CUDA);
+  EXPECT_EQ(job->spec.device(), "cuda");
   EXPECT_THAT(Uuids(*job), ElementsAre(Uuid(0), Uuid(1)));
 }
 
@@ -352,6 +357,199 @@ TEST(JobTest, ReadJobFile_Directory_IsInvalidArgumentNamingPath) {
   ASSERT_FALSE(spec.ok()) << "parsed as: " << spec->ShortDebugString();
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr(path));
+}
+
+
+// Refusals are one line: the launcher prints them as its only output before exit 2.
+void ExpectOneLineRefusal(const absl::StatusOr<ResolvedJob>& job, const std::string& fragment) {
+  ExpectInvalidArgument(job, fragment);
+  if (!job.ok()) EXPECT_THAT(std::string(job.status().message()), Not(HasSubstr("\n")));
+}
+
+struct FlagCase {
+  std::string name;
+  std::function<void(JobRequest&)> set;
+  std::string message;
+};
+
+// Every ranged flag: 0, negatives and absurd values are refused naming the flag and its range, never
+// taken for "unset" (the preset's value) or passed on to the workers.
+TEST(JobTest, ResolveJob_OutOfRangeFlag_IsOneLineNamingFlagAndRange) {
+  const std::vector<FlagCase> cases = {
+      {"micro_batches=0", [](JobRequest& r) { r.micro_batches = 0; }, "--micro_batches=0: out of range; pass --micro_batches=N with 1 <= N"},
+      {"global_batch=0", [](JobRequest& r) { r.global_batch = 0; }, "--global_batch=0: out of range"},
+      {"seq=0", [](JobRequest& r) { r.seq = 0; }, "--seq=0: out of range"},
+      {"seq=1000000", [](JobRequest& r) { r.seq = 1000000; }, "--seq=1000000: out of range; pass --seq=N with 1 <= N <= 131072"},
+      {"heads=0", [](JobRequest& r) { r.heads = 0; }, "--heads=0"},
+      {"layers=0", [](JobRequest& r) { r.layers = 0; }, "--layers=0"},
+      {"vocab=0", [](JobRequest& r) { r.vocab = 0; }, "--vocab=0"},
+      {"hidden=-1", [](JobRequest& r) { r.hidden = -1; }, "--hidden=-1"},
+      {"lr=0", [](JobRequest& r) { r.lr = 0; }, "--lr=0: out of range; pass --lr=X with 0 < X <= 10"},
+      {"lr=-1", [](JobRequest& r) { r.lr = -1; }, "--lr=-1"},
+      {"lr=nan", [](JobRequest& r) { r.lr = std::nan(""); }, "--lr=nan"},
+      {"lr=inf", [](JobRequest& r) { r.lr = HUGE_VAL; }, "--lr=inf"},
+      {"steps=0", [](JobRequest& r) { r.steps = 0; }, "--steps=0"},
+      {"heartbeat_timeout_ms=0", [](JobRequest& r) { r.heartbeat_timeout_ms = 0; }, "--heartbeat_timeout_ms=0"},
+      {"register_timeout_ms=-5", [](JobRequest& r) { r.register_timeout_ms = -5; }, "--register_timeout_ms=-5"},
+      {"grace_period_ms=0", [](JobRequest& r) { r.grace_ms = 0; }, "--grace_period_ms=0"},
+      {"progress_timeout_ms=0", [](JobRequest& r) { r.progress_timeout_ms = 0; }, "--progress_timeout_ms=0"},
+      {"nccl_init_timeout_ms=0", [](JobRequest& r) { r.nccl_init_timeout_ms = 0; }, "--nccl_init_timeout_ms=0"},
+      {"pipeline_stages=0", [](JobRequest& r) { r.pipeline_stages = 0; }, "--pipeline_stages=0"},
+      {"workers=2147483647", [](JobRequest& r) { r.workers = 2147483647; }, "--workers=2147483647: out of range"},
+      {"tensor_elements=0", [](JobRequest& r) { r.tensor_elements = 0; }, "--tensor_elements=0"},
+  };
+  for (const FlagCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    JobRequest r;
+    r.device = "cpu";
+    r.model = "tiny";
+    c.set(r);
+    ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), c.message);
+  }
+}
+
+// A job file's values pass the same validation as flags, and the message names the field and the file.
+TEST(JobTest, ResolveJob_OutOfRangeJobFileValue_IsOneLineNamingField) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"workers: -3", "workers: -3 is out of range; write workers: N with 1 <= N <= 1024 (or pass --workers=N)"},
+      {"timeouts { heartbeat_interval_ms: -5 }", "timeouts.heartbeat_interval_ms: -5 is out of range"},
+      {"pipeline { micro_batches: 0 }", "pipeline.micro_batches: 0 is out of range"},
+      {"model_spec { seq: 0 }", "model_spec.seq: 0 is out of range"},
+      {"lr: -1", "lr: -1 is out of range"},
+      {"model_spec { norm_eps: 0 }", "model_spec.norm_eps: 0 is out of range"},
+      {"device: \"tpu\"", "--device=tpu: unknown device; use cuda, cpu or auto"},
+  };
+  for (const auto& [text, message] : cases) {
+    SCOPED_TRACE(text);
+    JobRequest r;
+    r.job_file = WriteJobFile("ranged.textproto", absl::StrCat("model: \"tiny\" ", text));
+    ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), message);
+  }
+}
+
+TEST(JobTest, ResolveJob_NameOutsideRuns_IsRefused) {
+  for (const std::string name : {"../../x", "a/b", ".hidden", ".."}) {
+    SCOPED_TRACE(name);
+    JobRequest r;
+    r.job_file = WriteJobFile("name.textproto", absl::StrCat("model: \"allreduce\" name: \"", name, "\""));
+    ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "names its directory under runs/");
+  }
+}
+
+// /proc/self/mem opens but every read fails: that is a refusal, never the default job.
+TEST(JobTest, ResolveJob_JobFileReadFails_IsRefusedNotDefault) {
+  JobRequest r;
+  r.job_file = "/proc/self/mem";
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "--job=/proc/self/mem: cannot read it");
+}
+
+TEST(JobTest, ResolveJob_MalformedJobFile_IsOneLineWithPosition) {
+  JobRequest r;
+  r.job_file = WriteJobFile("malformed_one_line.textproto", "steps: 3\nsteps: \"many\"\nno_such_field: 1\n");
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "line 2 column");
+}
+
+// Bool flags override the job file both ways: --timing=false over `timing: true`, and back.
+TEST(JobTest, ResolveJob_BoolFlagsOverJobFile_FlagWins) {
+  JobRequest r;
+  r.job_file = WriteJobFile("bools.textproto",
+                            "model: \"allreduce\" device: \"cpu\" timing: true cuda_graphs: false save_params: true "
+                            "model_spec { fp32: true }");
+  r.timing = false;
+  r.cuda_graphs = true;
+  r.save_params = false;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->spec.timing());
+  EXPECT_TRUE(job->spec.cuda_graphs());
+  EXPECT_FALSE(job->spec.save_params());
+  EXPECT_TRUE(job->spec.model_spec().fp32());  // no flag typed: the file's value holds
+}
+
+TEST(JobTest, ResolveJob_NoTimingAnywhere_DefaultsToTimedWithGraphs) {
+  JobRequest r;
+  r.model = "allreduce";
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->spec.has_timing() && job->spec.timing());
+  EXPECT_TRUE(job->spec.has_cuda_graphs() && job->spec.cuda_graphs());
+}
+
+TEST(JobTest, ResolveJob_CpuWorkersBeyondMemory_IsRefusedWithCount) {
+  JobRequest r;
+  r.device = "cpu";
+  r.model = "allreduce";
+  r.workers = 1000;
+  DeviceInventory inv = Inventory(0);
+  inv.memory_bytes = int64_t{4} << 30;  // 16 workers of 256 MiB
+  ExpectOneLineRefusal(ResolveJob(r, inv), "pass --workers=16 or fewer");
+}
+
+TEST(JobTest, ResolveJob_CpuWorkersBeyondCores_IsRefused) {
+  JobRequest r;
+  r.device = "cpu";
+  r.model = "allreduce";
+  r.workers = 17;
+  DeviceInventory inv = Inventory(0);
+  inv.cpu_cores = 2;
+  ExpectOneLineRefusal(ResolveJob(r, inv), "more than 8 CPU workers per core on 2 cores; pass --workers=16 or fewer");
+}
+
+TEST(JobTest, ResolveJob_CpuWorkersOutnumberCores_WarnsAndRuns) {
+  JobRequest r;
+  r.device = "cpu";
+  r.model = "allreduce";
+  r.workers = 4;
+  DeviceInventory inv = Inventory(0);
+  inv.cpu_cores = 2;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, inv);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(job->notes, testing::Contains(HasSubstr("warning: 4 CPU workers on 2 cores")));
+}
+
+TEST(JobTest, ResolveJob_JobFileDeviceCpuString_MatchesFlagSpelling) {
+  JobRequest r;
+  r.job_file = WriteJobFile("device_cpu.textproto", "device: \"cpu\" workers: 3 model: \"allreduce\"");
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.device(), "cpu");
+  EXPECT_EQ(job->spec.workers(), 3);
+}
+
+TEST(JobTest, ResolveJob_RelativeJobAndDataUnderBazelRun_ResolvedAgainstUserDirectory) {
+  const std::string dir = ::testing::TempDir();
+  WriteJobFile("relative.textproto", "model: \"tiny\" device: \"cpu\"");
+  std::string tokens(2 * 4096, '\0');  // 4096 zero tokens
+  std::ofstream(absl::StrCat(dir, "/relative.bin"), std::ios::binary) << tokens;
+  setenv("BUILD_WORKING_DIRECTORY", dir.c_str(), 1);
+  JobRequest r;
+  r.job_file = "relative.textproto";
+  r.data = "relative.bin";
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  unsetenv("BUILD_WORKING_DIRECTORY");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.data(), absl::StrCat(dir, "/relative.bin"));
+}
+
+TEST(JobTest, ResolveJob_TokenAboveVocab_IsRefusedBeforeStartNamingPosition) {
+  std::string tokens(2 * 5000, '\0');
+  tokens[2 * 4321] = '\xff';  // token 255 at position 4321, little-endian
+  const std::string path = absl::StrCat(::testing::TempDir(), "/bad_token.bin");
+  std::ofstream(path, std::ios::binary) << tokens;
+  JobRequest r;
+  r.device = "cpu";
+  r.model = "tiny";
+  r.vocab = 200;
+  r.data = path;
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "token 255 at position 4321");
+}
+
+TEST(JobTest, ResolveJob_RunDirInJobFile_IsKeptResolved) {
+  JobRequest r;
+  r.job_file = WriteJobFile("run_dir.textproto", "model: \"allreduce\" run_dir: \"/tmp/somewhere\"");
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.run_dir(), "/tmp/somewhere");
 }
 
 }  // namespace

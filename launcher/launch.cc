@@ -42,6 +42,14 @@ std::string RandomHex(int bytes) {
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
+// The run directory: --run_dir, else the job file's run_dir, else a new one under runs/.
+std::string RunDirOf(const LaunchOptions& options, const JobSpec& spec, const std::string& job_id) {
+  if (!options.run_dir.empty()) return UserPath(options.run_dir);
+  if (!spec.run_dir().empty()) return spec.run_dir();  // resolved against the user's directory already
+  return UserPath(absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()), "-",
+                               spec.name(), "-", job_id));
+}
+
 // What a launch needs once everything that can refuse the job has said yes.
 struct Checked {
   ResolvedJob job;
@@ -53,18 +61,11 @@ struct Checked {
 // model's fit, the run directory (new or empty unless --overwrite). Creates nothing, so a sweep can
 // ask it of every point before the first runs.
 absl::StatusOr<Checked> CheckLaunch(const LaunchOptions& options, const std::string& job_id) {
-  absl::StatusOr<ResolvedJob> job = ResolveJob(options.job, QueryDevices());
-  if (!job.ok()) return job.status();
-  absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
-  if (!worker.ok()) return worker.status();
-  if (absl::Status s = IsModelJob(job->spec) ? CheckModelJob(job->spec, job->gpus) : absl::OkStatus(); !s.ok()) return s;
-  std::string run_dir = UserPath(options.run_dir);
-  if (run_dir.empty()) {
-    run_dir = UserPath(absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()), "-",
-                                    job->spec.name(), "-", job_id));
-  }
+  absl::StatusOr<ValidatedLaunch> valid = ValidateLaunch(options, QueryDevices());
+  if (!valid.ok()) return valid.status();
+  const std::string run_dir = RunDirOf(options, valid->job.spec, job_id);
   if (absl::Status s = CheckRunDir(run_dir, options.overwrite); !s.ok()) return s;
-  return Checked{*std::move(job), *std::move(worker), run_dir};
+  return Checked{std::move(valid->job), std::move(valid->worker_binary), run_dir};
 }
 
 // The first failed write of the run's results; later ones are printed but the first is the cause.
@@ -118,7 +119,7 @@ RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& superv
   }
   in.layers.resize(in.hosts.size(), {0, 0});
   // A GPU's peak means nothing for CPU workers: no peak, so no MFU.
-  in.peak_tflops_per_device = state.job().device() == DEVICE_KIND_CUDA ? options.peak_tflops_per_device : 0;
+  in.peak_tflops_per_device = state.job().device() == "cuda" ? options.peak_tflops_per_device : 0;
   in.warmup_steps = std::min<int64_t>(3, std::max<int64_t>(0, state.job().steps() - 1));
   for (const RankLedger& l : supervisor.Ledger()) {
     if (l.first_step) in.launch_to_first_step_seconds = std::max(in.launch_to_first_step_seconds, absl::ToDoubleSeconds(*l.first_step));
@@ -214,7 +215,7 @@ RunReport FinishRun(const CoordinatorState& state, Supervisor& supervisor, const
                     const std::string& run_dir, RunFiles& files, int first_signal, int& exit_code) {
   files.AppendNew(state, supervisor);  // the reports that came with the last exits
   if (!files.errors.any()) files.errors.Add(files.steps.Close());
-  const bool gpu = state.job().device() == DEVICE_KIND_CUDA;
+  const bool gpu = state.job().device() == "cuda";
   files.errors.Add(WriteLedger(supervisor.Ledger(), supervisor.launch_time(), gpu, run_dir + "/startup_ledger.tsv"));
   files.errors.Add(WriteFileAtomically(run_dir + "/trace.json", ChromeTrace(state.Steps(), state.job().workers())));
   auto [code, cause] = Verdict(supervisor, files, first_signal);
@@ -233,6 +234,20 @@ RunReport FinishRun(const CoordinatorState& state, Supervisor& supervisor, const
 }
 
 }  // namespace
+
+// Everything a launch checks before it creates anything: the job (ResolveJob), the worker binary,
+// the model's schedule and memory, the coordinator's address. INVALID_ARGUMENT is exit 2.
+absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, const DeviceInventory& inventory) {
+  absl::StatusOr<ResolvedJob> job = ResolveJob(options.job, inventory);
+  if (!job.ok()) return job.status();
+  absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
+  if (!worker.ok()) return worker.status();
+  if (IsModelJob(job->spec)) {
+    if (absl::Status s = CheckModelJob(job->spec, job->gpus, inventory.memory_bytes); !s.ok()) return s;
+  }
+  if (absl::StatusOr<std::string> a = LoopbackListenAddress(options.coordinator_address); !a.ok()) return a.status();
+  return ValidatedLaunch{*std::move(job), *std::move(worker)};
+}
 
 LaunchResult Launch(const LaunchOptions& options) {
   LaunchResult result;
@@ -277,7 +292,7 @@ LaunchResult Launch(const LaunchOptions& options) {
                        options.launch};
   Supervisor supervisor(&state, spawner.get(), so);
   std::printf("stagehand: job %s: %d %s worker%s, %lld steps of %s; coordinator %s; run directory %s\n", job_id.c_str(),
-              job.spec.workers(), job.spec.device() == DEVICE_KIND_CUDA ? "GPU" : "CPU",
+              job.spec.workers(), job.spec.device() == "cuda" ? "GPU" : "CPU",
               job.spec.workers() == 1 ? "" : "s", static_cast<long long>(job.spec.steps()), job.spec.model().c_str(),
               (*server)->address().c_str(), run_dir.c_str());
   std::fflush(stdout);

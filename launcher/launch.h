@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "absl/status/statusor.h"
+#include "launcher/devices.h"
 #include "launcher/job.h"
 #include "protos/job.pb.h"
 
@@ -18,6 +20,10 @@ namespace stagehand {
 // The run's results could not be written (a full disk, an I/O error, permissions): the run was
 // stopped, and what is in the run directory is whole but not everything. Beside supervisor.h's codes.
 inline constexpr int kExitWriteFailed = 5;
+
+// The launcher's version (--version), bumped with each release; the wire protocol has its own number
+// (kProtocolVersion, launcher/coordinator_service.h).
+inline constexpr char kVersion[] = "0.11.0";
 
 struct LaunchOptions {
   JobRequest job;
@@ -36,6 +42,16 @@ struct LaunchResult {
   RunReport report;
   std::string run_dir;
 };
+
+struct ValidatedLaunch {
+  ResolvedJob job;
+  std::string worker_binary;
+};
+
+// Everything checked before anything is created (a run directory, a port, a process): the job
+// (ResolveJob), the worker binary, the model's schedule and memory, the coordinator's address.
+// INVALID_ARGUMENT (exit 2) with one line.
+absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, const DeviceInventory& inventory);
 
 // SIGINT, SIGTERM, SIGHUP and SIGCHLD must be blocked in every thread before this is called (main() does it
 // first thing), so that Launch() receives them with sigtimedwait.

@@ -46,7 +46,7 @@ ProcessSpec Supervisor::SpecFor(int index) const {
   }
   // Pinned by UUID, which names the same GPU whatever the launcher's own CUDA_VISIBLE_DEVICES said;
   // CPU workers see no GPU at all.
-  std::string visible = job.device() == DEVICE_KIND_CUDA ? options_.gpus[index].uuid : "";
+  std::string visible = job.device() == "cuda" ? options_.gpus[index].uuid : "";
   spec.env.push_back("CUDA_VISIBLE_DEVICES=" + visible);
   spec.env.push_back(absl::StrCat("STAGEHAND_WORKER_INDEX=", index));
   spec.output_prefix = absl::StrCat("[rank ", index, "] ");
@@ -56,7 +56,7 @@ ProcessSpec Supervisor::SpecFor(int index) const {
 }
 
 absl::Status Supervisor::Start() {
-  if (state_->job().device() == DEVICE_KIND_CUDA && options_.gpus.size() < slots_.size()) {
+  if (state_->job().device() == "cuda" && options_.gpus.size() < slots_.size()) {
     for (Slot& s : slots_) s.exited = true;
     Record(Kind::kLaunch, kExitLaunchFailed,
            absl::StrCat(slots_.size(), " GPU workers but ", options_.gpus.size(), " GPUs given"));

@@ -91,7 +91,7 @@ class SpawnerFailingAt : public FakeProcessSpawner {
 JobSpec MakeJob(int workers, DeviceKind device) {
   JobSpec job;
   job.set_name("test");
-  job.set_device(device);
+  job.set_device(device == DEVICE_KIND_CUDA ? "cuda" : "cpu");
   job.set_workers(workers);
   job.set_steps(10);
   job.set_model("allreduce");

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -458,7 +459,7 @@ TEST(Launcher, BadFlags_OneClearLineAndExitCode2) {
       {"--coordinator_address=10.0.0.1:0", "only loopback addresses"},
       {"--sweep=2,20", "sweep: 20 workers: 20 stages but the model has only 10 pipeline layers"},
       {"--gpus=0", "--gpus=0: must be at least 1"},
-      {"--workers=-1", "--workers=-1: must be at least 1"},
+      {"--workers=-1", "--workers=-1: out of range; pass --workers=N with 1 <= N <= 1024"},
       {"--device=tpu", "--device=tpu: unknown device"},
       {"--job=/nonexistent/job.textproto", "cannot read it"},
       {"--steps=zero", "--steps=zero:"},
@@ -656,6 +657,63 @@ TEST(Launcher, CpuModel_TimingOff_NoBubbleMfuOrGpuColumnsOnePartitionLine) {
   EXPECT_EQ(first.str().find("ETA"), std::string::npos) << first.str();
   EXPECT_NE(out.find("step 2/4"), std::string::npos) << out;
   EXPECT_NE(ReadFile(l.run_dir() + "/startup_ledger.tsv").find("\tn/a\t"), std::string::npos);
+}
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = absl::StrCat(TempDir(), "/", name);
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// The input cases of issue 11, through the real binary: one line, exit 2, no run directory, no worker.
+TEST(Launcher, InvalidInput_OneLineExit2NoRunDirectory) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--lr=nan"}, "--lr=nan: out of range"},
+      {{"--lr=-1"}, "--lr=-1: out of range"},
+      {{"--micro_batches=0"}, "--micro_batches=0: out of range"},
+      {{"--model=tiny", "--seq=1000000"}, "--seq=1000000: out of range"},
+      {{"--workers=9999"}, "--workers=9999"},
+      {{"--workers=2147483647"}, "--workers=2147483647"},
+      {{"--job=/proc/self/mem"}, "--job=/proc/self/mem: cannot read it"},
+      {{"--job=" + WriteTemp("dotdot.textproto", "name: \"../../x\"")}, "names its directory under runs/"},
+      {{"--job=" + WriteTemp("negative.textproto", "workers: -3")}, "workers: -3 is out of range"},
+      {{"--job=" + WriteTemp("interval.textproto", "timeouts { heartbeat_interval_ms: -5 }")},
+       "timeouts.heartbeat_interval_ms: -5 is out of range"},
+      {{"--job=" + WriteTemp("garbled.textproto", "steps: \"many\"\nbogus: 1\n")}, "line 1 column"},
+      {{"--coordinator_address=127.evil.test:0"}, "--coordinator_address=127.evil.test:0"},
+      {{"--model=tiny", "--data=" + TempDir() + "/no_tokens.bin"}, "No such file"},
+      {{"--model=tiny", "--data=" + WriteTemp("odd.bin", std::string(4097, '\0'))}, "an odd count"},
+      {{"--model=tiny", "--vocab=100", "--data=" + WriteTemp("oov.bin", std::string(8190, '\0') + "\xc8" + std::string(1, '\0'))},
+       "at position 4095"},
+      {{"--sweep=2,20"}, "--sweep point 20"},
+  };
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> args = {"--device=cpu"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    Launcher l(args);
+    const std::string what = absl::StrJoin(flags, " ");
+    EXPECT_EQ(l.Wait(std::chrono::seconds(20)), 2) << what << ": " << l.output();
+    std::string out = l.output();
+    EXPECT_NE(out.find(message), std::string::npos) << what << ": " << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << what << ": " << out;
+    EXPECT_NE(access(l.run_dir().c_str(), F_OK), 0) << what << ": a run directory was created";
+  }
+}
+
+TEST(Launcher, Version_PrintsVersionAndProtocol) {
+  Launcher l({"--version"});
+  EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 0);
+  EXPECT_NE(l.output().find("coordinator protocol"), std::string::npos) << l.output();
+}
+
+// --help states each flag's real default: no "default: -1" beside "(default 10)".
+TEST(Launcher, Help_NoSentinelDefaultBesideStatedOne) {
+  Launcher l({"--help"});
+  EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 0);
+  const std::string out = l.output();
+  EXPECT_NE(out.find("--steps"), std::string::npos) << out;
+  EXPECT_EQ(out.find("default: -1"), std::string::npos) << out;
+  EXPECT_EQ(out.find("--micro-batches"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ namespace stagehand {
 namespace {
 
 torch::Device DeviceOf(const JobSpec& job) {
-  return job.device() == DEVICE_KIND_CUDA ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  return job.device() == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
 }
 
 absl::StatusOr<const ModelFamily*> FamilyOf(const JobSpec& job) {
@@ -107,15 +107,15 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   if (!data.ok()) return data.status();
   absl::StatusOr<std::vector<std::unique_ptr<Stage>>> chunks = MakeChunks(**family, a, *schedule);
   if (!chunks.ok()) return chunks.status();
-  Streams streams(job.device() == DEVICE_KIND_CUDA);
+  Streams streams(job.device() == "cuda");
   ExecutorOptions o;
   o.rank = a.rank();
   o.schedule = *schedule;
   o.micro_batch = MicroBatchSize(job);
   o.seq = job.model_spec().seq();
   o.lr = job.lr();  // the launcher fills the default
-  o.timing = !job.no_timing();
-  o.cuda_graphs = !job.no_cuda_graphs();
+  o.timing = !job.has_timing() || job.timing();  // unset: timed
+  o.cuda_graphs = !job.has_cuda_graphs() || job.cuda_graphs();
   o.device = DeviceOf(job);
   Executor executor(std::move(o), *std::move(chunks), data->get(), transport, &streams);
   if (absl::Status s = executor.Check(); !s.ok()) return s;
@@ -150,7 +150,7 @@ int64_t Allocated(bool cuda) {
 
 // One layer's costs: forward time, forward+backward time minus forward, memory kept by autograd.
 absl::StatusOr<LayerCost> ProfileLayer(const ModelFamily& family, const JobSpec& job, int layer, int layers) {
-  const bool cuda = job.device() == DEVICE_KIND_CUDA;
+  const bool cuda = job.device() == "cuda";
   const torch::Device device = DeviceOf(job);
   const int64_t mb = MicroBatchSize(job), seq = job.model_spec().seq(), vocab = job.model_spec().vocab();
   absl::StatusOr<std::unique_ptr<Stage>> made = MakeStage(family, job, layer, layer + 1);
@@ -223,7 +223,7 @@ absl::StatusOr<LayerProfile> ProfileModelImpl(const JobSpec& unresolved) {
   const JobSpec& job = *resolved;
   const ModelDescription& d = (*family)->description();
   std::optional<c10::cuda::CUDAStreamGuard> guard;
-  if (job.device() == DEVICE_KIND_CUDA) guard.emplace(at::cuda::getStreamFromPool(false, 0));
+  if (job.device() == "cuda") guard.emplace(at::cuda::getStreamFromPool(false, 0));
   const int layers = d.NumLayers(job.model_spec());
   std::map<int, LayerCost> by_kind;  // layers of one kind have the same shapes: measured once
   LayerProfile profile;

@@ -27,7 +27,7 @@ absl::Status CheckSum(const torch::Tensor& got, const torch::Tensor& ramp, int w
 
 absl::Status RunSteps(const Assignment& a, Transport& transport, const StepCallback& on_step) {
   const JobSpec& job = a.job();
-  const bool cuda = job.device() == DEVICE_KIND_CUDA;
+  const bool cuda = job.device() == "cuda";
   auto options = torch::TensorOptions().dtype(torch::kFloat32).device(cuda ? torch::kCUDA : torch::kCPU, 0);
   // Values stay small integers, so float32 sums are exact and the check can demand equality.
   auto ramp = torch::arange(job.tensor_elements(), options).remainder(1024);

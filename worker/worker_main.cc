@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, Co
                                                          const std::string& secret) {
   const std::string prefix = absl::StrCat(a.job_id(), "/world");
   const absl::Duration timeout = absl::Milliseconds(a.job().timeouts().nccl_init_ms());
-  if (a.job().device() == DEVICE_KIND_CUDA) {
+  if (a.job().device() == "cuda") {
     NcclTransportOptions o;
     o.rank = a.rank();
     o.world_size = a.world_size();
@@ -167,7 +167,7 @@ int Main() {
     LOG(ERROR) << job.status().ToString();
     return kWorkerExitFailed;
   }
-  const bool cuda = job->job().device() == DEVICE_KIND_CUDA;
+  const bool cuda = job->job().device() == "cuda";
   absl::StatusOr<DeviceInfo> device = cuda ? InitCudaDevice() : CpuDeviceInfo();
   const absl::Time cuda_ready = absl::Now();
   // The planner partitions by what every worker measured on its own device.

@@ -31,10 +31,10 @@ ModelSpec Tiny() {
 
 // Sizes other families read mean nothing here: refuse them rather than ignore them silently.
 absl::Status CheckUnused(const ModelSpec& o) {
-  if (o.heads() != 0 || o.kv_heads() != 0 || o.ffn_hidden() != 0 || o.rope_theta() != 0 || !o.attention().empty() ||
-      o.unfused_layernorm()) {
+  if (o.has_heads() || o.has_kv_heads() || o.has_ffn_hidden() || o.has_rope_theta() || !o.attention().empty() ||
+      o.has_fused_layernorm()) {
     return absl::InvalidArgumentError(
-        "--heads, --kv_heads, --ffn_hidden, --rope_theta, --attention and --unfused_layernorm are for attention "
+        "--heads, --kv_heads, --ffn_hidden, --rope_theta, --attention and --fused_layernorm are for attention "
         "models; mlp-lm has no attention: drop them (its MLP width is --model_option=width_multiplier=N)");
   }
   for (const auto& [key, value] : o.options()) {

@@ -42,7 +42,7 @@ class Gpt final : public DecoderDescription {
       return absl::InvalidArgumentError(
           absl::StrCat("--model=", preset, ": not a GPT preset; known: ", absl::StrJoin(presets(), ", ")));
     }
-    if (o.kv_heads() != 0 || o.ffn_hidden() != 0 || o.rope_theta() != 0) {
+    if (o.has_kv_heads() || o.has_ffn_hidden() || o.has_rope_theta()) {
       return absl::InvalidArgumentError(
           "--kv_heads, --ffn_hidden and --rope_theta are Llama's sizes; the GPT has full multi-head attention, "
           "a 4 x hidden MLP and no rotary embedding: drop them or pass a llama model");
@@ -55,7 +55,7 @@ class Gpt final : public DecoderDescription {
     if (o.seq()) out.set_seq(o.seq());
     if (o.fp32()) out.set_fp32(true);
     if (!o.attention().empty()) out.set_attention(o.attention());
-    if (o.unfused_layernorm()) out.set_unfused_layernorm(true);
+    if (o.has_fused_layernorm()) out.set_fused_layernorm(o.fused_layernorm());
     if (o.norm_eps() > 0) out.set_norm_eps(o.norm_eps());
     *out.mutable_options() = o.options();
     if (absl::Status s = CheckCommon(out); !s.ok()) return s;

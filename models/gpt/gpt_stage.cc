@@ -165,7 +165,7 @@ class GptFamily final : public ModelFamily {
  public:
   const ModelDescription& description() const override { return GptDescription(); }
   absl::Status Prepare(const JobSpec& job) const override {
-    return job.device() == DEVICE_KIND_CUDA ? SelectAttentionKernel(job.model_spec().attention()) : absl::OkStatus();
+    return job.device() == "cuda" ? SelectAttentionKernel(job.model_spec().attention()) : absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageOptions& o) const override {
     const GptConfig config = GptConfigFromSpec(o.job->model_spec());
@@ -188,7 +188,7 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   c.layers = g.layers();
   c.seq = g.seq();
   c.bf16_autocast = !g.fp32();
-  c.fused_layernorm = !g.unfused_layernorm();
+  c.fused_layernorm = !g.has_fused_layernorm() || g.fused_layernorm();  // unset: fused
   return c;
 }
 

@@ -57,7 +57,7 @@ class Llama final : public DecoderDescription {
     if (o.seq()) out.set_seq(o.seq());
     if (o.fp32()) out.set_fp32(true);
     if (!o.attention().empty()) out.set_attention(o.attention());
-    if (o.unfused_layernorm()) out.set_unfused_layernorm(true);
+    if (o.has_fused_layernorm()) out.set_fused_layernorm(o.fused_layernorm());
     if (o.rope_theta() > 0) out.set_rope_theta(o.rope_theta());
     if (o.norm_eps() > 0) out.set_norm_eps(o.norm_eps());
     *out.mutable_options() = o.options();

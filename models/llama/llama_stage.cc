@@ -311,7 +311,7 @@ class LlamaFamily final : public ModelFamily {
  public:
   const ModelDescription& description() const override { return LlamaDescription(); }
   absl::Status Prepare(const JobSpec& job) const override {
-    return job.device() == DEVICE_KIND_CUDA ? SelectAttentionKernel(job.model_spec().attention()) : absl::OkStatus();
+    return job.device() == "cuda" ? SelectAttentionKernel(job.model_spec().attention()) : absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageOptions& o) const override {
     if (o.job == nullptr) return absl::InvalidArgumentError("StageOptions.job is null: pass the resolved job");
@@ -348,7 +348,7 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& m) {
   c.rope_theta = m.rope_theta();
   c.norm_eps = m.norm_eps();
   c.bf16_autocast = !m.fp32();
-  c.fused_rmsnorm = !m.unfused_layernorm();
+  c.fused_rmsnorm = !m.has_fused_layernorm() || m.fused_layernorm();  // unset: fused
   return c;
 }
 

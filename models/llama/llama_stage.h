@@ -32,7 +32,7 @@ struct LlamaConfig {
   bool bf16_autocast = true;  // bf16 autocast over fp32 parameters (CUDA); false: plain fp32
   // Under bf16 autocast on CUDA, each RMSNorm (all feed a GEMM) writes its bf16 output in one kernel
   // (worker/fused_kernels.h) instead of ATen's fp32 ops and a cast; rows of a multiple of 128 up to
-  // 4096 elements, else the ATen path. false: spec.unfused_layernorm().
+  // 4096 elements, else the ATen path. false: spec.fused_layernorm() is false.
   bool fused_rmsnorm = true;
 
   int64_t head_dim() const { return hidden / heads; }

@@ -40,7 +40,7 @@ JobSpec TinyJob() {
   absl::StatusOr<ModelSpec> spec = LlamaDescription().Resolve("llama-tiny", ModelSpec());
   EXPECT_TRUE(spec.ok()) << spec.status();
   JobSpec job;
-  job.set_device(DEVICE_KIND_CPU);
+  job.set_device("cpu");
   *job.mutable_model_spec() = *spec;
   return job;
 }
@@ -363,7 +363,7 @@ TEST(LlamaFamily, Description_IsLlamas) {
 TEST(LlamaStageCuda, Forward_Bf16Autocast_CloseToFp32) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   JobSpec job = TinyJob();
-  job.set_device(DEVICE_KIND_CUDA);
+  job.set_device("cuda");
   LlamaConfig c = LlamaConfigFromSpec(job.model_spec());
   c.bf16_autocast = true;
   LlamaStage bf16(c, 0, c.pipeline_layers(), kSeed);
@@ -401,7 +401,7 @@ TEST(LlamaStageCuda, RmsNormToBf16_MatchesAtenThenCast) {
   EXPECT_EQ(RmsNormToBf16(nullptr, nullptr, nullptr, nullptr, 1, 100, 1e-5f, nullptr), cudaErrorInvalidValue);
 }
 
-// The whole model with the fused RMSNorm against spec.unfused_layernorm's ATen path, forward and
+// The whole model with the fused RMSNorm against the ATen path of fused_layernorm: false, forward and
 // backward, at sizes the kernel takes (hidden 128).
 TEST(LlamaStageCuda, FusedRmsNorm_MatchesUnfusedForwardAndGradients) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";

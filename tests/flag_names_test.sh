@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Every --flag a message in launcher/*.cc names is a flag that exists: the launcher's (its --help) or,
+# for the command lines it gives workers, the worker's (ABSL_FLAG in worker/). Tests are exempt.
+set -u
+cd "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stagehand}" 2>/dev/null || true
+shopt -s nullglob
+sources=()
+for f in launcher/*.cc; do [[ "$f" == *_test.cc ]] || sources+=("$f"); done
+[ "${#sources[@]}" -gt 10 ] || { echo "flag_names: sources not found in $PWD"; exit 1; }
+defined=$( { launcher/launcher --help | grep -oE '^  --[a-z0-9_]+' | sed 's/^  --//';
+             grep -hoE 'ABSL_FLAG\([^,]+, *[a-z0-9_]+' worker/*.cc | sed -E 's/.*, *//'; } | sort -u)
+[ -n "$defined" ] || { echo "flag_names: launcher --help listed no flags"; exit 1; }
+status=0
+# Names in string literals only (comments may name anything), each literal's every --name.
+while IFS= read -r hit; do
+  location=${hit%%:\"*}
+  for flag in $(grep -oE -- '--[a-z][a-z0-9_-]*' <<<"${hit#*:\"}"); do
+    if ! grep -qx -- "${flag#--}" <<<"$defined"; then
+      echo "flag_names: $location: no flag $flag"
+      status=1
+    fi
+  done
+done < <(grep -noE '"([^"\\]|\\.)*"' "${sources[@]}" | sed -E 's/^([^:]+:[0-9]+):/\1:/')
+exit $status
