@@ -251,7 +251,13 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
   for (const std::vector<Action>& rank : parsed->ranks) {
     for (const Action& a : rank) m = std::max(m, a.microbatch + 1);
   }
-  if (r.micro_batches && *r.micro_batches != m) {
+  // The same bound as --micro_batches (ValidateRanges): a list naming micro-batch 10^9 must not size
+  // the simulator's tables.
+  if (m > (1 << 16)) {
+    return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " names micro-batch ", m - 1,
+                                "; a schedule runs at most 65536 micro-batches"));
+  }
+    if (r.micro_batches && *r.micro_batches != m) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " runs ", m, " micro-batches but --micro_batches=",
                                 *r.micro_batches, "; drop --micro_batches or pass ", m));
   }

@@ -701,3 +701,16 @@ TEST(BubbleBound, Values_AreTheTextbookFormula) {
 
 }  // namespace
 }  // namespace stagehand
+
+namespace stagehand {
+namespace {
+
+// Found by tests/fuzz:job_file_fuzz: a huge stage number sized an allocation before it was refused.
+TEST(ParseSchedule, HugeStageNumber_IsInvalidArgumentWithoutAllocating) {
+  absl::StatusOr<Schedule> s = ParseSchedule("0F0 437220932B0 OPT\n", "fuzz", 1);
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("stage 1 is computed on no rank"), std::string::npos) << s.status();
+}
+
+}  // namespace
+}  // namespace stagehand

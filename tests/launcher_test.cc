@@ -456,8 +456,8 @@ TEST(LauncherCycles, StartKill_200Cycles_NoProcessLeft) {
 
 TEST(Launcher, BadFlags_OneClearLineAndExitCode2) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--coordinator_address=10.0.0.1:0", "only loopback addresses"},
-      {"--sweep=2,20", "sweep: 20 workers: 20 stages but the model has only 10 pipeline layers"},
+      {"--coordinator_address=10.0.0.1:0", "not loopback (127.0.0.0/8 or ::1); only loopback is served"},
+      {"--sweep=2,20", "stagehand: sweep: 20 workers: "},  // too many CPU workers or stages: either way refused
       {"--gpus=0", "--gpus=0: must be at least 1"},
       {"--workers=-1", "--workers=-1: out of range; pass --workers=N with 1 <= N <= 1024"},
       {"--device=tpu", "--device=tpu: unknown device"},
@@ -567,7 +567,8 @@ TEST(Launcher, RunDir_ReadOnlyOrAFile_Exits2AndCreatesNothing) {
 TEST(Launcher, Sighup_HandledAsSigterm_Exits143WithResults) {
   Launcher l(CpuJob(2, 10000000));
   std::string job = l.JobId();
-  ASSERT_TRUE(WaitFor([&] { return StepRowsNow(l.run_dir()) >= 10; }, std::chrono::seconds(30))) << l.output();
+  // 10 steps of both ranks: a row per (step, rank).
+  ASSERT_TRUE(WaitFor([&] { return StepRowsNow(l.run_dir()) >= 2 * 10; }, std::chrono::seconds(30))) << l.output();
   kill(l.pid(), SIGHUP);
   EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 143) << l.output();
   EXPECT_NE(l.output().find("interrupted by SIGHUP"), std::string::npos) << l.output();
@@ -685,7 +686,7 @@ TEST(Launcher, InvalidInput_OneLineExit2NoRunDirectory) {
       {{"--model=tiny", "--data=" + WriteTemp("odd.bin", std::string(4097, '\0'))}, "an odd count"},
       {{"--model=tiny", "--vocab=100", "--data=" + WriteTemp("oov.bin", std::string(8190, '\0') + "\xc8" + std::string(1, '\0'))},
        "at position 4095"},
-      {{"--sweep=2,20"}, "--sweep point 20"},
+      {{"--sweep=2,20"}, "sweep: 20 workers:"},
   };
   for (const auto& [flags, message] : cases) {
     std::vector<std::string> args = {"--device=cpu"};

@@ -44,7 +44,7 @@ class Gpt final : public DecoderDescription {
     }
     if (o.has_kv_heads() || o.has_ffn_hidden() || o.has_rope_theta()) {
       return absl::InvalidArgumentError(
-          "--kv_heads, --ffn_hidden and --rope_theta are Llama's sizes; the GPT has full multi-head attention, "
+          "--kv_heads, --ffn_hidden and rope_theta are Llama's sizes; the GPT has full multi-head attention, "
           "a 4 x hidden MLP and no rotary embedding: drop them or pass a llama model");
     }
     ModelSpec out = Preset(name);

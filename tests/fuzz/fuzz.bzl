@@ -5,7 +5,7 @@ compiled in one genrule by clang++ with coverage instrumentation and ASan/UBSan,
 system libraries (protobuf, abseil) as the rest of the build.
 """
 
-def clang_fuzzer(name, main, compile_srcs, inputs, targets, seconds = 60):
+def clang_fuzzer(name, main, compile_srcs, inputs, targets, seconds = 60, seeds = [], dict = None):
     """Defines <name>_bin (the fuzzer) and one test per target, each fuzzing for `seconds`.
 
     Args:
@@ -16,6 +16,8 @@ def clang_fuzzer(name, main, compile_srcs, inputs, targets, seconds = 60):
       inputs: labels of every file the compilation reads (sources, headers, generated protos).
       targets: names passed to the fuzzer as STAGEHAND_FUZZ_TARGET; one test each (name_<target>).
       seconds: fuzzing time per test.
+      seeds: files the corpus starts from (valid inputs, so that mutation starts deep in the parser).
+      dict: a libFuzzer dictionary (tokens the input format uses).
     """
     pick = " ".join(["%s|*/%s) echo $$f;;" % (s, s) for s in compile_srcs])
     native.genrule(
@@ -27,7 +29,7 @@ def clang_fuzzer(name, main, compile_srcs, inputs, targets, seconds = 60):
               "-fno-sanitize-recover=undefined -Wno-unused-command-line-argument -I. -I$(GENDIR) " +
               "$(location %s) $$srcs -lprotobuf " % main +
               "$$(ls /usr/lib/x86_64-linux-gnu/libabsl_*.so | sed 's|.*/lib\\(.*\\)\\.so$$|-l\\1|') " +
-              "-lpthread -o $@",
+              "-lpthread -ldl -o $@",
         message = "clang++ -fsanitize=fuzzer " + name,
         testonly = True,
     )
@@ -35,8 +37,9 @@ def clang_fuzzer(name, main, compile_srcs, inputs, targets, seconds = 60):
         native.sh_test(
             name = "%s_%s" % (name, t),
             srcs = ["run_fuzzer.sh"],
-            args = ["$(location :%s_bin)" % name, t, str(seconds)],
-            data = [":%s_bin" % name],
+            args = ["$(location :%s_bin)" % name, t, str(seconds)] +
+                   (["$(location %s)" % dict] if dict else ["-"]) + ["$(location %s)" % f for f in seeds],
+            data = [":%s_bin" % name] + seeds + ([dict] if dict else []),
             size = "medium",
             tags = ["fuzz"],
         )
