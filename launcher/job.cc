@@ -247,9 +247,9 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
   if (!parsed.ok()) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, ": ", parsed.status().message()));
   }
-  int m = 0;
+  int64_t m = 0;  // 64 bits: a list may name micro-batch INT_MAX
   for (const std::vector<Action>& rank : parsed->ranks) {
-    for (const Action& a : rank) m = std::max(m, a.microbatch + 1);
+    for (const Action& a : rank) m = std::max<int64_t>(m, int64_t{a.microbatch} + 1);
   }
   // The same bound as --micro_batches (ValidateRanges): a list naming micro-batch 10^9 must not size
   // the simulator's tables.
@@ -261,7 +261,7 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " runs ", m, " micro-batches but --micro_batches=",
                                 *r.micro_batches, "; drop --micro_batches or pass ", m));
   }
-  spec.mutable_pipeline()->set_micro_batches(m);
+  spec.mutable_pipeline()->set_micro_batches(static_cast<int32_t>(m));
   return absl::OkStatus();
 }
 

@@ -580,17 +580,19 @@ absl::StatusOr<std::vector<int>> InferStageRank(const std::vector<absl::string_v
       }
     }
   }
-  const int stages = placed.empty() ? 0 : placed.rbegin()->first + 1;
+  // In 64 bits: the largest stage named may be INT_MAX (the fuzzer found 2147483647F1).
+  const int64_t named = placed.empty() ? 0 : int64_t{placed.rbegin()->first} + 1;
   // Every stage is computed somewhere, so there are at most as many stages as stages named; a larger
   // number is a missing stage (and must not size an allocation: the fuzzer found 437220932B0).
-  if (stages > static_cast<int>(placed.size())) {
-    for (int v = 0; v < stages; ++v) {
+  if (named > static_cast<int64_t>(placed.size())) {
+    for (int v = 0; v < named; ++v) {
       if (!placed.count(v)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "stage ", v, " is computed on no rank; add its forward to the list of the rank holding it"));
       }
     }
   }
+  const int stages = static_cast<int>(named);
   std::vector<int> stage_rank(stages, -1);
   for (const auto& [stage, rank] : placed) stage_rank[stage] = rank;
   for (int v = 0; v < stages; ++v) {

@@ -712,5 +712,12 @@ TEST(ParseSchedule, HugeStageNumber_IsInvalidArgumentWithoutAllocating) {
   EXPECT_NE(s.status().message().find("stage 1 is computed on no rank"), std::string::npos) << s.status();
 }
 
+// Found by the same fuzzer: the largest int as a stage overflowed the stage count.
+TEST(ParseSchedule, StageIntMax_IsInvalidArgumentWithoutOverflow) {
+  absl::StatusOr<Schedule> s = ParseSchedule("0F0 0F1 0B1 0B0 2147483647F1\n", "fuzz", 2);
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("stage 1 is computed on no rank"), std::string::npos) << s.status();
+}
+
 }  // namespace
 }  // namespace stagehand

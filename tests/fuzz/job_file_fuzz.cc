@@ -64,9 +64,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const stagehand::JobSpec& spec = job->spec;
   Check(spec.workers() >= 1 && spec.workers() <= 1024, "an accepted job has 1 to 1024 workers");
   Check(spec.steps() >= 1, "an accepted job runs at least one step");
-  // The schedule's size is stages x micro-batches actions: keep each input's work bounded.
+  // The schedule's size is stages x micro-batches actions, and the simulator's time grows faster than
+  // that (a 2 x 1000 1F1B list took over 10 s under ASan at -O1, 4 s for a whole optimized launch):
+  // keep each input's work bounded so that the fuzzer explores rather than waits.
   if (stagehand::IsModelJob(spec) &&
-      static_cast<int64_t>(spec.pipeline().stages()) * spec.pipeline().micro_batches() <= 4096) {
+      static_cast<int64_t>(spec.pipeline().stages()) * spec.pipeline().micro_batches() <= 256) {
     (void)stagehand::CheckModelJob(spec, job->gpus, machine.memory_bytes);
   }
   return 0;
