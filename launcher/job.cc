@@ -38,6 +38,8 @@ void ApplyDefaults(JobSpec& spec) {
   if (!spec.has_seed()) spec.set_seed(0);
   if (!spec.has_timing()) spec.set_timing(true);
   if (!spec.has_cuda_graphs()) spec.set_cuda_graphs(true);
+  if (!spec.has_telemetry()) spec.set_telemetry(true);
+  if (spec.health().empty()) spec.set_health("warn");
   Timeouts& t = *spec.mutable_timeouts();
   if (!t.has_register_ms()) t.set_register_ms(60000);
   if (!t.has_heartbeat_interval_ms()) t.set_heartbeat_interval_ms(100);
@@ -90,6 +92,8 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.save_params) spec.set_save_params(*r.save_params);
   if (r.timing) spec.set_timing(*r.timing);
   if (r.cuda_graphs) spec.set_cuda_graphs(*r.cuda_graphs);
+  if (r.telemetry) spec.set_telemetry(*r.telemetry);
+  if (!r.health.empty()) spec.set_health(r.health);
 }
 
 // One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.
@@ -288,6 +292,11 @@ absl::Status ValidateRelations(const JobSpec& spec) {
   const std::string& d = spec.device();
   if (!d.empty() && d != "auto" && d != "cpu" && d != "cuda") {
     return Invalid(absl::StrCat("--device=", d, ": unknown device; use cuda, cpu or auto"));
+  }
+  const std::string& h = spec.health();
+  if (h != "off" && h != "warn" && h != "strict") {
+    return Invalid(absl::StrCat("--health=", absl::CHexEscape(h), " (or the job file's health:): unknown; use off, "
+                                "warn (the default) or strict"));
   }
   return absl::OkStatus();
 }

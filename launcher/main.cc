@@ -74,6 +74,13 @@ ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and tr
 ABSL_FLAG(bool, cuda_graphs, true,
           "on GPUs, 1F1B and inference stages replay each micro-batch's forward and backward as CUDA graphs "
           "captured once (after step 0), which takes the CPU's launch cost off small micro-batches");
+ABSL_FLAG(bool, telemetry, true,
+          "GPU workers sample their GPU's clocks, power, temperature and throttle reasons through NVML (10 Hz) "
+          "for steps.csv, report.json and trace.json");
+ABSL_FLAG(std::string, health, "",
+          "the GPU health gate before the first step: warn (default; a GPU with uncorrected ECC errors or "
+          "pending remaps is refused, throttling at rest, a degraded PCIe link or no peer access warned), "
+          "strict (warnings refuse too) or off");
 ABSL_FLAG(double, peak_tflops, 989.0, "peak TFLOP/s of one device, for MFU (dense bf16 of an H100/H200)");
 ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
 ABSL_FLAG(bool, version, false, "print the version and the coordinator protocol version, and exit");
@@ -146,6 +153,8 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   j.custom_worker = !o.worker_binary.empty();
   j.timing = Given(p, "timing", FLAGS_timing);
   j.cuda_graphs = Given(p, "cuda_graphs", FLAGS_cuda_graphs);
+  j.telemetry = Given(p, "telemetry", FLAGS_telemetry);
+  j.health = absl::GetFlag(FLAGS_health);
   o.peak_tflops_per_device = absl::GetFlag(FLAGS_peak_tflops);
   o.progress_bar = isatty(STDOUT_FILENO);
   return o;
