@@ -20,6 +20,7 @@
 #include "common/logging.h"
 #include "google/protobuf/text_format.h"
 #include "launcher/coordinator_service.h"
+#include "launcher/health_gate.h"
 #include "launcher/job_plan.h"
 #include "launcher/progress.h"
 #include "launcher/report.h"
@@ -109,6 +110,7 @@ RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& superv
   for (const WorkerState& w : state.Workers()) {
     in.hosts.push_back(w.host);
     in.devices.push_back(w.device.name().empty() ? "cpu" : w.device.name());
+    in.health.push_back(w.health);
   }
   if (std::optional<Partition> p = state.partition()) {
     int first = 0;
@@ -229,6 +231,7 @@ RunReport FinishRun(const CoordinatorState& state, Supervisor& supervisor, const
   report.set_exit_code(code);
   report.set_root_cause(cause);
   if (IsModelJob(state.job()) && report.step_seconds() > 0) PrintSummary(report, state.Steps(), gpu);
+  if (const std::string line = GpuSummaryLine(report); !line.empty()) std::printf("stagehand: GPU: %s\n", line.c_str());
   exit_code = code;
   return report;
 }
@@ -266,6 +269,7 @@ LaunchResult Launch(const LaunchOptions& options) {
   job.spec.set_run_dir(run_dir);
   CoordinatorState state(job.spec, job_id, RandomHex(32));
   if (IsModelJob(job.spec)) state.SetPartitioner(Partitioner(job.spec));
+  state.SetAdmission(HealthAdmission(job.spec));  // the GPU health gate (--health)
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(options.coordinator_address, &state);
   if (!server.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", Message(server.status()).c_str());
@@ -282,7 +286,9 @@ LaunchResult Launch(const LaunchOptions& options) {
   for (const std::string& note : job.notes) std::printf("stagehand: %s\n", note.c_str());
   RunFiles files;
   files.errors.Add(WriteFileAtomically(run_dir + "/job.textproto", text));
-  if (!files.errors.any()) files.errors.Add(files.steps.Open(run_dir + "/steps.csv"));
+  if (!files.errors.any()) {
+    files.errors.Add(files.steps.Open(run_dir + "/steps.csv", job.spec.device() == "cuda" && job.spec.telemetry()));
+  }
   if (files.errors.any()) {
     result.exit_code = kExitWriteFailed;
     return result;
