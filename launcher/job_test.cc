@@ -475,6 +475,29 @@ TEST(JobTest, ResolveJob_NoTimingAnywhere_DefaultsToTimedWithGraphs) {
   EXPECT_TRUE(job->spec.has_cuda_graphs() && job->spec.cuda_graphs());
 }
 
+TEST(JobTest, ResolveJob_TelemetryAndHealth_DefaultsAndFlagsOverFile) {
+  JobRequest r;
+  r.model = "allreduce";
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->spec.has_telemetry() && job->spec.telemetry());
+  EXPECT_EQ(job->spec.health(), "warn");
+  r.job_file = WriteJobFile("telemetry.textproto", "model: \"allreduce\" telemetry: true health: \"strict\"");
+  r.telemetry = false;
+  r.health = "off";
+  job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->spec.telemetry());
+  EXPECT_EQ(job->spec.health(), "off");
+}
+
+TEST(JobTest, ResolveJob_UnknownHealth_IsOneLineListingModes) {
+  JobRequest r;
+  r.model = "allreduce";
+  r.health = "on";
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "--health=on (or the job file's health:): unknown; use off, warn");
+}
+
 TEST(JobTest, ResolveJob_CpuWorkersBeyondMemory_IsRefusedWithCount) {
   JobRequest r;
   r.device = "cpu";
