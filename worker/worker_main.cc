@@ -217,7 +217,9 @@ int Main() {
   absl::StatusOr<Assignment> assignment = client.Register(req, absl::InfiniteDuration());
   if (!assignment.ok()) {
     LOG(ERROR) << assignment.status().ToString();
-    return absl::IsCancelled(assignment.status()) ? kWorkerExitStopped : kWorkerExitFailed;
+    // FAILED_PRECONDITION and CANCELLED: the job stopped (the health gate, say), not this worker.
+    const bool stopped = absl::IsCancelled(assignment.status()) || absl::IsFailedPrecondition(assignment.status());
+    return stopped ? kWorkerExitStopped : kWorkerExitFailed;
   }
   Run run{&client, *assignment, req.incarnation(), nullptr, device.ok() ? device->uuid() : "", nullptr};
   run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
