@@ -407,7 +407,7 @@ absl::StatusOr<JobSpec> ReadJobFile(const std::string& path) {
 
 // The job file and the token file are the user's paths: relative to where they ran `bazel run`.
 absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
-  JobSpec spec;
+  JobSpec spec = r.spec.value_or(JobSpec());
   if (!r.job_file.empty()) {
     absl::StatusOr<JobSpec> read = ReadJobFile(UserPath(r.job_file));
     if (!read.ok()) return read.status();

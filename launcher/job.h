@@ -19,6 +19,7 @@ namespace stagehand {
 // and a typed flag wins, bools too (--timing=false over `timing: true`).
 struct JobRequest {
   std::string job_file;           // protobuf text format JobSpec; "" for none
+  std::optional<JobSpec> spec;    // a JobSpec given whole in place of job_file (a server's submission)
   std::optional<int> gpus;        // --gpus
   std::string device;             // --device: "" (not given), "auto", "cuda", "cpu"
   std::optional<int> workers;     // --workers (CPU workers; with cuda it must equal the GPU count)
