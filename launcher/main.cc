@@ -16,6 +16,7 @@
 #include "launcher/job_flags.h"
 #include "launcher/launch.h"
 #include "launcher/process.h"
+#include "launcher/serve.h"
 #include "launcher/supervisor.h"
 #include "launcher/terminal.h"
 
@@ -27,6 +28,17 @@ ABSL_FLAG(std::string, worker_binary, "", "the worker executable (default: besid
 ABSL_FLAG(std::string, sweep, "", "run the job at each worker count, e.g. 1,2,4, and write sweep.csv, sweep.md and "
                                   "sweep.svg in the run directory");
 ABSL_FLAG(double, peak_tflops, 989.0, "peak TFLOP/s of one device, for MFU (dense bf16 of an H100/H200)");
+ABSL_FLAG(bool, serve, false,
+          "serve the control service on --listen: clients (bazel run //launcher:client) submit, watch and cancel "
+          "jobs, queued for their devices and kept in --state_dir across restarts");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "with --serve: HOST:PORT of the control service; a non-loopback HOST needs --tls_cert and --tls_key");
+ABSL_FLAG(std::string, state_dir, "", "with --serve: the job store (jobs.db), admin.token and the jobs' run directories");
+ABSL_FLAG(std::string, tls_cert, "", "with --serve: the server's certificate (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "with --serve: the server's private key (PEM)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "with --serve: mutual TLS, clients must present a certificate signed by this CA (PEM)");
+ABSL_FLAG(int, max_cpu_workers, 0, "with --serve: CPU workers running at once over all jobs (default: the cores)");
 ABSL_FLAG(bool, version, false, "print the version and the coordinator protocol version, and exit");
 
 namespace {
@@ -42,7 +54,9 @@ constexpr char kUsage[] =
     "\n"
     "Exit codes: 0 success; 1 a worker failed; 2 bad flags or job (nothing started); 3 a worker hung\n"
     "(missed heartbeats, no progress, or never registered); 4 workers could not be started;\n"
-    "130 interrupted by SIGINT; 143 stopped by SIGTERM.";
+    "5 the run's results could not be written; 130 interrupted by SIGINT; 143 stopped by SIGTERM.\n"
+    "\n"
+    "  launcher --serve --state_dir=DIR         a server: jobs from `client submit`, queued for their devices";
 
 stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   stagehand::LaunchOptions o;
@@ -56,6 +70,42 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   o.peak_tflops_per_device = absl::GetFlag(FLAGS_peak_tflops);
   o.progress_bar = isatty(STDOUT_FILENO);
   return o;
+}
+
+// The flags a server takes; every other one shapes a job, which with --serve comes from a client.
+constexpr const char* kServeFlags[] = {"serve", "listen", "state_dir", "tls_cert", "tls_key", "tls_client_ca",
+                                       "max_cpu_workers", "worker_binary", "peak_tflops"};
+
+bool IsServeFlag(const std::string& name) {
+  for (const char* f : kServeFlags) {
+    if (name == f) return true;
+  }
+  return false;
+}
+
+int RunServer(const stagehand::ParsedFlags& p) {
+  for (const std::string& name : p.given) {
+    if (!IsServeFlag(name)) {
+      std::fprintf(stderr, "stagehand: --%s with --serve: jobs come from clients; pass it to `client submit` instead\n",
+                   name.c_str());
+      return stagehand::kExitUsage;
+    }
+  }
+  stagehand::ServeOptions o;
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.state_dir = absl::GetFlag(FLAGS_state_dir);
+  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  o.max_cpu_workers = absl::GetFlag(FLAGS_max_cpu_workers);
+  o.peak_tflops_per_device = absl::GetFlag(FLAGS_peak_tflops);
+  if (o.max_cpu_workers < 0 || o.max_cpu_workers > stagehand::kMaxWorkers) {
+    std::fprintf(stderr, "stagehand: --max_cpu_workers=%d: pass 1 to %d, or 0 for the cores\n", o.max_cpu_workers,
+                 stagehand::kMaxWorkers);
+    return stagehand::kExitUsage;
+  }
+  return stagehand::Serve(o);
 }
 
 // The sweep or the single launch that the flags ask for; returns the exit code.
@@ -103,6 +153,14 @@ int main(int argc, char** argv) {
     std::printf("stagehand launcher %s (coordinator protocol %d)\n", stagehand::kVersion, stagehand::kProtocolVersion);
     return 0;
   }
+  if (!absl::GetFlag(FLAGS_serve)) {
+    for (const std::string& name : parsed->given) {
+      if (IsServeFlag(name) && name != "worker_binary" && name != "peak_tflops") {
+        std::fprintf(stderr, "stagehand: --%s is a server flag: pass --serve too, or drop it\n", name.c_str());
+        return stagehand::kExitUsage;
+      }
+    }
+  }
   if (absl::Status s = stagehand::BecomeSubreaper(); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return stagehand::kExitLaunchFailed;
@@ -115,7 +173,7 @@ int main(int argc, char** argv) {
   if (absl::Status s = stagehand::CaptureStdout(); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s; writing stdout directly\n", std::string(s.message()).c_str());
   }
-  const int code = Run(options);
+  const int code = absl::GetFlag(FLAGS_serve) ? RunServer(*parsed) : Run(options);
   // A terminal that takes nothing for half a second loses the last lines (the run directory has
   // them) rather than keep the launcher from exiting.
   stagehand::FinishStdout(absl::Milliseconds(500));
