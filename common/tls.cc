@@ -83,9 +83,14 @@ std::string ExplainUnavailable(const grpc::Status& s, const ClientTlsInfo& info)
     return absl::StrCat("no server at ", server, ": is `launcher --serve` running there? (check --server)");
   }
   if (Has(s, "not in peer certificate")) {
-    return absl::StrCat("the server's certificate does not name ", server,
-                        " as a subjectAltName: make it with subjectAltName=IP:<address> (or DNS:<name>), "
-                        "or dial it by a name its certificate has");
+    const std::string host = server.substr(0, server.rfind(':'));
+    return absl::StrCat("the server's certificate does not name ", host,
+                        " as a subjectAltName: make it with subjectAltName=IP:", host,
+                        " (or DNS:<name>), or dial the server by a name its certificate has");
+  }
+  if (info.tls && Has(s, "certificate verify failed")) {
+    return absl::StrCat("the TLS handshake with ", server, " failed: its certificate is not signed by --tls_ca; pass ",
+                        "the CA that signed the server's certificate");
   }
   if (info.tls && (Has(s, "WRONG_VERSION_NUMBER") || Has(s, "wrong version number") ||
                    Has(s, "packet length too long") || Has(s, "http request"))) {
