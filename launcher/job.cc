@@ -455,4 +455,24 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   return out;
 }
 
+absl::StatusOr<JobSpec> MergeJobRequest(const JobRequest& request) {
+  JobSpec spec;
+  if (!request.job_file.empty()) {
+    absl::StatusOr<JobSpec> read = ReadJobFile(UserPath(request.job_file));
+    if (!read.ok()) return read.status();
+    spec = *std::move(read);
+  }
+  ApplyRequest(request, spec);
+  // The schedule is the client's file, the data and run directory the server's: only the first is read here.
+  if (!request.schedule_file.empty()) {
+    std::ifstream in(UserPath(request.schedule_file));
+    std::stringstream text;
+    if (!in || !(text << in.rdbuf())) {
+      return Invalid(absl::StrCat("--schedule_file=", request.schedule_file, ": cannot read it: ", std::strerror(errno)));
+    }
+    spec.mutable_pipeline()->set_schedule_text(text.str());
+  }
+  return spec;
+}
+
 }  // namespace stagehand
