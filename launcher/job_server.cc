@@ -421,13 +421,13 @@ absl::Status JobServer::RevokeToken(const Caller& caller, const std::string& nam
 // The serve loop.
 
 void JobServer::Tick() {
-  std::vector<JobQueue::Grant> grants;
+  std::vector<DeviceQueue::Grant> grants;
   std::vector<std::pair<std::string, std::shared_ptr<Live>>> running;
   {
     absl::MutexLock lock(&mu_);
     if (!shutting_down_) grants = queue_.Schedule();
   }
-  for (const JobQueue::Grant& g : grants) StartGranted(g);
+  for (const DeviceQueue::Grant& g : grants) StartGranted(g);
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, live] : live_) {
@@ -437,7 +437,7 @@ void JobServer::Tick() {
   for (auto& [id, live] : running) Drive(id, *live);
 }
 
-void JobServer::StartGranted(const JobQueue::Grant& grant) {
+void JobServer::StartGranted(const DeviceQueue::Grant& grant) {
   std::shared_ptr<Live> live = LiveJob(grant.id);
   absl::StatusOr<JobRecord> record = Record(grant.id);
   if (live == nullptr || !record.ok()) {

@@ -78,7 +78,7 @@ class JobServer : public JobService {
   absl::StatusOr<JobRecord> Record(const std::string& id) const;
   control::JobInfo Info(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Live> LiveJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
-  void StartGranted(const JobQueue::Grant& grant);
+  void StartGranted(const DeviceQueue::Grant& grant);
   void Drive(const std::string& id, Live& live);
   void End(const std::string& id, Live& live, control::JobState state, int exit_code, const std::string& cause,
            int64_t steps_done);
@@ -88,7 +88,7 @@ class JobServer : public JobService {
   const std::unique_ptr<JobStore> store_;
   const std::unique_ptr<Access> access_;
   mutable absl::Mutex mu_;
-  JobQueue queue_ ABSL_GUARDED_BY(mu_);
+  DeviceQueue queue_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Live>> live_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool force_ ABSL_GUARDED_BY(mu_) = false;
