@@ -40,18 +40,6 @@ std::string RandomHex(int bytes) {
   return absl::BytesToHexString(raw);
 }
 
-bool ValidSubmissionId(const std::string& id) {
-  if (id.empty() || id.size() > 64) return false;
-  return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-  });
-}
-
-bool Ended(control::JobState s) {
-  return s == control::JOB_STATE_SUCCEEDED || s == control::JOB_STATE_FAILED || s == control::JOB_STATE_CANCELLED ||
-         s == control::JOB_STATE_LOST;
-}
-
 // A job's output as events: the launcher's lines (JobListener) and the workers' (the terminal writer
 // that the job's spawner forwards them to).
 class EventListener : public JobListener {
@@ -172,12 +160,12 @@ absl::StatusOr<std::unique_ptr<JobServer>> JobServer::Open(JobServerOptions opti
       (*store)->MarkRunningLost(absl::Now(), "lost: the server ended while the job ran");
   if (!lost.ok()) return lost.status();
   for (const JobRecord& r : *lost) notes.push_back(absl::StrCat("job ", r.id, " was running when the server ended: marked lost"));
-  absl::StatusOr<std::unique_ptr<Access>> access = Access::Load(store->get());
-  if (!access.ok()) return access.status();
-  absl::StatusOr<std::string> admin = EnsureAdminToken(**store, **access, options.state_dir);
+  absl::StatusOr<std::string> admin = EnsureAdminToken(**store, options.state_dir);
   if (!admin.ok()) return admin.status();
   if (!admin->empty()) notes.push_back(*admin);
-  std::unique_ptr<JobServer> server(new JobServer(std::move(options), *std::move(store), *std::move(access)));
+  auto access = std::make_unique<Access>(store->get());
+  if (absl::Status s = access->Load(); !s.ok()) return s;
+  std::unique_ptr<JobServer> server(new JobServer(std::move(options), *std::move(store), std::move(access)));
   absl::StatusOr<std::vector<JobRecord>> queued = server->store_->Queued();
   if (!queued.ok()) return queued.status();
   for (const JobRecord& r : *queued) {
@@ -188,7 +176,7 @@ absl::StatusOr<std::unique_ptr<JobServer>> JobServer::Open(JobServerOptions opti
                                       absl::StrCat("this host can no longer run it: ", fit.message()), 0);
       continue;
     }
-    server->queue_.Enqueue(r.id, r.devices);
+    if (absl::Status s = server->queue_.Enqueue(r.id, r.devices); !s.ok()) return s;
     server->live_[r.id] = live;
     notes.push_back(absl::StrCat("job ", r.id, " is queued again"));
     live->events.AddState(server->Info(r), false);
@@ -247,10 +235,8 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const control::SubmitJobRequest& 
 }
 
 absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const control::SubmitJobRequest& request) {
-  if (absl::Status s = access_->Allow(caller, Verb::kSubmit); !s.ok()) return s;
-  if (!ValidSubmissionId(request.submission_id())) {
-    return absl::InvalidArgumentError("submission_id must be 1 to 64 of [A-Za-z0-9._-] (the client makes one)");
-  }
+  if (absl::Status s = Allow(caller, Verb::kSubmit); !s.ok()) return s;
+  if (absl::Status s = ValidateName(request.submission_id(), "submission id"); !s.ok()) return s;
   absl::StatusOr<ResolvedJob> job = Resolve(request);
   if (!job.ok()) return job.status();
   JobRecord record;
@@ -265,9 +251,7 @@ absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const c
     record.devices.set_cpu_workers(record.spec.workers());
   }
   record.submitted = absl::Now();
-  std::string digest;
-  request.job().SerializeToString(&digest);
-  record.spec_digest = absl::StrCat(request.has_gpus() ? request.gpus() : -1, ":", absl::BytesToHexString(digest));
+  record.spec_digest = SubmissionDigest(request);
   absl::MutexLock lock(&mu_);
   if (absl::Status fit = queue_.CanEverFit(record.devices); !fit.ok()) return fit;
   absl::StatusOr<JobRecord> stored = store_->Insert(record);
@@ -275,7 +259,7 @@ absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const c
   if (stored->id != record.id) return Info(*stored);  // a retried submission: the first one's job
   auto live = std::make_shared<Live>();
   live_[record.id] = live;
-  queue_.Enqueue(record.id, record.devices);
+  if (absl::Status s = queue_.Enqueue(record.id, record.devices); !s.ok()) return s;
   control::JobInfo info = Info(*stored);
   live->events.AddState(info, false);
   for (const std::string& note : job->notes) live->events.AddLine(absl::StrCat("stagehand: ", note));
@@ -283,7 +267,7 @@ absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const c
 }
 
 absl::StatusOr<control::JobInfo> JobServer::Get(const Caller& caller, const std::string& id) {
-  if (absl::Status s = access_->Allow(caller, Verb::kView); !s.ok()) return s;
+  if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
   absl::StatusOr<JobRecord> record = Record(id);
   if (!record.ok()) return record.status();
   absl::MutexLock lock(&mu_);
@@ -292,8 +276,9 @@ absl::StatusOr<control::JobInfo> JobServer::Get(const Caller& caller, const std:
 
 absl::StatusOr<std::vector<control::JobInfo>> JobServer::List(const Caller& caller,
                                                               const control::ListJobsRequest& request) {
-  if (absl::Status s = access_->Allow(caller, Verb::kView); !s.ok()) return s;
-  std::vector<control::JobState> states(request.states().begin(), request.states().end());
+  if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
+  std::vector<control::JobState> states;
+  for (int s : request.states()) states.push_back(static_cast<control::JobState>(s));
   absl::StatusOr<std::vector<JobRecord>> records =
       store_->List(request.limit() > 0 ? std::min(request.limit(), 10000) : 100, states);
   if (!records.ok()) return records.status();
@@ -305,7 +290,7 @@ absl::StatusOr<std::vector<control::JobInfo>> JobServer::List(const Caller& call
 
 absl::StatusOr<EventBatch> JobServer::Events(const Caller& caller, const std::string& id, int64_t after_seq, bool lines,
                                              absl::Duration wait) {
-  if (absl::Status s = access_->Allow(caller, Verb::kView); !s.ok()) return s;
+  if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
   EventBatch batch;
   if (std::shared_ptr<Live> live = LiveJob(id)) {
     if (after_seq < 0 || after_seq > live->events.last_seq()) {
@@ -335,11 +320,11 @@ absl::StatusOr<EventBatch> JobServer::Events(const Caller& caller, const std::st
 absl::StatusOr<control::JobInfo> JobServer::Cancel(const Caller& caller, const std::string& id) {
   absl::StatusOr<JobRecord> record = Record(id);
   if (!record.ok()) return record.status();
-  if (absl::Status s = access_->Allow(caller, Verb::kCancel, record->submitted_by); !s.ok()) return s;
+  if (absl::Status s = Allow(caller, Verb::kCancel, record->submitted_by); !s.ok()) return s;
   std::shared_ptr<Live> live = LiveJob(id);
   absl::MutexLock lock(&mu_);
   if (record->state == control::JOB_STATE_QUEUED && live != nullptr && !live->running) {
-    queue_.Remove(id);
+    (void)queue_.Remove(id);
     (void)store_->SetCancelledBy(id, caller.name);
     if (absl::Status s = store_->MarkEnded(id, control::JOB_STATE_CANCELLED, absl::Now(), 128 + SIGTERM,
                                            absl::StrCat("cancelled by ", caller.name, " before it started"), 0);
@@ -364,7 +349,7 @@ absl::StatusOr<control::JobInfo> JobServer::Cancel(const Caller& caller, const s
 
 absl::StatusOr<LogRead> JobServer::ReadLog(const Caller& caller, const std::string& id, int rank, int64_t offset,
                                            int64_t max_bytes, absl::Duration wait) {
-  if (absl::Status s = access_->Allow(caller, Verb::kView); !s.ok()) return s;
+  if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
   absl::StatusOr<JobRecord> record = Record(id);
   if (!record.ok()) return record.status();
   if (record->run_dir.empty()) return absl::NotFoundError(absl::StrCat("job ", id, " has not started: no logs yet"));
@@ -393,7 +378,7 @@ absl::StatusOr<LogRead> JobServer::ReadLog(const Caller& caller, const std::stri
 
 absl::StatusOr<FileRead> JobServer::ReadFile(const Caller& caller, const std::string& id, const std::string& path,
                                              int64_t offset, int64_t max_bytes) {
-  if (absl::Status s = access_->Allow(caller, Verb::kView); !s.ok()) return s;
+  if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
   absl::StatusOr<JobRecord> record = Record(id);
   if (!record.ok()) return record.status();
   if (record->run_dir.empty()) return absl::NotFoundError(absl::StrCat("job ", id, " has not started: no files yet"));
@@ -409,25 +394,25 @@ absl::StatusOr<FileRead> JobServer::ReadFile(const Caller& caller, const std::st
 }
 
 absl::StatusOr<std::string> JobServer::MintToken(const Caller& caller, const std::string& name, control::Role role) {
-  if (absl::Status s = access_->Allow(caller, Verb::kMint); !s.ok()) return s;
+  if (absl::Status s = Allow(caller, Verb::kMint); !s.ok()) return s;
   return access_->Mint(name, role);
 }
 
 absl::Status JobServer::RevokeToken(const Caller& caller, const std::string& name) {
-  if (absl::Status s = access_->Allow(caller, Verb::kMint); !s.ok()) return s;
+  if (absl::Status s = Allow(caller, Verb::kMint); !s.ok()) return s;
   return access_->Revoke(name);
 }
 
 // The serve loop.
 
 void JobServer::Tick() {
-  std::vector<DeviceQueue::Grant> grants;
+  std::vector<Grant> grants;
   std::vector<std::pair<std::string, std::shared_ptr<Live>>> running;
   {
     absl::MutexLock lock(&mu_);
     if (!shutting_down_) grants = queue_.Schedule();
   }
-  for (const DeviceQueue::Grant& g : grants) StartGranted(g);
+  for (const Grant& g : grants) StartGranted(g);
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, live] : live_) {
@@ -437,12 +422,12 @@ void JobServer::Tick() {
   for (auto& [id, live] : running) Drive(id, *live);
 }
 
-void JobServer::StartGranted(const DeviceQueue::Grant& grant) {
+void JobServer::StartGranted(const Grant& grant) {
   std::shared_ptr<Live> live = LiveJob(grant.id);
   absl::StatusOr<JobRecord> record = Record(grant.id);
   if (live == nullptr || !record.ok()) {
     absl::MutexLock lock(&mu_);
-    queue_.Release(grant.id);
+    (void)queue_.Release(grant.id);
     return;
   }
   JobRunOptions ro;
@@ -527,7 +512,7 @@ void JobServer::End(const std::string& id, Live& live, control::JobState state, 
   live.terminal.reset();
   {
     absl::MutexLock lock(&mu_);
-    queue_.Release(id);
+    (void)queue_.Release(id);
     live.running = false;
   }
   Publish(id, live, true);

@@ -78,7 +78,7 @@ class JobServer : public JobService {
   absl::StatusOr<JobRecord> Record(const std::string& id) const;
   control::JobInfo Info(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Live> LiveJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
-  void StartGranted(const DeviceQueue::Grant& grant);
+  void StartGranted(const Grant& grant);
   void Drive(const std::string& id, Live& live);
   void End(const std::string& id, Live& live, control::JobState state, int exit_code, const std::string& cause,
            int64_t steps_done);
