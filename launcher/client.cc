@@ -151,7 +151,7 @@ void PrintEvent(const control::JobEvent& e, bool no_lines) {
     const ReportStepRequest& s = e.step();
     std::printf("step %lld rank %d%s, %.3f s\n", static_cast<long long>(s.step()), s.rank(),
                 s.has_loss() ? absl::StrFormat(": loss %.4f", s.loss()).c_str() : "", s.step_seconds());
-  } else if (no_lines && e.has_state()) {
+  } else if (e.has_state()) {  // with the lines too: the watch's last line is the final state
     const control::JobInfo& j = e.state();
     std::printf("job %s: %s%s%s\n", j.id().c_str(), StateName(j.state()).c_str(),
                 IsFinal(j.state()) ? absl::StrCat(" (exit code ", j.exit_code(), ")").c_str() : "",

@@ -34,11 +34,11 @@ absl::Status DeviceQueue::CanEverFit(const control::Devices& ask) const {
   const std::string cpus = Count(ask.cpu_workers(), "CPU worker", "CPU workers");
   if (ask.cpu_workers() > cpu_workers_ && cpu_workers_ == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "asks for ", cpus, " but this server runs none (--cpu_workers=0); pass --device=cuda or use another server"));
+        "asks for ", cpus, " but this server runs none (--max_cpu_workers=0); pass --device=cuda or use another server"));
   }
   if (ask.cpu_workers() > cpu_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("asks for ", cpus, " but this server runs at most ", cpu_workers_,
-                                                   " at once (--cpu_workers); pass --workers=", cpu_workers_,
+                                                   " at once (--max_cpu_workers); pass --workers=", cpu_workers_,
                                                    " or fewer"));
   }
   return absl::OkStatus();

@@ -72,13 +72,13 @@ TEST_F(ClientTest, Submit_JobFlags_PrintsTheIdLastAndSendsTheMergedSpec) {
   EXPECT_TRUE(absl::StartsWith(sent.submission_id(), "sub-"));
 }
 
-TEST_F(ClientTest, Watch_FailedJob_PrintsLinesAndExitsWithItsCode) {
+TEST_F(ClientTest, Watch_FailedJob_PrintsLinesAndStatesAndExitsWithItsCode) {
   fake_.AddJob("j");
   fake_.AddLine("j", "hello from rank 0");
   fake_.EndJob("j", control::JOB_STATE_FAILED, 3);
   Result r = Client("watch j");
   EXPECT_EQ(r.code, 3) << r.err;
-  EXPECT_EQ(r.out, "hello from rank 0\n");
+  EXPECT_EQ(r.out, "job j: running\nhello from rank 0\njob j: failed (exit code 3)\n");
 }
 
 TEST_F(ClientTest, Watch_NoLines_PrintsStates) {
