@@ -15,7 +15,9 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -262,6 +264,7 @@ absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const c
   if (absl::Status s = queue_.Enqueue(record.id, record.devices); !s.ok()) return s;
   control::JobInfo info = Info(*stored);
   live->events.AddState(info, false);
+  options_.log(absl::StrCat("job ", record.id, " (", record.spec.name(), ") from ", caller.name, ": queued"));
   for (const std::string& note : job->notes) live->events.AddLine(absl::StrCat("stagehand: ", note));
   return info;
 }
@@ -461,6 +464,7 @@ void JobServer::StartGranted(const Grant& grant) {
     absl::MutexLock lock(&mu_);
     live->running = true;
   }
+  options_.log(absl::StrCat("job ", grant.id, ": running, run directory ", run_dir));
   Publish(grant.id, *live, false);
 }
 
@@ -504,6 +508,8 @@ void JobServer::Drive(const std::string& id, Live& live) {
 
 void JobServer::End(const std::string& id, Live& live, control::JobState state, int exit_code, const std::string& cause,
                     int64_t steps_done) {
+  options_.log(absl::StrCat("job ", id, ": ", absl::AsciiStrToLower(absl::StripPrefix(control::JobState_Name(state), "JOB_STATE_")),
+                            " (exit ", exit_code, ")", cause.empty() ? "" : ": ", cause));
   if (absl::Status s = store_->MarkEnded(id, state, absl::Now(), exit_code, cause, steps_done); !s.ok()) {
     live.events.AddLine(absl::StrCat("stagehand: ", s.message()));
   }

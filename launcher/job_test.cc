@@ -129,6 +129,19 @@ TEST(JobTest, ResolveJob_NoModelWithSteps_KeepsTheSteps) {
   EXPECT_EQ(job->spec.steps(), 7);
 }
 
+// A server's submission: the spec carries what the client typed.
+TEST(JobTest, ResolveJob_SubmittedSpecNoModelWithSteps_KeepsTheStepsAndLr) {
+  JobRequest r;
+  r.spec.emplace();
+  r.spec->set_steps(5);
+  r.spec->set_lr(0.01);
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.model(), "tiny");
+  EXPECT_EQ(job->spec.steps(), 5);
+  EXPECT_DOUBLE_EQ(job->spec.lr(), 0.01);
+}
+
 TEST(JobTest, ResolveJob_DeviceCpuWithWorkers_RunsThatManyCpuWorkersWithoutNote) {
   JobRequest r;
   r.device = "cpu";
