@@ -326,8 +326,8 @@ absl::StatusOr<control::JobInfo> JobServer::Cancel(const Caller& caller, const s
   if (absl::Status s = Allow(caller, Verb::kCancel, record->submitted_by); !s.ok()) return s;
   std::shared_ptr<Live> live = LiveJob(id);
   absl::MutexLock lock(&mu_);
-  if (record->state == control::JOB_STATE_QUEUED && live != nullptr && !live->running) {
-    (void)queue_.Remove(id);
+  // The queue decides, not the record read above: the serve loop may have granted the job since.
+  if (live != nullptr && queue_.Remove(id).ok()) {
     (void)store_->SetCancelledBy(id, caller.name);
     if (absl::Status s = store_->MarkEnded(id, control::JOB_STATE_CANCELLED, absl::Now(), 128 + SIGTERM,
                                            absl::StrCat("cancelled by ", caller.name, " before it started"), 0);
@@ -338,9 +338,12 @@ absl::StatusOr<control::JobInfo> JobServer::Cancel(const Caller& caller, const s
     if (!ended.ok()) return ended.status();
     control::JobInfo info = Info(*ended);
     live->events.AddState(info, true);
+    options_.log(absl::StrCat("job ", id, ": cancelled by ", caller.name, " before it started"));
     return info;
   }
-  if (live != nullptr && live->running) {
+  // Granted or running: the serve loop stops it (SIGTERM, then SIGKILL after the grace period; a
+  // second cancel kills at once).
+  if (live != nullptr && !live->events.ended()) {
     ++live->cancels;
     if (live->cancelled_by.empty()) {
       live->cancelled_by = caller.name;
