@@ -1,4 +1,4 @@
-// HMAC-SHA256 and constant-time comparison from libcrypto (already in every process that links gRPC),
+// SHA-256, HMAC-SHA256 and constant-time comparison from libcrypto (already in every process that links gRPC),
 // random bytes from getrandom(2).
 #include "common/crypto.h"
 
@@ -15,6 +15,17 @@
 #include "common/fd.h"
 
 namespace stagehand {
+
+Sha256Digest Sha256(absl::string_view data) {
+  Sha256Digest out{};
+  unsigned int len = 0;
+  // As with HMAC below: EVP_Digest fails only when libcrypto cannot allocate.
+  if (EVP_Digest(data.data(), data.size(), out.data(), &len, EVP_sha256(), nullptr) != 1 || len != out.size()) {
+    std::fputs("stagehand: SHA-256 failed in libcrypto (out of memory?)\n", stderr);
+    std::abort();
+  }
+  return out;
+}
 
 Sha256Digest HmacSha256(absl::string_view key, absl::string_view message) {
   Sha256Digest out{};

@@ -1,5 +1,5 @@
-// The few cryptographic primitives stagehand needs, over OpenSSL's libcrypto: HMAC-SHA256, a
-// constant-time comparison, and fresh random bytes from the kernel (getrandom(2)).
+// The few cryptographic primitives stagehand needs, over OpenSSL's libcrypto: SHA-256, HMAC-SHA256,
+// a constant-time comparison, and fresh random bytes from the kernel (getrandom(2)).
 #ifndef STAGEHAND_COMMON_CRYPTO_H_
 #define STAGEHAND_COMMON_CRYPTO_H_
 
@@ -14,6 +14,9 @@ namespace stagehand {
 
 inline constexpr size_t kSha256Bytes = 32;
 using Sha256Digest = std::array<uint8_t, kSha256Bytes>;
+
+// SHA-256 (FIPS 180-4) of `data`: the server keeps a client token's hash, never the token.
+Sha256Digest Sha256(absl::string_view data);
 
 // HMAC-SHA256 (RFC 2104, FIPS 180-4) of `message` under `key`; any key length (longer than the block
 // size is hashed first, as the RFC says).

@@ -1,4 +1,4 @@
-// Tests of common/crypto.h: the RFC 4231 HMAC-SHA256 vectors, the comparison, and random bytes.
+// Tests of common/crypto.h: the FIPS 180-4 SHA-256 examples, the RFC 4231 HMAC-SHA256 vectors, the comparison, and random bytes.
 #include "common/crypto.h"
 
 #include <string>
@@ -19,6 +19,14 @@ struct Vector {
   std::string data;
   const char* hmac;
 };
+
+// FIPS 180-4's examples (NIST's "SHA256.pdf"): one block, two blocks, and the empty message.
+TEST(CryptoTest, Sha256_FipsExamples_MatchTheStandard) {
+  EXPECT_EQ(Hex(Sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Hex(Sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(Hex(Sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
 
 // RFC 4231 section 4 (test case 5 is truncated output, which we never use).
 TEST(CryptoTest, HmacSha256_Rfc4231Vectors_MatchTheRfc) {

@@ -72,9 +72,18 @@ absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv) {
 }
 
 std::string FlagsHelp(absl::string_view usage, absl::string_view file_suffix) {
+  return FlagsHelp(usage, std::vector<std::string>{std::string(file_suffix)});
+}
+
+std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes) {
   std::vector<absl::CommandLineFlag*> flags;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (absl::EndsWith(flag->Filename(), file_suffix)) flags.push_back(flag);
+    for (const std::string& suffix : file_suffixes) {
+      if (absl::EndsWith(flag->Filename(), suffix)) {
+        flags.push_back(flag);
+        break;
+      }
+    }
   }
   std::sort(flags.begin(), flags.end(), [](auto* a, auto* b) { return a->Name() < b->Name(); });
   std::string out = absl::StrCat(usage, "\n\nFlags:\n");

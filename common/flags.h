@@ -7,6 +7,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -23,6 +24,8 @@ absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv);
 
 // The usage message followed by every flag defined in a file whose path ends with `file_suffix`.
 std::string FlagsHelp(absl::string_view usage, absl::string_view file_suffix);
+// The same over the flags of several files (a binary's own and a shared library's), sorted together.
+std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes);
 
 }  // namespace stagehand
 

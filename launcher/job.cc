@@ -272,11 +272,12 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
 // The job of a bare `launcher`: a model that visibly learns, sized to what the devices show. On CPU
 // workers the tiny GPT, whose loss falls from ln 256 = 5.5 to about 1 within seconds; on GPUs the
 // reference gpt-1.3b for long enough to show what they give. Flags the user set are kept.
-void ChooseDefaultModel(const JobRequest& r, ResolvedJob& out) {
+// `steps_given`, `lr_given`: set by a flag, the job file or a submitted spec, before the defaults.
+void ChooseDefaultModel(const JobRequest& r, bool steps_given, bool lr_given, ResolvedJob& out) {
   const bool cpu = out.spec.device() == "cpu";
   out.spec.set_model(cpu ? "tiny" : "gpt-1.3b");
-  if (r.job_file.empty() && !r.steps) out.spec.set_steps(cpu ? 200 : 30);
-  if (r.job_file.empty() && !r.lr) out.spec.set_lr(cpu ? 3e-3 : 1e-4);
+  if (r.job_file.empty() && !steps_given) out.spec.set_steps(cpu ? 200 : 30);
+  if (r.job_file.empty() && !lr_given) out.spec.set_lr(cpu ? 3e-3 : 1e-4);
   out.notes.push_back(absl::StrCat("no --model given: training ", out.spec.model(), " for ", out.spec.steps(),
                                    " steps (--model=allreduce runs the checked collective instead)"));
 }
@@ -416,7 +417,7 @@ absl::StatusOr<JobSpec> ReadJobFile(const std::string& path) {
 
 // The job file and the token file are the user's paths: relative to where they ran `bazel run`.
 absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
-  JobSpec spec;
+  JobSpec spec = r.spec.value_or(JobSpec());
   if (!r.job_file.empty()) {
     absl::StatusOr<JobSpec> read = ReadJobFile(UserPath(r.job_file));
     if (!read.ok()) return read.status();
@@ -445,10 +446,11 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   out.spec = *std::move(merged);
   // Ranges first, on what the user wrote or typed: a 0 is refused, never taken for "unset".
   if (absl::Status s = ValidateRanges(request, out.spec); !s.ok()) return s;
+  const bool steps_given = out.spec.has_steps(), lr_given = out.spec.has_lr();
   ApplyDefaults(out.spec);
   if (absl::Status s = ValidateRelations(out.spec); !s.ok()) return s;
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
-  if (out.spec.model().empty()) ChooseDefaultModel(request, out);
+  if (out.spec.model().empty()) ChooseDefaultModel(request, steps_given, lr_given, out);
   if (!request.schedule_file.empty()) {
     if (absl::Status s = ReadScheduleFile(request, out.spec); !s.ok()) return s;
   }
@@ -462,6 +464,26 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   }
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());
   return out;
+}
+
+absl::StatusOr<JobSpec> MergeJobRequest(const JobRequest& request) {
+  JobSpec spec;
+  if (!request.job_file.empty()) {
+    absl::StatusOr<JobSpec> read = ReadJobFile(UserPath(request.job_file));
+    if (!read.ok()) return read.status();
+    spec = *std::move(read);
+  }
+  ApplyRequest(request, spec);
+  // The schedule is the client's file, the data and run directory the server's: only the first is read here.
+  if (!request.schedule_file.empty()) {
+    std::ifstream in(UserPath(request.schedule_file));
+    std::stringstream text;
+    if (!in || !(text << in.rdbuf())) {
+      return Invalid(absl::StrCat("--schedule_file=", request.schedule_file, ": cannot read it: ", std::strerror(errno)));
+    }
+    spec.mutable_pipeline()->set_schedule_text(text.str());
+  }
+  return spec;
 }
 
 }  // namespace stagehand

@@ -19,6 +19,7 @@ namespace stagehand {
 // and a typed flag wins, bools too (--timing=false over `timing: true`).
 struct JobRequest {
   std::string job_file;           // protobuf text format JobSpec; "" for none
+  std::optional<JobSpec> spec;    // a JobSpec given whole in place of job_file (a server's submission)
   std::optional<int> gpus;        // --gpus
   std::string device;             // --device: "" (not given), "auto", "cuda", "cpu"
   std::optional<int> workers;     // --workers (CPU workers; with cuda it must equal the GPU count)
@@ -73,6 +74,12 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
 inline constexpr int kMaxWorkers = 1024;
 inline constexpr int kCpuWorkersPerCore = 8;              // CPU workers beyond this many per core are refused
 inline constexpr int64_t kMaxSeq = int64_t{1} << 17;
+
+// What `client submit` sends: the job file (relative to the user's directory) with the typed flags
+// over it and --schedule_file read into pipeline.schedule_text, nothing resolved or defaulted (the
+// server does that, with its devices and its paths; --gpus travels beside it). INVALID_ARGUMENT
+// naming the file that cannot be read or parsed.
+absl::StatusOr<JobSpec> MergeJobRequest(const JobRequest& request);
 
 // Reads a JobSpec in protobuf text format. INVALID_ARGUMENT naming the file and what is wrong.
 absl::StatusOr<JobSpec> ReadJobFile(const std::string& path);

@@ -129,6 +129,19 @@ TEST(JobTest, ResolveJob_NoModelWithSteps_KeepsTheSteps) {
   EXPECT_EQ(job->spec.steps(), 7);
 }
 
+// A server's submission: the spec carries what the client typed.
+TEST(JobTest, ResolveJob_SubmittedSpecNoModelWithSteps_KeepsTheStepsAndLr) {
+  JobRequest r;
+  r.spec.emplace();
+  r.spec->set_steps(5);
+  r.spec->set_lr(0.01);
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.model(), "tiny");
+  EXPECT_EQ(job->spec.steps(), 5);
+  EXPECT_DOUBLE_EQ(job->spec.lr(), 0.01);
+}
+
 TEST(JobTest, ResolveJob_DeviceCpuWithWorkers_RunsThatManyCpuWorkersWithoutNote) {
   JobRequest r;
   r.device = "cpu";
@@ -573,6 +586,44 @@ TEST(JobTest, ResolveJob_RunDirInJobFile_IsKeptResolved) {
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.run_dir(), "/tmp/somewhere");
+}
+
+}  // namespace
+}  // namespace stagehand
+
+namespace stagehand {
+namespace {
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp ? tmp : "/tmp") + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(MergeJobRequestTest, JobFileAndFlags_FlagsWinNothingResolved) {
+  JobRequest request;
+  request.job_file = WriteTemp("merge.textproto", "name: \"n\" steps: 5 data: \"rel/tokens.bin\" timing: true");
+  request.steps = 7;
+  request.timing = false;
+  request.gpus = 3;
+  request.schedule_file = WriteTemp("merge.schedule", "0F0 0B0\n");
+  absl::StatusOr<JobSpec> spec = MergeJobRequest(request);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "n");
+  EXPECT_EQ(spec->steps(), 7);
+  EXPECT_FALSE(spec->timing());
+  EXPECT_EQ(spec->data(), "rel/tokens.bin");  // the server's path, as written
+  EXPECT_EQ(spec->pipeline().schedule_text(), "0F0 0B0\n");
+  EXPECT_TRUE(spec->model().empty());  // no default chosen here
+}
+
+TEST(MergeJobRequestTest, MissingScheduleFile_IsInvalidArgumentNamingIt) {
+  JobRequest request;
+  request.schedule_file = "/nonexistent/s.txt";
+  absl::StatusOr<JobSpec> spec = MergeJobRequest(request);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(spec.status().message().find("--schedule_file=/nonexistent/s.txt"), std::string::npos);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // coordinator, create the run directory (after everything that can refuse), spawn and supervise the
 // workers, write steps.csv as steps arrive, handle SIGINT/SIGTERM/SIGHUP, write the reports (each
 // whole or absent), print the root cause or the summary and the startup ledger. Returns the
-// launcher's exit code (supervisor.h lists them; kExitWriteFailed below).
+// launcher's exit code (supervisor.h lists them; kExitWriteFailed is in job_run.h).
 #ifndef STAGEHAND_LAUNCHER_LAUNCH_H_
 #define STAGEHAND_LAUNCHER_LAUNCH_H_
 
@@ -13,13 +13,10 @@
 #include "absl/status/statusor.h"
 #include "launcher/devices.h"
 #include "launcher/job.h"
+#include "launcher/job_run.h"
 #include "protos/job.pb.h"
 
 namespace stagehand {
-
-// The run's results could not be written (a full disk, an I/O error, permissions): the run was
-// stopped, and what is in the run directory is whole but not everything. Beside supervisor.h's codes.
-inline constexpr int kExitWriteFailed = 5;
 
 // The launcher's version (--version), bumped with each release; the wire protocol has its own number
 // (kProtocolVersion, launcher/coordinator_service.h).

@@ -316,6 +316,22 @@ void OutputForwarder::Emit(absl::string_view line) {
   terminal_->Submit(out, log_path_);
 }
 
+class PosixProcessSpawner;
+
+// One reaper for the whole process. waitpid(-1) takes any child's exit (it must: as a subreaper we
+// also inherit orphaned grandchildren, which only waitpid(-1) reaps), so with two spawners in one
+// process (two jobs of one server) each exit is handed to the spawner that forked that pid. Lock
+// order: this mutex, then a spawner's.
+struct ChildRegistry {
+  absl::Mutex mu;
+  absl::flat_hash_map<int, PosixProcessSpawner*> owners ABSL_GUARDED_BY(mu);
+};
+
+ChildRegistry& Children() {
+  static ChildRegistry* registry = new ChildRegistry;  // never destroyed: forwarders may outlive main
+  return *registry;
+}
+
 class PosixProcessSpawner : public ProcessSpawner {
  public:
   explicit PosixProcessSpawner(TerminalWriter* terminal)
@@ -338,6 +354,9 @@ class PosixProcessSpawner : public ProcessSpawner {
   void Abandon(int pid);
   void Started(int pid, std::shared_ptr<OutputForwarder> output);
   void JoinFinishedForwarders() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every exit waiting in the process, each handed to its spawner's Deliver.
+  static void ReapAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(Children().mu);
+  void Deliver(const ProcessExit& exit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(Children().mu);
 
   TerminalWriter* const terminal_;
   UniqueFd stop_fd_;  // an eventfd written once, by the destructor
@@ -354,6 +373,11 @@ class PosixProcessSpawner : public ProcessSpawner {
 };
 
 PosixProcessSpawner::~PosixProcessSpawner() {
+  {
+    ChildRegistry& children = Children();
+    absl::MutexLock lock(&children.mu);
+    absl::erase_if(children.owners, [this](const auto& entry) { return entry.second == this; });
+  }
   std::vector<std::shared_ptr<OutputForwarder>> forwarders;
   {
     absl::MutexLock lock(&mu_);
@@ -397,12 +421,15 @@ absl::StatusOr<int> PosixProcessSpawner::Fork(const SpawnFds& fds, const ExecArg
   const ChildFds child_fds{fds.dev_null.get(), fds.output.write.get(), fds.secret_read.get(),
                            fds.status.write.get(), max_fd_};
   const pid_t parent_pid = getpid();
-  // Held across fork so that Reap cannot reap (and drop) the child before it is in starting_.
+  // Both held across fork so that no Reap (of any spawner) can reap the child before it is ours.
+  ChildRegistry& children = Children();
+  absl::MutexLock registry_lock(&children.mu);
   absl::MutexLock lock(&mu_);
   const pid_t pid = fork();
   if (pid == 0) ExecChild(child_fds, parent_pid, args.argv(), args.envp());
   if (pid < 0) return absl::ErrnoToStatus(errno, "fork");
   starting_.insert(pid);
+  children.owners[pid] = this;
   return pid;
 }
 
@@ -410,7 +437,10 @@ absl::StatusOr<int> PosixProcessSpawner::Fork(const SpawnFds& fds, const ExecArg
 void PosixProcessSpawner::Abandon(int pid) {
   while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
   }  // ECHILD: a concurrent Reap got it first and kept it in early_exits_
+  ChildRegistry& children = Children();
+  absl::MutexLock registry_lock(&children.mu);
   absl::MutexLock lock(&mu_);
+  children.owners.erase(pid);
   starting_.erase(pid);
   early_exits_.erase(pid);
 }
@@ -452,22 +482,38 @@ void PosixProcessSpawner::SignalGroup(int pid, int signal) {
 }
 
 std::vector<ProcessExit> PosixProcessSpawner::Reap() {
+  {
+    absl::MutexLock registry_lock(&Children().mu);
+    ReapAll();
+  }
   absl::MutexLock lock(&mu_);
   std::vector<ProcessExit> exits;
   exits.swap(unreported_);
+  return exits;
+}
+
+void PosixProcessSpawner::ReapAll() {
+  ChildRegistry& children = Children();
   while (true) {
     int wait_status = 0;
     const pid_t pid = waitpid(-1, &wait_status, WNOHANG);
     if (pid < 0 && errno == EINTR) continue;
     if (pid <= 0) break;  // 0: none ended; ECHILD: no children at all
-    const ProcessExit exit = ToProcessExit(pid, wait_status);
-    if (running_.erase(pid) > 0) {
-      exits.push_back(exit);
-    } else if (starting_.contains(pid)) {
-      early_exits_[pid] = exit;
-    }  // else an orphaned grandchild, reparented to us as subreaper: reaped so it is no zombie
+    auto owner = children.owners.find(pid);
+    if (owner == children.owners.end()) continue;  // an orphaned grandchild: reaped so it is no zombie
+    PosixProcessSpawner* spawner = owner->second;
+    children.owners.erase(owner);
+    spawner->Deliver(ToProcessExit(pid, wait_status));
   }
-  return exits;
+}
+
+void PosixProcessSpawner::Deliver(const ProcessExit& exit) {
+  absl::MutexLock lock(&mu_);
+  if (running_.erase(exit.pid) > 0) {
+    unreported_.push_back(exit);
+  } else if (starting_.contains(exit.pid)) {
+    early_exits_[exit.pid] = exit;
+  }
 }
 
 void PosixProcessSpawner::DrainOutput(int pid, absl::Duration timeout) {

@@ -587,3 +587,26 @@ TEST(FakeProcessSpawnerTest, SetExitOnSignal_SignalEndsRunningPidOnce) {
 
 }  // namespace
 }  // namespace stagehand
+
+namespace stagehand {
+namespace {
+
+// Two jobs of one server have a spawner each; waitpid(-1) in one must not take the other's exits.
+TEST_F(ProcessTest, Reap_TwoSpawners_EachReportsOnlyItsOwnChildren) {
+  std::unique_ptr<ProcessSpawner> other = NewPosixProcessSpawner();
+  absl::StatusOr<int> theirs = other->Spawn(ShellSpec("exit 7"));
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  const int ours = Spawn(ShellSpec("exit 3"));
+  EXPECT_EQ(WaitForExit(ours).exit_code, 3);
+  std::map<int, ProcessExit> their_exits;
+  ASSERT_TRUE(WaitFor([&] {
+    for (const ProcessExit& e : other->Reap()) their_exits[e.pid] = e;
+    return their_exits.count(*theirs) > 0;
+  }));
+  EXPECT_EQ(their_exits[*theirs].exit_code, 7);
+  EXPECT_EQ(their_exits.size(), 1u);
+  EXPECT_EQ(exits_.count(*theirs), 0u) << "our Reap reported the other spawner's child";
+}
+
+}  // namespace
+}  // namespace stagehand

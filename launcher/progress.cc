@@ -41,30 +41,28 @@ void Progress::PrintStep(const ReportStepRequest& r, const JobSpec& job) {
 }
 
 void Progress::Done() {
-  if (bar_ && drawn_) std::fprintf(out_, "\n");
+  if (bar_ && drawn_) write_("\n");
   if (busbw_count_ > 0) {
-    std::fprintf(out_, "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : %.3f GB/s (%d ranks, %d steps)\n",
-                 busbw_sum_ / busbw_count_, ranks_, busbw_count_);
+    write_(absl::StrFormat("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : %.3f GB/s (%d ranks, %d steps)\n",
+                 busbw_sum_ / busbw_count_, ranks_, busbw_count_));
     busbw_count_ = 0;
   }
-  std::fflush(out_);
 }
 
 void Progress::PrintAllReduceStep(const ReportStepRequest& r, const JobSpec& job) {
   if (!header_) {
-    std::fputs(AllReduceHeader().c_str(), out_);
+    write_(AllReduceHeader());
     header_ = true;
   }
   ranks_ = job.workers();
   const std::string row = AllReduceRow(job.tensor_elements(), ranks_, r.step_seconds());
-  std::fputs(row.c_str(), out_);
+  write_(row);
   const double bytes = 4.0 * job.tensor_elements();
   // The first step includes the transport's warm-up: the average leaves it out, as nccl-tests' does.
   if (r.step() > 0 && r.step_seconds() > 0) {
     busbw_sum_ += bytes / r.step_seconds() / 1e9 * 2.0 * (ranks_ - 1) / ranks_;
     ++busbw_count_;
   }
-  std::fflush(out_);
 }
 
 void Progress::PrintModelStep(const ReportStepRequest& r, const JobSpec& job) {
@@ -83,14 +81,12 @@ void Progress::PrintModelStep(const ReportStepRequest& r, const JobSpec& job) {
     absl::StrAppend(&text, absl::StrFormat("  ETA %.0f s", eta));
   }
   if (!bar_) {
-    std::fprintf(out_, "stagehand: %s\n", text.c_str());
+    write_(absl::StrCat("stagehand: ", text, "\n"));
   } else {
     const int width = 30, done = static_cast<int>(width * (r.step() + 1) / std::max<int64_t>(1, job.steps()));
-    std::fprintf(out_, "\r[%s%s] %s\x1b[K", std::string(done, '#').c_str(), std::string(width - done, '.').c_str(),
-                 text.c_str());
+    write_(absl::StrCat("\r[", std::string(done, '#'), std::string(width - done, '.'), "] ", text, "\x1b[K"));
     drawn_ = true;
   }
-  std::fflush(out_);
 }
 
 }  // namespace stagehand

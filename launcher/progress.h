@@ -8,7 +8,11 @@
 
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <string>
+#include <utility>
+
+#include "absl/strings/string_view.h"
 
 #include "absl/time/time.h"
 #include "launcher/coordinator.h"
@@ -19,7 +23,13 @@ namespace stagehand {
 class Progress {
  public:
   // `out` is where lines go (stdout in the launcher); `bar` redraws one line in place.
-  explicit Progress(bool bar, std::FILE* out = stdout) : bar_(bar), out_(out) {}
+  explicit Progress(bool bar, std::FILE* out = stdout)
+      : Progress(bar, [out](absl::string_view text) {
+          std::fwrite(text.data(), 1, text.size(), out);
+          std::fflush(out);
+        }) {}
+  // Text (whole lines, or a bar's redraw) goes to `write` (a served job's events).
+  Progress(bool bar, std::function<void(absl::string_view)> write) : bar_(bar), write_(std::move(write)) {}
   // Prints what arrived since the last call.
   void Update(const CoordinatorState& state);
   // Ends the bar's line; for the all-reduce, the footer.
@@ -37,7 +47,7 @@ class Progress {
   void PrintAllReduceStep(const ReportStepRequest& r, const JobSpec& job);
 
   const bool bar_;
-  std::FILE* const out_;
+  const std::function<void(absl::string_view)> write_;
   size_t seen_ = 0;  // step reports read so far
   bool drawn_ = false;
   bool header_ = false;

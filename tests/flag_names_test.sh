@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Every --flag a message in launcher/*.cc names is a flag that exists: the launcher's (its --help) or,
-# for the command lines it gives workers, the worker's (ABSL_FLAG in worker/). Tests are exempt.
+# for the command lines it gives workers, the worker's (ABSL_FLAG in worker/), or the client's (the
+# control service's messages tell its users what to pass). Tests are exempt.
 set -u
 cd "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stagehand}" 2>/dev/null || true
 shopt -s nullglob
 sources=()
 for f in launcher/*.cc; do [[ "$f" == *_test.cc ]] || sources+=("$f"); done
 [ "${#sources[@]}" -gt 10 ] || { echo "flag_names: sources not found in $PWD"; exit 1; }
-defined=$( { launcher/launcher --help | grep -oE '^  --[a-z0-9_]+' | sed 's/^  --//';
+defined=$( { { launcher/launcher --help; launcher/client --help; } | grep -oE '^  --[a-z0-9_]+' | sed 's/^  --//';
+             echo help;  # ParseFlags' own
              grep -hoE 'ABSL_FLAG\([^,]+, *[a-z0-9_]+' worker/*.cc | sed -E 's/.*, *//'; } | sort -u)
 [ -n "$defined" ] || { echo "flag_names: launcher --help listed no flags"; exit 1; }
 status=0

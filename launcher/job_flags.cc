@@ -1,0 +1,125 @@
+// The job flags (job_flags.h): the one definition of each, for the launcher and the client.
+#include "launcher/job_flags.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(int, gpus, -1, "GPUs to use, one worker each: the first N visible (default: all visible; "
+                         "with none visible, 2 CPU workers)");
+ABSL_FLAG(std::string, device, "auto", "auto (GPUs when any is visible, else CPU workers), cuda or cpu");
+ABSL_FLAG(int, workers, -1, "number of CPU workers with --device=cpu (default 2; at most what the machine's memory "
+                             "holds at 256 MiB each and 8 per core; a warning beyond the cores)");
+ABSL_FLAG(int64_t, steps, -1, "steps to run (default 10; 200 for the bare CPU run, 30 for the bare GPU run)");
+ABSL_FLAG(std::string, model, "", "what the job trains (or runs, --inference) as a pipeline: tiny or gpt-1.3b "
+                                  "(GPT), llama-tiny or tinyllama-1.1b (Llama), a family of --worker_binary's; "
+                                  "or allreduce, a checked all-reduce of --tensor_elements floats per step "
+                                  "(default: tiny on CPU workers, gpt-1.3b on GPUs)");
+ABSL_FLAG(int64_t, tensor_elements, -1, "elements of the all-reduced tensor (default 1048576)");
+ABSL_FLAG(int64_t, seed, -1, "random seed (default 0)");
+ABSL_FLAG(std::string, job, "", "a JobSpec in protobuf text format (protos/job.proto); every flag you type "
+                               "overrides its field, bools too (--timing=false over timing: true)");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, -1, "a worker silent this long is dead (default 10000)");
+ABSL_FLAG(int64_t, progress_timeout_ms, -1, "a run with no finished step for this long is stalled (default 300000)");
+ABSL_FLAG(int64_t, register_timeout_ms, -1, "every worker must register within this (default 60000)");
+ABSL_FLAG(int64_t, nccl_init_timeout_ms, -1, "communicator setup deadline (default 60000)");
+ABSL_FLAG(int, pipeline_stages, -1, "GPT: pipeline stages, one per worker (default: the worker count)");
+ABSL_FLAG(std::string, schedule, "", "GPT: gpipe or 1f1b (default 1f1b)");
+ABSL_FLAG(int, micro_batches, -1, "GPT: micro-batches per step (default max(8, stages); at most 65536)");
+ABSL_FLAG(int64_t, global_batch, -1, "GPT: sequences per step (default 32)");
+ABSL_FLAG(std::string, partition, "", "GPT: auto (profiled, balanced), uniform, or pipeline-layer counts like 27,23 (the embedding, each block's attention and MLP halves, the head)");
+ABSL_FLAG(int64_t, vocab, -1, "GPT: vocabulary size (default: the preset's)");
+ABSL_FLAG(int64_t, hidden, -1, "GPT: hidden size (default: the preset's)");
+ABSL_FLAG(int64_t, heads, -1, "GPT: attention heads (default: the preset's)");
+ABSL_FLAG(int64_t, kv_heads, -1, "Llama: key/value heads of grouped-query attention (default: the preset's)");
+ABSL_FLAG(int64_t, ffn_hidden, -1, "Llama: the SwiGLU MLP's inner width (default: the preset's)");
+ABSL_FLAG(std::vector<std::string>, model_option, {},
+          "KEY=VALUE settings for a model family of your own worker binary (comma-separated)");
+ABSL_FLAG(std::string, schedule_file, "",
+          "a pipeline schedule as data: one line of actions per rank (\"0F0 0SEND_F0 ...\", see schedule/schedule.h)");
+ABSL_FLAG(int64_t, layers, -1, "GPT: transformer blocks (default: the preset's)");
+ABSL_FLAG(int64_t, seq, -1, "GPT: sequence length (default: the preset's; at most 131072)");
+ABSL_FLAG(bool, fp32, false, "GPT: no bf16 autocast");
+ABSL_FLAG(bool, fused_layernorm, true,
+          "GPT on GPUs: each LayerNorm that feeds a GEMM writes its bf16 output in one kernel of ours "
+          "(false: ATen's fp32 LayerNorm, then a cast, as PyTorch's autocast runs it)");
+ABSL_FLAG(std::string, attention, "",
+          "GPT on GPUs: the attention kernel, cudnn (default; cuDNN's fused attention), flash "
+          "(FlashAttention-2), or torch (LibTorch's own choice, as PyTorch makes it)");
+ABSL_FLAG(std::string, data, "", "GPT: a file of uint16 tokens (nanoGPT layout); default: the synthetic corpus");
+ABSL_FLAG(double, lr, -1, "GPT: AdamW learning rate, finite, 0 < lr <= 10 (default 1e-4; 3e-3 for the bare CPU run)");
+ABSL_FLAG(bool, inference, false, "GPT: forward-only pipeline over --global_batch sequences per step");
+ABSL_FLAG(bool, save_params, false, "GPT: each rank writes its final parameters to the run directory");
+ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and trace.json)");
+ABSL_FLAG(bool, telemetry, true,
+          "GPU workers sample their GPU's clocks, power, temperature and throttle reasons through NVML (10 Hz) "
+          "for steps.csv, report.json and trace.json");
+ABSL_FLAG(std::string, health, "",
+          "the GPU health gate before the first step: warn (default; a GPU with uncorrected ECC errors or "
+          "pending remaps is refused, throttling at rest, a degraded PCIe link or no peer access warned), "
+          "strict (warnings refuse too) or off");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "on GPUs, 1F1B and inference stages replay each micro-batch's forward and backward as CUDA graphs "
+          "captured once (after step 0), which takes the CPU's launch cost off small micro-batches");
+ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
+
+namespace stagehand {
+namespace {
+
+template <typename T>
+std::optional<T> Given(const ParsedFlags& p, const char* name, const absl::Flag<T>& flag) {
+  if (p.given.count(name) == 0) return std::nullopt;
+  return absl::GetFlag(flag);
+}
+
+}  // namespace
+
+JobRequest JobRequestFromFlags(const ParsedFlags& p) {
+  JobRequest j;
+  j.job_file = absl::GetFlag(FLAGS_job);
+  j.gpus = Given(p, "gpus", FLAGS_gpus);
+  if (p.given.count("device")) j.device = absl::GetFlag(FLAGS_device);
+  j.workers = Given(p, "workers", FLAGS_workers);
+  j.steps = Given(p, "steps", FLAGS_steps);
+  j.model = absl::GetFlag(FLAGS_model);
+  j.tensor_elements = Given(p, "tensor_elements", FLAGS_tensor_elements);
+  j.seed = Given(p, "seed", FLAGS_seed);
+  j.heartbeat_timeout_ms = Given(p, "heartbeat_timeout_ms", FLAGS_heartbeat_timeout_ms);
+  j.progress_timeout_ms = Given(p, "progress_timeout_ms", FLAGS_progress_timeout_ms);
+  j.register_timeout_ms = Given(p, "register_timeout_ms", FLAGS_register_timeout_ms);
+  j.nccl_init_timeout_ms = Given(p, "nccl_init_timeout_ms", FLAGS_nccl_init_timeout_ms);
+  j.grace_ms = Given(p, "grace_period_ms", FLAGS_grace_period_ms);
+  j.pipeline_stages = Given(p, "pipeline_stages", FLAGS_pipeline_stages);
+  j.schedule = absl::GetFlag(FLAGS_schedule);
+  j.micro_batches = Given(p, "micro_batches", FLAGS_micro_batches);
+  j.global_batch = Given(p, "global_batch", FLAGS_global_batch);
+  j.partition = absl::GetFlag(FLAGS_partition);
+  j.vocab = Given(p, "vocab", FLAGS_vocab);
+  j.hidden = Given(p, "hidden", FLAGS_hidden);
+  j.heads = Given(p, "heads", FLAGS_heads);
+  j.kv_heads = Given(p, "kv_heads", FLAGS_kv_heads);
+  j.ffn_hidden = Given(p, "ffn_hidden", FLAGS_ffn_hidden);
+  for (const std::string& kv : absl::GetFlag(FLAGS_model_option)) {
+    const size_t eq = kv.find('=');
+    j.model_options.emplace_back(kv.substr(0, eq), eq == std::string::npos ? "" : kv.substr(eq + 1));
+  }
+  j.schedule_file = absl::GetFlag(FLAGS_schedule_file);
+  j.layers = Given(p, "layers", FLAGS_layers);
+  j.seq = Given(p, "seq", FLAGS_seq);
+  j.fp32 = Given(p, "fp32", FLAGS_fp32);
+  j.attention = absl::GetFlag(FLAGS_attention);
+  j.fused_layernorm = Given(p, "fused_layernorm", FLAGS_fused_layernorm);
+  j.data = absl::GetFlag(FLAGS_data);
+  j.lr = Given(p, "lr", FLAGS_lr);
+  j.inference = Given(p, "inference", FLAGS_inference);
+  j.save_params = Given(p, "save_params", FLAGS_save_params);
+  j.timing = Given(p, "timing", FLAGS_timing);
+  j.cuda_graphs = Given(p, "cuda_graphs", FLAGS_cuda_graphs);
+  j.telemetry = Given(p, "telemetry", FLAGS_telemetry);
+  j.health = absl::GetFlag(FLAGS_health);
+  return j;
+}
+
+}  // namespace stagehand

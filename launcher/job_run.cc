@@ -1,0 +1,263 @@
+// One job from its coordinator's start to its reports (see job_run.h).
+#include "launcher/job_run.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/text_format.h"
+#include "launcher/health_gate.h"
+#include "launcher/job_plan.h"
+#include "launcher/run_dir.h"
+#include "launcher/worker_binary.h"
+#include "models/model_description.h"
+
+namespace stagehand {
+namespace {
+
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+// The summary line: what the run achieved and where the time went. MFU only against a GPU's peak,
+// the bubble only when the workers timed their actions.
+std::string SummaryLine(const RunReport& report, const std::vector<ReportStepRequest>& steps, bool gpu) {
+  std::string line = absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s  %.1f TFLOP/s", report.step_seconds(),
+                                     report.tokens_per_second(), report.tflops());
+  if (gpu) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * report.mfu()));
+  if (HasActionTiming(steps)) {
+    absl::StrAppend(&line, "  bubble");
+    for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
+  }
+  return absl::StrFormat("%s (after %d warm-up steps)\n", line, static_cast<int>(report.warmup_steps()));
+}
+
+RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& supervisor, double peak_tflops,
+                         int exit_code, const std::string& root_cause) {
+  ReportInput in;
+  in.job_id = state.job_id();
+  in.job = state.job();
+  in.exit_code = exit_code;
+  in.root_cause = root_cause;
+  in.steps = state.Steps();
+  for (const WorkerState& w : state.Workers()) {
+    in.hosts.push_back(w.host);
+    in.devices.push_back(w.device.name().empty() ? "cpu" : w.device.name());
+    in.health.push_back(w.health);
+  }
+  if (std::optional<Partition> p = state.partition()) {
+    int first = 0;
+    for (int n : p->layers_per_stage) {
+      in.layers.push_back({first, first + n});
+      first += n;
+    }
+  }
+  in.layers.resize(in.hosts.size(), {0, 0});
+  // A GPU's peak means nothing for CPU workers: no peak, so no MFU.
+  in.peak_tflops_per_device = state.job().device() == "cuda" ? peak_tflops : 0;
+  in.warmup_steps = std::min<int64_t>(3, std::max<int64_t>(0, state.job().steps() - 1));
+  for (const RankLedger& l : supervisor.Ledger()) {
+    if (l.first_step) in.launch_to_first_step_seconds = std::max(in.launch_to_first_step_seconds, absl::ToDoubleSeconds(*l.first_step));
+  }
+  return BuildReport(in);
+}
+
+// For each worker that failed at an action of its schedule: the rank-by-step grid of the whole
+// schedule with that action marked (torch.distributed.pipelining prints the same on failure).
+std::string FailedActions(const CoordinatorState& state) {
+  const std::optional<Partition> partition = state.partition();
+  if (!partition) return "";
+  std::string out;
+  const std::vector<WorkerState> workers = state.Workers();
+  for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
+    if (workers[r].failed_action < 0) continue;
+    absl::StatusOr<std::string> grid = FailureGrid(*partition, r, workers[r].failed_action);
+    if (grid.ok()) absl::StrAppend(&out, "stagehand: rank ", r, " failed at the marked action of its schedule:\n", *grid);
+  }
+  return out;
+}
+
+const char* SignalText(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"; }
+
+}  // namespace
+
+// The run's files as it goes: step reports appended to steps.csv as they arrive; the first failed
+// write stops the workers (the run cannot keep its results), as SIGTERM would.
+class JobRun::Files {
+ public:
+  explicit Files(JobListener* listener) : listener_(listener) {}
+
+  // Prints the line (naming the path and the error) and keeps the first.
+  void Error(const absl::Status& s, const char* then = "") {
+    if (s.ok()) return;
+    listener_->Text(absl::StrCat("stagehand: ", Message(s), then, "\n"));
+    if (first_.ok()) first_ = s;
+  }
+  bool any_error() const { return !first_.ok(); }
+  const absl::Status& first_error() const { return first_; }
+  bool stopped_for_error() const { return stopped_for_error_; }
+  StepsCsv& steps() { return steps_; }
+
+  void AppendNew(const CoordinatorState& state, Supervisor& supervisor) {
+    std::vector<ReportStepRequest> fresh = state.StepsSince(written_);
+    written_ += fresh.size();
+    if (fresh.empty() || any_error()) return;
+    if (absl::Status s = steps_.Append(fresh); !s.ok()) {
+      Error(s, "; stopping the run");
+      stopped_for_error_ = true;
+      supervisor.Interrupt(SIGTERM, /*force=*/false);
+      return;
+    }
+    for (const ReportStepRequest& step : fresh) listener_->Step(step);
+  }
+
+ private:
+  JobListener* const listener_;
+  StepsCsv steps_;
+  size_t written_ = 0;  // step reports appended so far
+  absl::Status first_;
+  bool stopped_for_error_ = false;
+};
+
+JobRun::JobRun(JobRunOptions options, ProcessSpawner* spawner, JobListener* listener)
+    : options_(std::move(options)),
+      spawner_(spawner),
+      listener_(listener),
+      state_(options_.job.spec, options_.job_id, options_.secret),
+      files_(std::make_unique<Files>(listener)),
+      progress_(options_.progress_bar, [listener](absl::string_view text) { listener->Text(text); }) {}
+
+JobRun::~JobRun() {
+  if (server_ != nullptr) server_->Stop();
+}
+
+std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spawner, JobListener* listener,
+                                      int& exit_code) {
+  exit_code = kExitUsage;
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(options.job.spec, &text);
+  options.job.spec.set_run_dir(options.run_dir);
+  std::unique_ptr<JobRun> run(new JobRun(std::move(options), spawner, listener));
+  const JobRunOptions& o = run->options_;
+  const JobSpec& spec = o.job.spec;
+  if (IsModelJob(spec)) run->state_.SetPartitioner(Partitioner(spec));
+  run->state_.SetAdmission(HealthAdmission(  // the GPU health gate (--health)
+      spec, [listener](const std::string& line) { listener->Text(absl::StrCat("stagehand: health: ", line, "\n")); }));
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(o.coordinator_address, &run->state_);
+  if (!server.ok()) {
+    listener->Refusal(absl::StrCat("stagehand: ", Message(server.status())));
+    exit_code = server.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitLaunchFailed;
+    return nullptr;
+  }
+  run->server_ = *std::move(server);
+  // Created only now, after everything that can refuse the job, so a refusal leaves nothing behind.
+  if (absl::Status s = PrepareRunDir(o.run_dir, o.overwrite); !s.ok()) {
+    listener->Refusal(absl::StrCat("stagehand: ", Message(s)));
+    return nullptr;
+  }
+  // Printed once nothing can refuse the job any more, so a refusal is one line.
+  for (const std::string& note : o.job.notes) listener->Text(absl::StrCat("stagehand: ", note, "\n"));
+  Files& files = *run->files_;
+  files.Error(WriteFileAtomically(o.run_dir + "/job.textproto", text));
+  if (!files.any_error()) {
+    files.Error(files.steps().Open(o.run_dir + "/steps.csv", spec.device() == "cuda" && spec.telemetry()));
+  }
+  if (files.any_error()) {
+    exit_code = kExitWriteFailed;
+    return nullptr;
+  }
+  SupervisorOptions so{o.worker_binary, run->server_->address(), o.run_dir, WorkerEnvironment(spec.workers()),
+                       o.job.gpus, o.launch};
+  run->supervisor_ = std::make_unique<Supervisor>(&run->state_, spawner, so);
+  listener->Text(absl::StrFormat("stagehand: job %s: %d %s worker%s, %d steps of %s; coordinator %s; run directory %s\n",
+                                 o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
+                                 spec.workers() == 1 ? "" : "s", spec.steps(), spec.model(), run->server_->address(),
+                                 o.run_dir));
+  (void)run->supervisor_->Start();  // a spawn failure is an incident: the ticks stop the job
+  exit_code = kExitSuccess;
+  return run;
+}
+
+const std::string& JobRun::coordinator_address() const {
+  static const std::string* none = new std::string;
+  return server_ != nullptr ? server_->address() : *none;
+}
+
+int64_t JobRun::steps_done() const {
+  int64_t done = 0;
+  for (const ReportStepRequest& s : state_.Steps()) done = std::max<int64_t>(done, s.step() + 1);
+  return done;
+}
+
+bool JobRun::Tick() {
+  const bool over = supervisor_->Tick();
+  progress_.Update(state_);
+  files_->AppendNew(state_, *supervisor_);
+  return over;
+}
+
+void JobRun::Interrupt(int signal, bool force) { supervisor_->Interrupt(signal, force); }
+
+JobRunEnd JobRun::Finish(int first_signal) {
+  progress_.Update(state_);
+  progress_.Done();
+  const absl::Duration elapsed = absl::Now() - supervisor_->launch_time();
+  server_->Stop();
+  Files& files = *files_;
+  files.AppendNew(state_, *supervisor_);  // the reports that came with the last exits
+  if (!files.any_error()) files.Error(files.steps().Close());
+  const bool gpu = state_.job().device() == "cuda";
+  files.Error(WriteLedger(supervisor_->Ledger(), supervisor_->launch_time(), gpu, run_dir() + "/startup_ledger.tsv"));
+  files.Error(WriteFileAtomically(run_dir() + "/trace.json", ChromeTrace(state_.Steps(), state_.job().workers())));
+  // The verdict: a failed write of the results comes first (exit 5: the run directory is not what
+  // the run did), then the supervisor's.
+  auto verdict = [&]() -> std::pair<int, std::string> {
+    std::string cause = supervisor_->root_cause();
+    if (first_signal == SIGHUP && supervisor_->exit_code() == 128 + SIGTERM) cause = "interrupted by SIGHUP (handled as SIGTERM)";
+    if (!files.any_error()) return {supervisor_->exit_code(), cause};
+    std::string text = Message(files.first_error());
+    // The workers' own failure, if one came before ours stopped them, is worth keeping.
+    if (supervisor_->exit_code() != kExitSuccess &&
+        !(files.stopped_for_error() && supervisor_->exit_code() == 128 + SIGTERM)) {
+      absl::StrAppend(&text, "; before that: ", cause);
+    }
+    return {kExitWriteFailed, text};
+  };
+  auto [code, cause] = verdict();
+  JobRunEnd end;
+  end.report = BuildRunReport(state_, *supervisor_, options_.peak_tflops_per_device, code, cause);
+  // report.json last, so that it records whether the others were written.
+  if (absl::StatusOr<std::string> json = ReportJson(end.report); json.ok()) {
+    files.Error(WriteFileAtomically(run_dir() + "/report.json", *json));
+  } else {
+    files.Error(json.status());
+  }
+  std::tie(code, cause) = verdict();  // report.json itself may have failed
+  end.report.set_exit_code(code);
+  end.report.set_root_cause(cause);
+  end.exit_code = code;
+  const JobSpec& spec = options_.job.spec;
+  if (IsModelJob(state_.job()) && end.report.step_seconds() > 0) listener_->Text(SummaryLine(end.report, state_.Steps(), gpu));
+  if (const std::string line = GpuSummaryLine(end.report); !line.empty()) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
+  if (code == kExitSuccess) {
+    listener_->Text(absl::StrFormat("stagehand: done: %d workers, %d steps in %.2f s; run directory %s\n", spec.workers(),
+                                    spec.steps(), absl::ToDoubleSeconds(elapsed), run_dir()));
+  } else {
+    if (std::string grids = FailedActions(state_); !grids.empty()) listener_->Text(grids);
+    listener_->Text(absl::StrFormat("stagehand: FAILED (exit %d): %s; %d of %d steps done; run directory %s\n", code,
+                                    end.report.root_cause(), end.report.steps_done(), spec.steps(), run_dir()));
+  }
+  return end;
+}
+
+// The line a signal's arrival prints (launch.cc and serve.cc share it).
+std::string InterruptLine(int sig, int interrupts) {
+  return absl::StrCat("stagehand: ", SignalText(sig), ": ", sig == SIGHUP ? "as for SIGTERM, " : "",
+                      interrupts == 1 ? "stopping the workers (again to kill them at once)" : "killing the workers", "\n");
+}
+
+}  // namespace stagehand

@@ -1,0 +1,105 @@
+// One job from its coordinator's start to its reports, driven by Tick(): the part of a launch that
+// the foreground run (launch.cc) and the server (serve.cc) share. It serves the coordinator, creates
+// the run directory, spawns and supervises the workers through the spawner it is given, writes
+// steps.csv as steps arrive and the reports at the end (each whole or absent). It handles no signal
+// and prints nothing itself: its lines go to a JobListener, so a foreground run prints them and the
+// server streams them to watchers.
+#ifndef STAGEHAND_LAUNCHER_JOB_RUN_H_
+#define STAGEHAND_LAUNCHER_JOB_RUN_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "launcher/coordinator.h"
+#include "launcher/coordinator_service.h"
+#include "launcher/job.h"
+#include "launcher/process.h"
+#include "launcher/progress.h"
+#include "launcher/report.h"
+#include "launcher/supervisor.h"
+#include "protos/job.pb.h"
+
+namespace stagehand {
+
+// The run's results could not be written (a full disk, an I/O error, permissions): the run was
+// stopped, and what is in the run directory is whole but not everything. Beside supervisor.h's codes.
+inline constexpr int kExitWriteFailed = 5;
+
+// Where a run's output goes.
+class JobListener {
+ public:
+  virtual ~JobListener() = default;
+  // The launcher's own output: whole lines (ending in "\n"), or a progress bar's redraw ("\r[##..] ...").
+  virtual void Text(absl::string_view text) = 0;
+  // A line refusing the job before anything started (no newline); by default as Text.
+  virtual void Refusal(absl::string_view line) { Text(absl::StrCat(line, "\n")); }
+  // Each step report as it arrives (after it is in steps.csv).
+  virtual void Step(const ReportStepRequest& step) {}
+};
+
+struct JobRunOptions {
+  ResolvedJob job;                  // validated (ValidateLaunch)
+  std::string job_id;
+  std::string secret;               // the job's secret (workers and coordinator)
+  std::string worker_binary;
+  std::string run_dir;              // checked (CheckRunDir); created by Start
+  bool overwrite = false;
+  std::string coordinator_address;  // host:port; port 0 picks one
+  absl::Time launch = absl::Now();  // the ledger counts from it
+  double peak_tflops_per_device = 989.0;
+  bool progress_bar = false;
+};
+
+struct JobRunEnd {
+  int exit_code = 0;
+  RunReport report;
+};
+
+class JobRun {
+ public:
+  // Serves the coordinator, creates the run directory and its first files, spawns the workers. When
+  // it fails, nothing was started and `exit_code` says why (2: the address or the run directory, 4:
+  // the coordinator could not serve, 5: a first file could not be written); the line went to the
+  // listener. `spawner` and `listener` outlive the run.
+  static std::unique_ptr<JobRun> Start(JobRunOptions options, ProcessSpawner* spawner, JobListener* listener,
+                                       int& exit_code);
+  ~JobRun();
+
+  // One pass over the workers, the progress and steps.csv. True once every worker is gone.
+  bool Tick();
+  // SIGINT or SIGTERM: the first stops gracefully (coordinator stop, SIGTERM, SIGKILL after the
+  // grace period); `force` kills every worker at once.
+  void Interrupt(int signal, bool force);
+  // Once Tick() returned true: the reports, then the closing lines. `first_signal` is the first
+  // signal taken (0: none; SIGHUP is named in the root cause).
+  JobRunEnd Finish(int first_signal);
+
+  const std::string& run_dir() const { return options_.run_dir; }
+  const std::string& coordinator_address() const;
+  const CoordinatorState& state() const { return state_; }
+  int64_t steps_done() const;
+
+ private:
+  class Files;
+  JobRun(JobRunOptions options, ProcessSpawner* spawner, JobListener* listener);
+
+  const JobRunOptions options_;
+  ProcessSpawner* const spawner_;
+  JobListener* const listener_;
+  CoordinatorState state_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<Files> files_;
+  std::unique_ptr<Supervisor> supervisor_;
+  Progress progress_;
+};
+
+// The line a foreground run prints when a signal arrives (the `interrupts`-th).
+std::string InterruptLine(int signal, int interrupts);
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_LAUNCHER_JOB_RUN_H_

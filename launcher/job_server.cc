@@ -1,0 +1,554 @@
+// The server's logic behind `launcher --serve` (see job_server.h).
+#include "launcher/job_server.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/fd.h"
+#include "launcher/launch.h"
+#include "launcher/run_dir.h"
+#include "launcher/worker_binary.h"
+
+namespace stagehand {
+namespace {
+
+constexpr char kProtocol[] = "control protocol";
+constexpr int kControlProtocolVersion = 1;
+
+std::string RandomHex(int bytes) {
+  std::string raw(bytes, '\0');
+  size_t got = 0;
+  while (got < raw.size()) {
+    const ssize_t n = getrandom(raw.data() + got, raw.size() - got, 0);
+    if (n > 0) got += n;
+  }
+  return absl::BytesToHexString(raw);
+}
+
+// A job's output as events: the launcher's lines (JobListener) and the workers' (the terminal writer
+// that the job's spawner forwards them to).
+class EventListener : public JobListener {
+ public:
+  explicit EventListener(JobEvents* events) : events_(events) {}
+  void Text(absl::string_view text) override { events_->AddText(text); }
+  void Refusal(absl::string_view line) override {
+    refusal_ = std::string(line);
+    events_->AddLine(line);
+  }
+  void Step(const ReportStepRequest& step) override { events_->AddStep(step); }
+  const std::string& refusal() const { return refusal_; }
+
+ private:
+  JobEvents* const events_;
+  std::string refusal_;
+};
+
+class EventSink : public TerminalSink {
+ public:
+  explicit EventSink(JobEvents* events) : events_(events) {}
+  bool Write(absl::string_view data) override {
+    events_->AddText(data);
+    return true;
+  }
+  void Cancel() override {}
+
+ private:
+  JobEvents* const events_;
+};
+
+// `path` (relative, as a client names it) inside `run_dir`, or INVALID_ARGUMENT: no absolute path, no
+// "..", and no link that leads out (the real path must stay under the run directory's).
+absl::StatusOr<std::string> ConfinedPath(const std::string& run_dir, const std::string& path) {
+  auto refuse = [&path](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("fetch ", path, ": ", why,
+                                                   "; name a file of the job's run directory, like steps.csv"));
+  };
+  if (path.empty()) return refuse("no file named");
+  if (path[0] == '/') return refuse("an absolute path");
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part == "..") return refuse("a path with ..");
+  }
+  char* real_dir = realpath(run_dir.c_str(), nullptr);
+  if (real_dir == nullptr) return absl::NotFoundError(absl::StrCat("the job's run directory is gone: ", run_dir));
+  const std::string dir(real_dir);
+  free(real_dir);
+  const std::string full = absl::StrCat(run_dir, "/", path);
+  char* real = realpath(full.c_str(), nullptr);
+  if (real == nullptr) return absl::NotFoundError(absl::StrCat("fetch ", path, ": no such file in the job's run directory"));
+  const std::string resolved(real);
+  free(real);
+  if (!absl::StartsWith(resolved, dir + "/")) return refuse("a link that leads out of the run directory");
+  struct stat st;
+  if (stat(resolved.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return refuse("not a regular file");
+  return resolved;
+}
+
+// Up to max_bytes of `path` from `offset`; the file's size.
+absl::StatusOr<std::pair<std::string, int64_t>> ReadAt(const std::string& path, int64_t offset, int64_t max_bytes) {
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", ErrnoText(errno)));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return absl::InternalError(absl::StrCat("stat ", path, ": ", ErrnoText(errno)));
+  const int64_t size = st.st_size;
+  if (offset < 0 || offset > size) {
+    return absl::OutOfRangeError(absl::StrCat("offset ", offset, " is outside ", path, " (", size, " bytes)"));
+  }
+  std::string data(static_cast<size_t>(std::min<int64_t>(max_bytes, size - offset)), '\0');
+  size_t got = 0;
+  while (got < data.size()) {
+    const ssize_t n = pread(fd.get(), data.data() + got, data.size() - got, offset + got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += n;
+  }
+  data.resize(got);
+  return std::make_pair(std::move(data), size);
+}
+
+}  // namespace
+
+struct JobServer::Live {
+  explicit Live(int64_t first_seq = 1) : events(first_seq) {}
+  JobEvents events;
+  // Guarded by the server's mu_.
+  bool running = false;
+  int cancels = 0;  // CancelJob calls while it runs: the second kills at once
+  std::string cancelled_by;
+  int64_t steps_done = 0;
+  // The serve loop's thread only.
+  std::unique_ptr<EventListener> listener;
+  std::unique_ptr<TerminalWriter> terminal;
+  std::unique_ptr<ProcessSpawner> spawner;
+  std::unique_ptr<JobRun> run;
+  bool interrupted = false;
+  bool forced = false;
+};
+
+JobServer::JobServer(JobServerOptions options, std::unique_ptr<JobStore> store, std::unique_ptr<Access> access)
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      access_(std::move(access)),
+      queue_(static_cast<int>(options_.inventory.gpus.size()), options_.max_cpu_workers) {}
+
+JobServer::~JobServer() = default;
+
+absl::StatusOr<std::unique_ptr<JobServer>> JobServer::Open(JobServerOptions options, std::vector<std::string>& notes) {
+  if (options.state_dir.empty()) return absl::InvalidArgumentError("--serve needs --state_dir=DIR (the job store and run directories)");
+  options.state_dir = UserPath(options.state_dir);
+  if (options.max_cpu_workers <= 0) options.max_cpu_workers = std::max(1, options.inventory.cpu_cores);
+  if (absl::Status s = MakeDirs(options.state_dir + "/runs"); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--state_dir=", options.state_dir, ": ", s.message()));
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(options.state_dir);
+  if (!store.ok()) return store.status();
+  absl::StatusOr<std::vector<JobRecord>> lost =
+      (*store)->MarkRunningLost(absl::Now(), "lost: the server ended while the job ran");
+  if (!lost.ok()) return lost.status();
+  for (const JobRecord& r : *lost) notes.push_back(absl::StrCat("job ", r.id, " was running when the server ended: marked lost"));
+  absl::StatusOr<std::string> admin = EnsureAdminToken(**store, options.state_dir);
+  if (!admin.ok()) return admin.status();
+  if (!admin->empty()) notes.push_back(*admin);
+  auto access = std::make_unique<Access>(store->get());
+  if (absl::Status s = access->Load(); !s.ok()) return s;
+  std::unique_ptr<JobServer> server(new JobServer(std::move(options), *std::move(store), std::move(access)));
+  absl::StatusOr<std::vector<JobRecord>> queued = server->store_->Queued();
+  if (!queued.ok()) return queued.status();
+  for (const JobRecord& r : *queued) {
+    auto live = std::make_shared<Live>();
+    absl::MutexLock lock(&server->mu_);
+    if (absl::Status fit = server->queue_.CanEverFit(r.devices); !fit.ok()) {
+      (void)server->store_->MarkEnded(r.id, control::JOB_STATE_FAILED, absl::Now(), kExitUsage,
+                                      absl::StrCat("this host can no longer run it: ", fit.message()), 0);
+      continue;
+    }
+    if (absl::Status s = server->queue_.Enqueue(r.id, r.devices); !s.ok()) return s;
+    server->live_[r.id] = live;
+    notes.push_back(absl::StrCat("job ", r.id, " is queued again"));
+    live->events.AddState(server->Info(r), false);
+  }
+  return server;
+}
+
+control::GetServerInfoResponse JobServer::Info() {
+  control::GetServerInfoResponse info;
+  info.set_version(kVersion);
+  info.set_protocol(kControlProtocolVersion);
+  info.set_gpus(static_cast<int>(options_.inventory.gpus.size()));
+  info.set_cpu_workers(options_.max_cpu_workers);
+  info.set_tls(options_.tls);
+  info.set_mutual_tls(options_.mutual_tls);
+  (void)kProtocol;
+  return info;
+}
+
+absl::StatusOr<Caller> JobServer::Authenticate(absl::string_view token) { return access_->Authenticate(token); }
+
+control::JobInfo JobServer::Info(const JobRecord& record) const {
+  control::JobInfo info = ToJobInfo(record);
+  if (record.state == control::JOB_STATE_QUEUED) info.set_queue_position(queue_.Position(record.id));
+  if (auto it = live_.find(record.id); it != live_.end() && it->second->running) {
+    info.set_steps_done(it->second->steps_done);
+  }
+  return info;
+}
+
+absl::StatusOr<JobRecord> JobServer::Record(const std::string& id) const {
+  absl::StatusOr<std::optional<JobRecord>> r = store_->Get(id);
+  if (!r.ok()) return r.status();
+  if (!r->has_value()) return absl::NotFoundError(absl::StrCat("no job ", id, " on this server; `client list` shows them"));
+  return **r;
+}
+
+std::shared_ptr<JobServer::Live> JobServer::LiveJob(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = live_.find(id);
+  return it == live_.end() ? nullptr : it->second;
+}
+
+// The submission as a foreground launch would take it: the same validation, against this host.
+absl::StatusOr<ResolvedJob> JobServer::Resolve(const control::SubmitJobRequest& request) const {
+  LaunchOptions lo;
+  lo.job.spec = request.job();
+  lo.job.spec->clear_run_dir();  // the server's: <state_dir>/runs/<job id>
+  if (request.has_gpus()) lo.job.gpus = request.gpus();
+  lo.job.custom_worker = !options_.worker_binary.empty();
+  lo.worker_binary = options_.worker_binary;
+  lo.coordinator_address = "127.0.0.1:0";
+  absl::StatusOr<ValidatedLaunch> valid = ValidateLaunch(lo, options_.inventory);
+  if (!valid.ok()) return valid.status();
+  return std::move(valid->job);
+}
+
+absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const control::SubmitJobRequest& request) {
+  if (absl::Status s = Allow(caller, Verb::kSubmit); !s.ok()) return s;
+  if (absl::Status s = ValidateName(request.submission_id(), "submission id"); !s.ok()) return s;
+  absl::StatusOr<ResolvedJob> job = Resolve(request);
+  if (!job.ok()) return job.status();
+  JobRecord record;
+  record.id = RandomHex(4);
+  record.submission_id = request.submission_id();
+  record.submitted_by = caller.name;
+  record.state = control::JOB_STATE_QUEUED;
+  record.spec = job->spec;
+  if (record.spec.device() == "cuda") {
+    record.devices.set_gpus(record.spec.workers());
+  } else {
+    record.devices.set_cpu_workers(record.spec.workers());
+  }
+  record.submitted = absl::Now();
+  record.spec_digest = SubmissionDigest(request);
+  absl::MutexLock lock(&mu_);
+  if (absl::Status fit = queue_.CanEverFit(record.devices); !fit.ok()) return fit;
+  absl::StatusOr<JobRecord> stored = store_->Insert(record);
+  if (!stored.ok()) return stored.status();
+  if (stored->id != record.id) return Info(*stored);  // a retried submission: the first one's job
+  auto live = std::make_shared<Live>();
+  live_[record.id] = live;
+  if (absl::Status s = queue_.Enqueue(record.id, record.devices); !s.ok()) return s;
+  control::JobInfo info = Info(*stored);
+  live->events.AddState(info, false);
+  options_.log(absl::StrCat("job ", record.id, " (", record.spec.name(), ") from ", caller.name, ": queued"));
+  for (const std::string& note : job->notes) live->events.AddLine(absl::StrCat("stagehand: ", note));
+  return info;
+}
+
+absl::StatusOr<control::JobInfo> JobServer::Get(const Caller& caller, const std::string& id) {
+  if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
+  absl::StatusOr<JobRecord> record = Record(id);
+  if (!record.ok()) return record.status();
+  absl::MutexLock lock(&mu_);
+  return Info(*record);
+}
+
+absl::StatusOr<std::vector<control::JobInfo>> JobServer::List(const Caller& caller,
+                                                              const control::ListJobsRequest& request) {
+  if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
+  std::vector<control::JobState> states;
+  for (int s : request.states()) states.push_back(static_cast<control::JobState>(s));
+  absl::StatusOr<std::vector<JobRecord>> records =
+      store_->List(request.limit() > 0 ? std::min(request.limit(), 10000) : 100, states);
+  if (!records.ok()) return records.status();
+  std::vector<control::JobInfo> out;
+  absl::MutexLock lock(&mu_);
+  for (const JobRecord& r : *records) out.push_back(Info(r));
+  return out;
+}
+
+absl::StatusOr<EventBatch> JobServer::Events(const Caller& caller, const std::string& id, int64_t after_seq, bool lines,
+                                             absl::Duration wait) {
+  if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
+  EventBatch batch;
+  if (std::shared_ptr<Live> live = LiveJob(id)) {
+    if (after_seq < 0 || after_seq > live->events.last_seq()) {
+      return absl::OutOfRangeError(absl::StrCat("job ", id, " has ", live->events.last_seq(), " events, not ", after_seq,
+                                                " (the server restarted?): watch again from 0"));
+    }
+    JobEvents::Read read = live->events.After(after_seq, lines, absl::Now() + wait);
+    batch.events = std::move(read.events);
+    batch.ended = read.ended;
+    return batch;
+  }
+  // Ended before this server started (or lost with it): its events are gone, its final state is not.
+  absl::StatusOr<JobRecord> record = Record(id);
+  if (!record.ok()) return record.status();
+  control::JobEvent e;
+  e.set_seq(after_seq + 1);
+  e.set_time_ms(absl::ToUnixMillis(absl::Now()));
+  {
+    absl::MutexLock lock(&mu_);
+    *e.mutable_state() = Info(*record);
+  }
+  batch.events.push_back(std::move(e));
+  batch.ended = true;
+  return batch;
+}
+
+absl::StatusOr<control::JobInfo> JobServer::Cancel(const Caller& caller, const std::string& id) {
+  absl::StatusOr<JobRecord> record = Record(id);
+  if (!record.ok()) return record.status();
+  if (absl::Status s = Allow(caller, Verb::kCancel, record->submitted_by); !s.ok()) return s;
+  std::shared_ptr<Live> live = LiveJob(id);
+  absl::MutexLock lock(&mu_);
+  // The queue decides, not the record read above: the serve loop may have granted the job since.
+  if (live != nullptr && queue_.Remove(id).ok()) {
+    (void)store_->SetCancelledBy(id, caller.name);
+    if (absl::Status s = store_->MarkEnded(id, control::JOB_STATE_CANCELLED, absl::Now(), 128 + SIGTERM,
+                                           absl::StrCat("cancelled by ", caller.name, " before it started"), 0);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<JobRecord> ended = Record(id);
+    if (!ended.ok()) return ended.status();
+    control::JobInfo info = Info(*ended);
+    live->events.AddState(info, true);
+    options_.log(absl::StrCat("job ", id, ": cancelled by ", caller.name, " before it started"));
+    return info;
+  }
+  // Granted or running: the serve loop stops it (SIGTERM, then SIGKILL after the grace period; a
+  // second cancel kills at once).
+  if (live != nullptr && !live->events.ended()) {
+    ++live->cancels;
+    if (live->cancelled_by.empty()) {
+      live->cancelled_by = caller.name;
+      (void)store_->SetCancelledBy(id, caller.name);
+    }
+  }
+  return Info(*record);
+}
+
+absl::StatusOr<LogRead> JobServer::ReadLog(const Caller& caller, const std::string& id, int rank, int64_t offset,
+                                           int64_t max_bytes, absl::Duration wait) {
+  if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
+  absl::StatusOr<JobRecord> record = Record(id);
+  if (!record.ok()) return record.status();
+  if (record->run_dir.empty()) return absl::NotFoundError(absl::StrCat("job ", id, " has not started: no logs yet"));
+  if (rank < 0 || rank >= record->spec.workers()) {
+    return absl::NotFoundError(absl::StrCat("job ", id, " has ranks 0 to ", record->spec.workers() - 1, ", not ", rank));
+  }
+  const std::string path = absl::StrCat(record->run_dir, "/rank", rank, ".log");
+  const absl::Time deadline = absl::Now() + wait;
+  while (true) {
+    std::shared_ptr<Live> live = LiveJob(id);
+    bool running = false;
+    if (live != nullptr) {
+      absl::MutexLock lock(&mu_);
+      running = live->running;
+    }
+    absl::StatusOr<std::pair<std::string, int64_t>> read = ReadAt(path, offset, max_bytes);
+    if (!read.ok() && !(running && absl::IsNotFound(read.status()))) return read.status();
+    LogRead out;
+    out.offset = offset;
+    if (read.ok()) out.data = std::move(read->first);
+    out.ended = !running && read.ok() && offset + static_cast<int64_t>(out.data.size()) >= read->second;
+    if (!out.data.empty() || out.ended || absl::Now() >= deadline) return out;
+    absl::SleepFor(absl::Milliseconds(100));  // a log grows by lines; a tenth of a second is live enough
+  }
+}
+
+absl::StatusOr<FileRead> JobServer::ReadFile(const Caller& caller, const std::string& id, const std::string& path,
+                                             int64_t offset, int64_t max_bytes) {
+  if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
+  absl::StatusOr<JobRecord> record = Record(id);
+  if (!record.ok()) return record.status();
+  if (record->run_dir.empty()) return absl::NotFoundError(absl::StrCat("job ", id, " has not started: no files yet"));
+  absl::StatusOr<std::string> full = ConfinedPath(record->run_dir, path);
+  if (!full.ok()) return full.status();
+  absl::StatusOr<std::pair<std::string, int64_t>> read = ReadAt(*full, offset, max_bytes);
+  if (!read.ok()) return read.status();
+  FileRead out;
+  out.total_bytes = read->second;
+  out.eof = offset + static_cast<int64_t>(read->first.size()) >= read->second;
+  out.data = std::move(read->first);
+  return out;
+}
+
+absl::StatusOr<std::string> JobServer::MintToken(const Caller& caller, const std::string& name, control::Role role) {
+  if (absl::Status s = Allow(caller, Verb::kMint); !s.ok()) return s;
+  return access_->Mint(name, role);
+}
+
+absl::Status JobServer::RevokeToken(const Caller& caller, const std::string& name) {
+  if (absl::Status s = Allow(caller, Verb::kMint); !s.ok()) return s;
+  return access_->Revoke(name);
+}
+
+// The serve loop.
+
+void JobServer::Tick() {
+  std::vector<Grant> grants;
+  std::vector<std::pair<std::string, std::shared_ptr<Live>>> running;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!shutting_down_) grants = queue_.Schedule();
+  }
+  for (const Grant& g : grants) StartGranted(g);
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, live] : live_) {
+      if (live->running) running.emplace_back(id, live);
+    }
+  }
+  for (auto& [id, live] : running) Drive(id, *live);
+}
+
+void JobServer::StartGranted(const Grant& grant) {
+  std::shared_ptr<Live> live = LiveJob(grant.id);
+  absl::StatusOr<JobRecord> record = Record(grant.id);
+  if (live == nullptr || !record.ok()) {
+    absl::MutexLock lock(&mu_);
+    (void)queue_.Release(grant.id);
+    return;
+  }
+  JobRunOptions ro;
+  ro.job.spec = record->spec;
+  for (int ordinal : grant.gpu_ordinals) ro.job.gpus.push_back(options_.inventory.gpus.at(ordinal));
+  ro.job_id = record->id;
+  ro.secret = RandomHex(32);
+  absl::StatusOr<std::string> worker = FindWorker(options_.worker_binary);
+  ro.worker_binary = worker.ok() ? *worker : options_.worker_binary;
+  ro.run_dir = absl::StrCat(options_.state_dir, "/runs/", record->id);
+  ro.coordinator_address = "127.0.0.1:0";
+  ro.launch = absl::Now();
+  ro.peak_tflops_per_device = options_.peak_tflops_per_device;
+  live->listener = std::make_unique<EventListener>(&live->events);
+  live->terminal = std::make_unique<TerminalWriter>(std::make_unique<EventSink>(&live->events));
+  live->spawner = NewPosixProcessSpawner(live->terminal.get());
+  int exit_code = 0;
+  const std::string run_dir = ro.run_dir;
+  live->run = JobRun::Start(std::move(ro), live->spawner.get(), live->listener.get(), exit_code);
+  if (live->run == nullptr) {
+    End(grant.id, *live, control::JOB_STATE_FAILED, exit_code,
+        absl::StrCat("could not start: ", live->listener->refusal()), 0);
+    return;
+  }
+  control::Devices devices = record->devices;
+  for (int ordinal : grant.gpu_ordinals) devices.add_gpu_ordinals(ordinal);
+  if (absl::Status s = store_->MarkRunning(grant.id, ro.launch, devices, run_dir); !s.ok()) {
+    live->events.AddLine(absl::StrCat("stagehand: ", s.message()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    live->running = true;
+  }
+  options_.log(absl::StrCat("job ", grant.id, ": running, run directory ", run_dir));
+  Publish(grant.id, *live, false);
+}
+
+void JobServer::Drive(const std::string& id, Live& live) {
+  bool stop = false, force = false, by_server = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stop = live.cancels > 0 || shutting_down_;
+    force = live.cancels > 1 || force_;
+    by_server = live.cancels == 0 && shutting_down_;
+  }
+  if (stop && !live.interrupted) {
+    live.interrupted = true;
+    live.run->Interrupt(SIGTERM, false);
+  }
+  if (force && !live.forced) {
+    live.forced = true;
+    live.run->Interrupt(SIGTERM, true);
+  }
+  if (!live.run->Tick()) {
+    absl::MutexLock lock(&mu_);
+    live.steps_done = live.run->steps_done();
+    return;
+  }
+  JobRunEnd end = live.run->Finish(0);
+  live.terminal->Flush(absl::Seconds(1));  // the workers' last lines come before the final state
+  std::string cause = end.report.root_cause();
+  control::JobState state = end.exit_code == kExitSuccess ? control::JOB_STATE_SUCCEEDED : control::JOB_STATE_FAILED;
+  if (live.interrupted) {
+    state = control::JOB_STATE_CANCELLED;
+    std::string by;
+    {
+      absl::MutexLock lock(&mu_);
+      by = by_server ? "the server (stopping)" : live.cancelled_by;
+    }
+    if (by_server) (void)store_->SetCancelledBy(id, by);
+    cause = absl::StrCat("cancelled by ", by);
+  }
+  End(id, live, state, end.exit_code, cause, end.report.steps_done());
+}
+
+void JobServer::End(const std::string& id, Live& live, control::JobState state, int exit_code, const std::string& cause,
+                    int64_t steps_done) {
+  options_.log(absl::StrCat("job ", id, ": ", absl::AsciiStrToLower(absl::StripPrefix(control::JobState_Name(state), "JOB_STATE_")),
+                            " (exit ", exit_code, ")", cause.empty() ? "" : ": ", cause));
+  if (absl::Status s = store_->MarkEnded(id, state, absl::Now(), exit_code, cause, steps_done); !s.ok()) {
+    live.events.AddLine(absl::StrCat("stagehand: ", s.message()));
+  }
+  live.run.reset();
+  live.spawner.reset();
+  live.terminal.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    (void)queue_.Release(id);
+    live.running = false;
+  }
+  Publish(id, live, true);
+}
+
+void JobServer::Publish(const std::string& id, Live& live, bool final) {
+  absl::StatusOr<JobRecord> record = Record(id);
+  if (!record.ok()) return;
+  control::JobInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    info = Info(*record);
+  }
+  live.events.AddState(info, final);
+}
+
+void JobServer::Shutdown(bool force) {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  force_ = force_ || force;
+}
+
+int JobServer::Running() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [id, live] : live_) n += live->running ? 1 : 0;
+  return n;
+}
+
+}  // namespace stagehand

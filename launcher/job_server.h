@@ -1,0 +1,102 @@
+// The server's logic behind `launcher --serve` (the JobService of job_service.h): submissions are
+// resolved exactly as a foreground launch resolves its flags, queued for their devices, and run as
+// JobRuns on the serve loop's thread; the store (SQLite) keeps every job and token across restarts,
+// and each job's events stream to its watchers.
+//
+// Threads: gRPC threads call the JobService methods; one thread (the serve loop, which must live as
+// long as the workers: PR_SET_PDEATHSIG) calls Tick(), which alone starts, drives and ends runs.
+#ifndef STAGEHAND_LAUNCHER_JOB_SERVER_H_
+#define STAGEHAND_LAUNCHER_JOB_SERVER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "launcher/access.h"
+#include "launcher/devices.h"
+#include "launcher/job_events.h"
+#include "launcher/job_queue.h"
+#include "launcher/job_run.h"
+#include "launcher/job_service.h"
+#include "launcher/job_store.h"
+#include "launcher/terminal.h"
+
+namespace stagehand {
+
+struct JobServerOptions {
+  std::string state_dir;              // jobs.db, admin.token, runs/<job id>
+  std::string worker_binary;          // "" to find it beside the launcher
+  DeviceInventory inventory;          // the host's devices (QueryDevices)
+  int max_cpu_workers = 0;            // CPU workers running at once, over all jobs (0: the cores)
+  double peak_tflops_per_device = 989.0;
+  bool tls = false;                   // for GetServerInfo
+  bool mutual_tls = false;
+  // The server's own log: a line when a job is queued, starts and ends (serve.cc prints them).
+  std::function<void(const std::string&)> log = [](const std::string&) {};
+};
+
+class JobServer : public JobService {
+ public:
+  // Opens (or creates) the state directory and its store; jobs the store says were running are
+  // marked lost (the server that ran them is gone); queued ones are queued again in their order;
+  // on a first start, mints the admin token into <state_dir>/admin.token. `notes` gets the lines to
+  // print. INVALID_ARGUMENT for a state directory or store that cannot be used.
+  static absl::StatusOr<std::unique_ptr<JobServer>> Open(JobServerOptions options, std::vector<std::string>& notes);
+  ~JobServer() override;
+
+  // The serve loop's pass: starts the queued jobs whose devices are free, drives the running ones,
+  // records the ended ones.
+  void Tick();
+  // The server is stopping: every running job is stopped (SIGTERM, SIGKILL after its grace period;
+  // `force`: SIGKILL now) and recorded as cancelled by the server; queued jobs stay queued for the
+  // next start. Keep calling Tick() until Running() is 0.
+  void Shutdown(bool force);
+  int Running() const;
+
+  // JobService.
+  control::GetServerInfoResponse Info() override;
+  absl::StatusOr<Caller> Authenticate(absl::string_view token) override;
+  absl::StatusOr<control::JobInfo> Submit(const Caller& caller, const control::SubmitJobRequest& request) override;
+  absl::StatusOr<control::JobInfo> Get(const Caller& caller, const std::string& id) override;
+  absl::StatusOr<std::vector<control::JobInfo>> List(const Caller& caller,
+                                                     const control::ListJobsRequest& request) override;
+  absl::StatusOr<EventBatch> Events(const Caller& caller, const std::string& id, int64_t after_seq, bool lines,
+                                    absl::Duration wait) override;
+  absl::StatusOr<control::JobInfo> Cancel(const Caller& caller, const std::string& id) override;
+  absl::StatusOr<LogRead> ReadLog(const Caller& caller, const std::string& id, int rank, int64_t offset,
+                                  int64_t max_bytes, absl::Duration wait) override;
+  absl::StatusOr<FileRead> ReadFile(const Caller& caller, const std::string& id, const std::string& path,
+                                    int64_t offset, int64_t max_bytes) override;
+  absl::StatusOr<std::string> MintToken(const Caller& caller, const std::string& name, control::Role role) override;
+  absl::Status RevokeToken(const Caller& caller, const std::string& name) override;
+
+ private:
+  struct Live;  // a job this server process knows: its events and, while it runs, its run
+
+  JobServer(JobServerOptions options, std::unique_ptr<JobStore> store, std::unique_ptr<Access> access);
+  absl::StatusOr<ResolvedJob> Resolve(const control::SubmitJobRequest& request) const;
+  absl::StatusOr<JobRecord> Record(const std::string& id) const;
+  control::JobInfo Info(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<Live> LiveJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  void StartGranted(const Grant& grant);
+  void Drive(const std::string& id, Live& live);
+  void End(const std::string& id, Live& live, control::JobState state, int exit_code, const std::string& cause,
+           int64_t steps_done);
+  void Publish(const std::string& id, Live& live, bool final);
+
+  const JobServerOptions options_;
+  const std::unique_ptr<JobStore> store_;
+  const std::unique_ptr<Access> access_;
+  mutable absl::Mutex mu_;
+  DeviceQueue queue_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Live>> live_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool force_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_LAUNCHER_JOB_SERVER_H_

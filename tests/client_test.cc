@@ -1,0 +1,153 @@
+// The `client` binary against a control server in this process (FakeJobService behind it): verbs,
+// their output and exit codes, the token and server from the environment, fetch into the user's
+// directory.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "launcher/control_service.h"
+#include "launcher/fake_job_service.h"
+#include "tests/test_util.h"
+
+namespace stagehand {
+namespace {
+
+using ::stagehand::testing::ReadFile;
+using ::stagehand::testing::Runfile;
+
+std::string Tmp() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp ? tmp : "/tmp";
+}
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fake_.AddToken("admin-t", "root", control::ROLE_ADMIN);
+    std::ofstream(Tmp() + "/token") << "  admin-t\n";
+    chmod((Tmp() + "/token").c_str(), 0600);  // a token file others can read draws a warning line
+    ControlServerOptions options;
+    options.listen = "127.0.0.1:0";
+    auto server = ControlServer::Start(options, &fake_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  // Runs the client with `args` (a shell word list), the server and token from the environment.
+  // `timeout` bounds it, so a client that hangs fails the test instead of stalling it.
+  Result Client(const std::string& args) {
+    const std::string out = Tmp() + "/client.out", err = Tmp() + "/client.err";
+    const std::string command = absl::StrCat("cd ", Tmp(), " && STAGEHAND_SERVER=", server_->address(),
+                                             " STAGEHAND_TOKEN_FILE=", Tmp(), "/token BUILD_WORKING_DIRECTORY=", Tmp(),
+                                             " timeout 30 ", Runfile("launcher/client"), " ", args, " >", out, " 2>", err);
+    const int status = std::system(command.c_str());
+    return Result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFile(out), ReadFile(err)};
+  }
+
+  FakeJobService fake_;
+  std::unique_ptr<ControlServer> server_;
+};
+
+TEST_F(ClientTest, Submit_JobFlags_PrintsTheIdLastAndSendsTheMergedSpec) {
+  std::ofstream(Tmp() + "/job.textproto") << "name: \"mine\" steps: 3\n";
+  Result r = Client("submit --job=job.textproto --steps=9 --gpus=2");
+  EXPECT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back(), "job1");
+  control::SubmitJobRequest sent = fake_.last_submit();
+  EXPECT_EQ(sent.job().name(), "mine");
+  EXPECT_EQ(sent.job().steps(), 9);
+  EXPECT_EQ(sent.gpus(), 2);
+  EXPECT_TRUE(absl::StartsWith(sent.submission_id(), "sub-"));
+}
+
+TEST_F(ClientTest, Watch_FailedJob_PrintsLinesAndStatesAndExitsWithItsCode) {
+  fake_.AddJob("j");
+  fake_.AddLine("j", "hello from rank 0");
+  fake_.EndJob("j", control::JOB_STATE_FAILED, 3);
+  Result r = Client("watch j");
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_EQ(r.out, "job j: running\nhello from rank 0\njob j: failed (exit code 3)\n");
+}
+
+TEST_F(ClientTest, Watch_NoLines_PrintsStates) {
+  fake_.AddJob("j");
+  fake_.AddLine("j", "hidden");
+  fake_.EndJob("j", control::JOB_STATE_SUCCEEDED, 0);
+  Result r = Client("watch --no_lines j");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.out, "hidden"));
+  EXPECT_TRUE(absl::StrContains(r.out, "job j: succeeded (exit code 0)")) << r.out;
+}
+
+TEST_F(ClientTest, Cancel_RunningJob_PrintsCancelled) {
+  fake_.AddJob("j");
+  Result r = Client("cancel j");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "cancelled\n");
+}
+
+TEST_F(ClientTest, Fetch_RelativeOutput_LandsInTheUserDirectory) {
+  fake_.AddJob("j");
+  fake_.SetFile("j", "sub/steps.csv", "a,b\n1,2\n");
+  Result r = Client("fetch j sub/steps.csv");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(ReadFile(Tmp() + "/steps.csv"), "a,b\n1,2\n");
+}
+
+TEST_F(ClientTest, ListAndStatus_ShowTheJob) {
+  fake_.AddJob("j");
+  Result list = Client("list");
+  EXPECT_EQ(list.code, 0) << list.err;
+  EXPECT_TRUE(absl::StrContains(list.out, "SUBMITTED BY")) << list.out;
+  EXPECT_TRUE(absl::StrContains(list.out, "running")) << list.out;
+  Result status = Client("status j");
+  EXPECT_EQ(status.code, 0) << status.err;
+  EXPECT_TRUE(absl::StrContains(status.out, "job j (j): running")) << status.out;
+}
+
+TEST_F(ClientTest, TokenMint_PrintsTheToken) {
+  Result r = Client("token mint carol --role=view");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "tok-carol\n");
+  EXPECT_EQ(Client("token mint dave --role=boss").code, 2);
+}
+
+TEST_F(ClientTest, Errors_OneLineEach_WithTheirExitCodes) {
+  Result unknown = Client("frobnicate");
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_TRUE(absl::StrContains(unknown.err, "unknown verb 'frobnicate'")) << unknown.err;
+  EXPECT_EQ(Client("watch").code, 2);
+  EXPECT_EQ(Client("--bogus list").code, 2);
+  Result missing = Client("status nope");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_EQ(std::count(missing.err.begin(), missing.err.end(), '\n'), 1) << missing.err;
+  Result bad_token = Client("--token_file=/nonexistent list");
+  EXPECT_EQ(bad_token.code, 2);
+  EXPECT_TRUE(absl::StrContains(bad_token.err, "--token_file=/nonexistent")) << bad_token.err;
+}
+
+TEST_F(ClientTest, Help_ListsVerbsAndExitCodes) {
+  Result r = Client("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_TRUE(absl::StrContains(r.out, "Exit codes:"));
+  EXPECT_TRUE(absl::StrContains(r.out, "--token_file"));
+  EXPECT_TRUE(absl::StrContains(r.out, "--steps"));  // the job flags too
+}
+
+}  // namespace
+}  // namespace stagehand
