@@ -246,7 +246,12 @@ bool JobRun::StartWorld() {
     return true;
   }
   spec->set_run_dir(options_.run_dir);
-  if (IsModelJob(*spec)) state_.SetPartitioner(WithCrossHostLinks(Partitioner(*spec), nodes));
+  if (IsModelJob(*spec)) {
+    std::vector<NodeState> placed = nodes;  // the ranks SetWorld gives them: node-major
+    for (size_t k = 1; k < placed.size(); ++k) placed[k].first_rank = placed[k - 1].first_rank + placed[k - 1].workers;
+    // Before SetWorld, whose lock publishes it to the registering workers' threads.
+    state_.SetPartitioner(WithCrossHostLinks(Partitioner(*spec), placed));
+  }
   state_.SetWorld(*spec);
   std::string text;
   google::protobuf::TextFormat::PrintToString(state_.job(), &text);

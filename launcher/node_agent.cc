@@ -67,6 +67,7 @@ void NodeAgent::Start(const std::string& run_dir) {
   so.first_rank = joined_.first_rank();
   so.local_workers = options_.workers;
   so.worker_args = WorkerNodeArgs(options_.tls, joined_.address());
+  so.worker_args.push_back("--run_dir=" + run_dir);  // node 0's run directory is on node 0's host
   so.report_exit = [this](int rank, const ProcessExit& e) {
     ReportWorkerExitRequest r;
     r.set_node_rank(options_.node.node_rank);

@@ -198,8 +198,12 @@ void Supervisor::Judge(int rank, int exit_code, int signal) {
   const WorkerState w = state_->Workers()[rank];
   if (signal == 0 && exit_code == 0 && w.finished && w.ok) return;
   if (signal == 0 && exit_code == kWorkerExitStopped && stopping_) return;  // it did as told
-  // A remote rank's agent signals it once the coordinator's stop reaches it, on its own clock: not a crash.
-  if (stopping_ && !IsLocal(rank) && (signal == SIGTERM || signal == SIGKILL)) return;
+  // A remote rank's agent signals it the stop notice after the stop reached it: then not a crash (as a
+  // local rank's exit after our SIGTERM is none). Before that, a kill is the cause that set it off.
+  if (stopping_ && !IsLocal(rank) && (signal == SIGTERM || signal == SIGKILL) &&
+      now_() - stop_began_ >= StopNotice(state_->job().timeouts())) {
+    return;
+  }
   if (signal == 0 && w.finished && !w.ok) return;  // it reported why (an incident if it came first)
   // Once stopping, the coordinator refuses new registrations and a worker that never registered
   // leaves with an error: a consequence of the stop (a missed registration deadline, most often),

@@ -92,7 +92,7 @@ Background Start(const std::vector<std::string>& flags) {
   return b;
 }
 
-int Run(const std::vector<std::string>& flags, std::string* output) {
+int RunLauncher(const std::vector<std::string>& flags, std::string* output) {
   Background b = Start(flags);
   const int code = b.Wait(absl::Seconds(120));
   *output = b.Output();
@@ -143,18 +143,18 @@ TEST_P(TwoNodes, LossesAndParametersMatchASingleProcess) {
   std::string out;
   std::vector<std::string> ref = TinyJob(1, 1, model);
   ref.push_back("--run_dir=" + ref_dir);
-  ASSERT_EQ(Run(ref, &out), 0) << out;
+  ASSERT_EQ(RunLauncher(ref, &out), 0) << out;
 
   const std::string address = absl::StrCat("127.0.0.1:", FreePort());
   const std::string token = TokenFile();
   std::vector<std::string> node0 = TinyJob(1, 2, model);
-  for (const std::string& f : {"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
+  for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
                                "--job_token_file=" + token, "--run_dir=" + n0_dir}) {
     node0.push_back(f);
   }
   Background b0 = Start(node0);
   std::string agent_out;
-  const int agent = Run({"--nodes=2", "--node_rank=1", "--coordinator_address=" + address, "--job_token_file=" + token,
+  const int agent = RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=" + address, "--job_token_file=" + token,
                          "--device=cpu", "--workers=1", "--run_dir=" + n1_dir},
                         &agent_out);
   ASSERT_EQ(b0.Wait(absl::Seconds(60)), 0) << b0.Output() << "\n--- node 1\n" << agent_out;
@@ -189,7 +189,7 @@ TEST(TwoNodes, AgentKilled_EndsTheJobWithin5sNamingItsNode) {
   const std::string token = TokenFile();
   std::vector<std::string> node0 = TinyJob(1, 2, "tiny");
   node0[8] = "--steps=100000";  // TinyJob index 8 is --steps  // runs until the agent dies
-  for (const std::string& f : {"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
+  for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
                                "--job_token_file=" + token, "--run_dir=" + Unique("kill0")}) {
     node0.push_back(f);
   }
@@ -211,26 +211,26 @@ TEST(TwoNodes, AgentKilled_EndsTheJobWithin5sNamingItsNode) {
 TEST(Refusals, NonLoopbackAddressWithoutTls_Exit2SayingWhatToPass) {
   std::string out;
   // 198.18.0.0/24 (benchmark testing) and refused before anything binds or connects.
-  EXPECT_EQ(Run({"--device=cpu", "--workers=1", "--nodes=2", "--coordinator_address=198.18.0.1:29500",
+  EXPECT_EQ(RunLauncher({"--device=cpu", "--workers=1", "--nodes=2", "--coordinator_address=198.18.0.1:29500",
                  "--run_dir=" + Unique("refused")},
                 &out),
             2)
       << out;
   EXPECT_TRUE(absl::StrContains(out, "--tls_cert")) << out;
-  EXPECT_EQ(Run({"--nodes=2", "--node_rank=1", "--coordinator_address=198.18.0.1:29500", "--device=cpu"}, &out), 2)
+  EXPECT_EQ(RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=198.18.0.1:29500", "--device=cpu"}, &out), 2)
       << out;
   EXPECT_TRUE(absl::StrContains(out, "--tls_ca")) << out;
 }
 
 TEST(Refusals, SeveralNodesOnLoopbackWithoutTokenOrTls_Exit2) {
   std::string out;
-  EXPECT_EQ(Run({"--device=cpu", "--workers=1", "--nodes=2", "--run_dir=" + Unique("notoken")}, &out), 2) << out;
+  EXPECT_EQ(RunLauncher({"--device=cpu", "--workers=1", "--nodes=2", "--run_dir=" + Unique("notoken")}, &out), 2) << out;
   EXPECT_TRUE(absl::StrContains(out, "--job_token_file")) << out;
 }
 
 TEST(Refusals, JobFlagOnAnAgent_Exit2) {
   std::string out;
-  EXPECT_EQ(Run({"--nodes=2", "--node_rank=1", "--coordinator_address=127.0.0.1:29500", "--model=tiny"}, &out), 2)
+  EXPECT_EQ(RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=127.0.0.1:29500", "--model=tiny"}, &out), 2)
       << out;
   EXPECT_TRUE(absl::StrContains(out, "--model with --node_rank=1")) << out;
 }

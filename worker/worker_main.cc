@@ -41,6 +41,9 @@ ABSL_FLAG(int64_t, incarnation, 1, "increases each time the slot's worker is res
 ABSL_FLAG(std::string, listen_host, "127.0.0.1",
           "the address of this host that the CPU transport listens on and advertises to the other ranks (a job of "
           "several hosts: the host's address as the coordinator sees it)");
+ABSL_FLAG(std::string, run_dir, "",
+          "where this worker writes its files (its parameters), in place of the job's run directory: an agent's "
+          "own on a host other than node 0's");
 ABSL_FLAG(std::string, tls_ca, "", "TLS to the coordinator: the CA that signed its certificate (PEM)");
 ABSL_FLAG(std::string, tls_cert, "", "mutual TLS to the coordinator: this worker's certificate (PEM)");
 ABSL_FLAG(std::string, tls_key, "", "mutual TLS to the coordinator: the key of --tls_cert (PEM)");
@@ -208,6 +211,7 @@ int Main() {
     return absl::IsCancelled(assignment.status()) ? kWorkerExitStopped : kWorkerExitFailed;
   }
   Run run{&client, *assignment, req.incarnation(), nullptr};
+  if (const std::string dir = absl::GetFlag(FLAGS_run_dir); !dir.empty()) run.assignment.mutable_job()->set_run_dir(dir);
   run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
                                       assignment->job().timeouts());
   absl::Status status = device.ok() ? RunJob(run, cuda_ready, *secret) : device.status();
