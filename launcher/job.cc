@@ -18,6 +18,7 @@
 #include "absl/strings/escaping.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "common/checkpoint.h"
 #include "launcher/run_dir.h"
 #include "launcher/token_file.h"
 #include "models/registry.h"
@@ -90,6 +91,10 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.save_params) spec.set_save_params(*r.save_params);
   if (r.timing) spec.set_timing(*r.timing);
   if (r.cuda_graphs) spec.set_cuda_graphs(*r.cuda_graphs);
+  if (r.checkpoint_every) spec.set_checkpoint_every(*r.checkpoint_every);
+  if (r.keep_checkpoints) spec.set_keep_checkpoints(*r.keep_checkpoints);
+  if (!r.resume.empty()) spec.set_resume(r.resume);
+  if (r.max_restarts) spec.set_max_restarts(*r.max_restarts);
 }
 
 // One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.
@@ -143,6 +148,11 @@ std::vector<Ranged> RangedFields(const JobRequest& r, const JobSpec& s) {
        p.micro_batches(), 1, 1 << 16},
       {"global_batch", "pipeline.global_batch", p.has_global_batch(), r.global_batch.has_value(), p.global_batch(),
        1, int64_t{1} << 24},
+      {"checkpoint_every", "checkpoint_every", s.has_checkpoint_every(), r.checkpoint_every.has_value(),
+       s.checkpoint_every(), 1, 1000000000},
+      {"keep_checkpoints", "keep_checkpoints", s.has_keep_checkpoints(), r.keep_checkpoints.has_value(),
+       s.keep_checkpoints(), 1, 1000000},
+      {"max_restarts", "max_restarts", s.has_max_restarts(), r.max_restarts.has_value(), s.max_restarts(), 0, 1000},
   };
 }
 
@@ -357,6 +367,56 @@ absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, Reso
   return absl::OkStatus();
 }
 
+// The sizes a checkpoint's parameters were written with must be the job's (the partition, the stage
+// and worker counts may differ: parameters are matched by name).
+absl::Status SameModel(const std::string& flag, const CheckpointManifest& m, const JobSpec& spec) {
+  const ModelSpec &a = m.model_spec(), &b = spec.model_spec();
+  const std::vector<std::tuple<const char*, int64_t, int64_t>> sizes = {
+      {"vocab", a.vocab(), b.vocab()},       {"hidden", a.hidden(), b.hidden()},
+      {"heads", a.heads(), b.heads()},       {"kv_heads", a.kv_heads(), b.kv_heads()},
+      {"ffn_hidden", a.ffn_hidden(), b.ffn_hidden()}, {"layers", a.layers(), b.layers()},
+      {"seq", a.seq(), b.seq()}};
+  if (a.family() != b.family()) {
+    return Invalid(absl::StrCat(flag, ": the checkpoint is of a ", a.family(), " model (", m.model(), ") but --model=",
+                                spec.model(), " is ", b.family(), "; pass --model=", m.model()));
+  }
+  for (const auto& [name, want, got] : sizes) {
+    if (want != got) {
+      return Invalid(absl::StrCat(flag, ": the checkpoint's model has ", name, " ", want, " but this job's has ", got,
+                                  "; pass --", name, "=", want));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --resume=RUN_DIR: its newest complete checkpoint, whole (every shard's SHA-256 checked), of the same
+// model, and short of --steps. The job then names that checkpoint's directory.
+absl::Status ResolveResume(const JobRequest& r, ResolvedJob& out) {
+  JobSpec& spec = out.spec;
+  const std::string flag = absl::StrCat("--resume=", r.resume.empty() ? spec.resume() : r.resume);
+  if (!IsModelJob(spec)) return Invalid(absl::StrCat(flag, ": only a model's training resumes; drop --resume"));
+  absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(spec.resume());
+  if (!found.ok()) {
+    return Invalid(absl::StrCat(flag, ": ", found.status().message(),
+                                absl::IsNotFound(found.status()) ? "; pass a run directory written with --checkpoint_every" : ""));
+  }
+  for (const CheckpointShard& shard : found->manifest.shards()) {
+    if (absl::Status s = VerifyShard(found->dir, shard); !s.ok()) return Invalid(absl::StrCat(flag, ": ", s.message()));
+  }
+  if (absl::Status s = SameModel(flag, found->manifest, spec); !s.ok()) return s;
+  const int64_t step = found->manifest.step();
+  if (step >= spec.steps()) {
+    return Invalid(absl::StrCat(flag, ": its newest checkpoint has done ", step, " steps but --steps=", spec.steps(),
+                                "; pass --steps=N with N > ", step));
+  }
+  for (const std::string& skipped : found->skipped) {
+    out.notes.push_back(absl::StrCat("skipping ", skipped, ": it has no manifest (its write was cut short)"));
+  }
+  out.notes.push_back(absl::StrCat("resuming from step ", step, " of ", found->dir));
+  spec.set_resume(found->dir);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const std::vector<std::string>& KnownModels() {
@@ -416,6 +476,7 @@ absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
   ApplyRequest(r, spec);
   if (!spec.data().empty() && spec.data() != "synthetic") spec.set_data(UserPath(spec.data()));
   if (!spec.run_dir().empty()) spec.set_run_dir(UserPath(spec.run_dir()));
+  if (!spec.resume().empty()) spec.set_resume(UserPath(spec.resume()));
   return spec;
 }
 
@@ -450,6 +511,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
       const ModelSpec& m = out.spec.model_spec();
       if (absl::Status s = CheckTokenFile(data, m.seq(), m.vocab()); !s.ok()) return s;
     }
+  }
+  if (!out.spec.resume().empty()) {
+    if (absl::Status s = ResolveResume(request, out); !s.ok()) return s;
   }
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());
   return out;

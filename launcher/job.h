@@ -50,6 +50,10 @@ struct JobRequest {
   std::optional<bool> save_params;
   std::optional<bool> timing;
   std::optional<bool> cuda_graphs;
+  std::optional<int64_t> checkpoint_every;  // --checkpoint_every
+  std::optional<int> keep_checkpoints;
+  std::string resume;                       // --resume=RUN_DIR (or one checkpoint's directory)
+  std::optional<int> max_restarts;
 };
 
 struct ResolvedJob {

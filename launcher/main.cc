@@ -68,6 +68,13 @@ ABSL_FLAG(std::string, data, "", "GPT: a file of uint16 tokens (nanoGPT layout);
 ABSL_FLAG(double, lr, -1, "GPT: AdamW learning rate, finite, 0 < lr <= 10 (default 1e-4; 3e-3 for the bare CPU run)");
 ABSL_FLAG(bool, inference, false, "GPT: forward-only pipeline over --global_batch sequences per step");
 ABSL_FLAG(bool, save_params, false, "GPT: each rank writes its final parameters to the run directory");
+ABSL_FLAG(int64_t, checkpoint_every, -1, "GPT: write a checkpoint every N steps and at the end, into "
+                                         "<run_dir>/checkpoints/ (asynchronous; default: none)");
+ABSL_FLAG(int, keep_checkpoints, -1, "GPT: keep the newest N complete checkpoints (default 2)");
+ABSL_FLAG(std::string, resume, "", "GPT: continue from the newest complete checkpoint of this run directory (any "
+                                   "stage count, partition or worker count); the new run has its own --run_dir");
+ABSL_FLAG(int, max_restarts, -1, "after a worker fails, restart every worker from the newest checkpoint, up to N "
+                                 "times (default 0)");
 ABSL_FLAG(std::string, sweep, "", "run the job at each worker count, e.g. 1,2,4, and write sweep.csv, sweep.md and "
                                   "sweep.svg in the run directory");
 ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and trace.json)");
@@ -139,6 +146,10 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   j.lr = Given(p, "lr", FLAGS_lr);
   j.inference = Given(p, "inference", FLAGS_inference);
   j.save_params = Given(p, "save_params", FLAGS_save_params);
+  j.checkpoint_every = Given(p, "checkpoint_every", FLAGS_checkpoint_every);
+  j.keep_checkpoints = Given(p, "keep_checkpoints", FLAGS_keep_checkpoints);
+  j.resume = absl::GetFlag(FLAGS_resume);
+  j.max_restarts = Given(p, "max_restarts", FLAGS_max_restarts);
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.overwrite = absl::GetFlag(FLAGS_overwrite);
   o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);

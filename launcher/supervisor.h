@@ -86,6 +86,8 @@ class Supervisor {
   };
 
   ProcessSpec SpecFor(int index) const;
+  bool ShouldRestart() const;
+  void BeginRestart();
   void Record(Kind kind, int exit_code, std::string text);
   const Incident* RootIncident() const;
   void OnExit(const ProcessExit& e);
@@ -109,6 +111,12 @@ class Supervisor {
   std::vector<Incident> incidents_;
   std::vector<bool> reported_;  // per rank: its Finish(ok=false) is among the incidents
   int interrupt_signal_ = 0;    // the first SIGINT/SIGTERM, when it came before any incident
+  // Restarts (--max_restarts): every worker again, a newer incarnation, after a backoff.
+  int restarts_ = 0;
+  int64_t incarnation_ = 1;
+  bool waiting_restart_ = false;
+  absl::Time restart_at_;
+  absl::Time attempt_start_;    // this incarnation's launch (its registration deadline counts from it)
 };
 
 }  // namespace stagehand

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -110,6 +111,16 @@ std::vector<torch::Tensor> Executor::Parameters() const {
   std::vector<torch::Tensor> out;
   for (const auto& c : chunks_) {
     for (torch::Tensor& p : c->Parameters()) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Executor::NamedParameters() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& c : chunks_) {
+    std::map<const void*, std::string> names;
+    for (auto& [name, p] : c->NamedParameters()) names[p.unsafeGetTensorImpl()] = name;
+    for (torch::Tensor& p : c->Parameters()) out.emplace_back(names[p.unsafeGetTensorImpl()], p);
   }
   return out;
 }
@@ -367,7 +378,7 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step) {
   LoadBatch();
   if (graphs_) {
     for (auto& c : chunks_) c->PrepareForGraphs();  // the optimizer's update, into what the graphs read
-    if (!captured_ && step >= 1) {
+    if (!captured_ && steps_run_ >= 1) {
       try {
         Capture();
       } catch (const c10::Error& e) {
@@ -392,6 +403,7 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step) {
                                                  "): ", s.message()));
     }
   }
+  ++steps_run_;
   StepResult r;
   r.step = step;
   if (loss_sum_.defined()) {

@@ -83,6 +83,10 @@ class Executor {
   int failed_action() const { return failed_action_; }
 
   std::vector<torch::Tensor> Parameters() const;
+  // The chunks' parameters by the model's names (independent of the partition), in Parameters() order.
+  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const;
+  // Null for inference. Its parameter i is Parameters()[i].
+  FusedAdamW* optimizer() const { return optimizer_.get(); }
 
  private:
   struct Slot;  // per (chunk, micro-batch) state within a step
@@ -108,6 +112,7 @@ class Executor {
   const int m_;
   const bool training_;
   int64_t step_ = 0;
+  int64_t steps_run_ = 0;         // by this executor: a resumed run's first step is eager too
   std::unique_ptr<FusedAdamW> optimizer_;
   std::vector<Slot> slots_;       // [chunk * m + mb]
   torch::Tensor loss_sum_;

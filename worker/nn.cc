@@ -207,6 +207,13 @@ void FusedAdamW::Step() {
   }
 }
 
+void FusedAdamW::SetState(size_t i, const ParamState& s) {
+  const torch::Tensor& p = params_[i];
+  exp_avg_[i] = s.exp_avg.to(p.device(), p.scalar_type()).clone();
+  exp_avg_sq_[i] = s.exp_avg_sq.to(p.device(), p.scalar_type()).clone();
+  steps_[i] = s.step.to(p.device(), torch::kFloat32).reshape({}).clone();
+}
+
 void FusedAdamW::ZeroGrad(bool set_to_none) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> defined;

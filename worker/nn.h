@@ -131,6 +131,16 @@ class FusedAdamW {
   // so that they keep their addresses (captured CUDA graphs accumulate into them).
   void ZeroGrad(bool set_to_none = true);
 
+  // Parameter i's moments and step count (undefined before its first step), for checkpoints.
+  struct ParamState {
+    torch::Tensor exp_avg, exp_avg_sq, step;
+  };
+  ParamState State(size_t i) const { return {exp_avg_[i], exp_avg_sq_[i], steps_[i]}; }
+  // Restores parameter i's state (copied to the parameter's device).
+  void SetState(size_t i, const ParamState& s);
+  size_t size() const { return params_.size(); }
+  void set_lr(double lr) { lr_ = lr; }
+
  private:
   std::vector<torch::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
   double lr_, beta1_, beta2_, eps_, weight_decay_;

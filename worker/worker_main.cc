@@ -130,7 +130,7 @@ absl::Status RunModel(Run& run, Transport* transport) {
     req.set_peak_memory_bytes(r.peak_memory_bytes);
     *req.mutable_timing() = r.timing;
     return run.client->ReportStep(req);
-  });
+  }, PipelineContext{run.client, run.incarnation});
 }
 
 absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) {
