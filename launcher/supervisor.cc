@@ -259,6 +259,7 @@ bool Supervisor::Tick() {
     if (now_() < restart_at_) return false;
     waiting_restart_ = false;
     attempt_start_ = now_();
+    for (Slot& s : slots_) s = Slot();
     (void)Start();  // a failure to spawn is an incident, and the end of the run
     return false;
   }
