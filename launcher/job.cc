@@ -95,6 +95,11 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.keep_checkpoints) spec.set_keep_checkpoints(*r.keep_checkpoints);
   if (!r.resume.empty()) spec.set_resume(r.resume);
   if (r.max_restarts) spec.set_max_restarts(*r.max_restarts);
+  if (r.warmup_steps) spec.set_warmup_steps(*r.warmup_steps);
+  if (r.lr_decay_steps) spec.set_lr_decay_steps(*r.lr_decay_steps);
+  if (r.min_lr) spec.set_min_lr(*r.min_lr);
+  if (r.weight_decay) spec.set_weight_decay(*r.weight_decay);
+  if (r.grad_clip) spec.set_grad_clip(*r.grad_clip);
 }
 
 // One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.
@@ -153,6 +158,10 @@ std::vector<Ranged> RangedFields(const JobRequest& r, const JobSpec& s) {
       {"keep_checkpoints", "keep_checkpoints", s.has_keep_checkpoints(), r.keep_checkpoints.has_value(),
        s.keep_checkpoints(), 1, 1000000},
       {"max_restarts", "max_restarts", s.has_max_restarts(), r.max_restarts.has_value(), s.max_restarts(), 0, 1000},
+      {"warmup_steps", "warmup_steps", s.has_warmup_steps(), r.warmup_steps.has_value(), s.warmup_steps(), 0,
+       1000000000},
+      {"lr_decay_steps", "lr_decay_steps", s.has_lr_decay_steps(), r.lr_decay_steps.has_value(), s.lr_decay_steps(), 1,
+       1000000000},
   };
 }
 
@@ -188,6 +197,22 @@ absl::Status ValidateRanges(const JobRequest& r, const JobSpec& spec) {
   }
   const ModelSpec& m = spec.model_spec();
   if (absl::Status s = CheckReal("lr", "lr", spec.has_lr(), r.lr.has_value(), spec.lr(), 0, 10, r.job_file); !s.ok()) {
+    return s;
+  }
+  // 0 is a value here (no decay, a floor of 0): the interval is closed below.
+  if (absl::Status s = CheckReal("min_lr", "min_lr", spec.has_min_lr(), r.min_lr.has_value(), spec.min_lr(), -1e-300,
+                                 10, r.job_file); !s.ok() || (spec.has_min_lr() && spec.min_lr() < 0)) {
+    return s.ok() ? Invalid(absl::StrCat("--min_lr=", spec.min_lr(), ": out of range; pass --min_lr=X with 0 <= X <= 10")) : s;
+  }
+  if (absl::Status s = CheckReal("weight_decay", "weight_decay", spec.has_weight_decay(), r.weight_decay.has_value(),
+                                 spec.weight_decay(), -1e-300, 10, r.job_file);
+      !s.ok() || (spec.has_weight_decay() && spec.weight_decay() < 0)) {
+    return s.ok() ? Invalid(absl::StrCat("--weight_decay=", spec.weight_decay(),
+                                         ": out of range; pass --weight_decay=X with 0 <= X <= 10"))
+                  : s;
+  }
+  if (absl::Status s = CheckReal("grad_clip", "grad_clip", spec.has_grad_clip(), r.grad_clip.has_value(),
+                                 spec.grad_clip(), 0, 1e6, r.job_file); !s.ok()) {
     return s;
   }
   if (absl::Status s = CheckReal("", "model_spec.rope_theta", m.has_rope_theta(), false, m.rope_theta(), 0, 1e12,

@@ -54,6 +54,8 @@ struct JobRequest {
   std::optional<int> keep_checkpoints;
   std::string resume;                       // --resume=RUN_DIR (or one checkpoint's directory)
   std::optional<int> max_restarts;
+  std::optional<int64_t> warmup_steps, lr_decay_steps;
+  std::optional<double> min_lr, weight_decay, grad_clip;
 };
 
 struct ResolvedJob {

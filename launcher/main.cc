@@ -75,6 +75,12 @@ ABSL_FLAG(std::string, resume, "", "GPT: continue from the newest complete check
                                    "stage count, partition or worker count); the new run has its own --run_dir");
 ABSL_FLAG(int, max_restarts, -1, "after a worker fails, restart every worker from the newest checkpoint, up to N "
                                  "times (default 0)");
+ABSL_FLAG(int64_t, warmup_steps, -1, "GPT: linear learning-rate warm-up over N steps, then a cosine decay to --min_lr "
+                                     "(default: a constant --lr unless --warmup_steps, --lr_decay_steps or --min_lr is set)");
+ABSL_FLAG(int64_t, lr_decay_steps, -1, "GPT: the step the cosine decay reaches --min_lr (default: --steps)");
+ABSL_FLAG(double, min_lr, -1, "GPT: the learning rate's floor, 0 <= X <= 10 (default --lr / 10 with a schedule)");
+ABSL_FLAG(double, weight_decay, -1, "GPT: AdamW's decoupled weight decay, 0 <= X <= 10 (default 0.1)");
+ABSL_FLAG(double, grad_clip, -1, "GPT: clip the global gradient norm (across all stages) to X > 0 (default: no clipping)");
 ABSL_FLAG(std::string, sweep, "", "run the job at each worker count, e.g. 1,2,4, and write sweep.csv, sweep.md and "
                                   "sweep.svg in the run directory");
 ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and trace.json)");
@@ -150,6 +156,11 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   j.keep_checkpoints = Given(p, "keep_checkpoints", FLAGS_keep_checkpoints);
   j.resume = absl::GetFlag(FLAGS_resume);
   j.max_restarts = Given(p, "max_restarts", FLAGS_max_restarts);
+  j.warmup_steps = Given(p, "warmup_steps", FLAGS_warmup_steps);
+  j.lr_decay_steps = Given(p, "lr_decay_steps", FLAGS_lr_decay_steps);
+  j.min_lr = Given(p, "min_lr", FLAGS_min_lr);
+  j.weight_decay = Given(p, "weight_decay", FLAGS_weight_decay);
+  j.grad_clip = Given(p, "grad_clip", FLAGS_grad_clip);
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.overwrite = absl::GetFlag(FLAGS_overwrite);
   o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);

@@ -41,6 +41,8 @@ struct ExecutorOptions {
   int64_t micro_batch = 1;   // sequences per micro-batch
   int64_t seq = 1;           // tokens per sequence (the batch's inputs; targets are shifted by one)
   double lr = 1e-4;
+  double weight_decay = 0.1;  // AdamW's
+  double grad_clip = 0;      // > 0: the global gradient norm (every rank's, over the transport) is clipped to it
   bool timing = true;
   bool cuda_graphs = true;   // on GPUs: replay captured graphs from step 1 where the list allows it
   torch::Device device = torch::kCPU;
@@ -87,12 +89,17 @@ class Executor {
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const;
   // Null for inference. Its parameter i is Parameters()[i].
   FusedAdamW* optimizer() const { return optimizer_.get(); }
+  // The learning rate of the steps from now on (the schedule's, set before each step).
+  void SetLearningRate(double lr) {
+    if (optimizer_) optimizer_->set_lr(lr);
+  }
 
  private:
   struct Slot;  // per (chunk, micro-batch) state within a step
   absl::Status Run(size_t& i);
   absl::Status Compute(const Action& a);
   absl::Status Communicate(const std::vector<Action>& group);
+  absl::Status ClipGradients();
   void Forward(const Action& a);
   void Backward(const Action& a);
   void Capture();

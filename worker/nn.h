@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,13 @@ class CudaBf16Autocast {
 // (LibTorch's own order: flash, memory-efficient, math, cuDNN). A kernel that cannot take given inputs
 // (fp32, say) hands them to the next in line. INVALID_ARGUMENT for another name.
 absl::Status SelectAttentionKernel(const std::string& kernel);
+
+// Scales the parameters' gradients so that their global L2 norm is at most `max_norm` (torch's
+// clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1). `all_reduce_sum` adds the
+// other stages' squared norms into the one-element fp32 tensor it is given (identity with one stage),
+// so that every stage clips by the same, global, norm. Returns the norm before clipping.
+double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm,
+                    const std::function<void(torch::Tensor&)>& all_reduce_sum);
 
 // Fused AdamW (ATen's _fused_adamw_) over a set of parameters; state is created on first use.
 class FusedAdamW {

@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "schedule/schedule_proto.h"
 #include "worker/checkpoint.h"
+#include "worker/lr_schedule.h"
 #include "worker/data.h"
 #include "worker/model_family.h"
 #include "worker/stage.h"
@@ -148,6 +149,8 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   o.micro_batch = MicroBatchSize(job);
   o.seq = job.model_spec().seq();
   o.lr = job.lr();  // the launcher fills the default
+  if (job.has_weight_decay()) o.weight_decay = job.weight_decay();
+  o.grad_clip = job.grad_clip();
   o.timing = !job.has_timing() || job.timing();  // unset: timed
   o.cuda_graphs = !job.has_cuda_graphs() || job.cuda_graphs();
   o.device = DeviceOf(job);
@@ -164,7 +167,9 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   }
   std::optional<CheckpointWriter> writer;
   if (job.has_checkpoint_every() && !job.pipeline().inference()) writer.emplace(WriterOptions(a, context));
+  const LrSchedule lr = LrScheduleOf(job);
   for (int64_t step = first_step; step < job.steps(); ++step) {
+    executor.SetLearningRate(LearningRate(lr, step));
     absl::StatusOr<StepResult> r = executor.Step(step);
     if (!r.ok()) {
       absl::Status s = r.status();
