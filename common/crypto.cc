@@ -42,6 +42,36 @@ Sha256Digest HmacSha256(absl::string_view key, absl::string_view message) {
   return out;
 }
 
+Sha256Stream::Sha256Stream() : ctx_(EVP_MD_CTX_new()) {
+  if (ctx_ == nullptr || EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) != 1) {
+    std::fputs("stagehand: SHA-256 init failed in libcrypto (out of memory?)\n", stderr);
+    std::abort();
+  }
+}
+
+Sha256Stream::~Sha256Stream() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+
+void Sha256Stream::Update(const void* data, size_t n) {
+  if (n > 0) EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, n);
+}
+
+Sha256Digest Sha256Stream::Final() {
+  Sha256Digest out{};
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), out.data(), &len);
+  return out;
+}
+
+std::string HexDigest(const Sha256Digest& d) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : d) {
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 15]);
+  }
+  return out;
+}
+
 bool ConstantTimeEqual(const Sha256Digest& a, const Sha256Digest& b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -21,6 +22,23 @@ Sha256Digest Sha256(absl::string_view data);
 // HMAC-SHA256 (RFC 2104, FIPS 180-4) of `message` under `key`; any key length (longer than the block
 // size is hashed first, as the RFC says).
 Sha256Digest HmacSha256(absl::string_view key, absl::string_view message);
+
+// SHA-256 (FIPS 180-4) of a stream, fed in pieces: checkpoint shards are hashed as they are written.
+class Sha256Stream {
+ public:
+  Sha256Stream();
+  ~Sha256Stream();
+  Sha256Stream(const Sha256Stream&) = delete;
+  Sha256Stream& operator=(const Sha256Stream&) = delete;
+  void Update(const void* data, size_t n);
+  Sha256Digest Final();  // once; the object is spent after it
+
+ private:
+  void* ctx_;  // EVP_MD_CTX
+};
+
+// Lower-case hex of a digest (64 characters).
+std::string HexDigest(const Sha256Digest& d);
 
 // Whether a == b, in time that does not depend on where they differ: comparing a MAC byte by byte
 // with an early exit would tell an attacker how many leading bytes of a forgery are right.

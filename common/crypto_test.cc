@@ -68,3 +68,21 @@ TEST(CryptoTest, RandomBytes_TwoCalls_Differ) {
 
 }  // namespace
 }  // namespace stagehand
+
+namespace stagehand {
+namespace {
+
+// FIPS 180-4's examples: "abc", and the 448-bit message fed in two pieces.
+TEST(CryptoTest, Sha256_FipsVectors_MatchInPieces) {
+  Sha256Stream a;
+  a.Update("abc", 3);
+  EXPECT_EQ(HexDigest(a.Final()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  Sha256Stream b;
+  b.Update(m.data(), 10);
+  b.Update(m.data() + 10, m.size() - 10);
+  EXPECT_EQ(HexDigest(b.Final()), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+}  // namespace
+}  // namespace stagehand

@@ -219,6 +219,7 @@ absl::Status CoordinatorState::RecordRegistration(const RegisterRequest& request
               << " (pid " << request.pid() << ") replaces incarnation " << slot.incarnation
               << " (pid " << slot.pid << ")";
   } else {
+    if (request.incarnation() < min_incarnation_) return StaleError(request.worker_index(), request.incarnation());
     ++registered_count_;
   }
   // A new incarnation is a fresh start: nothing of the old one's progress carries over.
@@ -569,6 +570,28 @@ bool CoordinatorState::AwaitPendingWaits(int count, absl::Time deadline) const {
 std::optional<Partition> CoordinatorState::partition() const {
   absl::MutexLock lock(&mu_);
   return partition_;
+}
+
+}  // namespace stagehand
+
+namespace stagehand {
+
+absl::Status CoordinatorState::Restart() {
+  absl::MutexLock lock(&mu_);
+  if (!stop_reason_) return absl::FailedPreconditionError("the job is running; stop it before restarting it");
+  for (WorkerState& w : workers_) {
+    min_incarnation_ = std::max(min_incarnation_, w.incarnation + 1);
+    WorkerState fresh;
+    fresh.incarnation = w.incarnation;
+    w = fresh;
+  }
+  registered_count_ = 0;
+  kv_.clear();
+  barriers_.clear();
+  partition_.reset();
+  stop_reason_.reset();
+  stop_origin_.clear();
+  return absl::OkStatus();
 }
 
 }  // namespace stagehand

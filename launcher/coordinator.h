@@ -154,6 +154,11 @@ class CoordinatorState {
   // answer stop=true with the reason. The first reason is kept.
   void Stop(const std::string& reason, const std::string& origin = "the launcher");
   bool stopping() const;
+  // Ends a stopped incarnation of the job so that the next one runs on the same service (the
+  // supervisor's restarts): every slot waits for a registration of a newer incarnation than any so
+  // far, and the key-value store, barriers, partition and stop are cleared; the step reports stay
+  // (keyed by incarnation). FAILED_PRECONDITION unless the job is stopping.
+  absl::Status Restart();
   std::optional<std::string> stop_reason() const;  // the first reason given to Stop()
 
   // For the server's shutdown, which must finish every call before it returns: completes every
@@ -264,6 +269,7 @@ class CoordinatorState {
   mutable absl::Mutex mu_;
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
   int registered_count_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t min_incarnation_ ABSL_GUARDED_BY(mu_) = 0;  // after a Restart: older ones are stale
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<bool>> barriers_ ABSL_GUARDED_BY(mu_);  // id -> arrived per rank
   std::vector<ReportStepRequest> steps_ ABSL_GUARDED_BY(mu_);

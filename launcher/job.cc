@@ -18,6 +18,7 @@
 #include "absl/strings/escaping.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "common/checkpoint.h"
 #include "launcher/run_dir.h"
 #include "launcher/token_file.h"
 #include "models/registry.h"
@@ -94,6 +95,15 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.cuda_graphs) spec.set_cuda_graphs(*r.cuda_graphs);
   if (r.telemetry) spec.set_telemetry(*r.telemetry);
   if (!r.health.empty()) spec.set_health(r.health);
+  if (r.checkpoint_every) spec.set_checkpoint_every(*r.checkpoint_every);
+  if (r.keep_checkpoints) spec.set_keep_checkpoints(*r.keep_checkpoints);
+  if (!r.resume.empty()) spec.set_resume(r.resume);
+  if (r.max_restarts) spec.set_max_restarts(*r.max_restarts);
+  if (r.warmup_steps) spec.set_warmup_steps(*r.warmup_steps);
+  if (r.lr_decay_steps) spec.set_lr_decay_steps(*r.lr_decay_steps);
+  if (r.min_lr) spec.set_min_lr(*r.min_lr);
+  if (r.weight_decay) spec.set_weight_decay(*r.weight_decay);
+  if (r.grad_clip) spec.set_grad_clip(*r.grad_clip);
 }
 
 // One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.
@@ -147,6 +157,15 @@ std::vector<Ranged> RangedFields(const JobRequest& r, const JobSpec& s) {
        p.micro_batches(), 1, 1 << 16},
       {"global_batch", "pipeline.global_batch", p.has_global_batch(), r.global_batch.has_value(), p.global_batch(),
        1, int64_t{1} << 24},
+      {"checkpoint_every", "checkpoint_every", s.has_checkpoint_every(), r.checkpoint_every.has_value(),
+       s.checkpoint_every(), 1, 1000000000},
+      {"keep_checkpoints", "keep_checkpoints", s.has_keep_checkpoints(), r.keep_checkpoints.has_value(),
+       s.keep_checkpoints(), 1, 1000000},
+      {"max_restarts", "max_restarts", s.has_max_restarts(), r.max_restarts.has_value(), s.max_restarts(), 0, 1000},
+      {"warmup_steps", "warmup_steps", s.has_warmup_steps(), r.warmup_steps.has_value(), s.warmup_steps(), 0,
+       1000000000},
+      {"lr_decay_steps", "lr_decay_steps", s.has_lr_decay_steps(), r.lr_decay_steps.has_value(), s.lr_decay_steps(), 1,
+       1000000000},
   };
 }
 
@@ -182,6 +201,22 @@ absl::Status ValidateRanges(const JobRequest& r, const JobSpec& spec) {
   }
   const ModelSpec& m = spec.model_spec();
   if (absl::Status s = CheckReal("lr", "lr", spec.has_lr(), r.lr.has_value(), spec.lr(), 0, 10, r.job_file); !s.ok()) {
+    return s;
+  }
+  // 0 is a value here (no decay, a floor of 0): the interval is closed below.
+  if (absl::Status s = CheckReal("min_lr", "min_lr", spec.has_min_lr(), r.min_lr.has_value(), spec.min_lr(), -1e-300,
+                                 10, r.job_file); !s.ok() || (spec.has_min_lr() && spec.min_lr() < 0)) {
+    return s.ok() ? Invalid(absl::StrCat("--min_lr=", spec.min_lr(), ": out of range; pass --min_lr=X with 0 <= X <= 10")) : s;
+  }
+  if (absl::Status s = CheckReal("weight_decay", "weight_decay", spec.has_weight_decay(), r.weight_decay.has_value(),
+                                 spec.weight_decay(), -1e-300, 10, r.job_file);
+      !s.ok() || (spec.has_weight_decay() && spec.weight_decay() < 0)) {
+    return s.ok() ? Invalid(absl::StrCat("--weight_decay=", spec.weight_decay(),
+                                         ": out of range; pass --weight_decay=X with 0 <= X <= 10"))
+                  : s;
+  }
+  if (absl::Status s = CheckReal("grad_clip", "grad_clip", spec.has_grad_clip(), r.grad_clip.has_value(),
+                                 spec.grad_clip(), 0, 1e6, r.job_file); !s.ok()) {
     return s;
   }
   if (absl::Status s = CheckReal("", "model_spec.rope_theta", m.has_rope_theta(), false, m.rope_theta(), 0, 1e12,
@@ -367,6 +402,56 @@ absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, Reso
   return absl::OkStatus();
 }
 
+// The sizes a checkpoint's parameters were written with must be the job's (the partition, the stage
+// and worker counts may differ: parameters are matched by name).
+absl::Status SameModel(const std::string& flag, const CheckpointManifest& m, const JobSpec& spec) {
+  const ModelSpec &a = m.model_spec(), &b = spec.model_spec();
+  const std::vector<std::tuple<const char*, int64_t, int64_t>> sizes = {
+      {"vocab", a.vocab(), b.vocab()},       {"hidden", a.hidden(), b.hidden()},
+      {"heads", a.heads(), b.heads()},       {"kv_heads", a.kv_heads(), b.kv_heads()},
+      {"ffn_hidden", a.ffn_hidden(), b.ffn_hidden()}, {"layers", a.layers(), b.layers()},
+      {"seq", a.seq(), b.seq()}};
+  if (a.family() != b.family()) {
+    return Invalid(absl::StrCat(flag, ": the checkpoint is of a ", a.family(), " model (", m.model(), ") but --model=",
+                                spec.model(), " is ", b.family(), "; pass --model=", m.model()));
+  }
+  for (const auto& [name, want, got] : sizes) {
+    if (want != got) {
+      return Invalid(absl::StrCat(flag, ": the checkpoint's model has ", name, " ", want, " but this job's has ", got,
+                                  "; pass --", name, "=", want));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --resume=RUN_DIR: its newest complete checkpoint, whole (every shard's SHA-256 checked), of the same
+// model, and short of --steps. The job then names that checkpoint's directory.
+absl::Status ResolveResume(const JobRequest& r, ResolvedJob& out) {
+  JobSpec& spec = out.spec;
+  const std::string flag = absl::StrCat("--resume=", r.resume.empty() ? spec.resume() : r.resume);
+  if (!IsModelJob(spec)) return Invalid(absl::StrCat(flag, ": only a model's training resumes; drop --resume"));
+  absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(spec.resume());
+  if (!found.ok()) {
+    return Invalid(absl::StrCat(flag, ": ", found.status().message(),
+                                absl::IsNotFound(found.status()) ? "; pass a run directory written with --checkpoint_every" : ""));
+  }
+  for (const CheckpointShard& shard : found->manifest.shards()) {
+    if (absl::Status s = VerifyShard(found->dir, shard); !s.ok()) return Invalid(absl::StrCat(flag, ": ", s.message()));
+  }
+  if (absl::Status s = SameModel(flag, found->manifest, spec); !s.ok()) return s;
+  const int64_t step = found->manifest.step();
+  if (step >= spec.steps()) {
+    return Invalid(absl::StrCat(flag, ": its newest checkpoint has done ", step, " steps but --steps=", spec.steps(),
+                                "; pass --steps=N with N > ", step));
+  }
+  for (const std::string& skipped : found->skipped) {
+    out.notes.push_back(absl::StrCat("skipping ", skipped, ": it has no manifest (its write was cut short)"));
+  }
+  out.notes.push_back(absl::StrCat("resuming from step ", step, " of ", found->dir));
+  spec.set_resume(found->dir);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const std::vector<std::string>& KnownModels() {
@@ -426,6 +511,7 @@ absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
   ApplyRequest(r, spec);
   if (!spec.data().empty() && spec.data() != "synthetic") spec.set_data(UserPath(spec.data()));
   if (!spec.run_dir().empty()) spec.set_run_dir(UserPath(spec.run_dir()));
+  if (!spec.resume().empty()) spec.set_resume(UserPath(spec.resume()));
   return spec;
 }
 
@@ -463,6 +549,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
       const ModelSpec& m = out.spec.model_spec();
       if (absl::Status s = CheckTokenFile(data, m.seq(), m.vocab()); !s.ok()) return s;
     }
+  }
+  if (!out.spec.resume().empty()) {
+    if (absl::Status s = ResolveResume(request, out); !s.ok()) return s;
   }
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());
   return out;

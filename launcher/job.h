@@ -56,6 +56,12 @@ struct JobRequest {
   // Several hosts (node 0): the workers of the whole job. --gpus and --workers count this host's,
   // which the devices are checked against; the pipeline is sized by this one.
   std::optional<int> world_workers;
+  std::optional<int64_t> checkpoint_every;  // --checkpoint_every
+  std::optional<int> keep_checkpoints;
+  std::string resume;                       // --resume=RUN_DIR (or one checkpoint's directory)
+  std::optional<int> max_restarts;
+  std::optional<int64_t> warmup_steps, lr_decay_steps;
+  std::optional<double> min_lr, weight_decay, grad_clip;
 };
 
 struct ResolvedJob {

@@ -64,6 +64,19 @@ ABSL_FLAG(bool, cuda_graphs, true,
           "on GPUs, 1F1B and inference stages replay each micro-batch's forward and backward as CUDA graphs "
           "captured once (after step 0), which takes the CPU's launch cost off small micro-batches");
 ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
+ABSL_FLAG(int64_t, checkpoint_every, -1, "GPT: write a checkpoint every N steps and at the end, into "
+                                         "<run_dir>/checkpoints/ (asynchronous; default: none)");
+ABSL_FLAG(int, keep_checkpoints, -1, "GPT: keep the newest N complete checkpoints (default 2)");
+ABSL_FLAG(std::string, resume, "", "GPT: continue from the newest complete checkpoint of this run directory (any "
+                                   "stage count, partition or worker count); the new run has its own --run_dir");
+ABSL_FLAG(int, max_restarts, -1, "after a worker fails, restart every worker from the newest checkpoint, up to N "
+                                 "times (default 0)");
+ABSL_FLAG(int64_t, warmup_steps, -1, "GPT: linear learning-rate warm-up over N steps, then a cosine decay to --min_lr "
+                                     "(default: a constant --lr unless --warmup_steps, --lr_decay_steps or --min_lr is set)");
+ABSL_FLAG(int64_t, lr_decay_steps, -1, "GPT: the step the cosine decay reaches --min_lr (default: --steps)");
+ABSL_FLAG(double, min_lr, -1, "GPT: the learning rate's floor, 0 <= X <= 10 (default --lr / 10 with a schedule)");
+ABSL_FLAG(double, weight_decay, -1, "GPT: AdamW's decoupled weight decay, 0 <= X <= 10 (default 0.1)");
+ABSL_FLAG(double, grad_clip, -1, "GPT: clip the global gradient norm (across all stages) to X > 0 (default: no clipping)");
 
 namespace stagehand {
 namespace {
@@ -119,6 +132,15 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.cuda_graphs = Given(p, "cuda_graphs", FLAGS_cuda_graphs);
   j.telemetry = Given(p, "telemetry", FLAGS_telemetry);
   j.health = absl::GetFlag(FLAGS_health);
+  j.checkpoint_every = Given(p, "checkpoint_every", FLAGS_checkpoint_every);
+  j.keep_checkpoints = Given(p, "keep_checkpoints", FLAGS_keep_checkpoints);
+  j.resume = absl::GetFlag(FLAGS_resume);
+  j.max_restarts = Given(p, "max_restarts", FLAGS_max_restarts);
+  j.warmup_steps = Given(p, "warmup_steps", FLAGS_warmup_steps);
+  j.lr_decay_steps = Given(p, "lr_decay_steps", FLAGS_lr_decay_steps);
+  j.min_lr = Given(p, "min_lr", FLAGS_min_lr);
+  j.weight_decay = Given(p, "weight_decay", FLAGS_weight_decay);
+  j.grad_clip = Given(p, "grad_clip", FLAGS_grad_clip);
   return j;
 }
 

@@ -3,6 +3,8 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -31,7 +33,8 @@ Supervisor::Supervisor(CoordinatorState* state, ProcessSpawner* spawner, Supervi
       now_(std::move(now)),
       launch_(options_.launch == absl::InfinitePast() ? now_() : options_.launch),
       slots_(state->job().workers()),
-      reported_(state->job().workers(), false) {
+      reported_(state->job().workers(), false),
+      attempt_start_(launch_) {
   // An agent watches only its own ranks: the others are not its to wait for.
   for (int r = 0; r < static_cast<int>(slots_.size()); ++r) slots_[r].exited = agent() && !IsLocal(r);
 }
@@ -48,7 +51,7 @@ ProcessSpec Supervisor::SpecFor(int index) const {
                absl::StrCat("--coordinator=", options_.coordinator_address),
                absl::StrCat("--job_id=", state_->job_id()),
                absl::StrCat("--worker_index=", index),
-               "--incarnation=1"};
+               absl::StrCat("--incarnation=", incarnation_)};
   spec.argv.insert(spec.argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   for (const std::string& e : options_.env) {
     if (e.rfind("CUDA_VISIBLE_DEVICES=", 0) != 0) spec.env.push_back(e);  // set below, once
@@ -136,7 +139,11 @@ int Supervisor::exit_code() const {
 }
 
 std::string Supervisor::root_cause() const {
-  if (const Incident* i = RootIncident()) return i->text;
+  if (const Incident* i = RootIncident()) {
+    if (restarts_ == 0 || waiting_restart_) return i->text;
+    return absl::StrCat(i->text, " (after ", restarts_, restarts_ == 1 ? " restart" : " restarts", ", --max_restarts=",
+                        state_->job().max_restarts(), ")");
+  }
   if (interrupt_signal_ == 0) return "";
   return absl::StrCat("interrupted by ", interrupt_signal_ == SIGINT    ? "SIGINT"
                                          : interrupt_signal_ == SIGTERM ? "SIGTERM"
@@ -241,7 +248,7 @@ void Supervisor::CheckDeadlines() {
   const Timeouts& t = state_->job().timeouts();
   const absl::Time now = now_();
   std::vector<WorkerState> workers = state_->Workers();
-  if (now - launch_ > absl::Milliseconds(t.register_ms())) {
+  if (now - attempt_start_ > absl::Milliseconds(t.register_ms())) {
     if (std::string missing = Unregistered(workers); !missing.empty()) {
       return Record(Kind::kHang, kExitWorkerHung,
                     absl::StrCat(missing, " did not register within ",
@@ -292,14 +299,54 @@ void Supervisor::Escalate() {
   }
 }
 
+// A failure of the workers (not of the launch, which would fail again, nor an interrupt) while
+// restarts are left.
+bool Supervisor::ShouldRestart() const {
+  const Incident* i = RootIncident();
+  return interrupt_signal_ == 0 && i != nullptr && i->kind != Kind::kLaunch &&
+         restarts_ < state_->job().max_restarts();
+}
+
+// Every worker is gone after a failure: the next incarnation starts after a backoff (1 s, doubling,
+// at most 30 s), its workers resuming from the run's newest complete checkpoint (worker/pipeline.h).
+void Supervisor::BeginRestart() {
+  const std::string cause = root_cause();
+  ++restarts_;
+  const absl::Duration backoff = std::min(absl::Seconds(30), absl::Seconds(1) * (1 << std::min(restarts_ - 1, 5)));
+  std::printf("stagehand: restart %d of %d: %s; restarting every worker from the newest checkpoint in %s\n",
+              restarts_, state_->job().max_restarts(), cause.c_str(), absl::FormatDuration(backoff).c_str());
+  std::fflush(stdout);
+  if (absl::Status s = state_->Restart(); !s.ok()) LOG(ERROR) << s.message();
+  incidents_.clear();
+  reported_.assign(reported_.size(), false);
+  stopping_ = sent_term_ = sent_kill_ = false;
+  for (Slot& s : slots_) s = Slot{0, absl::InfinitePast(), /*exited=*/true, -1, 0};
+  ++incarnation_;
+  restart_at_ = now_() + backoff;
+  waiting_restart_ = true;
+}
+
 bool Supervisor::Tick() {
   for (const ProcessExit& e : spawner_->Reap()) OnExit(e);
+  if (waiting_restart_) {
+    if (interrupt_signal_ != 0) return true;  // stopped during the backoff: nothing runs
+    if (now_() < restart_at_) return false;
+    waiting_restart_ = false;
+    attempt_start_ = now_();
+    for (Slot& s : slots_) s = Slot();
+    (void)Start();  // a failure to spawn is an incident, and the end of the run
+    return false;
+  }
   if (!agent()) {
     CheckRemote();
     CheckDeadlines();
   }
   bool all_gone = true;
   for (const Slot& s : slots_) all_gone = all_gone && s.exited;
+  if (all_gone && ShouldRestart()) {
+    BeginRestart();
+    return false;
+  }
   if (all_gone) return true;
   if (stopping_) Escalate();
   return false;

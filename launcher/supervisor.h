@@ -104,6 +104,8 @@ class Supervisor {
   bool agent() const { return static_cast<bool>(options_.report_exit); }
   void Judge(int rank, int exit_code, int signal);
   void CheckRemote();
+  bool ShouldRestart() const;
+  void BeginRestart();
   void Record(Kind kind, int exit_code, std::string text);
   const Incident* RootIncident() const;
   void OnExit(const ProcessExit& e);
@@ -127,6 +129,12 @@ class Supervisor {
   std::vector<Incident> incidents_;
   std::vector<bool> reported_;  // per rank: its Finish(ok=false) is among the incidents
   int interrupt_signal_ = 0;    // the first SIGINT/SIGTERM, when it came before any incident
+  // Restarts (--max_restarts): every worker again, a newer incarnation, after a backoff.
+  int restarts_ = 0;
+  int64_t incarnation_ = 1;
+  bool waiting_restart_ = false;
+  absl::Time restart_at_;
+  absl::Time attempt_start_;    // this incarnation's launch (its registration deadline counts from it)
 };
 
 }  // namespace stagehand

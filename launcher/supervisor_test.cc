@@ -122,8 +122,10 @@ RegisterRequest MakeRegister(int index) {
 
 class SupervisorTest : public ::testing::Test {
  protected:
-  void Init(int workers, DeviceKind device = DEVICE_KIND_CPU) {
-    state_ = std::make_unique<CoordinatorState>(MakeJob(workers, device), kJobId, kSecret, clock_.AsFunction());
+  void Init(int workers, DeviceKind device = DEVICE_KIND_CPU, int max_restarts = 0) {
+    JobSpec job = MakeJob(workers, device);
+    if (max_restarts > 0) job.set_max_restarts(max_restarts);
+    state_ = std::make_unique<CoordinatorState>(job, kJobId, kSecret, clock_.AsFunction());
     SupervisorOptions options;
     options.worker_binary = kWorkerBinary;
     options.coordinator_address = kCoordinatorAddress;
@@ -282,6 +284,26 @@ TEST_F(SupervisorTest, Tick_WorkerKilledBySigkill_FailsNamingRankSignalAndSteps)
               AllOf(HasSubstr("rank 1"), HasSubstr("signal 9"), HasSubstr("after 5 steps")));
   EXPECT_TRUE(state_->stopping());
   EXPECT_THAT(spawner_.signals(), IsEmpty()) << "the workers get the stop notice first";
+}
+
+TEST_F(SupervisorTest, Tick_CrashWithARestartLeft_RespawnsANewerIncarnationThenGivesUpWithTheLastCause) {
+  Init(1, DEVICE_KIND_CPU, /*max_restarts=*/1);
+  StartAndRegisterAll();
+  spawner_.Kill(Pid(0), SIGKILL);
+  EXPECT_FALSE(supervisor_->Tick()) << "a restart is left";
+  EXPECT_FALSE(state_->stopping()) << "the coordinator waits for the next incarnation";
+  EXPECT_FALSE(TickAfter(absl::Milliseconds(999)));
+  EXPECT_THAT(spawner_.specs(), SizeIs(1)) << "the backoff is 1 s";
+  EXPECT_FALSE(TickAfter(absl::Milliseconds(1)));
+  ASSERT_THAT(spawner_.specs(), SizeIs(2));
+  EXPECT_THAT(spawner_.specs()[1].argv, Contains("--incarnation=2"));
+  RegisterRequest again = MakeRegister(0);
+  again.set_incarnation(1);  // the dead incarnation is stale
+  EXPECT_EQ(state_->Register(again, absl::Now() + absl::Seconds(1)).status().code(), absl::StatusCode::kAborted);
+  spawner_.Kill(Pid(1), SIGKILL);
+  EXPECT_TRUE(supervisor_->Tick()) << "no restart is left";
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("signal 9"), HasSubstr("after 1 restart")));
 }
 
 TEST_F(SupervisorTest, Tick_AfterFailure_TermsAfterStopNoticeAndKillsAfterGrace) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -91,7 +92,7 @@ Executor::Executor(ExecutorOptions options, std::vector<std::unique_ptr<Stage>> 
   // Peak memory from here on: the profile that ran before (and its graphs) is not the run's.
   if (o_.device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(0);
   if (training_) {
-    optimizer_ = std::make_unique<FusedAdamW>(Parameters(), o_.lr);
+    optimizer_ = std::make_unique<FusedAdamW>(Parameters(), o_.lr, 0.9, 0.95, 1e-8, o_.weight_decay);
     for (auto& c : chunks_) c->SetTraining(true);
   } else {
     for (auto& c : chunks_) c->SetTraining(false);
@@ -110,6 +111,16 @@ std::vector<torch::Tensor> Executor::Parameters() const {
   std::vector<torch::Tensor> out;
   for (const auto& c : chunks_) {
     for (torch::Tensor& p : c->Parameters()) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Executor::NamedParameters() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& c : chunks_) {
+    std::map<const void*, std::string> names;
+    for (auto& [name, p] : c->NamedParameters()) names[p.unsafeGetTensorImpl()] = name;
+    for (torch::Tensor& p : c->Parameters()) out.emplace_back(names[p.unsafeGetTensorImpl()], p);
   }
   return out;
 }
@@ -334,6 +345,9 @@ absl::Status Executor::Compute(const Action& x) {
     case ActionKind::kForward: Forward(x); break;
     case ActionKind::kBackward: Backward(x); break;
     case ActionKind::kOptimizerStep:
+      if (o_.grad_clip > 0) {
+        if (absl::Status s = ClipGradients(); !s.ok()) return s;
+      }
       optimizer_->Step();
       optimizer_->ZeroGrad(/*set_to_none=*/!graphs_);  // captured graphs accumulate into fixed gradients
       break;
@@ -342,6 +356,19 @@ absl::Status Executor::Compute(const Action& x) {
   }
   timer_.EndCompute(x, std::move(waited_for));
   return absl::OkStatus();
+}
+
+// Every rank adds its squared gradient norm into one all-reduce over the transport (the list puts the
+// optimizer step last on every rank, so the collective comes in the same order everywhere).
+absl::Status Executor::ClipGradients() {
+  absl::Status status;
+  ClipGradNorm(Parameters(), o_.grad_clip, [&](torch::Tensor& sumsq) {
+    if (transport_ == nullptr || transport_->world_size() == 1) return;
+    streams_->CommAfterCompute();
+    status = transport_->AllReduceSum(sumsq.data_ptr(), 1, DType::kFloat32);
+    streams_->ComputeAfter(streams_->MarkComm());
+  });
+  return status;
 }
 
 // Runs actions_[i] (and the rest of its group), advancing i past them.
@@ -367,7 +394,7 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step) {
   LoadBatch();
   if (graphs_) {
     for (auto& c : chunks_) c->PrepareForGraphs();  // the optimizer's update, into what the graphs read
-    if (!captured_ && step >= 1) {
+    if (!captured_ && steps_run_ >= 1) {
       try {
         Capture();
       } catch (const c10::Error& e) {
@@ -392,6 +419,7 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step) {
                                                  "): ", s.message()));
     }
   }
+  ++steps_run_;
   StepResult r;
   r.step = step;
   if (loss_sum_.defined()) {

@@ -41,6 +41,8 @@ struct ExecutorOptions {
   int64_t micro_batch = 1;   // sequences per micro-batch
   int64_t seq = 1;           // tokens per sequence (the batch's inputs; targets are shifted by one)
   double lr = 1e-4;
+  double weight_decay = 0.1;  // AdamW's
+  double grad_clip = 0;      // > 0: the global gradient norm (every rank's, over the transport) is clipped to it
   bool timing = true;
   bool cuda_graphs = true;   // on GPUs: replay captured graphs from step 1 where the list allows it
   torch::Device device = torch::kCPU;
@@ -83,12 +85,21 @@ class Executor {
   int failed_action() const { return failed_action_; }
 
   std::vector<torch::Tensor> Parameters() const;
+  // The chunks' parameters by the model's names (independent of the partition), in Parameters() order.
+  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const;
+  // Null for inference. Its parameter i is Parameters()[i].
+  FusedAdamW* optimizer() const { return optimizer_.get(); }
+  // The learning rate of the steps from now on (the schedule's, set before each step).
+  void SetLearningRate(double lr) {
+    if (optimizer_) optimizer_->set_lr(lr);
+  }
 
  private:
   struct Slot;  // per (chunk, micro-batch) state within a step
   absl::Status Run(size_t& i);
   absl::Status Compute(const Action& a);
   absl::Status Communicate(const std::vector<Action>& group);
+  absl::Status ClipGradients();
   void Forward(const Action& a);
   void Backward(const Action& a);
   void Capture();
@@ -108,6 +119,7 @@ class Executor {
   const int m_;
   const bool training_;
   int64_t step_ = 0;
+  int64_t steps_run_ = 0;         // by this executor: a resumed run's first step is eager too
   std::unique_ptr<FusedAdamW> optimizer_;
   std::vector<Slot> slots_;       // [chunk * m + mb]
   torch::Tensor loss_sum_;

@@ -207,6 +207,30 @@ void FusedAdamW::Step() {
   }
 }
 
+double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm,
+                    const std::function<void(torch::Tensor&)>& all_reduce_sum) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  torch::Tensor sumsq = torch::zeros({1}, params.empty() ? torch::TensorOptions() : params[0].options().dtype(torch::kFloat32));
+  for (const torch::Tensor& g : grads) sumsq += g.to(torch::kFloat32).pow(2).sum();
+  all_reduce_sum(sumsq);
+  const torch::Tensor norm = sumsq.sqrt();
+  // On the device, without reading the norm back: the host does not wait for the GPU here.
+  const torch::Tensor coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  if (!grads.empty()) at::_foreach_mul_(grads, coef.reshape({}).to(grads[0].scalar_type()));
+  return grads.empty() || !norm.is_cpu() ? -1.0 : norm.item<double>();
+}
+
+void FusedAdamW::SetState(size_t i, const ParamState& s) {
+  const torch::Tensor& p = params_[i];
+  exp_avg_[i] = s.exp_avg.to(p.device(), p.scalar_type()).clone();
+  exp_avg_sq_[i] = s.exp_avg_sq.to(p.device(), p.scalar_type()).clone();
+  steps_[i] = s.step.to(p.device(), torch::kFloat32).reshape({}).clone();
+}
+
 void FusedAdamW::ZeroGrad(bool set_to_none) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> defined;

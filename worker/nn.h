@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,13 @@ class CudaBf16Autocast {
 // (fp32, say) hands them to the next in line. INVALID_ARGUMENT for another name.
 absl::Status SelectAttentionKernel(const std::string& kernel);
 
+// Scales the parameters' gradients so that their global L2 norm is at most `max_norm` (torch's
+// clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1). `all_reduce_sum` adds the
+// other stages' squared norms into the one-element fp32 tensor it is given (identity with one stage),
+// so that every stage clips by the same, global, norm. Returns the norm before clipping.
+double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm,
+                    const std::function<void(torch::Tensor&)>& all_reduce_sum);
+
 // Fused AdamW (ATen's _fused_adamw_) over a set of parameters; state is created on first use.
 class FusedAdamW {
  public:
@@ -130,6 +138,16 @@ class FusedAdamW {
   // Sets gradients to None; or, with set_to_none false, to zeros in place (allocating them if need be),
   // so that they keep their addresses (captured CUDA graphs accumulate into them).
   void ZeroGrad(bool set_to_none = true);
+
+  // Parameter i's moments and step count (undefined before its first step), for checkpoints.
+  struct ParamState {
+    torch::Tensor exp_avg, exp_avg_sq, step;
+  };
+  ParamState State(size_t i) const { return {exp_avg_[i], exp_avg_sq_[i], steps_[i]}; }
+  // Restores parameter i's state (copied to the parameter's device).
+  void SetState(size_t i, const ParamState& s);
+  size_t size() const { return params_.size(); }
+  void set_lr(double lr) { lr_ = lr; }
 
  private:
   std::vector<torch::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;

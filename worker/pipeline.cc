@@ -17,7 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/model_description.h"
+#include "common/checkpoint.h"
+#include "common/logging.h"
 #include "schedule/schedule_proto.h"
+#include "worker/checkpoint.h"
+#include "worker/lr_schedule.h"
 #include "worker/data.h"
 #include "worker/model_family.h"
 #include "worker/stage.h"
@@ -94,7 +98,38 @@ absl::Status SaveParams(const Executor& executor, const JobSpec& job, int rank) 
   return absl::OkStatus();
 }
 
-absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineStepCallback& on_step) {
+// The checkpoint this rank starts from: a restarted worker's run's own newest, else the job's --resume
+// (the launcher resolved it to one checkpoint's directory); "" to start afresh.
+absl::StatusOr<std::string> ResumeFrom(const JobSpec& job, int64_t incarnation) {
+  if (incarnation > 1) {
+    absl::StatusOr<FoundCheckpoint> own = NewestCheckpoint(job.run_dir());
+    if (own.ok()) return own->dir;
+    if (!absl::IsNotFound(own.status())) return own.status();
+  }
+  return job.resume();
+}
+
+bool CheckpointDue(const JobSpec& job, int64_t steps_done) {
+  if (!job.has_checkpoint_every()) return false;
+  return steps_done % job.checkpoint_every() == 0 || steps_done == job.steps();
+}
+
+CheckpointWriterOptions WriterOptions(const Assignment& a, const PipelineContext& context) {
+  CheckpointWriterOptions o;
+  o.job = &a.job();
+  o.job_id = a.job_id();
+  o.incarnation = context.incarnation;
+  o.rank = a.rank();
+  o.world_size = a.world_size();
+  o.first_layer = a.first_layer();
+  o.last_layer = a.last_layer();
+  o.layers_per_stage.assign(a.layers_per_stage().begin(), a.layers_per_stage().end());
+  o.kv = context.kv;
+  return o;
+}
+
+absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineStepCallback& on_step,
+                             const PipelineContext& context) {
   absl::StatusOr<const ModelFamily*> family = FamilyOf(a.job());
   if (!family.ok()) return family.status();
   absl::StatusOr<JobSpec> resolved = Resolved(**family, a.job());
@@ -114,12 +149,27 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   o.micro_batch = MicroBatchSize(job);
   o.seq = job.model_spec().seq();
   o.lr = job.lr();  // the launcher fills the default
+  if (job.has_weight_decay()) o.weight_decay = job.weight_decay();
+  o.grad_clip = job.grad_clip();
   o.timing = !job.has_timing() || job.timing();  // unset: timed
   o.cuda_graphs = !job.has_cuda_graphs() || job.cuda_graphs();
   o.device = DeviceOf(job);
   Executor executor(std::move(o), *std::move(chunks), data->get(), transport, &streams);
   if (absl::Status s = executor.Check(); !s.ok()) return s;
-  for (int64_t step = 0; step < job.steps(); ++step) {
+  int64_t first_step = 0;
+  absl::StatusOr<std::string> resume = ResumeFrom(job, context.incarnation);
+  if (!resume.ok()) return resume.status();
+  if (!resume->empty()) {
+    absl::StatusOr<int64_t> done = RestoreCheckpoint(*resume, executor, a.rank(), !job.pipeline().inference());
+    if (!done.ok()) return done.status();
+    first_step = *done;
+    LOG(INFO) << "resuming at step " << first_step << " from " << *resume;
+  }
+  std::optional<CheckpointWriter> writer;
+  if (job.has_checkpoint_every() && !job.pipeline().inference()) writer.emplace(WriterOptions(a, context));
+  const LrSchedule lr = LrScheduleOf(job);
+  for (int64_t step = first_step; step < job.steps(); ++step) {
+    executor.SetLearningRate(LearningRate(lr, step));
     absl::StatusOr<StepResult> r = executor.Step(step);
     if (!r.ok()) {
       absl::Status s = r.status();
@@ -127,6 +177,14 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
       return s;
     }
     if (absl::Status s = on_step(*r); !s.ok()) return s;
+    if (writer && CheckpointDue(job, step + 1)) {
+      std::optional<c10::cuda::CUDAStreamGuard> guard;  // the copies queue behind the step's optimizer
+      if (streams.cuda()) guard.emplace(streams.compute());
+      if (absl::Status s = writer->Save(step + 1, executor); !s.ok()) return s;
+    }
+  }
+  if (writer) {
+    if (absl::Status s = writer->Finish(); !s.ok()) return s;
   }
   if (job.save_params()) return SaveParams(executor, job, a.rank());
   return absl::OkStatus();
@@ -263,9 +321,10 @@ absl::StatusOr<LayerProfile> ProfileModel(const JobSpec& job) {
   }
 }
 
-absl::Status RunPipeline(const Assignment& a, Transport* transport, const PipelineStepCallback& on_step) {
+absl::Status RunPipeline(const Assignment& a, Transport* transport, const PipelineStepCallback& on_step,
+                         const PipelineContext& context) {
   try {
-    return RunPipelineImpl(a, transport, on_step);
+    return RunPipelineImpl(a, transport, on_step, context);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("LibTorch: ", e.what_without_backtrace()));
   }

@@ -24,7 +24,18 @@ inline constexpr char kFailedActionPayload[] = "stagehand.failed_action";
 // reporting each; writes the stages' parameters to the run directory if job.save_params(). `transport`
 // may be null when the rank has no neighbour on another rank. On a failure inside a step, logs the
 // rank-by-step grid with the failing action marked, and returns the error naming it.
-absl::Status RunPipeline(const Assignment& assignment, Transport* transport, const PipelineStepCallback& on_step);
+// What a rank's run needs of its worker beyond the assignment: the coordinator's key-value store (rank 0
+// learns there that the other ranks' checkpoint shards are written) and the worker's incarnation (a
+// restarted one, above 1, continues from the run's newest complete checkpoint).
+struct PipelineContext {
+  KeyValueStore* kv = nullptr;
+  int64_t incarnation = 1;
+};
+
+// Runs job.steps() steps of the assignment's schedule (from the checkpoint's step when resuming),
+// writing checkpoints every job.checkpoint_every() steps and at the end.
+absl::Status RunPipeline(const Assignment& assignment, Transport* transport, const PipelineStepCallback& on_step,
+                         const PipelineContext& context = {});
 
 // The CUDA stream the pipeline communicates on (a cudaStream_t): make the NCCL transport with it.
 void* PipelineCommStream();

@@ -147,8 +147,10 @@ absl::Status RunModel(Run& run, Transport* transport) {
   const Assignment& a = run.assignment;
   LOG(INFO) << "stage " << a.stage() << " of " << a.num_stages() << ": pipeline layers [" << a.first_layer() << ", "
             << a.last_layer() << ") (" << a.plan() << ")";
+  bool first = true;  // a resumed run's first step is not step 0
   return RunPipeline(a, a.world_size() > 1 ? transport : nullptr, [&](const StepResult& r) {
-    if (r.step == 0) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
+    if (first) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
+    first = false;
     run.agent->SetSteps(r.step + 1);
     ReportStepRequest req = StepRequest(run, r.step);
     req.set_has_loss(r.has_loss);
@@ -158,7 +160,7 @@ absl::Status RunModel(Run& run, Transport* transport) {
     req.set_peak_memory_bytes(r.peak_memory_bytes);
     *req.mutable_timing() = r.timing;
     return run.client->ReportStep(req);
-  });
+  }, PipelineContext{run.client, run.incarnation});
 }
 
 absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) {

@@ -135,7 +135,7 @@ std::shared_ptr<PipelineLayerImpl> MakeLayer(const GptConfig& config, int layer,
 class GptPipelineStage final : public Stage {
  public:
   GptPipelineStage(const GptConfig& config, const StageOptions& o)
-      : config_(config), module_(config, o.first_layer, o.last_layer, o.seed) {
+      : config_(config), first_layer_(o.first_layer), module_(config, o.first_layer, o.last_layer, o.seed) {
     module_->to(o.device);
   }
   TensorSpec Input(int64_t batch) const override {
@@ -148,9 +148,16 @@ class GptPipelineStage final : public Stage {
   }
   torch::Tensor Forward(const torch::Tensor& input) override { return module_->forward(input); }
   std::vector<torch::Tensor> Parameters() override { return module_->parameters(); }
+  // "layers.<pipeline layer>.<name>": the module's list counts from the stage's first layer, the
+  // names count from the model's, so that checkpoints match them across partitions.
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override {
     std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const auto& item : module_->named_parameters()) out.emplace_back(item.key(), item.value());
+    for (const auto& item : module_->named_parameters()) {
+      const std::string& key = item.key();  // "layers.<i>.<rest>"
+      const size_t dot = key.find('.', 7);
+      const int local = std::stoi(key.substr(7, dot - 7));
+      out.emplace_back(absl::StrCat("layers.", first_layer_ + local, key.substr(dot)), item.value());
+    }
     return out;
   }
   void SetTraining(bool training) override { module_->train(training); }
@@ -158,6 +165,7 @@ class GptPipelineStage final : public Stage {
 
  private:
   GptConfig config_;
+  int first_layer_;
   GptStage module_;
 };
 

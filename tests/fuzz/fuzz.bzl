@@ -29,7 +29,7 @@ def clang_fuzzer(name, main, compile_srcs, inputs, targets, seconds = 60, seeds 
               "-fno-sanitize-recover=undefined -Wno-unused-command-line-argument -I. -I$(GENDIR) " +
               "$(location %s) $$srcs -lprotobuf " % main +
               "$$(ls /usr/lib/x86_64-linux-gnu/libabsl_*.so | sed 's|.*/lib\\(.*\\)\\.so$$|-l\\1|') " +
-              "-lpthread -ldl -o $@",
+              "-lcrypto -lpthread -ldl -o $@",
         message = "clang++ -fsanitize=fuzzer " + name,
         testonly = True,
     )

@@ -1,0 +1,212 @@
+// Checkpoints, --resume and --max_restarts through the real launcher on CPU workers (fp32): a worker
+// killed with SIGKILL mid-run is restarted from the newest checkpoint and the run's losses equal an
+// uninterrupted run's; a 2-stage run's checkpoint resumed with 3 stages gives the 2-stage run's
+// losses; a checkpoint cut short (no manifest) is never loaded; a corrupt shard is refused, naming it.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace {
+
+using ::stagehand::testing::ReadFile;
+using ::stagehand::testing::Runfile;
+
+std::string TmpPath(const std::string& name) {
+  static int counter = 0;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp ? tmp : "/tmp", "/ckpt_", name, "_", getpid(), "_", counter++);
+}
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+  std::string run_dir;
+};
+
+std::vector<std::string> Job(int workers, int steps = 12) {
+  return {"--device=cpu", absl::StrCat("--workers=", workers), "--model=tiny", "--fp32", "--micro_batches=4",
+          "--global_batch=16", absl::StrCat("--steps=", steps), "--lr=0.003", "--partition=uniform", "--seed=7"};
+}
+
+std::string Command(const std::vector<std::string>& flags, const std::string& run_dir) {
+  std::string cmd = Runfile("launcher/launcher");
+  for (const std::string& f : flags) absl::StrAppend(&cmd, " ", f);
+  return absl::StrCat(cmd, " --run_dir=", run_dir, " > ", run_dir, ".out 2>&1");
+}
+
+RunResult Launch(std::vector<std::string> flags, const std::string& name) {
+  RunResult r;
+  r.run_dir = TmpPath(name);
+  const int status = std::system(Command(flags, r.run_dir).c_str());
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.output = ReadFile(r.run_dir + ".out");
+  return r;
+}
+
+// step -> loss from steps.csv; a step a restarted incarnation ran again keeps its last row.
+std::map<int, double> Losses(const std::string& run_dir) {
+  std::map<int, double> out;
+  std::vector<std::string> lines = absl::StrSplit(ReadFile(run_dir + "/steps.csv"), '\n', absl::SkipEmpty());
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> f = absl::StrSplit(lines[i], ',');
+    double loss;
+    int step;
+    if (f.size() > 2 && !f[2].empty() && absl::SimpleAtoi(f[0], &step) && absl::SimpleAtod(f[2], &loss)) out[step] = loss;
+  }
+  return out;
+}
+
+void ExpectSameLosses(const std::map<int, double>& want, const std::map<int, double>& got, double rel) {
+  for (const auto& [step, loss] : got) {
+    ASSERT_TRUE(want.count(step)) << "step " << step;
+    EXPECT_NEAR(loss, want.at(step), rel * std::abs(want.at(step))) << "step " << step;
+  }
+}
+
+const RunResult& Uninterrupted() {
+  static const RunResult* r = new RunResult(Launch(Job(2), "reference"));
+  return *r;
+}
+
+bool Exists(const std::string& p) { return access(p.c_str(), F_OK) == 0; }
+
+TEST(Restart, WorkerKilledAfterStep6_RestartsFromCheckpointAndLossesEqualUninterrupted) {
+  setenv("OMP_NUM_THREADS", "1", 1);
+  const RunResult& reference = Uninterrupted();
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const std::string dir = TmpPath("killed");
+  std::vector<std::string> flags = Job(2);
+  flags.push_back("--checkpoint_every=4");
+  flags.push_back("--max_restarts=1");
+  const pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    execl("/bin/sh", "sh", "-c", Command(flags, dir).c_str(), nullptr);
+    _exit(127);
+  }
+  std::string out;  // "step 7/12": seven steps (0 to 6) done
+  for (int i = 0; i < 1200 && out.find("step 7/12") == std::string::npos; ++i) {
+    usleep(5 * 1000);
+    out = ReadFile(dir + ".out");
+  }
+  ASSERT_NE(out.find("step 7/12"), std::string::npos) << out;
+  const std::string job = out.substr(out.find("job ") + 4, 8);
+  ASSERT_EQ(std::system(absl::StrCat("pkill -9 -f -- '[-]-job_id=", job, " --worker_index=1 '").c_str()), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  out = ReadFile(dir + ".out");
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_NE(out.find("restart 1 of 1: rank 1 "), std::string::npos) << out;
+  EXPECT_NE(out.find("signal 9"), std::string::npos) << out;
+  const std::map<int, double> want = Losses(reference.run_dir), got = Losses(dir);
+  ASSERT_EQ(got.size(), 12u) << ReadFile(dir + "/steps.csv");
+  ExpectSameLosses(want, got, 1e-6);
+  // Step 4 was run twice (once before the kill, once after the restart from the checkpoint of step
+  // 4), by both ranks: four rows.
+  const std::string csv = ReadFile(dir + "/steps.csv");
+  int rows = 0;
+  for (size_t at = csv.find("\n4,"); at != std::string::npos; at = csv.find("\n4,", at + 1)) ++rows;
+  EXPECT_EQ(rows, 4) << csv;
+}
+
+TEST(Resume, TwoStageCheckpointWithThreeStages_GivesTheTwoStageLosses) {
+  setenv("OMP_NUM_THREADS", "1", 1);
+  const RunResult& reference = Uninterrupted();
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  std::vector<std::string> flags = Job(2, 6);
+  flags.push_back("--checkpoint_every=3");
+  RunResult first = Launch(flags, "first");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  ASSERT_TRUE(Exists(first.run_dir + "/checkpoints/step_00000006/MANIFEST")) << first.output;
+  std::vector<std::string> three = Job(3);
+  three.push_back("--resume=" + first.run_dir);
+  RunResult r = Launch(three, "resumed");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from step 6 of "), std::string::npos) << r.output;
+  const std::map<int, double> got = Losses(r.run_dir);
+  ASSERT_EQ(got.size(), 6u) << ReadFile(r.run_dir + "/steps.csv");
+  EXPECT_EQ(got.begin()->first, 6);
+  ExpectSameLosses(Losses(reference.run_dir), got, 1e-5);
+}
+
+TEST(Resume, CheckpointCutShort_TakesTheOneBefore) {
+  setenv("OMP_NUM_THREADS", "1", 1);
+  const RunResult& reference = Uninterrupted();
+  std::vector<std::string> flags = Job(2, 8);
+  flags.push_back("--checkpoint_every=4");
+  RunResult first = Launch(flags, "cut");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  // As if killed after the shards and before the manifest.
+  ASSERT_EQ(unlink((first.run_dir + "/checkpoints/step_00000008/MANIFEST").c_str()), 0);
+  std::vector<std::string> again = Job(2);
+  again.push_back("--resume=" + first.run_dir);
+  RunResult r = Launch(again, "after_cut");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step_00000008: it has no manifest"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resuming from step 4 of "), std::string::npos) << r.output;
+  const std::map<int, double> got = Losses(r.run_dir);
+  ASSERT_EQ(got.size(), 8u);
+  ExpectSameLosses(Losses(reference.run_dir), got, 1e-6);
+}
+
+TEST(Resume, CorruptShard_RefusedNamingItBeforeAnythingStarts) {
+  std::vector<std::string> flags = Job(2, 4);
+  flags.push_back("--checkpoint_every=4");
+  RunResult first = Launch(flags, "corrupt");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string shard = first.run_dir + "/checkpoints/step_00000004/rank1.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-7, std::ios::end);
+    f.put('\x7f');
+  }
+  std::vector<std::string> again = Job(2);
+  again.push_back("--resume=" + first.run_dir);
+  RunResult r = Launch(again, "refused");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(shard), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("SHA-256"), std::string::npos) << r.output;
+  EXPECT_FALSE(Exists(r.run_dir)) << "a refused job created its run directory";
+}
+
+TEST(Resume, ImpossibleResumes_RefusedBeforeAnythingStarts) {
+  std::vector<std::string> flags = Job(2, 4);
+  flags.push_back("--checkpoint_every=2");
+  RunResult first = Launch(flags, "base");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--steps=4"}, "has done 4 steps but --steps=4"},
+      {{"--layers=2"}, "pass --layers=4"},
+      {{"--model=llama-tiny"}, "pass --model=tiny"},
+  };
+  for (const auto& [extra, message] : cases) {
+    std::vector<std::string> f = Job(2);
+    f.insert(f.end(), extra.begin(), extra.end());
+    f.push_back("--resume=" + first.run_dir);
+    RunResult r = Launch(f, "impossible");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
+  RunResult none = Launch({"--device=cpu", "--model=tiny", "--resume=" + TmpPath("nothing")}, "none");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("no complete checkpoint"), std::string::npos) << none.output;
+  RunResult bad = Launch({"--device=cpu", "--model=tiny", "--checkpoint_every=0"}, "zero");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--checkpoint_every=0: out of range"), std::string::npos) << bad.output;
+}
+
+}  // namespace
