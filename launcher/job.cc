@@ -38,6 +38,9 @@ void ApplyDefaults(JobSpec& spec) {
   if (!spec.has_seed()) spec.set_seed(0);
   if (!spec.has_timing()) spec.set_timing(true);
   if (!spec.has_cuda_graphs()) spec.set_cuda_graphs(true);
+  if (!spec.has_init_on_device()) spec.set_init_on_device(true);
+  if (!spec.has_profile_cache()) spec.set_profile_cache(true);
+  if (!spec.has_profile_single_stage()) spec.set_profile_single_stage(false);
   Timeouts& t = *spec.mutable_timeouts();
   if (!t.has_register_ms()) t.set_register_ms(60000);
   if (!t.has_heartbeat_interval_ms()) t.set_heartbeat_interval_ms(100);
@@ -90,6 +93,9 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.save_params) spec.set_save_params(*r.save_params);
   if (r.timing) spec.set_timing(*r.timing);
   if (r.cuda_graphs) spec.set_cuda_graphs(*r.cuda_graphs);
+  if (r.init_on_device) spec.set_init_on_device(*r.init_on_device);
+  if (r.profile_cache) spec.set_profile_cache(*r.profile_cache);
+  if (r.profile_single_stage) spec.set_profile_single_stage(*r.profile_single_stage);
 }
 
 // One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.

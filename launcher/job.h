@@ -51,6 +51,9 @@ struct JobRequest {
   std::optional<bool> save_params;
   std::optional<bool> timing;
   std::optional<bool> cuda_graphs;
+  std::optional<bool> init_on_device;
+  std::optional<bool> profile_cache;
+  std::optional<bool> profile_single_stage;
 };
 
 struct ResolvedJob {

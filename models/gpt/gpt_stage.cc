@@ -25,9 +25,9 @@ class PipelineLayerImpl : public torch::nn::Module {
 
 class EmbeddingImpl : public PipelineLayerImpl {
  public:
-  EmbeddingImpl(const GptConfig& c, uint64_t seed) {
-    weight_ = register_parameter("weight", torch::empty({c.vocab, c.hidden}));
-    at::Generator gen = LayerGenerator(seed, 0);
+  EmbeddingImpl(const GptConfig& c, uint64_t seed, const torch::Device& device) {
+    weight_ = register_parameter("weight", torch::empty({c.vocab, c.hidden}, torch::TensorOptions().device(device)));
+    at::Generator gen = LayerGenerator(seed, 0, device);
     torch::NoGradGuard no_grad;
     weight_.normal_(0.0, 0.02, gen);
   }
@@ -47,12 +47,12 @@ class EmbeddingImpl : public PipelineLayerImpl {
 // too coarse to balance two stages when the head alone is 1.1 ms.
 class AttentionImpl : public PipelineLayerImpl {
  public:
-  AttentionImpl(const GptConfig& c, int layer, uint64_t seed)
+  AttentionImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : hidden_(c.hidden), heads_(c.heads), fused_layernorm_(c.fused_layernorm) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
-    qkv_ = register_module("qkv", Dense(c.hidden, 3 * c.hidden, true));
-    proj_ = register_module("proj", Dense(c.hidden, c.hidden, true));
-    at::Generator gen = LayerGenerator(seed, layer);
+    qkv_ = register_module("qkv", Dense(c.hidden, 3 * c.hidden, true, device));
+    proj_ = register_module("proj", Dense(c.hidden, c.hidden, true, device));
+    at::Generator gen = LayerGenerator(seed, layer, device);
     qkv_->InitWeight(0.02, gen);
     // GPT-2: the projections into the residual stream are scaled down by sqrt(2 L).
     proj_->InitWeight(0.02 / std::sqrt(2.0 * c.layers), gen);
@@ -79,11 +79,11 @@ class AttentionImpl : public PipelineLayerImpl {
 
 class MlpImpl : public PipelineLayerImpl {
  public:
-  MlpImpl(const GptConfig& c, int layer, uint64_t seed) : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm) {
+  MlpImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device) : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm) {
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
-    fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true));
-    fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true));
-    at::Generator gen = LayerGenerator(seed, layer);
+    fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true, device));
+    fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true, device));
+    at::Generator gen = LayerGenerator(seed, layer, device);
     fc1_->InitWeight(0.02, gen);
     fc2_->InitWeight(0.02 / std::sqrt(2.0 * c.layers), gen);
   }
@@ -102,10 +102,10 @@ class MlpImpl : public PipelineLayerImpl {
 
 class HeadImpl : public PipelineLayerImpl {
  public:
-  HeadImpl(const GptConfig& c, uint64_t seed) : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm) {
+  HeadImpl(const GptConfig& c, uint64_t seed, const torch::Device& device) : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm) {
     ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
-    lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false));
-    at::Generator gen = LayerGenerator(seed, c.pipeline_layers() - 1);
+    lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false, device));
+    at::Generator gen = LayerGenerator(seed, c.pipeline_layers() - 1, device);
     lm_head_->InitWeight(0.02, gen);
   }
   torch::Tensor forward(const torch::Tensor& x) override {
@@ -121,12 +121,13 @@ class HeadImpl : public PipelineLayerImpl {
   Dense lm_head_{nullptr};
 };
 
-std::shared_ptr<PipelineLayerImpl> MakeLayer(const GptConfig& config, int layer, uint64_t seed) {
+std::shared_ptr<PipelineLayerImpl> MakeLayer(const GptConfig& config, int layer, uint64_t seed,
+                                             const torch::Device& device) {
   switch (DecoderLayerKindOf(layer, config.layers)) {
-    case DecoderLayerKind::kEmbedding: return std::make_shared<EmbeddingImpl>(config, seed);
-    case DecoderLayerKind::kAttention: return std::make_shared<AttentionImpl>(config, layer, seed);
-    case DecoderLayerKind::kMlp: return std::make_shared<MlpImpl>(config, layer, seed);
-    case DecoderLayerKind::kHead: return std::make_shared<HeadImpl>(config, seed);
+    case DecoderLayerKind::kEmbedding: return std::make_shared<EmbeddingImpl>(config, seed, device);
+    case DecoderLayerKind::kAttention: return std::make_shared<AttentionImpl>(config, layer, seed, device);
+    case DecoderLayerKind::kMlp: return std::make_shared<MlpImpl>(config, layer, seed, device);
+    case DecoderLayerKind::kHead: return std::make_shared<HeadImpl>(config, seed, device);
   }
   return nullptr;
 }
@@ -135,7 +136,7 @@ std::shared_ptr<PipelineLayerImpl> MakeLayer(const GptConfig& config, int layer,
 class GptPipelineStage final : public Stage {
  public:
   GptPipelineStage(const GptConfig& config, const StageOptions& o)
-      : config_(config), module_(config, o.first_layer, o.last_layer, o.seed) {
+      : config_(config), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()) {
     module_->to(o.device);
   }
   TensorSpec Input(int64_t batch) const override {
@@ -192,16 +193,22 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   return c;
 }
 
-GptStageImpl::GptStageImpl(const GptConfig& config, int first, int last, uint64_t seed)
+GptStageImpl::GptStageImpl(const GptConfig& config, int first, int last, uint64_t seed,
+                           const torch::Device& init_device)
     : config_(config), first_(first), last_(last) {
   TORCH_CHECK(0 <= first && first < last && last <= config.pipeline_layers(),
               "a stage holds layers [first, last) of 0..", config.pipeline_layers(), ", got [", first, ", ", last, ")");
   // Each layer draws from its own generator, so layers can be built on several threads with the same
   // result: the 1.3B model's normal draws are serial within a tensor and take seconds.
+  // On a GPU the draws take milliseconds: built in order on this thread.
   std::vector<std::shared_ptr<PipelineLayerImpl>> built(last - first);
-  at::parallel_for(first, last, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) built[i - first] = MakeLayer(config, i, seed);
-  });
+  if (init_device.is_cuda()) {
+    for (int i = first; i < last; ++i) built[i - first] = MakeLayer(config, i, seed, init_device);
+  } else {
+    at::parallel_for(first, last, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) built[i - first] = MakeLayer(config, i, seed, init_device);
+    });
+  }
   layers_ = register_module("layers", torch::nn::ModuleList());
   for (auto& layer : built) layers_->push_back(std::move(layer));
 }

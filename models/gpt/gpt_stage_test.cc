@@ -709,6 +709,25 @@ TEST(GptStageCuda, FusedLayerNorm_MatchesUnfusedForwardAndBackward) {
   for (size_t i = 0; i < fused_grads.size(); ++i) EXPECT_LT(rel(fused_grads[i], plain_grads[i]), 5e-2) << "parameter " << i;
 }
 
+// Parameters drawn on the device depend on (seed, layer) alone, as on the CPU: any split gives the
+// whole model's, and they have the GPT's statistics.
+TEST(GptStageCuda, InitOnDevice_SplitMatchesWholeWithGptStatistics) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  GptConfig c = Tiny();
+  c.hidden = 256;
+  const torch::Device cuda(torch::kCUDA, 0);
+  const int n = c.pipeline_layers();
+  GptStage whole(c, 0, n, 7, cuda), a(c, 0, 3, 7, cuda), b(c, 3, n, 7, cuda);
+  ExpectSameParameters(Concat(a->parameters(), b->parameters()), whole->parameters());
+  for (const auto& item : whole->named_parameters()) {
+    const std::string& name = item.key();
+    EXPECT_TRUE(item.value().is_cuda()) << name;
+    if (name.find("qkv.weight") != std::string::npos || name.find("fc1.weight") != std::string::npos) {
+      EXPECT_NEAR(item.value().std().item<double>(), 0.02, 0.001) << name;
+    }
+  }
+}
+
 TEST(FusedAdamWCuda, FewSteps_MatchesTorchAdamWOnCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   ExpectFusedAdamWMatchesTorch(torch::kCUDA);
