@@ -27,6 +27,9 @@ struct GptConfig {
   // (worker/fused_kernels.h) instead of ATen's fp32 LayerNorm and a cast. Same values up to the rounding of the
   // fp32 sums (a bf16 ulp at most, in rare elements).
   bool fused_layernorm = true;
+  // The attention's q, k, v gradients are written into the qkv projection's gradient in one pass
+  // (--model_option=fused_qkv_grad=false: autograd's unbind and permute backward, two passes).
+  bool fused_qkv_grad = true;
 
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }
 };

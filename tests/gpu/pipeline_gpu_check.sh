@@ -46,6 +46,8 @@ same llama_train_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-
 # agree as two draws of one initialisation do, not to rounding.
 same_with init_on_device 1e-2 init_1gpu 1 --pipeline_stages=1 --micro_batches=4
 same_with init_on_device 1e-2 llama_init_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+# The GPT's q, k, v gradients written in one pass: copies only, so the losses agree to rounding.
+same_with model_option=fused_qkv_grad 1e-4 qkv_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4
 if [ "$gpus" -lt 2 ]; then
   echo "SKIP  the 2-GPU cases: $gpus GPU visible"
   exit $fail
