@@ -41,6 +41,9 @@ void ApplyDefaults(JobSpec& spec) {
   if (!spec.has_cuda_graphs()) spec.set_cuda_graphs(true);
   if (!spec.has_telemetry()) spec.set_telemetry(true);
   if (spec.health().empty()) spec.set_health("warn");
+  if (!spec.has_init_on_device()) spec.set_init_on_device(true);
+  if (!spec.has_profile_cache()) spec.set_profile_cache(true);
+  if (!spec.has_profile_single_stage()) spec.set_profile_single_stage(false);
   Timeouts& t = *spec.mutable_timeouts();
   if (!t.has_register_ms()) t.set_register_ms(60000);
   if (!t.has_heartbeat_interval_ms()) t.set_heartbeat_interval_ms(100);
@@ -104,6 +107,9 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.min_lr) spec.set_min_lr(*r.min_lr);
   if (r.weight_decay) spec.set_weight_decay(*r.weight_decay);
   if (r.grad_clip) spec.set_grad_clip(*r.grad_clip);
+  if (r.init_on_device) spec.set_init_on_device(*r.init_on_device);
+  if (r.profile_cache) spec.set_profile_cache(*r.profile_cache);
+  if (r.profile_single_stage) spec.set_profile_single_stage(*r.profile_single_stage);
 }
 
 // One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.

@@ -62,6 +62,9 @@ struct JobRequest {
   std::optional<int> max_restarts;
   std::optional<int64_t> warmup_steps, lr_decay_steps;
   std::optional<double> min_lr, weight_decay, grad_clip;
+  std::optional<bool> init_on_device;
+  std::optional<bool> profile_cache;
+  std::optional<bool> profile_single_stage;
 };
 
 struct ResolvedJob {

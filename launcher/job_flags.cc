@@ -63,6 +63,14 @@ ABSL_FLAG(std::string, health, "",
 ABSL_FLAG(bool, cuda_graphs, true,
           "on GPUs, 1F1B and inference stages replay each micro-batch's forward and backward as CUDA graphs "
           "captured once (after step 0), which takes the CPU's launch cost off small micro-batches");
+ABSL_FLAG(bool, init_on_device, true,
+          "on GPUs, stages draw their parameters on the device from per-layer device generators (false: on the "
+          "CPU, then copied over, which takes seconds for gpt-1.3b; the two draw different numbers)");
+ABSL_FLAG(bool, profile_cache, true,
+          "workers reuse the layer profile cached per model, sizes, micro-batch and GPU name under "
+          "$XDG_CACHE_HOME/stagehand/profiles (default ~/.cache/...); false: measure it every run");
+ABSL_FLAG(bool, profile_single_stage, false,
+          "profile the model's layers even when the job has one stage and so no partition to choose");
 ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
 ABSL_FLAG(int64_t, checkpoint_every, -1, "GPT: write a checkpoint every N steps and at the end, into "
                                          "<run_dir>/checkpoints/ (asynchronous; default: none)");
@@ -141,6 +149,9 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.min_lr = Given(p, "min_lr", FLAGS_min_lr);
   j.weight_decay = Given(p, "weight_decay", FLAGS_weight_decay);
   j.grad_clip = Given(p, "grad_clip", FLAGS_grad_clip);
+  j.init_on_device = Given(p, "init_on_device", FLAGS_init_on_device);
+  j.profile_cache = Given(p, "profile_cache", FLAGS_profile_cache);
+  j.profile_single_stage = Given(p, "profile_single_stage", FLAGS_profile_single_stage);
   return j;
 }
 

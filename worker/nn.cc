@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 
 #include <array>
 #include <map>
@@ -101,8 +102,12 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
 
 }  // namespace
 
-at::Generator LayerGenerator(uint64_t seed, int layer) {
-  return at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + static_cast<uint64_t>(layer));
+at::Generator LayerGenerator(uint64_t seed, int layer, const torch::Device& device) {
+  const uint64_t s = seed * 1000003ULL + static_cast<uint64_t>(layer);
+  if (!device.is_cuda()) return at::make_generator<at::CPUGeneratorImpl>(s);
+  at::Generator gen = at::cuda::detail::createCUDAGenerator(device.index());  // -1: the current device
+  gen.set_current_seed(s);
+  return gen;
 }
 
 // ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16

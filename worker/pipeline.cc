@@ -16,6 +16,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/log_message.h"
 #include "models/model_description.h"
 #include "common/checkpoint.h"
 #include "common/logging.h"
@@ -68,6 +69,7 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const ModelFamily& family, cons
   o.num_layers = family.description().NumLayers(job.model_spec());
   o.device = DeviceOf(job);
   o.seed = static_cast<uint64_t>(job.seed());
+  o.init_on_device = !job.has_init_on_device() || job.init_on_device();  // unset: on the device
   return family.MakeStage(o);
 }
 
@@ -128,8 +130,14 @@ CheckpointWriterOptions WriterOptions(const Assignment& a, const PipelineContext
   return o;
 }
 
+// Seconds since `since`, for the startup lines in the log.
+double SecondsSince(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
 absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineStepCallback& on_step,
                              const PipelineContext& context) {
+  const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<const ModelFamily*> family = FamilyOf(a.job());
   if (!family.ok()) return family.status();
   absl::StatusOr<JobSpec> resolved = Resolved(**family, a.job());
@@ -140,8 +148,11 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   if (!schedule.ok()) return schedule.status();
   absl::StatusOr<std::unique_ptr<TokenSource>> data = MakeData(job);
   if (!data.ok()) return data.status();
+  const double data_s = SecondsSince(start);
   absl::StatusOr<std::vector<std::unique_ptr<Stage>>> chunks = MakeChunks(**family, a, *schedule);
   if (!chunks.ok()) return chunks.status();
+  if (job.device() == "cuda") torch::cuda::synchronize();  // the draws and copies, for the line below
+  const double built_s = SecondsSince(start);
   Streams streams(job.device() == "cuda");
   ExecutorOptions o;
   o.rank = a.rank();
@@ -175,6 +186,12 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
       absl::Status s = r.status();
       if (executor.failed_action() >= 0) s.SetPayload(kFailedActionPayload, absl::Cord(absl::StrCat(executor.failed_action())));
       return s;
+    }
+    if (step == 0) {
+      LogMessage(LogSeverity::kInfo, __FILE__, __LINE__).stream()
+          << "startup: data " << data_s << " s, stages built " << built_s - data_s << " s (parameters drawn on "
+          << (job.device() == "cuda" && (!job.has_init_on_device() || job.init_on_device()) ? "the device" : "the CPU")
+          << "), step 0 " << r->seconds << " s; " << SecondsSince(start) << " s since the assignment";
     }
     if (absl::Status s = on_step(*r); !s.ok()) return s;
     if (writer && CheckpointDue(job, step + 1)) {

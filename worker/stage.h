@@ -30,9 +30,14 @@ struct StageOptions {
   int num_layers = 0;            // the model's pipeline layers in all
   torch::Device device = torch::kCPU;
   uint64_t seed = 0;             // parameters must depend on (seed, layer) only, never on the partition
+  // On a CUDA device: draw the parameters there (LayerGenerator(seed, layer, device), other numbers than
+  // the CPU's) instead of on the CPU and copying them over. JobSpec.init_on_device; false: the CPU draws.
+  bool init_on_device = false;
 
   bool first() const { return first_layer == 0; }
   bool last() const { return last_layer == num_layers; }
+  // Where parameters are made and drawn.
+  torch::Device init_device() const { return init_on_device && device.is_cuda() ? device : torch::Device(torch::kCPU); }
 };
 
 class Stage {

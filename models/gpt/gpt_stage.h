@@ -27,6 +27,9 @@ struct GptConfig {
   // (worker/fused_kernels.h) instead of ATen's fp32 LayerNorm and a cast. Same values up to the rounding of the
   // fp32 sums (a bf16 ulp at most, in rare elements).
   bool fused_layernorm = true;
+  // The attention's q, k, v gradients are written into the qkv projection's gradient in one pass
+  // (--model_option=fused_qkv_grad=false: autograd's unbind and permute backward, two passes).
+  bool fused_qkv_grad = true;
 
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }
 };
@@ -37,7 +40,10 @@ GptConfig GptConfigFromSpec(const ModelSpec& spec);
 // One pipeline stage: layers [first, last) of the model.
 class GptStageImpl : public torch::nn::Module {
  public:
-  GptStageImpl(const GptConfig& config, int first, int last, uint64_t seed);
+  // `init_device`: where the parameters are made and drawn (worker/nn.h LayerGenerator: a CUDA device
+  // draws other numbers than the CPU); the module is moved to its run device afterwards either way.
+  GptStageImpl(const GptConfig& config, int first, int last, uint64_t seed,
+               const torch::Device& init_device = torch::kCPU);
 
   // input: token ids [B, S] (int64) when the stage holds layer 0, else hidden states [B, S, H] (fp32).
   // Returns hidden states [B, S, H] (fp32), or logits [B, S, V] when the stage holds the head.

@@ -171,6 +171,29 @@ TEST(GptStage, Init_HasGptStatistics) {
   }
 }
 
+TEST(GptStage, FusedQkvGrad_GivesAutogradsGradients) {
+  GptConfig c = Tiny();
+  torch::Tensor tokens = Tokens(c, 2, 5);
+  auto grads = [&](bool fused) {
+    c.fused_qkv_grad = fused;
+    GptStage model(c, 0, c.pipeline_layers(), 3);
+    LanguageModelLoss(model(tokens), tokens).backward();
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model->parameters()) out.push_back(p.grad());
+    return out;
+  };
+  const std::vector<torch::Tensor> fused = grads(true), plain = grads(false);
+  ASSERT_EQ(fused.size(), plain.size());
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(torch::allclose(fused[i], plain[i], 1e-6, 1e-9)) << i;
+}
+
+TEST(GptStage, FusedQkvGradOption_False_TurnsItOff) {
+  ModelSpec spec = *GptDescription().Resolve("tiny", {});
+  EXPECT_TRUE(GptConfigFromSpec(spec).fused_qkv_grad);
+  (*spec.mutable_options())["fused_qkv_grad"] = "false";
+  EXPECT_FALSE(GptConfigFromSpec(spec).fused_qkv_grad);
+}
+
 TEST(GptStage, Forward_ShapesAndFp32) {
   const GptConfig c = Tiny();
   GptStage whole(c, 0, c.pipeline_layers(), 1);
@@ -707,6 +730,26 @@ TEST(GptStageCuda, FusedLayerNorm_MatchesUnfusedForwardAndBackward) {
   EXPECT_LT(rel(fused_logits, plain_logits), 2e-2);
   ASSERT_EQ(fused_grads.size(), plain_grads.size());
   for (size_t i = 0; i < fused_grads.size(); ++i) EXPECT_LT(rel(fused_grads[i], plain_grads[i]), 5e-2) << "parameter " << i;
+}
+
+// Parameters drawn on the device depend on (seed, layer) alone, as on the CPU: any split gives the
+// whole model's, and they have the GPT's statistics.
+TEST(GptStageCuda, InitOnDevice_SplitMatchesWholeWithGptStatistics) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  GptConfig c = Tiny();
+  c.hidden = 256;
+  const torch::Device cuda(torch::kCUDA, 0);
+  const int n = c.pipeline_layers();
+  GptStage whole(c, 0, n, 7, cuda), a(c, 0, 3, 7, cuda), b(c, 3, n, 7, cuda);
+  ExpectSameParameters(Concat(a->parameters(), b->parameters()), whole->parameters());
+  for (const auto& item : whole->named_parameters()) {
+    const std::string& name = item.key();
+    if (name.find("ln") != std::string::npos) continue;  // LayerNorms are made on the CPU; the stage moves them
+    EXPECT_TRUE(item.value().is_cuda()) << name;
+    if (name.find("qkv.weight") != std::string::npos || name.find("fc1.weight") != std::string::npos) {
+      EXPECT_NEAR(item.value().std().item<double>(), 0.02, 0.001) << name;
+    }
+  }
 }
 
 TEST(FusedAdamWCuda, FewSteps_MatchesTorchAdamWOnCpu) {

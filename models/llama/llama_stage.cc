@@ -135,9 +135,9 @@ std::string BlockPrefix(int layer) { return absl::StrCat("model.layers.", (layer
 
 class EmbeddingImpl : public PipelineLayerImpl {
  public:
-  EmbeddingImpl(const LlamaConfig& c, uint64_t seed) {
-    weight_ = register_parameter("weight", torch::empty({c.vocab, c.hidden}));
-    at::Generator gen = LayerGenerator(seed, 0);
+  EmbeddingImpl(const LlamaConfig& c, uint64_t seed, const torch::Device& device) {
+    weight_ = register_parameter("weight", torch::empty({c.vocab, c.hidden}, torch::TensorOptions().device(device)));
+    at::Generator gen = LayerGenerator(seed, 0, device);
     torch::NoGradGuard no_grad;
     weight_.normal_(0.0, 0.02, gen);
   }
@@ -155,15 +155,15 @@ class EmbeddingImpl : public PipelineLayerImpl {
 // x + o(attention(rope(q(n)), rope(k(n)), v(n))), n = RMSNorm(x), causal, grouped-query.
 class AttentionImpl : public PipelineLayerImpl {
  public:
-  AttentionImpl(const LlamaConfig& c, int layer, uint64_t seed)
+  AttentionImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : layer_(layer), hidden_(c.hidden), heads_(c.heads), kv_heads_(c.kv_heads), head_dim_(c.head_dim()),
         seq_(c.seq) {
     norm_ = register_module("input_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
-    q_ = register_module("q_proj", Dense(c.hidden, c.heads * head_dim_, false));
-    k_ = register_module("k_proj", Dense(c.hidden, c.kv_heads * head_dim_, false));
-    v_ = register_module("v_proj", Dense(c.hidden, c.kv_heads * head_dim_, false));
-    o_ = register_module("o_proj", Dense(c.heads * head_dim_, c.hidden, false));
-    at::Generator gen = LayerGenerator(seed, layer_);
+    q_ = register_module("q_proj", Dense(c.hidden, c.heads * head_dim_, false, device));
+    k_ = register_module("k_proj", Dense(c.hidden, c.kv_heads * head_dim_, false, device));
+    v_ = register_module("v_proj", Dense(c.hidden, c.kv_heads * head_dim_, false, device));
+    o_ = register_module("o_proj", Dense(c.heads * head_dim_, c.hidden, false, device));
+    at::Generator gen = LayerGenerator(seed, layer_, device);
     for (Dense* d : {&q_, &k_, &v_, &o_}) (*d)->InitWeight(0.02, gen);
   }
   torch::Tensor forward(const torch::Tensor& x, const Rotary& rotary) override {
@@ -201,12 +201,12 @@ class AttentionImpl : public PipelineLayerImpl {
 // x + down(silu(gate(n)) * up(n)), n = RMSNorm(x).
 class MlpImpl : public PipelineLayerImpl {
  public:
-  MlpImpl(const LlamaConfig& c, int layer, uint64_t seed) : layer_(layer), hidden_(c.hidden) {
+  MlpImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device) : layer_(layer), hidden_(c.hidden) {
     norm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
-    gate_ = register_module("gate_proj", Dense(c.hidden, c.ffn_hidden, false));
-    up_ = register_module("up_proj", Dense(c.hidden, c.ffn_hidden, false));
-    down_ = register_module("down_proj", Dense(c.ffn_hidden, c.hidden, false));
-    at::Generator gen = LayerGenerator(seed, layer_);
+    gate_ = register_module("gate_proj", Dense(c.hidden, c.ffn_hidden, false, device));
+    up_ = register_module("up_proj", Dense(c.hidden, c.ffn_hidden, false, device));
+    down_ = register_module("down_proj", Dense(c.ffn_hidden, c.hidden, false, device));
+    at::Generator gen = LayerGenerator(seed, layer_, device);
     for (Dense* d : {&gate_, &up_, &down_}) (*d)->InitWeight(0.02, gen);
   }
   torch::Tensor forward(const torch::Tensor& x, const Rotary&) override {
@@ -231,10 +231,10 @@ class MlpImpl : public PipelineLayerImpl {
 
 class HeadImpl : public PipelineLayerImpl {
  public:
-  HeadImpl(const LlamaConfig& c, uint64_t seed) : hidden_(c.hidden) {
+  HeadImpl(const LlamaConfig& c, uint64_t seed, const torch::Device& device) : hidden_(c.hidden) {
     norm_ = register_module("norm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
-    lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false));
-    at::Generator gen = LayerGenerator(seed, c.pipeline_layers() - 1);
+    lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false, device));
+    at::Generator gen = LayerGenerator(seed, c.pipeline_layers() - 1, device);
     lm_head_->InitWeight(0.02, gen);
   }
   torch::Tensor forward(const torch::Tensor& x, const Rotary&) override {
@@ -249,12 +249,13 @@ class HeadImpl : public PipelineLayerImpl {
   Dense lm_head_{nullptr};
 };
 
-std::shared_ptr<PipelineLayerImpl> MakeLayer(const LlamaConfig& config, int layer, uint64_t seed) {
+std::shared_ptr<PipelineLayerImpl> MakeLayer(const LlamaConfig& config, int layer, uint64_t seed,
+                                             const torch::Device& device) {
   switch (DecoderLayerKindOf(layer, config.layers)) {
-    case DecoderLayerKind::kEmbedding: return std::make_shared<EmbeddingImpl>(config, seed);
-    case DecoderLayerKind::kAttention: return std::make_shared<AttentionImpl>(config, layer, seed);
-    case DecoderLayerKind::kMlp: return std::make_shared<MlpImpl>(config, layer, seed);
-    case DecoderLayerKind::kHead: return std::make_shared<HeadImpl>(config, seed);
+    case DecoderLayerKind::kEmbedding: return std::make_shared<EmbeddingImpl>(config, seed, device);
+    case DecoderLayerKind::kAttention: return std::make_shared<AttentionImpl>(config, layer, seed, device);
+    case DecoderLayerKind::kMlp: return std::make_shared<MlpImpl>(config, layer, seed, device);
+    case DecoderLayerKind::kHead: return std::make_shared<HeadImpl>(config, seed, device);
   }
   return nullptr;
 }
@@ -263,7 +264,7 @@ std::shared_ptr<PipelineLayerImpl> MakeLayer(const LlamaConfig& config, int laye
 class LlamaPipelineStage final : public Stage {
  public:
   LlamaPipelineStage(const LlamaConfig& config, const StageOptions& o)
-      : config_(config), module_(config, o.first_layer, o.last_layer, o.seed) {
+      : config_(config), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()) {
     module_->to(o.device);
   }
   TensorSpec Input(int64_t batch) const override {
@@ -352,16 +353,21 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& m) {
   return c;
 }
 
-LlamaStageImpl::LlamaStageImpl(const LlamaConfig& config, int first, int last, uint64_t seed)
+LlamaStageImpl::LlamaStageImpl(const LlamaConfig& config, int first, int last, uint64_t seed,
+                               const torch::Device& init_device)
     : config_(config), first_(first), last_(last) {
   TORCH_CHECK(0 <= first && first < last && last <= config.pipeline_layers(),
               "a stage holds layers [first, last) of 0..", config.pipeline_layers(), ", got [", first, ", ", last, ")");
   // Each layer draws from its own generator, so the layers can be built on several threads with the
-  // same result.
+  // same result. On a GPU the draws take milliseconds: built in order on this thread.
   std::vector<std::shared_ptr<PipelineLayerImpl>> built(last - first);
-  at::parallel_for(first, last, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) built[i - first] = MakeLayer(config, i, seed);
-  });
+  if (init_device.is_cuda()) {
+    for (int i = first; i < last; ++i) built[i - first] = MakeLayer(config, i, seed, init_device);
+  } else {
+    at::parallel_for(first, last, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) built[i - first] = MakeLayer(config, i, seed, init_device);
+    });
+  }
   layers_ = register_module("layers", torch::nn::ModuleList());
   for (auto& layer : built) layers_->push_back(std::move(layer));
   // Buffers, so that .to(device) moves them; made once here rather than per forward.

@@ -45,7 +45,10 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& spec);
 // One pipeline stage: layers [first, last) of the model. Parameters depend on (seed, layer) only.
 class LlamaStageImpl : public torch::nn::Module {
  public:
-  LlamaStageImpl(const LlamaConfig& config, int first, int last, uint64_t seed);
+  // `init_device`: where the parameters are made and drawn (worker/nn.h LayerGenerator: a CUDA device
+  // draws other numbers than the CPU); the module is moved to its run device afterwards either way.
+  LlamaStageImpl(const LlamaConfig& config, int first, int last, uint64_t seed,
+                 const torch::Device& init_device = torch::kCPU);
 
   // input: token ids [B, S] (int64, S <= seq) when the stage holds layer 0, else hidden states
   // [B, S, H] (fp32). Returns hidden states [B, S, H] (fp32), or logits [B, S, V] when the stage holds

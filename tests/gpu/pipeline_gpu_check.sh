@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pipeline checks on a GPU host, through the bundle (tools/bundle; carry dist/): CUDA graphs change
-# nothing but speed. The same short gpt-1.3b-shaped jobs (4 blocks, so each takes seconds) run with
+# nothing but speed, and each other mechanism with a flag to turn it off keeps the losses. The same short gpt-1.3b-shaped jobs (4 blocks, so each takes seconds) run with
 # --cuda_graphs=true and =false, and every step's loss must agree: 1 GPU, 2-GPU 1F1B with 8 and 32
 # micro-batches, and inference (which has no loss: both must finish); tinyllama-1.1b-shaped jobs too.
 # With one GPU visible, the 2-GPU cases are skipped.
@@ -14,12 +14,16 @@ check() { if eval "$2"; then echo "PASS  $1"; else echo "FAIL  $1"; fail=1; fi; 
 common=(--model=gpt-1.3b --layers=4 --steps=6)
 
 # same NAME GPUS FLAGS...: runs with and without graphs, compares steps.csv losses (worst relative diff).
-same() {
-  local name=$1 gpus=$2
-  shift 2
+same() { same_with cuda_graphs 1e-4 "$@"; }
+
+# same_with FLAG TOL NAME GPUS FLAGS...: runs with --FLAG=true and =false, and every step's loss must agree
+# within TOL (relative).
+same_with() {
+  local flag=$1 tol=$2 name=$3 gpus=$4
+  shift 4
   for g in true false; do
-    $run launcher --gpus="$gpus" "${common[@]}" --cuda_graphs=$g --overwrite --run_dir="$out/$name.$g" "$@" >"$out/$name.$g.log" 2>&1 ||
-      { check "$name, --cuda_graphs=$g, exits 0" false; tail -n 5 "$out/$name.$g.log"; return; }
+    $run launcher --gpus="$gpus" "${common[@]}" --$flag=$g --overwrite --run_dir="$out/$name.$g" "$@" >"$out/$name.$g.log" 2>&1 ||
+      { check "$name, --$flag=$g, exits 0" false; tail -n 5 "$out/$name.$g.log"; return; }
   done
   local worst
   worst=$(python3 - "$out/$name.true/steps.csv" "$out/$name.false/steps.csv" <<'PY'
@@ -31,13 +35,19 @@ assert a and a.keys() == b.keys(), (a, b)
 print(f"{max(abs(a[k] - b[k]) / abs(b[k]) for k in a):.2e}")
 PY
 )
-  check "$name: losses with and without CUDA graphs agree (worst relative difference $worst, want < 1e-4)" \
-    "[ -n '$worst' ] && python3 -c 'import sys; sys.exit(not float(\"$worst\") < 1e-4)'"
+  check "$name: losses with --$flag=true and =false agree (worst relative difference $worst, want < $tol)" \
+    "[ -n '$worst' ] && python3 -c 'import sys; sys.exit(not float(\"$worst\") < $tol)'"
 }
 
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 same train_1gpu 1 --pipeline_stages=1 --micro_batches=4
 same llama_train_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+# Parameters drawn on the device are other numbers than the CPU's (the same distributions): the losses
+# agree as two draws of one initialisation do, not to rounding.
+same_with init_on_device 1e-2 init_1gpu 1 --pipeline_stages=1 --micro_batches=4
+same_with init_on_device 1e-2 llama_init_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+# The GPT's q, k, v gradients written in one pass: copies only, so the losses agree to rounding.
+same_with model_option=fused_qkv_grad 1e-4 qkv_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4
 if [ "$gpus" -lt 2 ]; then
   echo "SKIP  the 2-GPU cases: $gpus GPU visible"
   exit $fail
