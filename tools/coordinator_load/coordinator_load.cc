@@ -6,6 +6,7 @@
 // "unique id"); KeyValueGet of its right neighbour's address and of the unique id; Barrier.
 #include <signal.h>
 #include <sys/prctl.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,6 +59,7 @@ struct ProcStats {
   int64_t rss_kib = 0;
   int64_t hwm_kib = 0;
   double cpu_s = 0;
+  int64_t heap_bytes = 0;  // from the child itself (mallinfo2)
 };
 
 ProcStats ReadProcStats(pid_t pid) {
@@ -87,8 +89,23 @@ ProcStats ReadProcStats(pid_t pid) {
   return s;
 }
 
-// Runs in the child: serves a job of `workers` until the parent closes `control` (or dies).
-[[noreturn]] void ServeCoordinator(int workers, int port_fd, int control_fd) {
+double SelfCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// The heap bytes the process holds (glibc's arenas and mmap'd blocks), which unlike its RSS falls
+// again when memory is freed: what the coordinator keeps per worker, apart from what calls in flight
+// borrowed.
+int64_t HeapInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+}
+
+// Runs in the child: serves a job of `workers` until the parent closes `control` (or dies). Each
+// byte the parent writes on `control` is answered on `reply` with the heap in use.
+[[noreturn]] void ServeCoordinator(int workers, int reply_fd, int control_fd) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   JobSpec job;
   job.set_workers(workers);
@@ -98,10 +115,11 @@ ProcStats ReadProcStats(pid_t pid) {
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start("127.0.0.1:0", state.get());
   std::string reply = server.ok() ? absl::StrCat("ok ", (*server)->address(), "\n")
                                   : absl::StrCat("error ", server.status().message(), "\n");
-  if (write(port_fd, reply.data(), reply.size()) < 0) _exit(1);
-  close(port_fd);
+  if (write(reply_fd, reply.data(), reply.size()) < 0) _exit(1);
   char c;
   while (read(control_fd, &c, 1) > 0) {
+    const std::string heap = absl::StrCat(HeapInUse(), "\n");
+    if (write(reply_fd, heap.data(), heap.size()) < 0) _exit(1);
   }
   if (server.ok()) (*server)->Stop();
   _exit(0);
@@ -110,8 +128,23 @@ ProcStats ReadProcStats(pid_t pid) {
 struct Child {
   pid_t pid = -1;
   int control_fd = -1;  // closing it ends the child
+  int reply_fd = -1;
   std::string address;
 };
+
+// Reads one line from `fd` (the child's answers are short lines).
+std::string ReadLine(int fd) {
+  std::string line;
+  char c;
+  while (read(fd, &c, 1) == 1 && c != '\n') line.push_back(c);
+  return line;
+}
+
+int64_t ChildHeapInUse(const Child& child) {
+  int64_t bytes = 0;
+  if (write(child.control_fd, "m", 1) != 1 || !absl::SimpleAtoi(ReadLine(child.reply_fd), &bytes)) return -1;
+  return bytes;
+}
 
 absl::StatusOr<Child> StartCoordinator(int workers) {
   int port_pipe[2], control_pipe[2];
@@ -125,17 +158,15 @@ absl::StatusOr<Child> StartCoordinator(int workers) {
   }
   close(port_pipe[1]);
   close(control_pipe[0]);
-  std::string reply;
-  char buf[256];
-  for (ssize_t n; (n = read(port_pipe[0], buf, sizeof(buf))) > 0;) reply.append(buf, n);
-  close(port_pipe[0]);
-  Child child{pid, control_pipe[1], ""};
+  Child child{pid, control_pipe[1], port_pipe[0], ""};
+  const std::string reply = ReadLine(child.reply_fd);
   if (reply.rfind("ok ", 0) != 0) {
     close(child.control_fd);
+    close(child.reply_fd);
     waitpid(pid, nullptr, 0);
     return absl::UnavailableError(absl::StrCat("the coordinator did not start: ", reply));
   }
-  child.address = reply.substr(3, reply.size() - 4);
+  child.address = reply.substr(3);
   return child;
 }
 
@@ -335,7 +366,7 @@ double Percentile(std::vector<int64_t> v, double q) {
 
 // Returns the wall time in seconds, first Register to last Barrier return.
 double PrintReport(const Load& load, int workers, int channels, pid_t coordinator, const ProcStats& before,
-                   const ProcStats& after) {
+                   const ProcStats& after, double tool_cpu_s) {
   const int64_t t0 = load.stats(kRegister).first_start.load();
   const int64_t t1 = load.stats(kBarrier).last_end.load();
   std::printf("# coordinator_load: %d workers over %d channels; the coordinator is pid %d\n", workers, channels,
@@ -359,11 +390,14 @@ double PrintReport(const Load& load, int workers, int channels, pid_t coordinato
   const double wall = t1 > t0 ? (t1 - t0) / 1e9 : 0;
   std::printf("# total: %ld RPCs, %ld failed, in %.3f s (first Register to last Barrier return): %.0f RPCs/s\n",
               static_cast<long>(rpcs), static_cast<long>(failed), wall, wall > 0 ? rpcs / wall : 0);
-  const double growth_kib = static_cast<double>(after.rss_kib - before.rss_kib);
-  std::printf("# coordinator: RSS %.1f MiB before, %.1f MiB after (peak %.1f MiB): %.2f KiB per worker; "
-              "CPU %.2f s\n",
-              before.rss_kib / 1024.0, after.rss_kib / 1024.0, after.hwm_kib / 1024.0, growth_kib / workers,
-              after.cpu_s - before.cpu_s);
+  std::printf("# coordinator: heap in use %.1f MiB before, %.1f MiB after: %.2f KiB per worker kept\n",
+              before.heap_bytes / 1048576.0, after.heap_bytes / 1048576.0,
+              (after.heap_bytes - before.heap_bytes) / 1024.0 / workers);
+  std::printf("# coordinator: RSS %.1f MiB before, %.1f MiB after, peak %.1f MiB: %.2f KiB per worker at the "
+              "peak (%d calls in flight); CPU %.2f s\n",
+              before.rss_kib / 1024.0, after.rss_kib / 1024.0, after.hwm_kib / 1024.0,
+              (after.hwm_kib - before.rss_kib) / static_cast<double>(workers), workers, after.cpu_s - before.cpu_s);
+  std::printf("# the simulated workers (this process): CPU %.2f s\n", tool_cpu_s);
   return wall;
 }
 
@@ -372,6 +406,9 @@ int Main(int argc, char** argv) {
       "coordinator_load --workers=N: N simulated workers register, publish and read keys, and pass a barrier "
       "against a real coordinator over gRPC; prints per-phase times, RPCs/s and the coordinator's memory");
   absl::ParseCommandLine(argc, argv);
+  // Debian's abseil is built with the mutex deadlock detector on: it keeps a global lock graph that
+  // every absl::Mutex of gRPC updates, the largest single cost in a profile of 10,000 workers.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const int workers = absl::GetFlag(FLAGS_workers);
   const int channels = absl::GetFlag(FLAGS_channels);
   if (workers < 1 || workers > kMaxWorkers) {
@@ -394,17 +431,22 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "coordinator_load: %s\n", std::string(child.status().message()).c_str());
     return 1;
   }
-  const ProcStats before = ReadProcStats(child->pid);
+  ProcStats before = ReadProcStats(child->pid);
+  before.heap_bytes = ChildHeapInUse(*child);
   double wall = 0;
   std::string error;
   {
     Load load(workers, child->address, channels, absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+    const double cpu_before = SelfCpuSeconds();
     load.Run();
-    const ProcStats after = ReadProcStats(child->pid);
-    wall = PrintReport(load, workers, channels, child->pid, before, after);
+    const double tool_cpu = SelfCpuSeconds() - cpu_before;
+    ProcStats after = ReadProcStats(child->pid);
+    after.heap_bytes = ChildHeapInUse(*child);
+    wall = PrintReport(load, workers, channels, child->pid, before, after, tool_cpu);
     error = load.first_error();
   }
   close(child->control_fd);
+  close(child->reply_fd);
   int status = 0;
   waitpid(child->pid, &status, 0);
   if (!error.empty()) {
