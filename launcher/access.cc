@@ -21,7 +21,6 @@ namespace {
 constexpr char kTokenPrefix[] = "sh_";
 constexpr size_t kTokenBytes = 32;
 constexpr size_t kMaxNameLength = 64;
-constexpr off_t kMaxTokenFileBytes = 4096;
 
 std::string Hex(const uint8_t* p, size_t n) {
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(p), n));
@@ -242,38 +241,5 @@ absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string&
   return absl::StrCat("admin token '", name, "' written to ", path);
 }
 
-absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
-    return absl::Status(ErrnoCode(errno), absl::StrCat("cannot read the token file ", path, ": ", ErrnoText(errno),
-                                                       "; pass --token_file=FILE holding the token you were given"));
-  }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxTokenFileBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the token file ", path, " is not a small regular file; it should hold the token alone"));
-  }
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  ssize_t n;
-  while ((n = ::pread(fd.get(), text.data(), text.size(), 0)) < 0 && errno == EINTR) {
-  }
-  if (n < 0) return absl::Status(ErrnoCode(errno), absl::StrCat("cannot read the token file ", path, ": ", ErrnoText(errno)));
-  text.resize(static_cast<size_t>(n));
-  TokenFile out;
-  out.token = std::string(absl::StripAsciiWhitespace(text));
-  if (out.token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the token file ", path, " is empty; put the token you were "
-                                                   "given in it"));
-  }
-  if (std::any_of(out.token.begin(), out.token.end(), [](char c) { return !absl::ascii_isgraph(c); })) {
-    return absl::InvalidArgumentError(absl::StrCat("the token file ", path, " holds more than one word; it should "
-                                                   "hold the token alone"));
-  }
-  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
-    out.warning = absl::StrFormat("warning: the token file %s can be read by others (mode %04o); chmod 600 %s", path,
-                                  st.st_mode & 07777, path);
-  }
-  return out;
-}
 
 }  // namespace stagehand

@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/crypto.h"
+#include "launcher/auth_token.h"
 #include "launcher/job_service.h"
 #include "launcher/job_store.h"
 #include "protos/control.pb.h"
@@ -86,17 +87,6 @@ class Access {
 // there could swap the store or read a token planted for them.
 absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string& dir);
 
-struct TokenFile {
-  std::string token;
-  std::string warning;  // "" or a line to print: the file can be read by group or others
-};
-
-// The client's token file: the token alone, whitespace around it trimmed. NOT_FOUND or
-// PERMISSION_DENIED when it cannot be read; INVALID_ARGUMENT when it is empty, large, or holds more
-// than one word. A file that others can read is used with a warning rather than refused (as ssh
-// refuses a private key): a token is revocable and limited to its role, and refusing would break
-// secrets mounted 0644 by CI systems.
-absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path);
 
 }  // namespace stagehand
 

@@ -218,10 +218,10 @@ TEST(ReadTokenFileTest, ReadTokenFile_EmptyMissingOrTwoWords_IsRefused) {
   WriteFile(path, " \n", 0600);
   absl::StatusOr<TokenFile> empty = ReadTokenFile(path);
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(empty.status().message()), HasSubstr("is empty"));
+  EXPECT_THAT(std::string(empty.status().message()), HasSubstr(": empty"));
   WriteFile(path, "sh_a sh_b\n", 0600);
   EXPECT_EQ(ReadTokenFile(path).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReadTokenFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadTokenFile(path + ".missing").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

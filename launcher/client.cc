@@ -3,8 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/crypto.h"
 #include "common/flags.h"
+#include "launcher/auth_token.h"
 #include "launcher/control_client.h"
 #include "launcher/job_flags.h"
 #include "launcher/run_dir.h"
@@ -81,28 +80,16 @@ std::string FlagOrEnv(const absl::Flag<std::string>& flag, const char* env) {
 }
 
 // The token in `path`, whitespace trimmed.
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  if (!in || !(text << in.rdbuf())) {
-    return absl::InvalidArgumentError(absl::StrCat("--token_file=", path, ": cannot read it; pass the file your token is in"));
-  }
-  std::string token(absl::StripAsciiWhitespace(text.str()));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--token_file=", path, ": empty; put the token (from `client token mint`) in it"));
-  }
-  return token;
-}
-
 absl::StatusOr<std::unique_ptr<ControlClient>> Connect() {
   ControlClientOptions options;
   options.server = absl::GetFlag(FLAGS_server);
   if (options.server.empty() && std::getenv("STAGEHAND_SERVER") != nullptr) options.server = std::getenv("STAGEHAND_SERVER");
   const std::string token_file = FlagOrEnv(FLAGS_token_file, "STAGEHAND_TOKEN_FILE");
   if (!token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(token_file);
+    absl::StatusOr<TokenFile> token = ReadTokenFile(token_file);
     if (!token.ok()) return token.status();
-    options.token = *std::move(token);
+    if (!token->warning.empty()) std::fprintf(stderr, "%s\n", token->warning.c_str());
+    options.token = std::move(token->token);
   }
   options.tls = {FlagOrEnv(FLAGS_tls_ca, "STAGEHAND_TLS_CA"), FlagOrEnv(FLAGS_tls_cert, "STAGEHAND_TLS_CERT"),
                  FlagOrEnv(FLAGS_tls_key, "STAGEHAND_TLS_KEY")};

@@ -280,6 +280,7 @@ absl::Status CoordinatorState::RecordRegistration(const RegisterRequest& request
   slot.host = request.host();
   slot.device = request.device();
   slot.profile = request.profile();
+  slot.health = request.health();
   slot.registered_at = now;
   slot.last_heartbeat = now;
   slot.last_progress = now;
@@ -292,6 +293,7 @@ std::optional<absl::StatusOr<Assignment>> CoordinatorState::RegistrationResult(
   if (workers_[rank].incarnation != incarnation) return StaleError(rank, incarnation);
   if (stop_reason_) return StoppingError();
   if (registered_count_ == workers) {
+    if (absl::Status s = Admitted(); !s.ok()) return s;
     if (absl::Status s = Partitioned(); !s.ok()) return s;
     return BuildAssignment(rank);
   }
@@ -303,6 +305,18 @@ std::optional<absl::StatusOr<Assignment>> CoordinatorState::RegistrationResult(
       registered_count_, " of ", workers, " workers registered before the deadline; missing worker "
       "indices ", MissingIndices(registered), " (see their logs: did they start and reach the "
       "coordinator?)"));
+}
+
+// The first worker to see the whole world asks whether they may run, for all; a refusal stops the job.
+absl::Status CoordinatorState::Admitted() {
+  if (!admission_fn_ || admitted_) return absl::OkStatus();
+  if (stop_reason_) return StoppingError();
+  if (absl::Status s = admission_fn_(workers_); !s.ok()) {
+    StopLocked(std::string(s.message()), "the coordinator");
+    return absl::Status(s.code(), *stop_reason_);
+  }
+  admitted_ = true;
+  return absl::OkStatus();
 }
 
 // The first worker to see the whole world plans the partition for all; a failure stops the job.

@@ -40,6 +40,7 @@ struct WorkerState {
   absl::Time last_progress = absl::InfinitePast();   // when steps_done last grew (or registration)
   std::map<int, absl::Time> milestones;              // Milestone -> worker clock time
   LayerProfile profile;                              // GPT jobs: the model's costs on its device
+  GpuHealth health;                                  // GPU jobs: its GPU's pre-flight readings
   bool finished = false;
   bool ok = false;
   bool failed_before_stop = false;  // reported a failure while the job still ran: a candidate root cause
@@ -56,6 +57,9 @@ struct Partition {
 };
 // Given every worker's registration (profiles included); an error stops the job with its message.
 using PartitionFn = std::function<absl::StatusOr<Partition>(const std::vector<WorkerState>&)>;
+// Whether the registered workers may run the job (the GPU health gate, launcher/health_gate.h); runs
+// once, when the last worker registers, before the partition. An error stops the job with its message.
+using AdmissionFn = std::function<absl::Status(const std::vector<WorkerState>&)>;
 
 // Assignments list every rank as a peer (host, pid, device) in jobs of at most this many workers.
 // Beyond it the lists would cost world_size^2 on the wire (1,000 workers: 50 MB, 10,000: 5 GB) and
@@ -90,6 +94,8 @@ class CoordinatorState {
 
   // GPT jobs: decides the stages when the last worker registers. Set before serving.
   void SetPartitioner(PartitionFn fn) { partition_fn_ = std::move(fn); }
+  // Decides whether the registered workers may run, before the partition. Set before serving.
+  void SetAdmission(AdmissionFn fn) { admission_fn_ = std::move(fn); }
 
   // UNAUTHENTICATED unless `presented` equals the job secret (compared in constant time).
   absl::Status CheckSecret(absl::string_view presented) const;
@@ -193,6 +199,7 @@ class CoordinatorState {
   void StopLocked(const std::string& reason, const std::string& origin)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Partitioned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Admitted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Polls `wait` at once; keeps it if it is not over.
   void AddWaitLocked(Wait wait, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -212,6 +219,7 @@ class CoordinatorState {
   const std::string secret_;
   const std::function<absl::Time()> now_;
   PartitionFn partition_fn_;
+  AdmissionFn admission_fn_;
 
   mutable absl::Mutex mu_;
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
@@ -223,6 +231,7 @@ class CoordinatorState {
   std::optional<std::string> stop_reason_ ABSL_GUARDED_BY(mu_);
   std::string stop_origin_ ABSL_GUARDED_BY(mu_);
   std::optional<Partition> partition_ ABSL_GUARDED_BY(mu_);
+  bool admitted_ ABSL_GUARDED_BY(mu_) = false;
   // What every rank's Assignment has in common (job, world, peers), built once per world: copying
   // it is cheaper than building N of them. Reset when a registration changes the world.
   std::optional<Assignment> common_assignment_ ABSL_GUARDED_BY(mu_);

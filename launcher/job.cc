@@ -38,6 +38,8 @@ void ApplyDefaults(JobSpec& spec) {
   if (!spec.has_seed()) spec.set_seed(0);
   if (!spec.has_timing()) spec.set_timing(true);
   if (!spec.has_cuda_graphs()) spec.set_cuda_graphs(true);
+  if (!spec.has_telemetry()) spec.set_telemetry(true);
+  if (spec.health().empty()) spec.set_health("warn");
   Timeouts& t = *spec.mutable_timeouts();
   if (!t.has_register_ms()) t.set_register_ms(60000);
   if (!t.has_heartbeat_interval_ms()) t.set_heartbeat_interval_ms(100);
@@ -90,6 +92,8 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.save_params) spec.set_save_params(*r.save_params);
   if (r.timing) spec.set_timing(*r.timing);
   if (r.cuda_graphs) spec.set_cuda_graphs(*r.cuda_graphs);
+  if (r.telemetry) spec.set_telemetry(*r.telemetry);
+  if (!r.health.empty()) spec.set_health(r.health);
 }
 
 // One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.
@@ -268,11 +272,12 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
 // The job of a bare `launcher`: a model that visibly learns, sized to what the devices show. On CPU
 // workers the tiny GPT, whose loss falls from ln 256 = 5.5 to about 1 within seconds; on GPUs the
 // reference gpt-1.3b for long enough to show what they give. Flags the user set are kept.
-void ChooseDefaultModel(const JobRequest& r, ResolvedJob& out) {
+// `steps_given`, `lr_given`: set by a flag, the job file or a submitted spec, before the defaults.
+void ChooseDefaultModel(const JobRequest& r, bool steps_given, bool lr_given, ResolvedJob& out) {
   const bool cpu = out.spec.device() == "cpu";
   out.spec.set_model(cpu ? "tiny" : "gpt-1.3b");
-  if (r.job_file.empty() && !r.steps) out.spec.set_steps(cpu ? 200 : 30);
-  if (r.job_file.empty() && !r.lr) out.spec.set_lr(cpu ? 3e-3 : 1e-4);
+  if (r.job_file.empty() && !steps_given) out.spec.set_steps(cpu ? 200 : 30);
+  if (r.job_file.empty() && !lr_given) out.spec.set_lr(cpu ? 3e-3 : 1e-4);
   out.notes.push_back(absl::StrCat("no --model given: training ", out.spec.model(), " for ", out.spec.steps(),
                                    " steps (--model=allreduce runs the checked collective instead)"));
 }
@@ -288,6 +293,11 @@ absl::Status ValidateRelations(const JobSpec& spec) {
   const std::string& d = spec.device();
   if (!d.empty() && d != "auto" && d != "cpu" && d != "cuda") {
     return Invalid(absl::StrCat("--device=", d, ": unknown device; use cuda, cpu or auto"));
+  }
+  const std::string& h = spec.health();
+  if (h != "off" && h != "warn" && h != "strict") {
+    return Invalid(absl::StrCat("--health=", absl::CHexEscape(h), " (or the job file's health:): unknown; use off, "
+                                "warn (the default) or strict"));
   }
   return absl::OkStatus();
 }
@@ -436,10 +446,11 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   out.spec = *std::move(merged);
   // Ranges first, on what the user wrote or typed: a 0 is refused, never taken for "unset".
   if (absl::Status s = ValidateRanges(request, out.spec); !s.ok()) return s;
+  const bool steps_given = out.spec.has_steps(), lr_given = out.spec.has_lr();
   ApplyDefaults(out.spec);
   if (absl::Status s = ValidateRelations(out.spec); !s.ok()) return s;
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
-  if (out.spec.model().empty()) ChooseDefaultModel(request, out);
+  if (out.spec.model().empty()) ChooseDefaultModel(request, steps_given, lr_given, out);
   if (!request.schedule_file.empty()) {
     if (absl::Status s = ReadScheduleFile(request, out.spec); !s.ok()) return s;
   }

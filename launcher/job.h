@@ -51,6 +51,8 @@ struct JobRequest {
   std::optional<bool> save_params;
   std::optional<bool> timing;
   std::optional<bool> cuda_graphs;
+  std::optional<bool> telemetry;  // --telemetry: GPU workers sample clocks, power, throttling
+  std::string health;             // --health: off, warn, strict ("" not given)
 };
 
 struct ResolvedJob {

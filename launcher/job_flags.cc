@@ -53,6 +53,13 @@ ABSL_FLAG(double, lr, -1, "GPT: AdamW learning rate, finite, 0 < lr <= 10 (defau
 ABSL_FLAG(bool, inference, false, "GPT: forward-only pipeline over --global_batch sequences per step");
 ABSL_FLAG(bool, save_params, false, "GPT: each rank writes its final parameters to the run directory");
 ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and trace.json)");
+ABSL_FLAG(bool, telemetry, true,
+          "GPU workers sample their GPU's clocks, power, temperature and throttle reasons through NVML (10 Hz) "
+          "for steps.csv, report.json and trace.json");
+ABSL_FLAG(std::string, health, "",
+          "the GPU health gate before the first step: warn (default; a GPU with uncorrected ECC errors or "
+          "pending remaps is refused, throttling at rest, a degraded PCIe link or no peer access warned), "
+          "strict (warnings refuse too) or off");
 ABSL_FLAG(bool, cuda_graphs, true,
           "on GPUs, 1F1B and inference stages replay each micro-batch's forward and backward as CUDA graphs "
           "captured once (after step 0), which takes the CPU's launch cost off small micro-batches");
@@ -110,6 +117,8 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.save_params = Given(p, "save_params", FLAGS_save_params);
   j.timing = Given(p, "timing", FLAGS_timing);
   j.cuda_graphs = Given(p, "cuda_graphs", FLAGS_cuda_graphs);
+  j.telemetry = Given(p, "telemetry", FLAGS_telemetry);
+  j.health = absl::GetFlag(FLAGS_health);
   return j;
 }
 

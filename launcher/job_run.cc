@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/text_format.h"
+#include "launcher/health_gate.h"
 #include "launcher/job_plan.h"
 #include "launcher/run_dir.h"
 #include "launcher/worker_binary.h"
@@ -46,6 +47,7 @@ RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& superv
   for (const WorkerState& w : state.Workers()) {
     in.hosts.push_back(w.host);
     in.devices.push_back(w.device.name().empty() ? "cpu" : w.device.name());
+    in.health.push_back(w.health);
   }
   if (std::optional<Partition> p = state.partition()) {
     int first = 0;
@@ -143,6 +145,8 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
   const JobRunOptions& o = run->options_;
   const JobSpec& spec = o.job.spec;
   if (IsModelJob(spec)) run->state_.SetPartitioner(Partitioner(spec));
+  run->state_.SetAdmission(HealthAdmission(  // the GPU health gate (--health)
+      spec, [listener](const std::string& line) { listener->Text(absl::StrCat("stagehand: health: ", line, "\n")); }));
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(o.coordinator_address, &run->state_);
   if (!server.ok()) {
     listener->Refusal(absl::StrCat("stagehand: ", Message(server.status())));
@@ -159,7 +163,9 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
   for (const std::string& note : o.job.notes) listener->Text(absl::StrCat("stagehand: ", note, "\n"));
   Files& files = *run->files_;
   files.Error(WriteFileAtomically(o.run_dir + "/job.textproto", text));
-  if (!files.any_error()) files.Error(files.steps().Open(o.run_dir + "/steps.csv"));
+  if (!files.any_error()) {
+    files.Error(files.steps().Open(o.run_dir + "/steps.csv", spec.device() == "cuda" && spec.telemetry()));
+  }
   if (files.any_error()) {
     exit_code = kExitWriteFailed;
     return nullptr;
@@ -236,6 +242,7 @@ JobRunEnd JobRun::Finish(int first_signal) {
   end.exit_code = code;
   const JobSpec& spec = options_.job.spec;
   if (IsModelJob(state_.job()) && end.report.step_seconds() > 0) listener_->Text(SummaryLine(end.report, state_.Steps(), gpu));
+  if (const std::string line = GpuSummaryLine(end.report); !line.empty()) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
   if (code == kExitSuccess) {
     listener_->Text(absl::StrFormat("stagehand: done: %d workers, %d steps in %.2f s; run directory %s\n", spec.workers(),
                                     spec.steps(), absl::ToDoubleSeconds(elapsed), run_dir()));

@@ -15,7 +15,9 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -262,6 +264,7 @@ absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const c
   if (absl::Status s = queue_.Enqueue(record.id, record.devices); !s.ok()) return s;
   control::JobInfo info = Info(*stored);
   live->events.AddState(info, false);
+  options_.log(absl::StrCat("job ", record.id, " (", record.spec.name(), ") from ", caller.name, ": queued"));
   for (const std::string& note : job->notes) live->events.AddLine(absl::StrCat("stagehand: ", note));
   return info;
 }
@@ -323,8 +326,8 @@ absl::StatusOr<control::JobInfo> JobServer::Cancel(const Caller& caller, const s
   if (absl::Status s = Allow(caller, Verb::kCancel, record->submitted_by); !s.ok()) return s;
   std::shared_ptr<Live> live = LiveJob(id);
   absl::MutexLock lock(&mu_);
-  if (record->state == control::JOB_STATE_QUEUED && live != nullptr && !live->running) {
-    (void)queue_.Remove(id);
+  // The queue decides, not the record read above: the serve loop may have granted the job since.
+  if (live != nullptr && queue_.Remove(id).ok()) {
     (void)store_->SetCancelledBy(id, caller.name);
     if (absl::Status s = store_->MarkEnded(id, control::JOB_STATE_CANCELLED, absl::Now(), 128 + SIGTERM,
                                            absl::StrCat("cancelled by ", caller.name, " before it started"), 0);
@@ -335,9 +338,12 @@ absl::StatusOr<control::JobInfo> JobServer::Cancel(const Caller& caller, const s
     if (!ended.ok()) return ended.status();
     control::JobInfo info = Info(*ended);
     live->events.AddState(info, true);
+    options_.log(absl::StrCat("job ", id, ": cancelled by ", caller.name, " before it started"));
     return info;
   }
-  if (live != nullptr && live->running) {
+  // Granted or running: the serve loop stops it (SIGTERM, then SIGKILL after the grace period; a
+  // second cancel kills at once).
+  if (live != nullptr && !live->events.ended()) {
     ++live->cancels;
     if (live->cancelled_by.empty()) {
       live->cancelled_by = caller.name;
@@ -461,6 +467,7 @@ void JobServer::StartGranted(const Grant& grant) {
     absl::MutexLock lock(&mu_);
     live->running = true;
   }
+  options_.log(absl::StrCat("job ", grant.id, ": running, run directory ", run_dir));
   Publish(grant.id, *live, false);
 }
 
@@ -504,6 +511,8 @@ void JobServer::Drive(const std::string& id, Live& live) {
 
 void JobServer::End(const std::string& id, Live& live, control::JobState state, int exit_code, const std::string& cause,
                     int64_t steps_done) {
+  options_.log(absl::StrCat("job ", id, ": ", absl::AsciiStrToLower(absl::StripPrefix(control::JobState_Name(state), "JOB_STATE_")),
+                            " (exit ", exit_code, ")", cause.empty() ? "" : ": ", cause));
   if (absl::Status s = store_->MarkEnded(id, state, absl::Now(), exit_code, cause, steps_done); !s.ok()) {
     live.events.AddLine(absl::StrCat("stagehand: ", s.message()));
   }

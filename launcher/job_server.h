@@ -8,6 +8,7 @@
 #ifndef STAGEHAND_LAUNCHER_JOB_SERVER_H_
 #define STAGEHAND_LAUNCHER_JOB_SERVER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,6 +34,8 @@ struct JobServerOptions {
   double peak_tflops_per_device = 989.0;
   bool tls = false;                   // for GetServerInfo
   bool mutual_tls = false;
+  // The server's own log: a line when a job is queued, starts and ends (serve.cc prints them).
+  std::function<void(const std::string&)> log = [](const std::string&) {};
 };
 
 class JobServer : public JobService {

@@ -129,6 +129,19 @@ TEST(JobTest, ResolveJob_NoModelWithSteps_KeepsTheSteps) {
   EXPECT_EQ(job->spec.steps(), 7);
 }
 
+// A server's submission: the spec carries what the client typed.
+TEST(JobTest, ResolveJob_SubmittedSpecNoModelWithSteps_KeepsTheStepsAndLr) {
+  JobRequest r;
+  r.spec.emplace();
+  r.spec->set_steps(5);
+  r.spec->set_lr(0.01);
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.model(), "tiny");
+  EXPECT_EQ(job->spec.steps(), 5);
+  EXPECT_DOUBLE_EQ(job->spec.lr(), 0.01);
+}
+
 TEST(JobTest, ResolveJob_DeviceCpuWithWorkers_RunsThatManyCpuWorkersWithoutNote) {
   JobRequest r;
   r.device = "cpu";
@@ -473,6 +486,29 @@ TEST(JobTest, ResolveJob_NoTimingAnywhere_DefaultsToTimedWithGraphs) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_TRUE(job->spec.has_timing() && job->spec.timing());
   EXPECT_TRUE(job->spec.has_cuda_graphs() && job->spec.cuda_graphs());
+}
+
+TEST(JobTest, ResolveJob_TelemetryAndHealth_DefaultsAndFlagsOverFile) {
+  JobRequest r;
+  r.model = "allreduce";
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->spec.has_telemetry() && job->spec.telemetry());
+  EXPECT_EQ(job->spec.health(), "warn");
+  r.job_file = WriteJobFile("telemetry.textproto", "model: \"allreduce\" telemetry: true health: \"strict\"");
+  r.telemetry = false;
+  r.health = "off";
+  job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->spec.telemetry());
+  EXPECT_EQ(job->spec.health(), "off");
+}
+
+TEST(JobTest, ResolveJob_UnknownHealth_IsOneLineListingModes) {
+  JobRequest r;
+  r.model = "allreduce";
+  r.health = "on";
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "--health=on (or the job file's health:): unknown; use off, warn");
 }
 
 TEST(JobTest, ResolveJob_CpuWorkersBeyondMemory_IsRefusedWithCount) {

@@ -62,7 +62,8 @@ constexpr char kUsage[] =
     "  launcher --job=job.textproto             a JobSpec file (the flags you type override it)\n"
     "\n"
     "Exit codes: 0 success; 1 a worker failed; 2 bad flags or job (nothing started); 3 a worker hung\n"
-    "(missed heartbeats, no progress, or never registered); 4 workers could not be started;\n"
+    "(missed heartbeats, no progress, or never registered); 4 workers could not be started (or the\n"
+    "GPU health gate, --health, refused a GPU);\n"
     "5 the run's results could not be written; 130 interrupted by SIGINT; 143 stopped by SIGTERM.\n"
     "\n"
     "  launcher --serve --state_dir=DIR         a server: jobs from `client submit`, queued for their devices";

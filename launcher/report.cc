@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -19,6 +20,8 @@
 #include "models/registry.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/util/json_util.h"
+#include "telemetry/aggregate.h"
+#include "telemetry/throttle.h"
 
 namespace stagehand {
 namespace {
@@ -147,6 +150,16 @@ int64_t PeakMemory(int rank, const Reports& all) {
   return peak;
 }
 
+// The rank's GPU over its timed steps; none when no step carried telemetry (CPU runs, --telemetry=false).
+std::optional<StepTelemetry> RankTelemetry(int rank, const Reports& timed) {
+  std::vector<const StepTelemetry*> steps;
+  ForRank(rank, timed, [&steps](const ReportStepRequest& r) {
+    if (r.has_telemetry()) steps.push_back(&r.telemetry());
+  });
+  if (steps.empty()) return std::nullopt;
+  return CombineSteps(steps);
+}
+
 RankReport BuildRank(int rank, const Reports& all, const Reports& timed, const ReportInput& input) {
   RankReport out;
   out.set_rank(rank);
@@ -168,6 +181,10 @@ RankReport BuildRank(int rank, const Reports& all, const Reports& timed, const R
   if (s.bubble_steps > 0) out.set_bubble_fraction(s.bubble / s.bubble_steps);
   // Bytes per ms / 1e6 = GB/s.
   if (s.comm_bytes > 0 && s.comm_ms > 0) out.set_comm_gbps(s.comm_bytes / s.comm_ms / 1e6);
+  if (std::optional<StepTelemetry> t = RankTelemetry(rank, timed)) *out.mutable_telemetry() = *std::move(t);
+  if (rank < static_cast<int>(input.health.size()) && !input.health[rank].uuid().empty()) {
+    *out.mutable_health() = input.health[rank];
+  }
   return out;
 }
 
@@ -248,13 +265,53 @@ std::string ActionEvent(const ActionTiming& a, int rank, int64_t step, std::pair
                       R"(,"dur":)", Micros(slice.second), R"(,"args":)", args, "}}");
 }
 
-// The earliest step start of the run: time zero of the trace.
+// The earliest step start or GPU sample of the run: time zero of the trace.
 int64_t TraceOrigin(const Reports& reports) {
   int64_t origin = std::numeric_limits<int64_t>::max();
   for (const auto& [key, r] : reports) {
     if (r->has_timing()) origin = std::min(origin, r->timing().start_unix_micros());
+    for (const GpuSample& s : r->telemetry().raw()) origin = std::min(origin, s.unix_micros());
   }
   return origin;
+}
+
+// One counter event: Perfetto draws a track per (process, name, argument), "GPU power W" under the rank.
+std::string CounterEvent(const char* name, int rank, int64_t ts_ns, const std::string& args) {
+  return absl::StrCat("{\"name\":\"", name, R"(","cat":"gpu","ph":"C","pid":)", rank, R"(,"ts":)", Micros(ts_ns),
+                      R"(,"args":{)", args, "}}");
+}
+
+std::string Value(double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "0"; }
+
+std::vector<std::string> SampleEvents(const GpuSample& s, int rank, int64_t ts_ns) {
+  const uint64_t r = s.throttle_reasons();
+  return {
+      CounterEvent("GPU SM clock", rank, ts_ns, absl::StrCat(R"("MHz":)", Value(s.sm_mhz()))),
+      CounterEvent("GPU memory clock", rank, ts_ns, absl::StrCat(R"("MHz":)", Value(s.mem_mhz()))),
+      CounterEvent("GPU power", rank, ts_ns, absl::StrCat(R"("W":)", Value(s.power_w()))),
+      CounterEvent("GPU temperature", rank, ts_ns, absl::StrCat(R"("C":)", Value(s.temperature_c()))),
+      CounterEvent("GPU utilization", rank, ts_ns, absl::StrCat(R"("%":)", Value(s.utilization_percent()))),
+      CounterEvent("GPU throttle", rank, ts_ns,
+                   absl::StrCat(R"("power_cap":)", (r & kThrottleSwPowerCap) ? 1 : 0, R"(,"thermal":)",
+                                (r & kThrottleThermal) ? 1 : 0, R"(,"hw_slowdown":)", (r & kThrottleHardware) ? 1 : 0)),
+  };
+}
+
+// Each rank's GPU samples as counter events, in time order per rank.
+std::vector<std::string> CounterEvents(const Reports& reports, int64_t origin) {
+  std::map<int, std::vector<const GpuSample*>> by_rank;
+  for (const auto& [key, r] : reports) {
+    for (const GpuSample& s : r->telemetry().raw()) by_rank[key.first].push_back(&s);
+  }
+  std::vector<std::string> events;
+  for (auto& [rank, samples] : by_rank) {
+    std::stable_sort(samples.begin(), samples.end(),
+                     [](const GpuSample* a, const GpuSample* b) { return a->unix_micros() < b->unix_micros(); });
+    for (const GpuSample* s : samples) {
+      for (std::string& e : SampleEvents(*s, rank, (s->unix_micros() - origin) * 1000)) events.push_back(std::move(e));
+    }
+  }
+  return events;
 }
 
 // In the worker's order when its slices are well formed; a slice listed out of order would otherwise
@@ -282,6 +339,25 @@ std::vector<std::string> ActionEvents(const Reports& reports) {
     }
   }
   return events;
+}
+
+double Busy(const RankReport& r) { return r.forward_ms() + r.backward_ms() + r.optimizer_ms(); }
+
+// Why a rank's clocks were held down, from its fractions: "power-capped 38%, thermally throttled 2%
+// of the time"; "" when they never were.
+std::string ThrottleText(const StepTelemetry& t) {
+  std::vector<std::string> parts;
+  auto add = [&parts](const char* what, double fraction) {
+    if (fraction > 0) parts.push_back(absl::StrFormat("%s %.0f%%", what, 100 * fraction));
+  };
+  add("power-capped", t.power_capped_fraction());
+  add("thermally throttled", t.thermal_fraction());
+  add("slowed by the hardware (slowdown or power brake)", t.hw_slowdown_fraction());
+  if (parts.empty() && t.throttled_fraction() > 0) {
+    add(absl::StrCat("held down (", ThrottleNames(t.throttle_reasons_seen() & kThrottleSlowing), ")").c_str(),
+        t.throttled_fraction());
+  }
+  return parts.empty() ? "" : absl::StrCat(absl::StrJoin(parts, ", "), " of the time");
 }
 
 // A step is done when every rank reported it (a rank's report comes after its part of the step).
@@ -333,6 +409,46 @@ RunReport BuildReport(const ReportInput& input) {
   return report;
 }
 
+const std::vector<std::string>& GpuCounterNames() {
+  static const std::vector<std::string> names = {"GPU SM clock", "GPU memory clock", "GPU power",
+                                                 "GPU temperature", "GPU utilization", "GPU throttle"};
+  return names;
+}
+
+std::string GpuSummaryLine(const RunReport& report) {
+  std::vector<const RankReport*> gpus;
+  for (const RankReport& r : report.ranks()) {
+    if (r.has_telemetry() && r.telemetry().sm_mhz_mean() > 0) gpus.push_back(&r);
+  }
+  if (gpus.empty()) return "";
+  // The slowest: the most compute per step where the workers timed it (the pipeline's bottleneck),
+  // else the lowest clock.
+  const bool timed = std::any_of(gpus.begin(), gpus.end(), [](const RankReport* r) { return Busy(*r) > 0; });
+  const RankReport* slowest = *std::max_element(gpus.begin(), gpus.end(), [timed](const RankReport* a, const RankReport* b) {
+    return timed ? Busy(*a) < Busy(*b) : a->telemetry().sm_mhz_mean() > b->telemetry().sm_mhz_mean();
+  });
+  const StepTelemetry& t = slowest->telemetry();
+  std::string why = ThrottleText(t);
+  std::string line = absl::StrCat("rank ", slowest->rank(), gpus.size() > 1 ? " is the slowest" : "",
+                                  timed ? absl::StrFormat(" (%.1f ms of compute per step)", Busy(*slowest)) : "", ": ",
+                                  why.empty() ? "not throttled" : why,
+                                  absl::StrFormat(", SM clock %.0f MHz mean", t.sm_mhz_mean()));
+  const RankReport* fastest = nullptr;
+  for (const RankReport* r : gpus) {
+    if (r != slowest && (fastest == nullptr || r->telemetry().sm_mhz_mean() > fastest->telemetry().sm_mhz_mean())) {
+      fastest = r;
+    }
+  }
+  if (fastest != nullptr) {
+    absl::StrAppend(&line, absl::StrFormat(" vs rank %d's %.0f MHz", fastest->rank(), fastest->telemetry().sm_mhz_mean()));
+  } else {
+    absl::StrAppend(&line, absl::StrFormat(" (%.0f min)", t.sm_mhz_min()));
+  }
+  absl::StrAppend(&line, absl::StrFormat("; %.0f W mean of %.0f W, %.0f C max", t.power_w_mean(), t.power_limit_w(),
+                                         t.temperature_c_max()));
+  return line;
+}
+
 absl::StatusOr<std::string> ReportJson(const RunReport& report) {
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
@@ -358,6 +474,7 @@ std::string ChromeTrace(const std::vector<ReportStepRequest>& steps, int ranks) 
     for (std::string& e : MetadataEvents(rank)) events.push_back(std::move(e));
   }
   for (std::string& e : ActionEvents(reports)) events.push_back(std::move(e));
+  for (std::string& e : CounterEvents(reports, TraceOrigin(reports))) events.push_back(std::move(e));
   return absl::StrCat("{\"traceEvents\":[\n", absl::StrJoin(events, ",\n"),
                       "\n],\n\"displayTimeUnit\":\"ms\"}\n");
 }

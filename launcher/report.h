@@ -29,6 +29,7 @@ struct ReportInput {
   double peak_tflops_per_device = 989.0;    // H100/H200 dense bf16
   int64_t warmup_steps = 0;              // steps left out of the means (min(3, steps - 1) by default)
   double launch_to_first_step_seconds = 0;
+  std::vector<GpuHealth> health;         // per rank: its GPU's pre-flight readings (empty for CPU runs)
 };
 
 // Aggregates: steps done (every rank reported them), step time (the rank holding the loss, else the slowest rank), tokens/s, TFLOP/s, MFU,
@@ -43,9 +44,22 @@ bool HasActionTiming(const std::vector<ReportStepRequest>& steps);
 absl::StatusOr<std::string> ReportJson(const RunReport& report);
 
 // trace.json text in the Chrome trace event format: {"traceEvents": [...]} with one process per rank
-// (named "rank N"), one thread ("actions"), a complete event ("ph": "X") per action, timestamps in
-// microseconds from the earliest step start of the run.
+// (named "rank N"), one thread ("actions"), a complete event ("ph": "X") per action, and for GPU runs
+// with telemetry counter events ("ph": "C") per GPU sample, which Perfetto draws as graphs under the
+// rank: "GPU SM clock" (MHz), "GPU memory clock" (MHz), "GPU power" (W), "GPU temperature" (C),
+// "GPU utilization" (%), "GPU throttle" (power_cap, thermal, hw_slowdown: 1 while it holds).
+// Timestamps in microseconds from the earliest step start or sample of the run.
 std::string ChromeTrace(const std::vector<ReportStepRequest>& steps, int ranks);
+
+// The counter names ChromeTrace writes, for checks.
+const std::vector<std::string>& GpuCounterNames();
+
+// The line the launcher prints at the end of a GPU run with telemetry: the slowest rank (the most
+// compute per step when the workers timed their actions, else the lowest SM clock) and, when it was
+// throttled, why, beside the fastest other rank's clock:
+//   "rank 0 is the slowest: power-capped 38% of the time, SM clock 1752 MHz mean vs rank 1's 1841 MHz"
+// "" when no rank reported telemetry.
+std::string GpuSummaryLine(const RunReport& report);
 
 }  // namespace stagehand
 

@@ -453,5 +453,155 @@ TEST(ChromeTrace, NameWithQuoteAndControls_IsEscaped) {
   EXPECT_THAT(json, Not(HasSubstr("\t")));
 }
 
+
+// --- GPU telemetry ---
+
+GpuSample Sample(int64_t unix_micros, double sm, double power, uint64_t reasons) {
+  GpuSample s;
+  s.set_unix_micros(unix_micros);
+  s.set_sm_mhz(sm);
+  s.set_mem_mhz(3201);
+  s.set_power_w(power);
+  s.set_power_limit_w(700);
+  s.set_temperature_c(70);
+  s.set_utilization_percent(100);
+  s.set_throttle_reasons(reasons);
+  return s;
+}
+
+// The step's summary as the worker sends it: the fake samples and their aggregate.
+ReportStepRequest WithSamples(ReportStepRequest r, std::vector<GpuSample> samples) {
+  StepTelemetry& t = *r.mutable_telemetry();
+  double sm = 0, capped = 0;
+  t.set_sm_mhz_min(1e9);
+  for (const GpuSample& s : samples) {
+    sm += s.sm_mhz();
+    capped += (s.throttle_reasons() & 0x4) != 0;
+    t.set_sm_mhz_min(std::min(t.sm_mhz_min(), s.sm_mhz()));
+    t.set_power_w_mean(s.power_w());
+    t.set_power_limit_w(700);
+    t.set_temperature_c_max(70);
+    t.set_throttle_reasons_seen(t.throttle_reasons_seen() | s.throttle_reasons());
+    *t.add_raw() = s;
+  }
+  t.set_samples(static_cast<int>(samples.size()));
+  t.set_sm_mhz_mean(sm / samples.size());
+  t.set_power_capped_fraction(capped / samples.size());
+  t.set_throttled_fraction(capped / samples.size());
+  return r;
+}
+
+constexpr int64_t kT0 = 1700000000000000;
+
+std::vector<ReportStepRequest> TwoGpuTrace() {
+  return {
+      WithSamples(Timed(0, 0, kT0 + 100, {Action("F0", "forward", 0, 2)}),
+                  {Sample(kT0, 1750, 700, 0x4), Sample(kT0 + 100000, 1760, 699, 0x4)}),
+      WithSamples(Timed(1, 0, kT0 + 1000, {Action("F0", "forward", 0, 2)}), {Sample(kT0 + 50000, 1840, 650, 0)}),
+  };
+}
+
+TEST(ChromeTrace, GpuSamples_CounterTracksPerRankAreValidJson) {
+  const std::string json = ChromeTrace(TwoGpuTrace(), 2);
+  const Struct trace = ParseTrace(json);
+  const std::vector<Struct> counters = Events(trace, "C");
+  ASSERT_EQ(counters.size(), 3 * GpuCounterNames().size());
+  std::map<std::pair<int, std::string>, std::vector<const Struct*>> tracks;
+  for (const Struct& c : counters) tracks[{static_cast<int>(Num(c, "pid")), Str(c, "name")}].push_back(&c);
+  for (const std::string& name : GpuCounterNames()) {
+    EXPECT_EQ((tracks[{0, name}].size()), 2u) << name;
+    EXPECT_EQ((tracks[{1, name}].size()), 1u) << name;
+  }
+  // Time zero is the earliest sample (before rank 0's first step starts); values in their units.
+  const std::vector<const Struct*>& sm0 = tracks[{0, "GPU SM clock"}];
+  EXPECT_THAT(Num(*sm0[0], "ts"), DoubleNear(0, 1e-6));
+  EXPECT_THAT(Num(*sm0[1], "ts"), DoubleNear(100000, 1e-6));
+  EXPECT_EQ(Num(sm0[0]->fields().at("args").struct_value(), "MHz"), 1750);
+  const Struct& throttle = tracks[{0, "GPU throttle"}][0]->fields().at("args").struct_value();
+  EXPECT_EQ(Num(throttle, "power_cap"), 1);
+  EXPECT_EQ(Num(throttle, "thermal"), 0);
+  EXPECT_EQ(Num(tracks[{1, "GPU power"}][0]->fields().at("args").struct_value(), "W"), 650);
+  // The action slices moved with the origin: rank 0's F0 starts 100 us after the first sample.
+  const std::vector<Struct> slices = Events(trace, "X");
+  ASSERT_EQ(slices.size(), 2u);
+  EXPECT_THAT(Num(slices[0], "ts"), DoubleNear(100, 1e-6));
+}
+
+TEST(ChromeTrace, NoTelemetry_NoCounters) {
+  EXPECT_THAT(Events(ParseTrace(ChromeTrace(TwoRankTrace(), 2)), "C"), IsEmpty());
+}
+
+TEST(BuildReport, GpuTelemetry_PerRankSummaryAndHealth) {
+  ReportInput in;
+  in.job = Gpt(256, 64, 2, 16, 4);
+  in.steps = TwoGpuTrace();
+  in.hosts = {"h", "h"};
+  GpuHealth h;
+  h.set_available(true);
+  h.set_uuid("GPU-a");
+  in.health = {h, GpuHealth()};
+  const RunReport r = BuildReport(in);
+  ASSERT_EQ(r.ranks_size(), 2);
+  ASSERT_TRUE(r.ranks(0).has_telemetry());
+  EXPECT_EQ(r.ranks(0).telemetry().samples(), 2);
+  EXPECT_DOUBLE_EQ(r.ranks(0).telemetry().sm_mhz_mean(), 1755);
+  EXPECT_DOUBLE_EQ(r.ranks(0).telemetry().power_capped_fraction(), 1);
+  EXPECT_EQ(r.ranks(0).telemetry().raw_size(), 0);  // the samples stay in trace.json
+  EXPECT_DOUBLE_EQ(r.ranks(1).telemetry().sm_mhz_mean(), 1840);
+  EXPECT_EQ(r.ranks(0).health().uuid(), "GPU-a");
+  EXPECT_FALSE(r.ranks(1).has_health());
+  const absl::StatusOr<std::string> json = ReportJson(r);
+  ASSERT_TRUE(json.ok());
+  EXPECT_THAT(*json, HasSubstr("\"sm_mhz_mean\""));
+}
+
+TEST(BuildReport, CpuRun_NoTelemetryInReportJson) {
+  const RunReport r = BuildReport(TwoRankRun());
+  for (const RankReport& rank : r.ranks()) EXPECT_FALSE(rank.has_telemetry());
+  const absl::StatusOr<std::string> json = ReportJson(r);
+  ASSERT_TRUE(json.ok());
+  EXPECT_THAT(*json, Not(HasSubstr("telemetry")));
+  EXPECT_THAT(*json, Not(HasSubstr("\"health\": {")));  // the job's health: "" is a JobSpec field
+  EXPECT_EQ(GpuSummaryLine(r), "");
+}
+
+RankReport GpuRank(int rank, double busy_ms, double sm, double capped) {
+  RankReport r;
+  r.set_rank(rank);
+  r.set_forward_ms(busy_ms);
+  StepTelemetry& t = *r.mutable_telemetry();
+  t.set_samples(50);
+  t.set_sm_mhz_mean(sm);
+  t.set_sm_mhz_min(sm - 50);
+  t.set_power_w_mean(695);
+  t.set_power_limit_w(700);
+  t.set_temperature_c_max(68);
+  t.set_power_capped_fraction(capped);
+  t.set_throttled_fraction(capped);
+  t.set_throttle_reasons_seen(capped > 0 ? 0x4 : 0);
+  return r;
+}
+
+TEST(GpuSummaryLine, TwoRanks_NamesTheSlowestAndWhy) {
+  RunReport report;
+  *report.add_ranks() = GpuRank(0, 510, 1752, 0.38);
+  *report.add_ranks() = GpuRank(1, 480, 1841, 0);
+  EXPECT_EQ(GpuSummaryLine(report),
+            "rank 0 is the slowest (510.0 ms of compute per step): power-capped 38% of the time, SM clock 1752 MHz "
+            "mean vs rank 1's 1841 MHz; 695 W mean of 700 W, 68 C max");
+}
+
+TEST(GpuSummaryLine, OneRankNotThrottled) {
+  RunReport report;
+  *report.add_ranks() = GpuRank(0, 0, 1980, 0);  // timing off: no compute figure
+  EXPECT_EQ(GpuSummaryLine(report), "rank 0: not throttled, SM clock 1980 MHz mean (1930 min); 695 W mean of 700 W, 68 C max");
+}
+
+TEST(GpuSummaryLine, NoTiming_LowestClockIsTheSlowest) {
+  RunReport report;
+  *report.add_ranks() = GpuRank(0, 0, 1900, 0);
+  *report.add_ranks() = GpuRank(1, 0, 1700, 0.5);
+  EXPECT_THAT(GpuSummaryLine(report), HasSubstr("rank 1 is the slowest: power-capped 50% of the time"));
+}
 }  // namespace
 }  // namespace stagehand

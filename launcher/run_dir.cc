@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "telemetry/throttle.h"
 
 namespace stagehand {
 namespace {
@@ -268,11 +269,13 @@ StepsCsv::~StepsCsv() {
   if (fd_ >= 0) close(fd_);
 }
 
-absl::Status StepsCsv::Open(const std::string& path) {
+absl::Status StepsCsv::Open(const std::string& path, bool gpu_columns) {
   path_ = path;
+  gpu_columns_ = gpu_columns;
   fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) return error_ = WriteError(path, errno);
-  return Write("step,rank,loss,seconds,tokens,peak_memory_bytes\n");
+  return Write(absl::StrCat("step,rank,loss,seconds,tokens,peak_memory_bytes", gpu_columns ? "," : "",
+                            gpu_columns ? kGpuStepColumns : "", "\n"));
 }
 
 absl::Status StepsCsv::Write(absl::string_view text) {
@@ -291,7 +294,7 @@ absl::Status StepsCsv::Write(absl::string_view text) {
 absl::Status StepsCsv::Append(const std::vector<ReportStepRequest>& steps) {
   if (steps.empty()) return error_;
   std::string text;
-  for (const ReportStepRequest& r : steps) text += StepsCsvRow(r);
+  for (const ReportStepRequest& r : steps) text += StepsCsvRow(r, gpu_columns_);
   return Write(text);
 }
 
@@ -304,9 +307,24 @@ absl::Status StepsCsv::Close() {
   return error_;
 }
 
-std::string StepsCsvRow(const ReportStepRequest& r) {
+namespace {
+
+std::string GpuCells(const ReportStepRequest& r) {
+  if (!r.has_telemetry()) return std::string(12, ',');  // 13 empty cells
+  const StepTelemetry& t = r.telemetry();
+  return absl::StrFormat("%.0f,%.0f,%.0f,%.1f,%.1f,%.0f,%.0f,%s,%.0f,%.3f,%.3f,%.3f,%s", t.sm_mhz_mean(), t.sm_mhz_min(),
+                         t.mem_mhz_mean(), t.power_w_mean(), t.power_w_max(), t.power_limit_w(), t.temperature_c_max(),
+                         t.has_fan_percent_max() ? absl::StrFormat("%.0f", t.fan_percent_max()) : "",
+                         t.utilization_percent_mean(), t.power_capped_fraction(), t.thermal_fraction(),
+                         t.throttled_fraction(), ThrottleNames(t.throttle_reasons_seen()));
+}
+
+}  // namespace
+
+std::string StepsCsvRow(const ReportStepRequest& r, bool gpu_columns) {
   return absl::StrCat(r.step(), ",", r.rank(), ",", r.has_loss() ? absl::StrFormat("%.9g", r.loss()) : "", ",",
-                      absl::StrFormat("%.6f", r.step_seconds()), ",", r.tokens(), ",", r.peak_memory_bytes(), "\n");
+                      absl::StrFormat("%.6f", r.step_seconds()), ",", r.tokens(), ",", r.peak_memory_bytes(),
+                      gpu_columns ? "," : "", gpu_columns ? GpuCells(r) : "", "\n");
 }
 
 absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, bool gpu, const std::string& path) {

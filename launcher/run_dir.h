@@ -42,8 +42,9 @@ absl::Status PrepareRunDir(const std::string& path, bool overwrite);
 // missing directory; the message names the path and the error.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
-// steps.csv: step, rank, loss (on the rank that computes it), seconds, tokens, peak memory; one row
-// per step report, appended (with write(2), no user-space buffer) as reports arrive, so a launcher
+// steps.csv: step, rank, loss (on the rank that computes it), seconds, tokens, peak memory, and for GPU
+// runs with telemetry the GPU's columns (kGpuStepColumns: clocks, power, temperature, throttling, the
+// step's mean and worst); one row per step report, appended (with write(2), no user-space buffer) as reports arrive, so a launcher
 // killed with SIGKILL leaves every step reported so far. A row is whole or absent: a write that fails
 // part-way is cut back to the last whole row. After a failure every call returns the same error.
 class StepsCsv {
@@ -53,8 +54,9 @@ class StepsCsv {
   StepsCsv(const StepsCsv&) = delete;
   StepsCsv& operator=(const StepsCsv&) = delete;
 
-  // Creates (truncates) the file and writes the header.
-  absl::Status Open(const std::string& path);
+  // Creates (truncates) the file and writes the header; `gpu_columns` adds the GPU telemetry columns
+  // (a CPU run has none at all).
+  absl::Status Open(const std::string& path, bool gpu_columns = false);
   absl::Status Append(const std::vector<ReportStepRequest>& steps);
   // fsync and close; the file stays as written.
   absl::Status Close();
@@ -66,11 +68,21 @@ class StepsCsv {
   std::string path_;
   int fd_ = -1;
   off_t size_ = 0;  // bytes of whole rows (and the header) written
+  bool gpu_columns_ = false;
   absl::Status error_;
 };
 
-// One steps.csv row (with its newline).
-std::string StepsCsvRow(const ReportStepRequest& r);
+// The GPU telemetry columns of steps.csv, after the others: the step's mean and worst SM clock, mean
+// memory clock, mean and highest power draw, the power limit, the highest temperature and fan speed
+// (empty where the board has no fan), mean utilisation, the fractions of samples power-capped,
+// thermally throttled and throttled for any reason, and the reasons seen ("sw_power_cap|hw_thermal").
+inline constexpr char kGpuStepColumns[] =
+    "sm_mhz_mean,sm_mhz_min,mem_mhz_mean,power_w_mean,power_w_max,power_limit_w,temperature_c_max,fan_percent_max,"
+    "utilization_percent_mean,power_capped_fraction,thermal_fraction,throttled_fraction,throttle_reasons";
+
+// One steps.csv row (with its newline); `gpu_columns` as the file was opened (empty cells for a report
+// without telemetry).
+std::string StepsCsvRow(const ReportStepRequest& r, bool gpu_columns = false);
 
 // startup_ledger.tsv at `path` (seconds from launch to each milestone, per rank), written atomically,
 // and the same table printed on stdout. `gpu`: a CPU run has no CUDA context and no NCCL communicator,

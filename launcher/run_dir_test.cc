@@ -91,6 +91,36 @@ TEST(StepsCsv, Append_RowsArePersistedAtOnce) {
   ASSERT_TRUE(csv.Close().ok());
 }
 
+TEST(StepsCsv, GpuColumns_HeaderAndCells) {
+  const std::string path = NewDir("steps_gpu") + "/steps.csv";
+  StepsCsv csv;
+  ASSERT_TRUE(csv.Open(path, /*gpu_columns=*/true).ok());
+  ReportStepRequest gpu = Step(0, 0);
+  StepTelemetry& t = *gpu.mutable_telemetry();
+  t.set_samples(5);
+  t.set_sm_mhz_mean(1752.4);
+  t.set_sm_mhz_min(1695);
+  t.set_mem_mhz_mean(3201);
+  t.set_power_w_mean(698.25);
+  t.set_power_w_max(701);
+  t.set_power_limit_w(700);
+  t.set_temperature_c_max(71);
+  t.set_utilization_percent_mean(99);
+  t.set_power_capped_fraction(0.4);
+  t.set_throttled_fraction(0.4);
+  t.set_throttle_reasons_seen(0x4);
+  ASSERT_TRUE(csv.Append({gpu, Step(0, 1)}).ok());  // rank 1 sent no telemetry: empty cells
+  ASSERT_TRUE(csv.Close().ok());
+  const std::vector<std::string> lines = absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], absl::StrCat("step,rank,loss,seconds,tokens,peak_memory_bytes,", kGpuStepColumns));
+  EXPECT_EQ(lines[1], "0,0,,0.250000,64,0,1752,1695,3201,698.2,701.0,700,71,,99,0.400,0.000,0.400,sw_power_cap");
+  EXPECT_EQ(lines[2], "0,1,,0.250000,64,0,,,,,,,,,,,,,");
+  for (const std::string& line : lines) {
+    EXPECT_EQ(std::vector<std::string>(absl::StrSplit(line, ',')).size(), 19u) << line;
+  }
+}
+
 TEST(StepsCsv, FullDisk_EveryRowWholeAndLaterAppendsFail) {
   ScopedTmpfs fs(NewDir("steps_full"), "256k");
   if (!fs.ok()) GTEST_SKIP() << fs.why();

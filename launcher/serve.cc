@@ -55,6 +55,7 @@ int Serve(const ServeOptions& options) {
   so.peak_tflops_per_device = options.peak_tflops_per_device;
   so.tls = !options.tls_cert.empty();
   so.mutual_tls = !options.tls_client_ca.empty();
+  so.log = Say;
   std::vector<std::string> notes;
   absl::StatusOr<std::unique_ptr<JobServer>> server = JobServer::Open(so, notes);
   if (!server.ok()) {

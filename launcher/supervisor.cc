@@ -133,6 +133,12 @@ void Supervisor::OnExit(const ProcessExit& e) {
   s.signal = e.signal;
   spawner_->DrainOutput(e.pid, absl::Milliseconds(200));  // its last words come before ours
   CheckReports();  // a failure it reported before exiting is the better description
+  // The coordinator stopped the job by itself (the health gate refused a GPU, the model could not be
+  // partitioned) and refused this worker's registration: that stop is the cause, though this exit may
+  // be reaped before the tick that would notice it.
+  if (std::optional<std::string> reason = state_->stop_reason(); reason && !stopping_) {
+    Record(Kind::kLaunch, kExitLaunchFailed, *reason);
+  }
   const WorkerState w = state_->Workers()[rank];
   if (e.signal == 0 && e.exit_code == 0 && w.finished && w.ok) return;
   if (e.signal == 0 && e.exit_code == kWorkerExitStopped && stopping_) return;  // it did as told

@@ -345,6 +345,19 @@ TEST_F(SupervisorTest, Tick_WorkerExitsZeroWithoutFinishing_Fails) {
   EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 1"), HasSubstr("exited with code 0")));
 }
 
+// The coordinator refuses the job when the last worker registers (the health gate): the workers leave
+// with "stopped" (code 3), reaped before any tick saw the stop; the refusal is the cause, exit 4.
+TEST_F(SupervisorTest, Tick_CoordinatorStopsJobItself_ExitsReapedFirst_RootCauseIsTheStop) {
+  Init(2);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  state_->Stop("GPU health: rank 1 (GPU-b): 7 uncorrected ECC errors", "the coordinator");
+  spawner_.Exit(Pid(0), 3);
+  spawner_.Exit(Pid(1), 3);
+  EXPECT_TRUE(supervisor_->Tick());
+  EXPECT_EQ(supervisor_->exit_code(), kExitLaunchFailed);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("7 uncorrected ECC errors"));
+}
+
 // The failed rank reports its error, and the other rank, told to stop through its heartbeat, leaves
 // (code 3) before the failed one is reaped: the root cause is still the failed rank's error.
 TEST_F(SupervisorTest, Tick_ConsequenceExitsBeforeFailedRank_RootCauseNamesFailedRank) {

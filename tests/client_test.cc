@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <sys/stat.h>
+
 #include <fstream>
 #include <string>
 #include <thread>
@@ -37,6 +39,7 @@ class ClientTest : public ::testing::Test {
   void SetUp() override {
     fake_.AddToken("admin-t", "root", control::ROLE_ADMIN);
     std::ofstream(Tmp() + "/token") << "  admin-t\n";
+    chmod((Tmp() + "/token").c_str(), 0600);  // a token file others can read draws a warning line
     ControlServerOptions options;
     options.listen = "127.0.0.1:0";
     auto server = ControlServer::Start(options, &fake_);

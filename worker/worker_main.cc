@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -24,6 +25,8 @@
 #include "common/logging.h"
 #include "common/worker_contract.h"
 #include "models/model_description.h"
+#include "telemetry/nvml_monitor.h"
+#include "telemetry/sampler.h"
 #include "worker/agent.h"
 #include "worker/coordinator_client.h"
 #include "worker/cpu_transport.h"
@@ -96,6 +99,8 @@ struct Run {
   Assignment assignment;
   int64_t incarnation;  // on every report: the coordinator refuses a replaced worker's
   std::unique_ptr<Agent> agent;  // heartbeats and watches for the stop while the job runs
+  std::string gpu_uuid;          // GPU jobs: this worker's GPU, for NVML
+  std::unique_ptr<TelemetrySampler> sampler;  // GPU jobs with telemetry: samples on its own thread
 };
 
 void ReportMilestone(const Run& run, Milestone milestone, absl::Time when) {
@@ -112,7 +117,20 @@ ReportStepRequest StepRequest(const Run& run, int64_t step) {
   r.set_rank(run.assignment.rank());
   r.set_incarnation(run.incarnation);
   r.set_step(step);
+  if (run.sampler) *r.mutable_telemetry() = run.sampler->TakeStep();
   return r;
+}
+
+// GPU jobs sample their GPU unless the job says telemetry: false. A GPU NVML cannot read (no driver
+// library, an old driver) runs without telemetry, with one line in the log.
+std::unique_ptr<TelemetrySampler> StartTelemetry(const JobSpec& job, const std::string& uuid) {
+  if (job.device() != "cuda" || (job.has_telemetry() && !job.telemetry())) return nullptr;
+  absl::StatusOr<std::unique_ptr<GpuMonitor>> monitor = OpenNvmlMonitor(uuid);
+  if (!monitor.ok()) {
+    LOG(WARNING) << "no GPU telemetry: " << monitor.status().message();
+    return nullptr;
+  }
+  return std::make_unique<TelemetrySampler>(*std::move(monitor));
 }
 
 absl::Status RunModel(Run& run, Transport* transport) {
@@ -141,6 +159,8 @@ absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) 
   if (!transport.ok()) return transport.status();
   run.agent->SetTransport(transport->get());
   ReportMilestone(run, MILESTONE_NCCL_READY, absl::Now());
+  // Started after the communicators, so that the first step's samples are of the run, not of setup.
+  run.sampler = StartTelemetry(a.job(), run.gpu_uuid);
   absl::Status s = IsModelJob(a.job()) ? RunModel(run, transport->get()) : RunAllReduceJob(a, **transport, [&](int64_t step, double secs) {
     if (step == 0) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
     run.agent->SetSteps(step + 1);
@@ -149,6 +169,7 @@ absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) 
     return client.ReportStep(r);
   });
   run.agent->SetTransport(nullptr);
+  run.sampler.reset();
   return s;
 }
 
@@ -170,6 +191,9 @@ int Main() {
   const bool cuda = job->job().device() == "cuda";
   absl::StatusOr<DeviceInfo> device = cuda ? InitCudaDevice() : CpuDeviceInfo();
   const absl::Time cuda_ready = absl::Now();
+  // The health gate's readings, taken at rest: before the profile below warms the GPU up.
+  std::optional<GpuHealth> health;
+  if (cuda && device.ok() && job->job().health() != "off") health = ReadGpuHealth(device->uuid());
   // The planner partitions by what every worker measured on its own device.
   absl::StatusOr<LayerProfile> profile = LayerProfile();
   if (device.ok() && IsModelJob(job->job())) {
@@ -189,12 +213,15 @@ int Main() {
   req.set_pid(getpid());
   if (device.ok()) *req.mutable_device() = *device;
   if (profile.ok()) *req.mutable_profile() = *profile;
+  if (health) *req.mutable_health() = *health;
   absl::StatusOr<Assignment> assignment = client.Register(req, absl::InfiniteDuration());
   if (!assignment.ok()) {
     LOG(ERROR) << assignment.status().ToString();
-    return absl::IsCancelled(assignment.status()) ? kWorkerExitStopped : kWorkerExitFailed;
+    // FAILED_PRECONDITION and CANCELLED: the job stopped (the health gate, say), not this worker.
+    const bool stopped = absl::IsCancelled(assignment.status()) || absl::IsFailedPrecondition(assignment.status());
+    return stopped ? kWorkerExitStopped : kWorkerExitFailed;
   }
-  Run run{&client, *assignment, req.incarnation(), nullptr};
+  Run run{&client, *assignment, req.incarnation(), nullptr, device.ok() ? device->uuid() : "", nullptr};
   run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
                                       assignment->job().timeouts());
   absl::Status status = device.ok() ? RunJob(run, cuda_ready, *secret) : device.status();
