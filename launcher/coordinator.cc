@@ -123,6 +123,7 @@ absl::Status CoordinatorState::StoppingError() const {
 void CoordinatorState::AddWaitLocked(Wait wait, Completions& done) {
   if (Completion c = wait.poll(absl::Now() >= wait.deadline)) {
     done.Add(std::move(c));
+    if (stop_unpolled_) PollWaitsLocked(done);  // its poll stopped the job (a refusal, a partition)
     return;
   }
   const WaitId id = next_wait_id_++;
@@ -166,7 +167,8 @@ int CoordinatorState::PollIdsLocked(const std::vector<WaitId>& ids, Completions&
 }
 
 void CoordinatorState::PollWaitsLocked(Completions& done) {
-  for (bool ended = true; ended;) {
+  for (bool ended = true; ended || stop_unpolled_;) {
+    stop_unpolled_ = false;
     std::vector<WaitId> all;
     all.reserve(waits_.size());
     for (const auto& [id, wait] : waits_) all.push_back(id);
@@ -175,10 +177,9 @@ void CoordinatorState::PollWaitsLocked(Completions& done) {
 }
 
 void CoordinatorState::PollSomeLocked(const std::vector<WaitId>& ids, Completions& done) {
-  const bool was_stopping = stop_reason_.has_value();
   PollIdsLocked(ids, done);
-  // A poll can stop the job (the partition failed): then every wait must see it.
-  if (!was_stopping && stop_reason_) PollWaitsLocked(done);
+  // A poll can stop the job (the admission refused, the partition failed): every wait must see it.
+  if (stop_unpolled_) PollWaitsLocked(done);
 }
 
 void CoordinatorState::PollTopicLocked(const std::string& topic, Completions& done) {
@@ -583,6 +584,7 @@ void CoordinatorState::StopLocked(const std::string& reason, const std::string& 
   LOG(INFO) << "stopping job " << job_id_ << ": " << reason << " (from " << origin << ")";
   stop_reason_ = reason;  // the caller polls the waits, which see it
   stop_origin_ = origin;
+  stop_unpolled_ = true;  // and so does a poll that stopped the job (PollSomeLocked, AddWaitLocked)
 }
 
 void CoordinatorState::Shutdown() {

@@ -244,6 +244,7 @@ class CoordinatorState {
   // (a CondVar, not an absl::Condition on mu_: that would be evaluated on every unlock of mu_).
   absl::Time timer_next_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::CondVar timer_cv_;
+  bool stop_unpolled_ ABSL_GUARDED_BY(mu_) = false;  // stopped since the last poll of every wait
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool timer_exit_ ABSL_GUARDED_BY(mu_) = false;
   std::thread timer_;  // last: starts once the members above exist

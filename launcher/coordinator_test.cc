@@ -806,6 +806,30 @@ TEST_F(CoordinatorTest, Register_PartitionerGivesSchedules_AssignmentCarriesEach
   EXPECT_EQ(a[1]->last_layer(), 10);
 }
 
+// The refusal stops the job inside the registration's poll; waits on other topics (a key no one
+// sets) must see the stop too, not only the registrations.
+TEST_F(CoordinatorTest, Register_AdmissionRefuses_WaitsOnOtherTopicsEndCancelled) {
+  auto state = MakeState(2);
+  state->SetAdmission([](const std::vector<WorkerState>&) { return absl::FailedPreconditionError("GPU 1 is bad"); });
+  absl::Notification got;
+  absl::Status kv_status;
+  state->KeyValueGetAsync("never-set", LongDeadline(), [&](absl::StatusOr<std::string> v) {
+    kv_status = v.status();
+    got.Notify();
+  });
+  const absl::Time start = absl::Now();
+  for (const absl::StatusOr<Assignment>& a : RegisterAll(*state, 2)) {
+    // The registration that ran the gate gets its refusal; the waiting one the stop it caused.
+    EXPECT_THAT(a.status().code(), ::testing::AnyOf(absl::StatusCode::kFailedPrecondition, absl::StatusCode::kCancelled))
+        << a.status();
+    EXPECT_THAT(std::string(a.status().message()), HasSubstr("GPU 1 is bad"));
+  }
+  ASSERT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ExpectWokenBeforeDeadline(start);
+  EXPECT_EQ(kv_status.code(), absl::StatusCode::kCancelled) << kv_status;
+  EXPECT_TRUE(state->stopping());
+}
+
 TEST_F(CoordinatorTest, Reports_UnregisteredRank_AreFailedPrecondition) {
   auto state = MakeState(2);
   ReportMilestoneRequest m;
