@@ -49,6 +49,35 @@ struct WorkerState {
 };
 
 
+// One host of a job of several (launcher --nodes=N). Node 0 is the coordinator's own launcher; nodes
+// 1..N-1 are agents that join with RegisterAgent. Ranks are node-major: node 0's first.
+struct NodeState {
+  bool registered = false;
+  int64_t incarnation = 0;
+  std::string host;     // its host name, for messages (network namespaces share one: not an identity)
+  std::string address;  // its address as the coordinator sees it (node 0: the address it serves on)
+  int pid = 0;
+  std::string device;   // "cpu" or "cuda"
+  int workers = 0;
+  std::vector<NodeGpu> gpus;
+  int first_rank = 0;   // once the world is fixed
+  absl::Time last_heartbeat = absl::InfinitePast();  // coordinator clock
+  bool lost = false;    // its agent's connection closed while its workers ran
+  std::string lost_reason;
+};
+
+// An agent's worker that ended, as its agent reported it.
+struct RemoteExit {
+  int pid = 0;
+  int exit_code = -1;
+  int signal = 0;
+};
+
+// An agent heartbeats at this interval; one silent for kAgentTimeout is lost, and so are its ranks.
+// Short, so that a host that loses its network ends the job on every host within 5 s.
+inline constexpr absl::Duration kAgentHeartbeatInterval = absl::Milliseconds(200);
+inline constexpr absl::Duration kAgentTimeout = absl::Seconds(2);
+
 // How the model's pipeline layers are split into stages, decided once every worker has registered.
 struct Partition {
   std::vector<int> layers_per_stage;  // per (virtual) stage of the schedule
@@ -79,6 +108,7 @@ class CoordinatorState {
   using ValueCallback = std::function<void(absl::StatusOr<std::string>)>;
   using StatusCallback = std::function<void(absl::Status)>;
   using StopCallback = std::function<void(absl::StatusOr<WaitForStopResponse>)>;
+  using AgentCallback = std::function<void(absl::StatusOr<RegisterAgentResponse>)>;
 
   // `now` is the clock for heartbeats and progress (absl::Now in production, a fake in tests).
   // Deadlines of waits are always on the real clock.
@@ -88,6 +118,8 @@ class CoordinatorState {
   CoordinatorState(const CoordinatorState&) = delete;
   CoordinatorState& operator=(const CoordinatorState&) = delete;
 
+  // The job. Final from the start on one host; on several, once SetWorld has run (which writes it on
+  // the caller's thread, so that thread may read it without the lock).
   const JobSpec& job() const { return job_; }
   const std::string& job_id() const { return job_id_; }
   const std::string& secret() const { return secret_; }  // handed to spawned workers, never logged
@@ -146,6 +178,33 @@ class CoordinatorState {
   std::vector<ReportStepRequest> StepsSince(size_t from) const;
   std::optional<Partition> partition() const;  // once planned
 
+  // --- Several hosts (coordinator_nodes.cc). ---
+  // Before serving: the job spans `nodes` nodes, this launcher being node 0 with `node0`'s workers.
+  // The world (the job's worker count, hence its slots) is fixed by SetWorld once every agent has
+  // registered; until then no worker can register.
+  void ExpectNodes(int nodes, NodeState node0);
+  int nodes() const;  // 1 unless ExpectNodes said more
+  std::vector<NodeState> Nodes() const;
+  bool AllNodesRegistered() const;
+  bool world_fixed() const;
+  // The final job, its `workers` the sum over the nodes, from node 0's launcher once every node
+  // registered: gives each node its first rank (node-major) and completes the agents' RegisterAgent.
+  void SetWorld(JobSpec job);
+  // RegisterAgent (protos/coordinator.proto): records the node, then completes `done` once the world
+  // is fixed (or `deadline`, or the job stops). `peer_address` is the agent's address as seen here.
+  void RegisterAgentAsync(const RegisterAgentRequest& request, const std::string& peer_address,
+                          absl::Time deadline, AgentCallback done);
+  absl::StatusOr<AgentHeartbeatResponse> AgentHeartbeat(const AgentHeartbeatRequest& request);
+  // A repeat of the same rank's exit is recorded once.
+  absl::Status ReportWorkerExit(const ReportWorkerExitRequest& request);
+  // WaitForStop of an agent: completes when the job stops.
+  void AgentWaitForStopAsync(int node, int64_t incarnation, absl::Time deadline, StopCallback done);
+  // The agent's long poll was cancelled (its connection closed: the agent died, or its host did):
+  // the node is lost unless every one of its workers already ended.
+  void AgentDisconnected(int node, int64_t incarnation);
+  std::map<int, RemoteExit> RemoteExits() const;  // rank -> exit, as the agents reported them
+  int NodeOfRank(int rank) const;                 // 0 on a job of one host
+
   // For tests: true once at least `count` waits are pending (false if `deadline` passes first), so
   // that a test knows its calls are waiting without sleeping.
   bool AwaitPendingWaits(int count, absl::Time deadline) const;
@@ -200,6 +259,13 @@ class CoordinatorState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Partitioned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Admitted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Several hosts: node in range, registered, not of an older incarnation.
+  absl::Status CheckNode(int node, int64_t incarnation) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status RecordAgent(const RegisterAgentRequest& request, const std::string& peer_address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<absl::StatusOr<RegisterAgentResponse>> AgentResult(int node, int64_t incarnation, bool expired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool NodeDoneLocked(const NodeState& node) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // Polls `wait` at once; keeps it if it is not over.
   void AddWaitLocked(Wait wait, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -214,7 +280,7 @@ class CoordinatorState {
   void RemoveWaitLocked(std::map<WaitId, Wait>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 
-  const JobSpec job_;
+  JobSpec job_;  // written by SetWorld only (under mu_), before any worker exists
   const std::string job_id_;
   const std::string secret_;
   const std::function<absl::Time()> now_;
@@ -232,6 +298,9 @@ class CoordinatorState {
   std::string stop_origin_ ABSL_GUARDED_BY(mu_);
   std::optional<Partition> partition_ ABSL_GUARDED_BY(mu_);
   bool admitted_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<NodeState> nodes_ ABSL_GUARDED_BY(mu_);  // empty: a job of one host
+  bool world_fixed_ ABSL_GUARDED_BY(mu_) = true;      // false between ExpectNodes(N > 1) and SetWorld
+  std::map<int, RemoteExit> remote_exits_ ABSL_GUARDED_BY(mu_);
   // What every rank's Assignment has in common (job, world, peers), built once per world: copying
   // it is cheaper than building N of them. Reset when a registration changes the world.
   std::optional<Assignment> common_assignment_ ABSL_GUARDED_BY(mu_);

@@ -84,6 +84,21 @@ void FinishWith(grpc::ServerUnaryReactor* reactor, absl::StatusOr<T> result, Sto
   reactor->Finish(ToGrpcStatus(result.status()));
 }
 
+// An agent's WaitForStop: its cancellation (the connection closed under it) tells the state at once
+// that the node is gone, before any heartbeat timeout.
+class AgentStopReactor final : public grpc::ServerUnaryReactor {
+ public:
+  AgentStopReactor(CoordinatorState* state, int node, int64_t incarnation)
+      : state_(state), node_(node), incarnation_(incarnation) {}
+  void OnCancel() override { state_->AgentDisconnected(node_, incarnation_); }
+  void OnDone() override { delete this; }
+
+ private:
+  CoordinatorState* const state_;
+  const int node_;
+  const int64_t incarnation_;
+};
+
 }  // namespace
 
 absl::Status CoordinatorService::Authenticate(const grpc::ServerContextBase& context) const {
@@ -171,6 +186,15 @@ CoordinatorService::Reactor* CoordinatorService::Heartbeat(Context* context, con
 CoordinatorService::Reactor* CoordinatorService::WaitForStop(Context* context, const WaitForStopRequest* request,
                                                              WaitForStopResponse* response) {
   STAGEHAND_AUTHENTICATE(context);
+  if (request->node_rank() != 0) {
+    auto* agent = new AgentStopReactor(state_, request->node_rank(), request->incarnation());
+    state_->AgentWaitForStopAsync(request->node_rank(), request->incarnation(), Deadline(*context),
+                                  [agent, response](absl::StatusOr<WaitForStopResponse> r) {
+                                    FinishWith(static_cast<Reactor*>(agent), std::move(r),
+                                               [response](WaitForStopResponse v) { *response = std::move(v); });
+                                  });
+    return agent;
+  }
   Reactor* reactor = context->DefaultReactor();
   state_->WaitForStopAsync(request->rank(), request->incarnation(), Deadline(*context),
                            [reactor, response](absl::StatusOr<WaitForStopResponse> r) {
@@ -199,7 +223,66 @@ CoordinatorService::Reactor* CoordinatorService::Finish(Context* context, const 
   return Finished(context, state_->Finish(*request));
 }
 
-absl::StatusOr<std::string> LoopbackListenAddress(const std::string& address) {
+// --- Agents (several hosts) ---
+
+namespace {
+
+// "ipv4:198.18.0.12:40000" or "ipv6:[::1]:40000" -> "198.18.0.12" or "::1": the address its
+// workers can be reached at, as this coordinator sees the agent.
+std::string PeerHost(const std::string& peer) {
+  std::string p = peer;
+  if (absl::StartsWith(p, "ipv4:")) p = p.substr(5);
+  else if (absl::StartsWith(p, "ipv6:")) p = p.substr(5);
+  const size_t colon = p.rfind(':');
+  if (colon != std::string::npos) p = p.substr(0, colon);
+  if (p.size() >= 2 && p.front() == '[' && p.back() == ']') p = p.substr(1, p.size() - 2);
+  return p;
+}
+
+}  // namespace
+
+CoordinatorService::Reactor* CoordinatorService::RegisterAgent(Context* context, const RegisterAgentRequest* request,
+                                                               RegisterAgentResponse* response) {
+  // A verified client certificate (mutual TLS) is the agent's proof; on loopback, the secret it read
+  // from --job_token_file.
+  std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) {
+    absl::Status s = Authenticate(*context);
+    if (!s.ok()) {
+      return Finished(context, absl::UnauthenticatedError(absl::StrCat(
+                                   s.message(), "; an agent proves itself with a client certificate (--tls_cert, "
+                                   "--tls_key) or, on loopback, with the same --job_token_file as node 0")));
+    }
+  }
+  Reactor* reactor = context->DefaultReactor();
+  state_->RegisterAgentAsync(*request, PeerHost(context->peer()), Deadline(*context),
+                             [reactor, response](absl::StatusOr<RegisterAgentResponse> r) {
+                               FinishWith(reactor, std::move(r),
+                                          [response](RegisterAgentResponse v) { *response = std::move(v); });
+                             });
+  return reactor;
+}
+
+CoordinatorService::Reactor* CoordinatorService::AgentHeartbeat(Context* context, const AgentHeartbeatRequest* request,
+                                                                AgentHeartbeatResponse* response) {
+  STAGEHAND_AUTHENTICATE(context);
+  Reactor* reactor = context->DefaultReactor();
+  FinishWith(reactor, state_->AgentHeartbeat(*request), [response](AgentHeartbeatResponse r) { *response = std::move(r); });
+  return reactor;
+}
+
+CoordinatorService::Reactor* CoordinatorService::ReportWorkerExit(Context* context,
+                                                                  const ReportWorkerExitRequest* request,
+                                                                  ReportWorkerExitResponse*) {
+  STAGEHAND_AUTHENTICATE(context);
+  return Finished(context, state_->ReportWorkerExit(*request));
+}
+
+absl::StatusOr<std::string> LoopbackListenAddress(const std::string& address) { return ListenAddress(address, false); }
+
+bool IsLoopbackAddress(const std::string& address) { return LoopbackListenAddress(address).ok(); }
+
+absl::StatusOr<std::string> ListenAddress(const std::string& address, bool tls) {
   std::string host, port_text;
   int port = 0;
   if (!SplitHostPort(address, host, port_text) || !absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535) {
@@ -218,7 +301,7 @@ absl::StatusOr<std::string> LoopbackListenAddress(const std::string& address) {
   std::string refused;
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
     if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
-    if (!IsLoopback(a->ai_addr)) {
+    if (!IsLoopback(a->ai_addr) && !tls) {
       refused = Numeric(a);
       break;
     }
@@ -229,7 +312,8 @@ absl::StatusOr<std::string> LoopbackListenAddress(const std::string& address) {
   if (!refused.empty() || numeric.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--coordinator_address=", address, ": ", host, refused.empty() ? " has no address" : " resolves to " + refused,
-        ", not loopback (127.0.0.0/8 or ::1); only loopback is served until TLS and tokens land: use 127.0.0.1:PORT"));
+        ", not loopback (127.0.0.0/8 or ::1); another address is served only over mutual TLS: pass --tls_cert, "
+        "--tls_key and --tls_ca (or use 127.0.0.1:PORT)"));
   }
   return absl::StrCat(numeric, ":", port);
 }
@@ -237,14 +321,33 @@ absl::StatusOr<std::string> LoopbackListenAddress(const std::string& address) {
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const std::string& address,
                                                                             CoordinatorState* state,
                                                                             int max_threads) {
-  absl::StatusOr<std::string> bind = LoopbackListenAddress(address);
+  CoordinatorServerOptions options;
+  options.address = address;
+  options.max_threads = max_threads;
+  return Start(options, state);
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const CoordinatorServerOptions& options,
+                                                                            CoordinatorState* state) {
+  const std::string& address = options.address;
+  const int max_threads = options.max_threads;
+  const bool tls = !options.tls.cert.empty();
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (tls) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> c = ServerTlsCredentials(options.tls);
+    if (!c.ok()) return c.status();
+    credentials = *std::move(c);
+  }
+  absl::StatusOr<std::string> bind = ListenAddress(address, tls);
   if (!bind.ok()) return bind.status();
   std::unique_ptr<CoordinatorServer> server(
       new CoordinatorServer(state, std::make_unique<CoordinatorService>(state)));
   grpc::ServerBuilder builder;
   int bound = 0;
   // The resolved address, not the name: a second resolution could give another answer.
-  builder.AddListeningPort(*bind, grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(*bind, credentials, &bound);
+  // Otherwise two servers can bind one port silently (notes/multihost.md); now the second fails.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(server->service_.get());
   // No server-side deadline timer per call: every wait of CoordinatorState ends at the call's own
   // deadline (the service hands it over) and every other call is answered at once, so the timer only

@@ -9,13 +9,16 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "launcher/coordinator.h"
 #include "protos/coordinator.grpc.pb.h"
 
 namespace stagehand {
 
-inline constexpr int kProtocolVersion = 2;  // 2: incarnations on every report, WaitForStop
+// 2: incarnations on every report, WaitForStop; 3: agents (RegisterAgent, AgentHeartbeat,
+// ReportWorkerExit, WaitForStop.node_rank), for jobs of several hosts.
+inline constexpr int kProtocolVersion = 3;
 
 class CoordinatorService final : public Coordinator::CallbackService {
  public:
@@ -34,6 +37,9 @@ class CoordinatorService final : public Coordinator::CallbackService {
   Reactor* ReportMilestone(Context*, const ReportMilestoneRequest*, ReportMilestoneResponse*) override;
   Reactor* ReportStep(Context*, const ReportStepRequest*, ReportStepResponse*) override;
   Reactor* Finish(Context*, const FinishRequest*, FinishResponse*) override;
+  Reactor* RegisterAgent(Context*, const RegisterAgentRequest*, RegisterAgentResponse*) override;
+  Reactor* AgentHeartbeat(Context*, const AgentHeartbeatRequest*, AgentHeartbeatResponse*) override;
+  Reactor* ReportWorkerExit(Context*, const ReportWorkerExitRequest*, ReportWorkerExitResponse*) override;
 
  private:
   absl::Status Authenticate(const grpc::ServerContextBase& context) const;
@@ -47,6 +53,20 @@ class CoordinatorService final : public Coordinator::CallbackService {
 // every address it has must be loopback (127.0.0.0/8 or ::1), so a name like "127.evil.test" that
 // resolves elsewhere is refused. INVALID_ARGUMENT naming --coordinator_address and what to pass.
 absl::StatusOr<std::string> LoopbackListenAddress(const std::string& address);
+// The same, but any address when `tls` (a non-loopback coordinator serves only mutual TLS); the
+// refusal of a non-loopback address without it says what to pass.
+absl::StatusOr<std::string> ListenAddress(const std::string& address, bool tls);
+// Whether HOST of HOST:PORT resolves only to loopback addresses (false when it does not resolve).
+bool IsLoopbackAddress(const std::string& address);
+
+// A coordinator server's settings beyond the address.
+struct CoordinatorServerOptions {
+  std::string address;  // host:port; port 0 picks one
+  int max_threads = 0;
+  // The job's certificate and key, and the CA that must have signed every client's certificate
+  // (mutual TLS). Empty: plaintext, loopback only.
+  ServerTlsFiles tls;
+};
 
 // A running server. Stop() (or the destructor) ends every pending wait of the state with
 // UNAVAILABLE (CoordinatorState::Shutdown) and then shuts the server down.
@@ -58,6 +78,9 @@ class CoordinatorServer {
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const std::string& address,
                                                                   CoordinatorState* state,
                                                                   int max_threads = 0);
+  // Loopback plaintext, or any address over mutual TLS (options.tls).
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const CoordinatorServerOptions& options,
+                                                                  CoordinatorState* state);
   ~CoordinatorServer();
   const std::string& address() const { return address_; }  // with the port actually bound
   void Stop();

@@ -450,6 +450,8 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   ApplyDefaults(out.spec);
   if (absl::Status s = ValidateRelations(out.spec); !s.ok()) return s;
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
+  out.host_workers = out.spec.workers();
+  if (request.world_workers) out.spec.set_workers(*request.world_workers);
   if (out.spec.model().empty()) ChooseDefaultModel(request, steps_given, lr_given, out);
   if (!request.schedule_file.empty()) {
     if (absl::Status s = ReadScheduleFile(request, out.spec); !s.ok()) return s;
@@ -463,6 +465,17 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
     }
   }
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());
+  return out;
+}
+
+absl::StatusOr<ResolvedJob> ResolveHostDevices(const JobRequest& request, const DeviceInventory& inventory) {
+  ResolvedJob out;
+  for (const auto& [flag, n] : {std::pair{"workers", request.workers}, std::pair{"gpus", request.gpus}}) {
+    if (n && (*n < 1 || *n > kMaxWorkers)) return Invalid(absl::StrCat("--", flag, "=", *n, ": pass 1 to ", kMaxWorkers));
+  }
+  if (request.workers) out.spec.set_workers(*request.workers);
+  if (!request.device.empty()) out.spec.set_device(request.device);
+  if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
   return out;
 }
 

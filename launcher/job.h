@@ -53,12 +53,16 @@ struct JobRequest {
   std::optional<bool> cuda_graphs;
   std::optional<bool> telemetry;  // --telemetry: GPU workers sample clocks, power, throttling
   std::string health;             // --health: off, warn, strict ("" not given)
+  // Several hosts (node 0): the workers of the whole job. --gpus and --workers count this host's,
+  // which the devices are checked against; the pipeline is sized by this one.
+  std::optional<int> world_workers;
 };
 
 struct ResolvedJob {
   JobSpec spec;
   std::vector<GpuInfo> gpus;       // the GPUs the workers get, one each (empty for CPU workers)
   std::vector<std::string> notes;  // lines to print before starting ("no GPU visible: ...")
+  int host_workers = 0;            // this host's workers (spec.workers() unless world_workers)
 };
 
 // The models stagehand's own worker runs ("allreduce" and the built-in presets), for messages.
@@ -74,6 +78,10 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
 inline constexpr int kMaxWorkers = 1024;
 inline constexpr int kCpuWorkersPerCore = 8;              // CPU workers beyond this many per core are refused
 inline constexpr int64_t kMaxSeq = int64_t{1} << 17;
+
+// An agent of several hosts: only this host's devices, from --device, --gpus and --workers (the job
+// itself comes from node 0). The same checks and messages as ResolveJob's; INVALID_ARGUMENT (exit 2).
+absl::StatusOr<ResolvedJob> ResolveHostDevices(const JobRequest& request, const DeviceInventory& inventory);
 
 // What `client submit` sends: the job file (relative to the user's directory) with the typed flags
 // over it and --schedule_file read into pipeline.schedule_text, nothing resolved or defaulted (the

@@ -2,6 +2,7 @@
 #include "launcher/job_run.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <optional>
@@ -11,8 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/text_format.h"
 #include "launcher/health_gate.h"
+#include "common/host.h"
 #include "launcher/job_plan.h"
 #include "launcher/run_dir.h"
 #include "launcher/worker_binary.h"
@@ -144,10 +147,25 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
   std::unique_ptr<JobRun> run(new JobRun(std::move(options), spawner, listener));
   const JobRunOptions& o = run->options_;
   const JobSpec& spec = o.job.spec;
-  if (IsModelJob(spec)) run->state_.SetPartitioner(Partitioner(spec));
+  if (IsModelJob(spec) && o.nodes <= 1) run->state_.SetPartitioner(Partitioner(spec));
   run->state_.SetAdmission(HealthAdmission(  // the GPU health gate (--health)
       spec, [listener](const std::string& line) { listener->Text(absl::StrCat("stagehand: health: ", line, "\n")); }));
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(o.coordinator_address, &run->state_);
+  if (o.nodes > 1) {
+    NodeState node0;
+    node0.host = HostName();
+    absl::StatusOr<std::string> bind = ListenAddress(o.coordinator_address, o.tls.enabled());
+    node0.address = bind.ok() ? HostOf(*bind) : "";
+    node0.pid = getpid();
+    node0.device = spec.device();
+    node0.workers = spec.workers();
+    run->state_.ExpectNodes(o.nodes, node0);  // before serving: an agent may call at once
+  }
+  CoordinatorServerOptions server_options;
+  server_options.address = o.coordinator_address;
+  server_options.tls = o.tls.server();
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      o.tls.enabled() ? CoordinatorServer::Start(server_options, &run->state_)
+                      : CoordinatorServer::Start(o.coordinator_address, &run->state_);
   if (!server.ok()) {
     listener->Refusal(absl::StrCat("stagehand: ", Message(server.status())));
     exit_code = server.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitLaunchFailed;
@@ -170,9 +188,16 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
     exit_code = kExitWriteFailed;
     return nullptr;
   }
-  SupervisorOptions so{o.worker_binary, run->server_->address(), o.run_dir, WorkerEnvironment(spec.workers()),
-                       o.job.gpus, o.launch};
-  run->supervisor_ = std::make_unique<Supervisor>(&run->state_, spawner, so);
+  if (o.nodes > 1) {
+    listener->Text(absl::StrFormat("stagehand: job %s: node 0 of %d, %d %s worker%s here; coordinator %s%s; waiting for "
+                                   "the agents of nodes 1-%d; run directory %s\n",
+                                   o.job_id, o.nodes, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
+                                   spec.workers() == 1 ? "" : "s", run->server_->address(),
+                                   o.tls.enabled() ? " (mutual TLS)" : "", o.nodes - 1, o.run_dir));
+    exit_code = kExitSuccess;
+    return run;  // the workers start once every node has joined (StartWorld)
+  }
+  run->supervisor_ = std::make_unique<Supervisor>(&run->state_, spawner, run->WorkerOptions());
   listener->Text(absl::StrFormat("stagehand: job %s: %d %s worker%s, %d steps of %s; coordinator %s; run directory %s\n",
                                  o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
                                  spec.workers() == 1 ? "" : "s", spec.steps(), spec.model(), run->server_->address(),
@@ -180,6 +205,68 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
   (void)run->supervisor_->Start();  // a spawn failure is an incident: the ticks stop the job
   exit_code = kExitSuccess;
   return run;
+}
+
+SupervisorOptions JobRun::WorkerOptions() const {
+  const JobRunOptions& o = options_;
+  SupervisorOptions so{o.worker_binary, server_->address(), o.run_dir, WorkerEnvironment(o.job.spec.workers()),
+                       o.job.gpus, o.launch};
+  if (o.nodes > 1 || o.tls.enabled()) {
+    const std::string host = HostOf(server_->address());
+    so.worker_args = WorkerNodeArgs(o.tls, host);
+    so.local_workers = o.job.spec.workers();  // ranks 0.. are node 0's (node-major)
+  }
+  return so;
+}
+
+void JobRun::FailBeforeWorld(int exit_code, const std::string& why) {
+  state_.Stop(why, "the coordinator");
+  state_.SetWorld(state_.job());  // the nodes that joined, so that the reports have their slots
+  supervisor_ = std::make_unique<Supervisor>(&state_, spawner_, WorkerOptions());
+  supervisor_->Fail(exit_code, why);
+}
+
+bool JobRun::StartWorld() {
+  const std::vector<NodeState> nodes = state_.Nodes();
+  std::vector<int> missing;
+  int world = 0;
+  for (int k = 0; k < static_cast<int>(nodes.size()); ++k) {
+    if (!nodes[k].registered) missing.push_back(k);
+    world += nodes[k].workers;
+  }
+  if (!missing.empty()) {
+    const absl::Duration wait = absl::Milliseconds(options_.job.spec.timeouts().register_ms());
+    if (absl::Now() - options_.launch < wait) return false;
+    FailBeforeWorld(kExitWorkerHung,
+                    absl::StrCat(missing.size() == 1 ? "node " : "nodes ", absl::StrJoin(missing, ", "),
+                                 " did not join within ", absl::FormatDuration(wait), " (is its launcher running with --nodes=",
+                                 nodes.size(), " --node_rank=", missing[0], " --coordinator_address=",
+                                 server_->address(), "?)"));
+    return true;
+  }
+  absl::StatusOr<JobSpec> spec = options_.resolve_world(world, nodes);
+  if (!spec.ok()) {
+    listener_->Text(absl::StrCat("stagehand: the job cannot run on the ", nodes.size(), " nodes' ", world,
+                                 " workers: ", Message(spec.status()), "\n"));
+    FailBeforeWorld(kExitUsage, Message(spec.status()));
+    return true;
+  }
+  spec->set_run_dir(options_.run_dir);
+  if (IsModelJob(*spec)) {
+    std::vector<NodeState> placed = nodes;  // the ranks SetWorld gives them: node-major
+    for (size_t k = 1; k < placed.size(); ++k) placed[k].first_rank = placed[k - 1].first_rank + placed[k - 1].workers;
+    // Before SetWorld, whose lock publishes it to the registering workers' threads.
+    state_.SetPartitioner(WithCrossHostLinks(Partitioner(*spec), placed));
+  }
+  state_.SetWorld(*spec);
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(state_.job(), &text);
+  files_->Error(WriteFileAtomically(options_.run_dir + "/job.textproto", text));  // the whole job, not node 0's part
+  supervisor_ = std::make_unique<Supervisor>(&state_, spawner_, WorkerOptions());
+  listener_->Text(absl::StrFormat("stagehand: all %d nodes joined: %d workers, %d steps of %s: %s\n", nodes.size(),
+                                  world, spec->steps(), spec->model(), DescribeNodes(state_.Nodes())));
+  (void)supervisor_->Start();
+  return true;
 }
 
 const std::string& JobRun::coordinator_address() const {
@@ -194,13 +281,19 @@ int64_t JobRun::steps_done() const {
 }
 
 bool JobRun::Tick() {
+  if (supervisor_ == nullptr && !StartWorld()) return false;  // several hosts: the agents are joining
   const bool over = supervisor_->Tick();
   progress_.Update(state_);
   files_->AppendNew(state_, *supervisor_);
   return over;
 }
 
-void JobRun::Interrupt(int signal, bool force) { supervisor_->Interrupt(signal, force); }
+void JobRun::Interrupt(int signal, bool force) {
+  if (supervisor_ == nullptr) {
+    return FailBeforeWorld(128 + signal, absl::StrCat("interrupted by ", SignalText(signal), " before every node joined"));
+  }
+  supervisor_->Interrupt(signal, force);
+}
 
 JobRunEnd JobRun::Finish(int first_signal) {
   progress_.Update(state_);
@@ -240,7 +333,7 @@ JobRunEnd JobRun::Finish(int first_signal) {
   end.report.set_exit_code(code);
   end.report.set_root_cause(cause);
   end.exit_code = code;
-  const JobSpec& spec = options_.job.spec;
+  const JobSpec& spec = state_.job();  // several hosts: the whole job's
   if (IsModelJob(state_.job()) && end.report.step_seconds() > 0) listener_->Text(SummaryLine(end.report, state_.Steps(), gpu));
   if (const std::string line = GpuSummaryLine(end.report); !line.empty()) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
   if (code == kExitSuccess) {

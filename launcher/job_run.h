@@ -17,6 +17,7 @@
 #include "launcher/coordinator.h"
 #include "launcher/coordinator_service.h"
 #include "launcher/job.h"
+#include "launcher/nodes.h"
 #include "launcher/process.h"
 #include "launcher/progress.h"
 #include "launcher/report.h"
@@ -52,6 +53,12 @@ struct JobRunOptions {
   absl::Time launch = absl::Now();  // the ledger counts from it
   double peak_tflops_per_device = 989.0;
   bool progress_bar = false;
+  // Several hosts (launcher --nodes=N, this being node 0): the run waits for the agents of nodes
+  // 1..N-1, then fixes the world (resolve_world: the job resolved for every node's workers; a refusal
+  // ends the run with exit 2) and starts every node's workers. 1: this host only, as always.
+  int nodes = 1;
+  NodeTls tls;  // mutual TLS of the coordinator and this host's workers (any non-loopback address)
+  std::function<absl::StatusOr<JobSpec>(int world_workers, const std::vector<NodeState>& nodes)> resolve_world;
 };
 
 struct JobRunEnd {
@@ -86,6 +93,10 @@ class JobRun {
  private:
   class Files;
   JobRun(JobRunOptions options, ProcessSpawner* spawner, JobListener* listener);
+  SupervisorOptions WorkerOptions() const;
+  // Several hosts: true once the world is fixed (or refused) and the supervisor exists.
+  bool StartWorld();
+  void FailBeforeWorld(int exit_code, const std::string& why);
 
   const JobRunOptions options_;
   ProcessSpawner* const spawner_;

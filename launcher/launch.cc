@@ -21,6 +21,7 @@
 #include "google/protobuf/text_format.h"
 #include "launcher/coordinator_service.h"
 #include "launcher/job_plan.h"
+#include "launcher/node_agent.h"
 #include "launcher/progress.h"
 #include "launcher/report.h"
 #include "launcher/run_dir.h"
@@ -125,20 +126,81 @@ class WriteErrors {
 // Everything a launch checks before it creates anything: the job (ResolveJob), the worker binary,
 // the model's schedule and memory, the coordinator's address. INVALID_ARGUMENT is exit 2.
 absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, const DeviceInventory& inventory) {
-  absl::StatusOr<ResolvedJob> job = ResolveJob(options.job, inventory);
+  const bool several = options.node.nodes > 1;
+  JobRequest request = options.job;
+  // Several hosts: the other nodes' counts come when they join, and the job is resolved again for the
+  // whole world then (WorldResolver). Until then, the pipeline is checked at the stages asked for.
+  if (several) request.world_workers = options.job.pipeline_stages;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(request, inventory);
   if (!job.ok()) return job.status();
+  if (several) job->spec.set_workers(job->host_workers);  // node 0's part until the world is fixed
   absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
   if (!worker.ok()) return worker.status();
-  if (IsModelJob(job->spec)) {
+  if (IsModelJob(job->spec) && !several) {
     if (absl::Status s = CheckModelJob(job->spec, job->gpus, inventory.memory_bytes); !s.ok()) return s;
   }
-  if (absl::StatusOr<std::string> a = LoopbackListenAddress(options.coordinator_address); !a.ok()) return a.status();
+  NodeOptions node = options.node;
+  node.coordinator_address = options.coordinator_address;
+  if (absl::Status s = CheckNodeOptions(node, options.tls, options.job_token_file); !s.ok()) return s;
+  if (absl::StatusOr<std::string> a = ListenAddress(options.coordinator_address, options.tls.enabled()); !a.ok()) {
+    return a.status();
+  }
   return ValidatedLaunch{*std::move(job), *std::move(worker)};
 }
+
+namespace {
+
+// Node 0 of several hosts: the job resolved again once every node has joined, for the world's
+// workers (the pipeline's stages, micro-batches and partition), and the model checked against every
+// node's GPUs. The CPU workers' memory was checked on each host for its own count.
+std::function<absl::StatusOr<JobSpec>(int, const std::vector<NodeState>&)> WorldResolver(const LaunchOptions& options) {
+  return [request = options.job](int world, const std::vector<NodeState>& nodes) -> absl::StatusOr<JobSpec> {
+    JobRequest r = request;
+    r.world_workers = world;
+    absl::StatusOr<ResolvedJob> job = ResolveJob(r, QueryDevices());
+    if (!job.ok()) return job.status();
+    if (IsModelJob(job->spec)) {
+      std::vector<GpuInfo> gpus = job->gpus;
+      for (size_t k = 1; k < nodes.size(); ++k) {
+        for (const NodeGpu& g : nodes[k].gpus) gpus.push_back(GpuInfo{0, g.uuid(), g.name(), g.memory_bytes()});
+      }
+      if (absl::Status s = CheckModelJob(job->spec, gpus, 0); !s.ok()) return s;
+    }
+    return job->spec;
+  };
+}
+
+int LaunchAgent(const LaunchOptions& options) {
+  AgentLaunch a;
+  a.node = options.node;
+  a.node.coordinator_address = options.coordinator_address;
+  a.tls = options.tls;
+  a.job_token_file = options.job_token_file;
+  a.run_dir = options.run_dir;
+  a.overwrite = options.overwrite;
+  a.worker_binary = options.worker_binary;
+  a.device = options.job.device;
+  a.gpus = options.job.gpus;
+  a.workers = options.job.workers;
+  a.register_timeout_ms = options.job.register_timeout_ms;
+  a.launch = options.launch;
+  if (absl::Status s = CheckNodeOptions(a.node, a.tls, a.job_token_file); !s.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", Message(s).c_str());
+    return kExitUsage;
+  }
+  return RunAgent(a);
+}
+
+}  // namespace
 
 LaunchResult Launch(const LaunchOptions& options) {
   LaunchResult result;
   result.exit_code = kExitUsage;
+  if (options.node.node_rank > 0) {
+    result.exit_code = LaunchAgent(options);
+    result.started = result.exit_code != kExitUsage;
+    return result;
+  }
   const std::string job_id = RandomHex(4);
   absl::StatusOr<Checked> checked = CheckLaunch(options, job_id);
   if (!checked.ok()) {
@@ -156,6 +218,13 @@ LaunchResult Launch(const LaunchOptions& options) {
   ro.launch = options.launch;
   ro.peak_tflops_per_device = options.peak_tflops_per_device;
   ro.progress_bar = options.progress_bar;
+  ro.nodes = options.node.nodes;
+  ro.tls = options.tls;
+  if (options.node.nodes > 1) ro.resolve_world = WorldResolver(options);
+  if (!options.job_token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadJobToken(options.job_token_file);  // checked: it reads
+    if (token.ok()) ro.secret = *token;
+  }
   StdoutListener out;
   std::unique_ptr<ProcessSpawner> spawner = NewPosixProcessSpawner();
   const std::string run_dir = ro.run_dir;

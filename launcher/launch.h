@@ -14,6 +14,7 @@
 #include "launcher/devices.h"
 #include "launcher/job.h"
 #include "launcher/job_run.h"
+#include "launcher/nodes.h"
 #include "protos/job.pb.h"
 
 namespace stagehand {
@@ -31,6 +32,11 @@ struct LaunchOptions {
   absl::Time launch = absl::Now();  // when the launcher process started (the ledger counts from it)
   double peak_tflops_per_device = 989.0;  // for MFU: dense bf16 of an H100/H200
   bool progress_bar = false;        // a live bar (a terminal) rather than a line per step
+  // Several hosts: node 0 coordinates (at coordinator_address) and runs this host's workers; a
+  // node_rank > 0 is an agent (node_agent.h). node.coordinator_address is coordinator_address.
+  NodeOptions node;
+  NodeTls tls;                      // the job's certificates: any non-loopback hop needs them
+  std::string job_token_file;       // the job secret shared by every node (agents on loopback)
 };
 
 struct LaunchResult {

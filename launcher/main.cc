@@ -38,8 +38,20 @@ ABSL_FLAG(bool, serve, false,
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "with --serve: HOST:PORT of the control service; a non-loopback HOST needs --tls_cert and --tls_key");
 ABSL_FLAG(std::string, state_dir, "", "with --serve: the job store (jobs.db), admin.token and the jobs' run directories");
-ABSL_FLAG(std::string, tls_cert, "", "with --serve: the server's certificate (PEM)");
-ABSL_FLAG(std::string, tls_key, "", "with --serve: the server's private key (PEM)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "this host's certificate (PEM): the server's with --serve; with --nodes or a non-loopback "
+          "--coordinator_address, the job's certificate of this host (mutual TLS with --tls_key and --tls_ca)");
+ABSL_FLAG(std::string, tls_key, "", "the private key of --tls_cert (PEM)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "the CA that signed every host's certificate of the job (PEM): the coordinator requires client "
+          "certificates it signed, and agents and workers check the coordinator's against it");
+ABSL_FLAG(int, nodes, 1, "hosts the job spans: one launcher per host, ranks node-major; --gpus and --workers "
+                         "count the host's own workers");
+ABSL_FLAG(int, node_rank, 0, "this host's node, 0 to --nodes - 1: 0 coordinates (serving at --coordinator_address) "
+                             "and runs its workers; any other is an agent that joins node 0 at --coordinator_address");
+ABSL_FLAG(std::string, job_token_file, "",
+          "a file holding the job secret (32 or more characters, mode 0600), the same on every node: how agents "
+          "prove themselves to node 0 without TLS (loopback)");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "with --serve: mutual TLS, clients must present a certificate signed by this CA (PEM)");
 ABSL_FLAG(int, max_cpu_workers, 0, "with --serve: CPU workers running at once over all jobs (default: the cores)");
@@ -66,7 +78,21 @@ constexpr char kUsage[] =
     "GPU health gate, --health, refused a GPU);\n"
     "5 the run's results could not be written; 130 interrupted by SIGINT; 143 stopped by SIGTERM.\n"
     "\n"
-    "  launcher --serve --state_dir=DIR         a server: jobs from `client submit`, queued for their devices";
+    "  launcher --serve --state_dir=DIR         a server: jobs from `client submit`, queued for their devices\n"
+    "\n"
+    "  launcher --nodes=2 --node_rank=0 --coordinator_address=10.0.0.1:29500 --tls_cert=... --model=tiny\n"
+    "  launcher --nodes=2 --node_rank=1 --coordinator_address=10.0.0.1:29500 --tls_cert=...\n"
+    "                                           one job on two hosts: node 0 coordinates, node 1 joins";
+
+// Where this launcher stands in a job of several hosts. The seam for other sources (Slurm's
+// environment fills the same NodeOptions).
+stagehand::NodeOptions NodeOptionsFromFlags() {
+  stagehand::NodeOptions n;
+  n.nodes = absl::GetFlag(FLAGS_nodes);
+  n.node_rank = absl::GetFlag(FLAGS_node_rank);
+  n.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
+  return n;
+}
 
 stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   stagehand::LaunchOptions o;
@@ -79,7 +105,30 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
   j.custom_worker = !o.worker_binary.empty();
   o.peak_tflops_per_device = absl::GetFlag(FLAGS_peak_tflops);
   o.progress_bar = isatty(STDOUT_FILENO);
+  o.node = NodeOptionsFromFlags();
+  o.coordinator_address = o.node.coordinator_address;
+  o.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
+  o.job_token_file = absl::GetFlag(FLAGS_job_token_file);
   return o;
+}
+
+// An agent's job comes from node 0: of the flags, only those about this host and its link apply.
+constexpr const char* kAgentFlags[] = {"nodes", "node_rank", "coordinator_address", "tls_cert", "tls_key", "tls_ca",
+                                       "job_token_file", "run_dir", "overwrite", "worker_binary", "device", "gpus",
+                                       "workers", "register_timeout_ms"};
+
+int CheckAgentFlags(const stagehand::ParsedFlags& p) {
+  if (absl::GetFlag(FLAGS_node_rank) == 0) return 0;
+  for (const std::string& name : p.given) {
+    bool ok = false;
+    for (const char* f : kAgentFlags) ok = ok || name == f;
+    if (!ok) {
+      std::fprintf(stderr, "stagehand: --%s with --node_rank=%d: the job comes from node 0; pass it there\n",
+                   name.c_str(), absl::GetFlag(FLAGS_node_rank));
+      return stagehand::kExitUsage;
+    }
+  }
+  return 0;
 }
 
 // The flags a server takes; every other one shapes a job, which with --serve comes from a client.
@@ -121,6 +170,11 @@ int RunServer(const stagehand::ParsedFlags& p) {
 // The sweep or the single launch that the flags ask for; returns the exit code.
 int Run(const stagehand::LaunchOptions& options) {
   if (!absl::GetFlag(FLAGS_sweep).empty()) {
+    if (options.node.nodes > 1) {
+      std::fprintf(stderr, "stagehand: --sweep with --nodes=%d: a sweep runs on one host; drop one of them\n",
+                   options.node.nodes);
+      return stagehand::kExitUsage;
+    }
     std::vector<int> counts;
     for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_sweep), ',')) {
       int n = 0;
@@ -137,9 +191,9 @@ int Run(const stagehand::LaunchOptions& options) {
 
 // ---- Slurm (issue 13) ----
 // --slurm: reads the job step's environment. A step of one node runs as a single-node launch (its
-// coordinator on loopback, as without --slurm); several nodes need the multi-node launcher (--nodes,
-// --node_rank, --coordinator_address), which is not here yet, so they are refused. Returns the exit
-// code when the launch must not go on.
+// coordinator on loopback, as without --slurm); a step of several nodes is refused until --slurm
+// fills --nodes, --node_rank and --coordinator_address (and the TLS files) from NodeOptions. Returns
+// the exit code when the launch must not go on.
 std::optional<int> ApplySlurm() {
   if (absl::GetFlag(FLAGS_serve)) return std::nullopt;  // RunServer refuses job flags, --slurm among them
   if (!absl::GetFlag(FLAGS_slurm)) {
@@ -152,7 +206,7 @@ std::optional<int> ApplySlurm() {
   stagehand::SlurmOptions slurm;
   slurm.coordinator_port = absl::GetFlag(FLAGS_coordinator_port);
   slurm.fallback = stagehand::ScontrolShowHostnames;
-  absl::StatusOr<stagehand::NodeOptions> node = stagehand::NodeOptionsFromSlurm(stagehand::ProcessEnvironment(), slurm);
+  absl::StatusOr<stagehand::SlurmNodeOptions> node = stagehand::NodeOptionsFromSlurm(stagehand::ProcessEnvironment(), slurm);
   if (!node.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(node.status().message()).c_str());
     return stagehand::kExitUsage;
@@ -160,8 +214,8 @@ std::optional<int> ApplySlurm() {
   if (node->nodes > 1) {
     std::fprintf(stderr,
                  "stagehand: --slurm: this step spans %d nodes (this is node %d; the coordinator would be %s), and "
-                 "this launcher runs one node only (multi-node support is not built in yet); run one node: "
-                 "srun -N1 --ntasks-per-node=1 launcher --slurm ...\n",
+                 "--slurm is not wired to --nodes yet: pass --nodes, --node_rank and --coordinator_address "
+                 "yourself, or run one node: srun -N1 --ntasks-per-node=1 launcher --slurm ...\n",
                  node->nodes, node->node_rank, node->coordinator_address.c_str());
     return stagehand::kExitUsage;
   }
@@ -204,12 +258,14 @@ int main(int argc, char** argv) {
   }
   if (!absl::GetFlag(FLAGS_serve)) {
     for (const std::string& name : parsed->given) {
-      if (IsServeFlag(name) && name != "worker_binary" && name != "peak_tflops") {
+      if (IsServeFlag(name) && name != "worker_binary" && name != "peak_tflops" && name != "tls_cert" &&
+          name != "tls_key") {
         std::fprintf(stderr, "stagehand: --%s is a server flag: pass --serve too, or drop it\n", name.c_str());
         return stagehand::kExitUsage;
       }
     }
   }
+  if (int code = CheckAgentFlags(*parsed); code != 0) return code;
   if (std::optional<int> code = ApplySlurm()) return *code;  // Slurm (issue 13)
   if (absl::Status s = stagehand::BecomeSubreaper(); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());

@@ -134,7 +134,7 @@ int CountDevices(const std::string& list) {
   return n;
 }
 
-absl::Status ReadGpus(const std::map<std::string, std::string>& env, NodeOptions& node) {
+absl::Status ReadGpus(const std::map<std::string, std::string>& env, SlurmNodeOptions& node) {
   const std::optional<std::string> visible = Get(env, "CUDA_VISIBLE_DEVICES");
   if (auto on_node = Get(env, "SLURM_GPUS_ON_NODE")) {
     absl::StatusOr<int64_t> n = NonNegative("SLURM_GPUS_ON_NODE", *on_node);
@@ -164,7 +164,7 @@ absl::Status ReadGpus(const std::map<std::string, std::string>& env, NodeOptions
 }
 
 // This node's place: the node count, its rank, one task per node.
-absl::Status ReadPlace(const std::map<std::string, std::string>& env, NodeOptions& node) {
+absl::Status ReadPlace(const std::map<std::string, std::string>& env, SlurmNodeOptions& node) {
   auto nodes = First(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
   if (!nodes) return absl::FailedPreconditionError("--slurm: SLURM_NNODES is not set; run the launcher with srun");
   absl::StatusOr<int64_t> n = NonNegative(nodes->first, nodes->second);
@@ -216,7 +216,7 @@ absl::StatusOr<std::vector<std::string>> ParseHostlist(absl::string_view hostlis
   return hosts;
 }
 
-absl::StatusOr<NodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std::string>& env,
+absl::StatusOr<SlurmNodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std::string>& env,
                                                  const SlurmOptions& options) {
   const std::optional<std::string> job = Get(env, "SLURM_JOB_ID");
   if (!job) {
@@ -231,7 +231,7 @@ absl::StatusOr<NodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std
         "--slurm: SLURM_NODEID is not set, so this is not a job step (a batch script runs once, on the first "
         "node); start the launcher with srun --ntasks-per-node=1 launcher --slurm ...");
   }
-  NodeOptions node;
+  SlurmNodeOptions node;
   if (absl::Status s = ReadPlace(env, node); !s.ok()) return s;
   auto list = First(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
   if (!list) return absl::FailedPreconditionError("--slurm: SLURM_JOB_NODELIST is not set; run the launcher with srun");

@@ -17,7 +17,9 @@
 
 namespace stagehand {
 
-struct NodeOptions {
+// What Slurm says of this node: launcher/nodes.h's NodeOptions (nodes, node_rank,
+// coordinator_address) and the node's GPUs.
+struct SlurmNodeOptions {
   int nodes = 1;                    // launchers (one per node) in the job step
   int node_rank = 0;                // this node's, 0-based; node 0 runs the coordinator
   std::string coordinator_address;  // HOST:PORT of node 0, as the other nodes dial it
@@ -57,7 +59,7 @@ absl::StatusOr<std::vector<std::string>> ParseHostlist(absl::string_view hostlis
 // inside an allocation may use fewer nodes than it holds. Errors (INVALID_ARGUMENT or
 // FAILED_PRECONDITION) say what to run instead: outside a job, in the batch script rather than a
 // step, more than one task per node, a node rank out of range, GPU variables that disagree.
-absl::StatusOr<NodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std::string>& env,
+absl::StatusOr<SlurmNodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std::string>& env,
                                                  const SlurmOptions& options = {});
 
 // `scontrol show hostnames LIST`, the fallback expander for the launcher.

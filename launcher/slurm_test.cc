@@ -83,20 +83,20 @@ std::map<std::string, std::string> StepEnv() {
           {"SLURM_NTASKS", "2"}};
 }
 
-NodeOptions Read(const std::map<std::string, std::string>& env, const SlurmOptions& options = {}) {
-  absl::StatusOr<NodeOptions> node = NodeOptionsFromSlurm(env, options);
+SlurmNodeOptions Read(const std::map<std::string, std::string>& env, const SlurmOptions& options = {}) {
+  absl::StatusOr<SlurmNodeOptions> node = NodeOptionsFromSlurm(env, options);
   EXPECT_TRUE(node.ok()) << node.status();
-  return node.ok() ? *node : NodeOptions{};
+  return node.ok() ? *node : SlurmNodeOptions{};
 }
 
 absl::Status ReadError(const std::map<std::string, std::string>& env, const SlurmOptions& options = {}) {
-  absl::StatusOr<NodeOptions> node = NodeOptionsFromSlurm(env, options);
+  absl::StatusOr<SlurmNodeOptions> node = NodeOptionsFromSlurm(env, options);
   EXPECT_FALSE(node.ok());
   return node.status();
 }
 
 TEST(NodeOptionsFromSlurmTest, TwoNodeStep_GivesCountRankAndFirstHostOnDerivedPort) {
-  NodeOptions node = Read(StepEnv());
+  SlurmNodeOptions node = Read(StepEnv());
   EXPECT_EQ(node.nodes, 2);
   EXPECT_EQ(node.node_rank, 1);
   EXPECT_EQ(node.coordinator_address, "n1:30734");
@@ -117,7 +117,7 @@ TEST(NodeOptionsFromSlurmTest, StepSmallerThanAllocation_StepVariablesWin) {
   env["SLURM_STEP_NODELIST"] = "n3";
   env["SLURM_NODEID"] = "0";
   env["SLURM_STEP_NUM_TASKS"] = "1";
-  NodeOptions node = Read(env);
+  SlurmNodeOptions node = Read(env);
   EXPECT_EQ(node.nodes, 1);
   EXPECT_EQ(node.coordinator_address, "n3:30734");
 }
@@ -125,7 +125,7 @@ TEST(NodeOptionsFromSlurmTest, StepSmallerThanAllocation_StepVariablesWin) {
 TEST(NodeOptionsFromSlurmTest, JobVariablesOnly_AreUsed) {
   std::map<std::string, std::string> env = {
       {"SLURM_JOB_ID", "7"}, {"SLURM_NNODES", "3"}, {"SLURM_JOB_NODELIST", "gpu[07-08],login"}, {"SLURM_NODEID", "2"}};
-  NodeOptions node = Read(env);
+  SlurmNodeOptions node = Read(env);
   EXPECT_EQ(node.nodes, 3);
   EXPECT_EQ(node.node_rank, 2);
   EXPECT_EQ(node.coordinator_address, "gpu07:29507");
@@ -193,7 +193,7 @@ TEST(NodeOptionsFromSlurmTest, GpusOnNode_IsTheCount) {
   auto env = StepEnv();
   env["SLURM_GPUS_ON_NODE"] = "4";
   env["CUDA_VISIBLE_DEVICES"] = "0,1,2,3";
-  NodeOptions node = Read(env);
+  SlurmNodeOptions node = Read(env);
   EXPECT_EQ(node.gpus, 4);
   EXPECT_EQ(node.gpus_source, "SLURM_GPUS_ON_NODE");
   EXPECT_FALSE(node.cuda_visible_devices.has_value());  // Slurm set it already
@@ -219,7 +219,7 @@ TEST(NodeOptionsFromSlurmTest, CudaVisibleDevicesOnly_CountsItsEntries) {
 TEST(NodeOptionsFromSlurmTest, JobGpusOnly_CountsThemAndRestrictsVisibility) {
   auto env = StepEnv();
   env["SLURM_JOB_GPUS"] = "2,3";
-  NodeOptions node = Read(env);
+  SlurmNodeOptions node = Read(env);
   EXPECT_EQ(node.gpus, 2);
   EXPECT_EQ(node.gpus_source, "SLURM_JOB_GPUS");
   EXPECT_EQ(node.cuda_visible_devices, "2,3");

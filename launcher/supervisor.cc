@@ -31,7 +31,15 @@ Supervisor::Supervisor(CoordinatorState* state, ProcessSpawner* spawner, Supervi
       now_(std::move(now)),
       launch_(options_.launch == absl::InfinitePast() ? now_() : options_.launch),
       slots_(state->job().workers()),
-      reported_(state->job().workers(), false) {}
+      reported_(state->job().workers(), false) {
+  // An agent watches only its own ranks: the others are not its to wait for.
+  for (int r = 0; r < static_cast<int>(slots_.size()); ++r) slots_[r].exited = agent() && !IsLocal(r);
+}
+
+bool Supervisor::IsLocal(int rank) const {
+  return options_.local_workers < 0 ||
+         (rank >= options_.first_rank && rank < options_.first_rank + options_.local_workers);
+}
 
 ProcessSpec Supervisor::SpecFor(int index) const {
   const JobSpec& job = state_->job();
@@ -41,12 +49,13 @@ ProcessSpec Supervisor::SpecFor(int index) const {
                absl::StrCat("--job_id=", state_->job_id()),
                absl::StrCat("--worker_index=", index),
                "--incarnation=1"};
+  spec.argv.insert(spec.argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   for (const std::string& e : options_.env) {
     if (e.rfind("CUDA_VISIBLE_DEVICES=", 0) != 0) spec.env.push_back(e);  // set below, once
   }
   // Pinned by UUID, which names the same GPU whatever the launcher's own CUDA_VISIBLE_DEVICES said;
   // CPU workers see no GPU at all.
-  std::string visible = job.device() == "cuda" ? options_.gpus[index].uuid : "";
+  std::string visible = job.device() == "cuda" ? options_.gpus[index - options_.first_rank].uuid : "";
   spec.env.push_back("CUDA_VISIBLE_DEVICES=" + visible);
   spec.env.push_back(absl::StrCat("STAGEHAND_WORKER_INDEX=", index));
   spec.output_prefix = absl::StrCat("[rank ", index, "] ");
@@ -56,16 +65,20 @@ ProcessSpec Supervisor::SpecFor(int index) const {
 }
 
 absl::Status Supervisor::Start() {
-  if (state_->job().device() == "cuda" && options_.gpus.size() < slots_.size()) {
+  const int local = options_.local_workers < 0 ? static_cast<int>(slots_.size()) : options_.local_workers;
+  if (state_->job().device() == "cuda" && static_cast<int>(options_.gpus.size()) < local) {
     for (Slot& s : slots_) s.exited = true;
     Record(Kind::kLaunch, kExitLaunchFailed,
-           absl::StrCat(slots_.size(), " GPU workers but ", options_.gpus.size(), " GPUs given"));
+           absl::StrCat(local, " GPU workers but ", options_.gpus.size(), " GPUs given"));
     return absl::InvalidArgumentError(root_cause());
   }
   for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    if (!IsLocal(i)) continue;
     absl::StatusOr<int> pid = spawner_->Spawn(SpecFor(i));
     if (!pid.ok()) {
-      for (int j = i; j < static_cast<int>(slots_.size()); ++j) slots_[j].exited = true;  // never started
+      for (int j = i; j < static_cast<int>(slots_.size()); ++j) {
+        if (IsLocal(j)) slots_[j].exited = true;  // never started
+      }
       Record(Kind::kLaunch, kExitLaunchFailed, absl::StrCat("could not start worker ", i, ": ", pid.status().message()));
       return pid.status();
     }
@@ -80,6 +93,13 @@ std::string Supervisor::Describe(int rank) const {
   const WorkerState& w = workers[rank];
   const Slot& s = slots_[rank];
   std::string where = w.registered ? absl::StrCat(" (host ", w.host, ", pid ", s.pid, ")") : absl::StrCat(" (pid ", s.pid, ")");
+  if (state_->nodes() > 1) {
+    const int node = state_->NodeOfRank(rank);
+    const NodeState n = state_->Nodes()[node];
+    const int pid = s.pid > 0 ? s.pid : w.pid;
+    where = absl::StrCat(" (node ", node, " at ", n.address, ", host ", w.registered ? w.host : n.host,
+                         pid > 0 ? absl::StrCat(", pid ", pid) : "", ")");
+  }
   return absl::StrCat("rank ", rank, where);
 }
 
@@ -88,7 +108,9 @@ std::string Supervisor::Describe(int rank) const {
 std::string Supervisor::Unregistered(const std::vector<WorkerState>& workers) const {
   std::vector<std::string> names;
   for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
-    if (!slots_[r].exited && !workers[r].registered) names.push_back(absl::StrCat(r, " (pid ", slots_[r].pid, ")"));
+    if (slots_[r].exited || workers[r].registered) continue;
+    names.push_back(slots_[r].pid > 0 ? absl::StrCat(r, " (pid ", slots_[r].pid, ")")
+                                      : absl::StrCat(r, " (node ", state_->NodeOfRank(r), ")"));
   }
   if (names.empty()) return "";
   return absl::StrCat(names.size() == 1 ? "rank " : "ranks ", absl::StrJoin(names, ", "));
@@ -132,6 +154,46 @@ void Supervisor::OnExit(const ProcessExit& e) {
   s.exit_code = e.exit_code;
   s.signal = e.signal;
   spawner_->DrainOutput(e.pid, absl::Milliseconds(200));  // its last words come before ours
+  if (agent()) return options_.report_exit(rank, e);      // node 0 judges it
+  Judge(rank, e.exit_code, e.signal);
+}
+
+// Node 0 of several hosts: the exits the agents reported, judged as a local one would be, and the
+// agents themselves: one whose connection closed, or that stopped heartbeating, takes its ranks with it.
+void Supervisor::CheckRemote() {
+  if (state_->nodes() <= 1) return;
+  for (const auto& [rank, x] : state_->RemoteExits()) {
+    if (rank >= static_cast<int>(slots_.size()) || slots_[rank].exited) continue;
+    Slot& s = slots_[rank];
+    s.pid = x.pid;
+    s.exited = true;
+    s.exit_code = x.exit_code;
+    s.signal = x.signal;
+    Judge(rank, x.exit_code, x.signal);
+  }
+  const std::vector<NodeState> nodes = state_->Nodes();
+  const absl::Time now = now_();
+  for (int k = 1; k < static_cast<int>(nodes.size()); ++k) {
+    const NodeState& n = nodes[k];
+    std::vector<int> live;
+    for (int r = n.first_rank; r < n.first_rank + n.workers && r < static_cast<int>(slots_.size()); ++r) {
+      if (!slots_[r].exited) live.push_back(r);
+    }
+    const bool silent = now - n.last_heartbeat > kAgentTimeout;
+    if (live.empty() || (!n.lost && !silent)) continue;
+    for (int r : live) slots_[r].exited = true;  // its agent stops them, or they died with it
+    const std::string what =
+        n.lost ? n.lost_reason
+               : absl::StrCat("its agent stopped heartbeating (none for ",
+                              absl::FormatDuration(absl::Trunc(now - n.last_heartbeat, absl::Milliseconds(1))),
+                              "): the host or its network is down, or the agent hangs");
+    Record(n.lost ? Kind::kCrash : Kind::kHang, n.lost ? kExitWorkerFailed : kExitWorkerHung,
+           absl::StrCat("node ", k, " at ", n.address, " (host ", n.host, ", agent pid ", n.pid, ", ranks ",
+                        n.first_rank, "-", n.first_rank + n.workers - 1, ") was lost: ", what));
+  }
+}
+
+void Supervisor::Judge(int rank, int exit_code, int signal) {
   CheckReports();  // a failure it reported before exiting is the better description
   // The coordinator stopped the job by itself (the health gate refused a GPU, the model could not be
   // partitioned) and refused this worker's registration: that stop is the cause, though this exit may
@@ -140,15 +202,21 @@ void Supervisor::OnExit(const ProcessExit& e) {
     Record(Kind::kLaunch, kExitLaunchFailed, *reason);
   }
   const WorkerState w = state_->Workers()[rank];
-  if (e.signal == 0 && e.exit_code == 0 && w.finished && w.ok) return;
-  if (e.signal == 0 && e.exit_code == kWorkerExitStopped && stopping_) return;  // it did as told
-  if (e.signal == 0 && w.finished && !w.ok) return;  // it reported why (an incident if it came first)
+  if (signal == 0 && exit_code == 0 && w.finished && w.ok) return;
+  if (signal == 0 && exit_code == kWorkerExitStopped && stopping_) return;  // it did as told
+  // A remote rank's agent signals it the stop notice after the stop reached it: then not a crash (as a
+  // local rank's exit after our SIGTERM is none). Before that, a kill is the cause that set it off.
+  if (stopping_ && !IsLocal(rank) && (signal == SIGTERM || signal == SIGKILL) &&
+      now_() - stop_began_ >= StopNotice(state_->job().timeouts())) {
+    return;
+  }
+  if (signal == 0 && w.finished && !w.ok) return;  // it reported why (an incident if it came first)
   // Once stopping, the coordinator refuses new registrations and a worker that never registered
   // leaves with an error: a consequence of the stop (a missed registration deadline, most often),
   // which must not displace its cause. A signal is still a crash: nothing we sent yet kills.
-  if (e.signal == 0 && stopping_ && !w.registered) return;
-  std::string how = e.signal != 0 ? absl::StrCat("was killed by signal ", SignalName(e.signal))
-                                  : absl::StrCat("exited with code ", e.exit_code);
+  if (signal == 0 && stopping_ && !w.registered) return;
+  std::string how = signal != 0 ? absl::StrCat("was killed by signal ", SignalName(signal))
+                                  : absl::StrCat("exited with code ", exit_code);
   Record(Kind::kCrash, kExitWorkerFailed, absl::StrCat(Describe(rank), " ", how, " after ", w.steps_done, " steps"));
 }
 
@@ -226,12 +294,24 @@ void Supervisor::Escalate() {
 
 bool Supervisor::Tick() {
   for (const ProcessExit& e : spawner_->Reap()) OnExit(e);
-  CheckDeadlines();
+  if (!agent()) {
+    CheckRemote();
+    CheckDeadlines();
+  }
   bool all_gone = true;
   for (const Slot& s : slots_) all_gone = all_gone && s.exited;
   if (all_gone) return true;
   if (stopping_) Escalate();
   return false;
+}
+
+void Supervisor::Fail(int exit_code, const std::string& why) {
+  for (Slot& s : slots_) s.exited = true;
+  Record(Kind::kLaunch, exit_code, why);
+}
+
+void Supervisor::StopWorkers(const std::string& reason) {
+  if (!stopping_) BeginStop(reason);
 }
 
 void Supervisor::Interrupt(int signal, bool force) {
@@ -253,7 +333,7 @@ std::vector<RankLedger> Supervisor::Ledger() const {
     RankLedger l;
     l.rank = r;
     const WorkerState& w = workers[r];
-    if (slots_[r].pid > 0) l.spawned = slots_[r].spawned - launch_;
+    if (slots_[r].pid > 0 && slots_[r].spawned != absl::InfinitePast()) l.spawned = slots_[r].spawned - launch_;
     if (w.registered) l.registered = w.registered_at - launch_;
     auto milestone = [&](Milestone m) -> std::optional<absl::Duration> {
       auto it = w.milestones.find(m);

@@ -38,6 +38,14 @@ struct SupervisorOptions {
   std::vector<std::string> env;   // the environment every worker starts from
   std::vector<GpuInfo> gpus;      // one per worker for GPU jobs (pinned by UUID)
   absl::Time launch = absl::InfinitePast();  // when the launcher started; default: construction
+  // Several hosts. The ranks this supervisor spawns: [first_rank, first_rank + local_workers); -1:
+  // every rank of the job (one host). Node 0 judges the other ranks' exits as their agents report
+  // them (CoordinatorState::RemoteExits) and watches the agents' heartbeats; an agent (report_exit
+  // set) reports its workers' exits and judges none, as node 0 does that for the whole job.
+  int first_rank = 0;
+  int local_workers = -1;
+  std::vector<std::string> worker_args;  // more flags for every worker (TLS files, --listen_host)
+  std::function<void(int rank, const ProcessExit&)> report_exit;
 };
 
 struct RankLedger {
@@ -58,6 +66,12 @@ class Supervisor {
 
   // SIGINT or SIGTERM: the first stops gracefully; a second (force) kills every worker at once.
   void Interrupt(int signal, bool force);
+  // The run ended before any worker was spawned (several hosts: a node never joined, the job does
+  // not fit the world): the verdict is `exit_code` with `why`.
+  void Fail(int exit_code, const std::string& why);
+  // An agent: the coordinator stopped the job (or was lost); stop the workers (SIGTERM after the
+  // notice, SIGKILL after the grace period). The cause is node 0's to name.
+  void StopWorkers(const std::string& reason);
 
   // The run's verdict: the best-ranked incident (see Incident), else the interrupt, else success.
   int exit_code() const;
@@ -86,6 +100,10 @@ class Supervisor {
   };
 
   ProcessSpec SpecFor(int index) const;
+  bool IsLocal(int rank) const;
+  bool agent() const { return static_cast<bool>(options_.report_exit); }
+  void Judge(int rank, int exit_code, int signal);
+  void CheckRemote();
   void Record(Kind kind, int exit_code, std::string text);
   const Incident* RootIncident() const;
   void OnExit(const ProcessExit& e);

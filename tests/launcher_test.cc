@@ -456,7 +456,7 @@ TEST(LauncherCycles, StartKill_200Cycles_NoProcessLeft) {
 
 TEST(Launcher, BadFlags_OneClearLineAndExitCode2) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--coordinator_address=10.0.0.1:0", "not loopback (127.0.0.0/8 or ::1); only loopback is served"},
+      {"--coordinator_address=10.0.0.1:0", "is not loopback: every hop off this host needs mutual TLS; pass --tls_cert, --tls_key and --tls_ca"},
       {"--sweep=2,20", "stagehand: sweep: 20 workers: "},  // too many CPU workers or stages: either way refused
       {"--gpus=0", "--gpus=0: must be at least 1"},
       {"--workers=-1", "--workers=-1: out of range; pass --workers=N with 1 <= N <= 1024"},

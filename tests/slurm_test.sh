@@ -79,19 +79,20 @@ grep -q 'stagehand: done' "$work/sbatch.out" || fail "the sbatch job did not fin
 [ -s "$work/run4/report.json" ] || fail "the sbatch job wrote no report.json"
 
 # --- Two nodes.
-# MULTI-NODE (issue 13): until the multi-node launcher lands, a two-node step is refused (exit 2). When
-# it lands, replace this block with the training run below and its checks (rank 0's report.json
-# holds every rank; node 1 runs an agent; scancel leaves nothing on either node):
+# MULTI-NODE (issue 13): until --slurm fills --nodes/--node_rank/--coordinator_address (and the TLS
+# files: tools/make_certs), a two-node step is refused (exit 2). Then replace this block with the
+# training run below and its checks (rank 0's report.json holds every rank; node 1 runs an agent;
+# scancel leaves nothing on either node):
 #   in_ctl srun -N2 --ntasks-per-node=1 --kill-on-bad-exit=1 "$launcher" --slurm --device=cpu \
 #     --workers=2 --model=tiny --steps=5 --fp32 --run_dir="$work/run3"
-step "srun -N2 launcher --slurm (refused until multi-node lands)"
+step "srun -N2 launcher --slurm (refused until --slurm is wired to --nodes)"
 set +e
 out=$(in_ctl timeout 60 srun -N2 --ntasks-per-node=1 "$launcher" --slurm --device=cpu --workers=2 --model=tiny \
   --steps=5 --fp32 --run_dir="$work/run3" 2>&1)
 rc=$?
 set -e
 [ "$rc" -ne 0 ] || fail "a two-node step ran: $out"
-[ "$(grep -c 'this launcher runs one node only' <<<"$out")" -eq 2 ] || fail "two-node refusal (exit $rc): $out"
+[ "$(grep -c 'is not wired to --nodes yet' <<<"$out")" -eq 2 ] || fail "two-node refusal (exit $rc): $out"
 grep -q 'the coordinator would be n1:' <<<"$out" || fail "the refusal does not name n1 as the coordinator: $out"
 
 echo "slurm_test: PASS"

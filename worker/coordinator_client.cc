@@ -20,9 +20,9 @@ constexpr absl::Duration kServerAnswersFirst = absl::Seconds(5);
 
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
-  GrpcCoordinatorClient(const std::string& address, std::string secret)
-      : secret_(std::move(secret)),
-        stub_(Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+  GrpcCoordinatorClient(const std::string& address, std::string secret,
+                        std::shared_ptr<grpc::ChannelCredentials> credentials)
+      : secret_(std::move(secret)), stub_(Coordinator::NewStub(grpc::CreateChannel(address, credentials))) {}
 
   absl::StatusOr<GetJobResponse> GetJob(absl::Duration timeout) override {
     GetJobResponse response;
@@ -164,7 +164,15 @@ absl::StatusOr<std::string> GrpcCoordinatorClient::Get(const std::string& key, a
 }  // namespace
 
 std::unique_ptr<CoordinatorClient> ConnectCoordinator(const std::string& address, std::string secret) {
-  return std::make_unique<GrpcCoordinatorClient>(address, std::move(secret));
+  return std::make_unique<GrpcCoordinatorClient>(address, std::move(secret), grpc::InsecureChannelCredentials());
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const std::string& address, std::string secret,
+                                                                       const ClientTlsFiles& tls) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ClientTlsCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  return std::unique_ptr<CoordinatorClient>(
+      std::make_unique<GrpcCoordinatorClient>(address, std::move(secret), *std::move(credentials)));
 }
 
 }  // namespace stagehand

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "protos/coordinator.pb.h"
 #include "worker/transport.h"
 
@@ -44,6 +45,10 @@ class CoordinatorClient : public KeyValueStore {
 // The gRPC client of the coordinator at `address` (host:port). Connects lazily: calls wait for the
 // channel to come up (within their own deadline).
 std::unique_ptr<CoordinatorClient> ConnectCoordinator(const std::string& address, std::string secret);
+// The same over TLS with `tls`'s files (mutual TLS with a client certificate: a coordinator of
+// several hosts requires it); plaintext when every path is empty. INVALID_ARGUMENT for a bad file.
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const std::string& address, std::string secret,
+                                                                       const ClientTlsFiles& tls);
 
 }  // namespace stagehand
 

@@ -41,6 +41,15 @@ ABSL_FLAG(std::string, coordinator, "", "HOST:PORT of the coordinator");
 ABSL_FLAG(std::string, job_id, "", "the job this worker belongs to");
 ABSL_FLAG(int, worker_index, -1, "this worker's slot in the job, 0-based");
 ABSL_FLAG(int64_t, incarnation, 1, "increases each time the slot's worker is restarted");
+ABSL_FLAG(std::string, listen_host, "127.0.0.1",
+          "the address of this host that the CPU transport listens on and advertises to the other ranks (a job of "
+          "several hosts: the host's address as the coordinator sees it)");
+ABSL_FLAG(std::string, run_dir, "",
+          "where this worker writes its files (its parameters), in place of the job's run directory: an agent's "
+          "own on a host other than node 0's");
+ABSL_FLAG(std::string, tls_ca, "", "TLS to the coordinator: the CA that signed its certificate (PEM)");
+ABSL_FLAG(std::string, tls_cert, "", "mutual TLS to the coordinator: this worker's certificate (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "mutual TLS to the coordinator: the key of --tls_cert (PEM)");
 
 namespace stagehand {
 namespace {
@@ -91,6 +100,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, Co
   o.key_prefix = prefix;
   o.connect_timeout = timeout;
   o.secret = secret;  // every connection proves it: a stranger on the port is dropped
+  o.listen_host = absl::GetFlag(FLAGS_listen_host);
   return ConnectCpuTransport(o, client);
 }
 
@@ -181,8 +191,14 @@ int Main() {
     LOG(ERROR) << secret.status().message();
     return kWorkerExitFailed;
   }
-  std::unique_ptr<CoordinatorClient> connection = ConnectCoordinator(absl::GetFlag(FLAGS_coordinator), *secret);
-  CoordinatorClient& client = *connection;
+  ClientTlsFiles tls{absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)};
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> connection =
+      ConnectCoordinator(absl::GetFlag(FLAGS_coordinator), *secret, tls);
+  if (!connection.ok()) {
+    LOG(ERROR) << connection.status().message();
+    return kWorkerExitFailed;
+  }
+  CoordinatorClient& client = **connection;
   absl::StatusOr<GetJobResponse> job = client.GetJob(absl::Seconds(60));
   if (!job.ok()) {
     LOG(ERROR) << job.status().ToString();
@@ -222,6 +238,7 @@ int Main() {
     return stopped ? kWorkerExitStopped : kWorkerExitFailed;
   }
   Run run{&client, *assignment, req.incarnation(), nullptr, device.ok() ? device->uuid() : "", nullptr};
+  if (const std::string dir = absl::GetFlag(FLAGS_run_dir); !dir.empty()) run.assignment.mutable_job()->set_run_dir(dir);
   run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
                                       assignment->job().timeouts());
   absl::Status status = device.ok() ? RunJob(run, cuda_ready, *secret) : device.status();

@@ -1,0 +1,280 @@
+// The agent of a job across several hosts (see node_agent.h).
+#include "launcher/node_agent.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/host.h"
+#include "launcher/job.h"
+#include "launcher/run_dir.h"
+#include "launcher/worker_binary.h"
+
+namespace stagehand {
+namespace {
+
+// A heartbeat or a report that cannot get through in this time counts as missed: Tick must go on.
+constexpr absl::Duration kCallTimeout = absl::Milliseconds(500);
+
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+}  // namespace
+
+NodeAgent::NodeAgent(AgentClient* client, ProcessSpawner* spawner, NodeAgentOptions options,
+                     std::function<absl::Time()> now)
+    : client_(client), spawner_(spawner), options_(std::move(options)), now_(std::move(now)) {}
+
+NodeAgent::~NodeAgent() { client_->CancelWaitForStop(); }
+
+std::string NodeAgent::Name() const {
+  return absl::StrCat("node ", options_.node.node_rank, joined_.address().empty() ? "" : " at ", joined_.address());
+}
+
+absl::Status NodeAgent::Join() {
+  RegisterAgentRequest r;
+  r.set_node_rank(options_.node.node_rank);
+  r.set_incarnation(options_.incarnation);
+  r.set_host(options_.host);
+  r.set_pid(options_.pid);
+  r.set_device(options_.device);
+  r.set_workers(options_.workers);
+  for (const GpuInfo& g : options_.gpus) {
+    NodeGpu* gpu = r.add_gpus();
+    gpu->set_uuid(g.uuid);
+    gpu->set_name(g.name);
+    gpu->set_memory_bytes(g.total_bytes);
+  }
+  absl::StatusOr<RegisterAgentResponse> joined = client_->RegisterAgent(r, options_.register_timeout);
+  if (!joined.ok()) return joined.status();
+  joined_ = *std::move(joined);
+  client_->SetSecret(joined_.secret());
+  return absl::OkStatus();
+}
+
+void NodeAgent::Start(const std::string& run_dir) {
+  view_ = std::make_unique<CoordinatorState>(joined_.job(), joined_.job_id(), joined_.secret(), now_);
+  SupervisorOptions so;
+  so.worker_binary = options_.worker_binary;
+  so.coordinator_address = options_.node.coordinator_address;
+  so.run_dir = run_dir;
+  so.env = WorkerEnvironment(options_.workers);
+  so.gpus = options_.gpus;
+  so.launch = options_.launch;
+  so.first_rank = joined_.first_rank();
+  so.local_workers = options_.workers;
+  so.worker_args = WorkerNodeArgs(options_.tls, joined_.address());
+  so.worker_args.push_back("--run_dir=" + run_dir);  // node 0's run directory is on node 0's host
+  so.report_exit = [this](int rank, const ProcessExit& e) {
+    ReportWorkerExitRequest r;
+    r.set_node_rank(options_.node.node_rank);
+    r.set_incarnation(options_.incarnation);
+    r.set_rank(rank);
+    r.set_pid(e.pid);
+    r.set_exit_code(e.exit_code);
+    r.set_signal(e.signal);
+    unreported_.push_back(r);
+    exits_.push_back(r);
+  };
+  supervisor_ = std::make_unique<Supervisor>(view_.get(), spawner_, std::move(so), now_);
+  last_answer_ = now_();
+  WaitForStopRequest w;
+  w.set_node_rank(options_.node.node_rank);
+  w.set_incarnation(options_.incarnation);
+  client_->StartWaitForStop(w, [this](absl::StatusOr<WaitForStopResponse> r) {
+    absl::MutexLock lock(&mu_);
+    pushed_ = std::move(r);
+  });
+  (void)supervisor_->Start();  // a spawn failure: its exit-less slots end the run; node 0 sees no worker
+}
+
+void NodeAgent::OnStop(const std::string& reason) {
+  if (!stop_reason_ && !lost_) stop_reason_ = reason;
+  supervisor_->StopWorkers(reason);
+}
+
+void NodeAgent::Beat(absl::Time now) {
+  if (lost_ || now - last_beat_ < kAgentHeartbeatInterval) return;
+  last_beat_ = now;
+  AgentHeartbeatRequest r;
+  r.set_node_rank(options_.node.node_rank);
+  r.set_incarnation(options_.incarnation);
+  absl::StatusOr<AgentHeartbeatResponse> answer = client_->Heartbeat(r, kCallTimeout);
+  now = now_();
+  if (answer.ok()) {
+    last_answer_ = now;
+    if (answer->stop()) OnStop(answer->stop_reason());
+    return;
+  }
+  if (absl::IsAborted(answer.status())) return OnStop(Message(answer.status()));  // replaced: leave
+  if (now - last_answer_ > kAgentTimeout && !workers_gone_) {
+    lost_ = absl::StrCat("no answer from the coordinator at ", options_.node.coordinator_address, " for ",
+                         absl::FormatDuration(absl::Trunc(now - last_answer_, absl::Milliseconds(1))), " (",
+                         Message(answer.status()), ")");
+    supervisor_->StopWorkers(*lost_);
+  }
+}
+
+void NodeAgent::FlushExits() {
+  while (!unreported_.empty() && !lost_) {
+    absl::Status s = client_->ReportWorkerExit(unreported_.front(), kCallTimeout);
+    if (!s.ok() && !absl::IsAborted(s) && !absl::IsInvalidArgument(s)) return;  // again next tick
+    unreported_.erase(unreported_.begin());
+  }
+}
+
+bool NodeAgent::Tick() {
+  std::optional<absl::StatusOr<WaitForStopResponse>> pushed;
+  {
+    absl::MutexLock lock(&mu_);
+    pushed = std::exchange(pushed_, std::nullopt);
+  }
+  if (pushed) {
+    if (pushed->ok()) {
+      OnStop((*pushed)->reason());
+    } else if (!absl::IsCancelled(pushed->status()) && !workers_gone_) {
+      // The long poll broke: node 0 went away (its server shut down, or its process died).
+      if (!lost_ && !stop_reason_) lost_ = absl::StrCat("the coordinator went away (", Message(pushed->status()), ")");
+      supervisor_->StopWorkers(lost_ ? *lost_ : *stop_reason_);
+    }
+  }
+  Beat(now_());
+  const bool gone = supervisor_->Tick();
+  FlushExits();
+  workers_gone_ = gone && unreported_.empty();
+  return gone && (unreported_.empty() || lost_);
+}
+
+void NodeAgent::Interrupt(int signal, bool force) {
+  if (interrupt_signal_ == 0) interrupt_signal_ = signal;
+  supervisor_->Interrupt(signal, force);
+}
+
+int NodeAgent::exit_code() const {
+  if (interrupt_signal_ != 0) return 128 + interrupt_signal_;
+  if (supervisor_ != nullptr && supervisor_->exit_code() == kExitLaunchFailed) return kExitLaunchFailed;
+  if (lost_ || stop_reason_) return kExitWorkerFailed;
+  for (const ReportWorkerExitRequest& e : exits_) {
+    if (e.signal() != 0 || e.exit_code() != 0) return kExitWorkerFailed;
+  }
+  return kExitSuccess;
+}
+
+std::string NodeAgent::verdict() const {
+  const std::string ranks = absl::StrCat("ranks ", joined_.first_rank(), "-", joined_.first_rank() + options_.workers - 1);
+  if (interrupt_signal_ != 0) {
+    return absl::StrCat("stagehand: ", Name(), ": interrupted by ", interrupt_signal_ == SIGINT ? "SIGINT" : "SIGTERM",
+                        "; stopped this node's workers (", ranks, ")");
+  }
+  if (supervisor_ != nullptr && supervisor_->exit_code() == kExitLaunchFailed) {
+    return absl::StrCat("stagehand: ", Name(), ": ", supervisor_->root_cause());
+  }
+  if (lost_) return absl::StrCat("stagehand: ", Name(), ": lost the coordinator: ", *lost_, "; stopped this node's workers (", ranks, ")");
+  if (stop_reason_) return absl::StrCat("stagehand: ", Name(), ": the job stopped: ", *stop_reason_);
+  for (const ReportWorkerExitRequest& e : exits_) {
+    if (e.signal() != 0 || e.exit_code() != 0) {
+      return absl::StrCat("stagehand: ", Name(), ": rank ", e.rank(), " (pid ", e.pid(), ") ",
+                          e.signal() != 0 ? absl::StrCat("was killed by signal ", e.signal())
+                                          : absl::StrCat("exited with code ", e.exit_code()),
+                          "; node 0 names the job's root cause");
+    }
+  }
+  return absl::StrCat("stagehand: ", Name(), ": done (", ranks, ")");
+}
+
+namespace {
+
+// The agent's loop, fed the launcher's signals as a foreground launch is (launch.cc's Supervise).
+void Drive(NodeAgent& agent) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&set, sig);
+  int interrupts = 0;
+  while (!agent.Tick()) {
+    timespec tick{0, 20 * 1000 * 1000};
+    siginfo_t info;
+    const int sig = sigtimedwait(&set, &info, &tick);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      ++interrupts;
+      agent.Interrupt(sig == SIGINT ? SIGINT : SIGTERM, interrupts > 1);
+    }
+  }
+}
+
+void Line(const std::string& text) {
+  std::fprintf(stdout, "%s\n", text.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int RunAgent(const AgentLaunch& launch) {
+  JobRequest host;
+  host.device = launch.device;
+  host.gpus = launch.gpus;
+  host.workers = launch.workers;
+  absl::StatusOr<ResolvedJob> devices = ResolveHostDevices(host, QueryDevices());
+  absl::StatusOr<std::string> worker = FindWorker(launch.worker_binary);
+  absl::StatusOr<std::string> token = launch.job_token_file.empty() ? "" : ReadJobToken(launch.job_token_file);
+  for (const absl::Status& s : {devices.status(), worker.status(), token.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "stagehand: %s\n", Message(s).c_str());
+      return kExitUsage;
+    }
+  }
+  if (!launch.run_dir.empty()) {
+    if (absl::Status s = CheckRunDir(UserPath(launch.run_dir), launch.overwrite); !s.ok()) {
+      std::fprintf(stderr, "stagehand: %s\n", Message(s).c_str());
+      return kExitUsage;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<AgentClient>> client =
+      ConnectAgentClient(launch.node.coordinator_address, launch.tls.client(), *token);
+  if (!client.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", Message(client.status()).c_str());
+    return kExitUsage;
+  }
+  NodeAgentOptions o;
+  o.node = launch.node;
+  o.device = devices->spec.device();
+  o.workers = devices->spec.workers();
+  o.gpus = devices->gpus;
+  o.worker_binary = *worker;
+  o.tls = launch.tls;
+  o.incarnation = absl::ToUnixMicros(absl::Now());  // a restarted agent is a newer one
+  o.host = HostName();
+  o.pid = getpid();
+  if (launch.register_timeout_ms) o.register_timeout = absl::Milliseconds(*launch.register_timeout_ms);
+  o.launch = launch.launch;
+  std::unique_ptr<ProcessSpawner> spawner = NewPosixProcessSpawner();
+  NodeAgent agent(client->get(), spawner.get(), o);
+  Line(absl::StrFormat("stagehand: node %d of %d: %d %s worker%s here; joining the coordinator at %s",
+                       launch.node.node_rank, launch.node.nodes, o.workers, o.device == "cuda" ? "GPU" : "CPU",
+                       o.workers == 1 ? "" : "s", launch.node.coordinator_address));
+  if (absl::Status s = agent.Join(); !s.ok()) {
+    Line(absl::StrCat("stagehand: node ", launch.node.node_rank, ": could not join: ", Message(s)));
+    return absl::IsInvalidArgument(s) ? kExitUsage : kExitLaunchFailed;
+  }
+  const RegisterAgentResponse& j = agent.joined();
+  const std::string run_dir =
+      UserPath(!launch.run_dir.empty()
+                   ? launch.run_dir
+                   : absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()), "-",
+                                  j.job().name(), "-", j.job_id(), "-node", launch.node.node_rank));
+  if (absl::Status s = PrepareRunDir(run_dir, launch.overwrite); !s.ok()) {
+    Line(absl::StrCat("stagehand: ", Message(s)));
+    return kExitLaunchFailed;  // node 0 sees this node's ranks never register
+  }
+  Line(absl::StrFormat("stagehand: job %s: node %d at %s runs ranks %d-%d of %d; run directory %s", j.job_id(),
+                       launch.node.node_rank, j.address(), j.first_rank(), j.first_rank() + o.workers - 1,
+                       j.job().workers(), run_dir));
+  agent.Start(run_dir);
+  Drive(agent);
+  Line(agent.verdict());
+  return agent.exit_code();
+}
+
+}  // namespace stagehand

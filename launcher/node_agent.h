@@ -1,0 +1,111 @@
+// The agent of a job across several hosts (launcher --nodes=N --node_rank=K, K > 0): joins node 0's
+// coordinator with this host's workers, spawns and supervises them (a Supervisor in agent mode: it
+// reports each exit, node 0 judges), heartbeats, and stops its workers (SIGTERM, SIGKILL after the
+// grace period) as soon as the coordinator pushes the job's stop or cannot be reached for
+// kAgentTimeout. Driven by Tick(); no threads of its own but the client's, so unit tests drive it with
+// a fake client, a fake spawner and a fake clock.
+#ifndef STAGEHAND_LAUNCHER_NODE_AGENT_H_
+#define STAGEHAND_LAUNCHER_NODE_AGENT_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "launcher/agent_client.h"
+#include "launcher/coordinator.h"
+#include "launcher/devices.h"
+#include "launcher/nodes.h"
+#include "launcher/process.h"
+#include "launcher/supervisor.h"
+
+namespace stagehand {
+
+struct NodeAgentOptions {
+  NodeOptions node;
+  std::string device;            // this host's: "cpu" or "cuda"
+  int workers = 0;               // this host's
+  std::vector<GpuInfo> gpus;     // for "cuda": one per worker
+  std::string worker_binary;
+  NodeTls tls;                   // given to the workers (the coordinator's hop needs it)
+  int64_t incarnation = 1;       // higher on every start of the agent (the launcher uses the clock)
+  std::string host;              // this host's name, for messages
+  int pid = 0;
+  absl::Duration register_timeout = absl::Minutes(2);
+  absl::Time launch = absl::InfinitePast();
+};
+
+class NodeAgent {
+ public:
+  NodeAgent(AgentClient* client, ProcessSpawner* spawner, NodeAgentOptions options,
+            std::function<absl::Time()> now = absl::Now);
+  ~NodeAgent();  // ends the long poll
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  // Joins the job: blocks until every node has joined and node 0 fixed the world (or the timeout).
+  // The error is the coordinator's, with what to check.
+  absl::Status Join();
+  const RegisterAgentResponse& joined() const { return joined_; }
+  // Spawns this host's workers (after Join), their logs in `run_dir`, and starts the long poll.
+  void Start(const std::string& run_dir);
+  // One pass: the stop pushed, a heartbeat when due, exits reported, the supervisor. True once every
+  // worker of this host is gone and its exit reported (or the coordinator is lost).
+  bool Tick();
+  // SIGINT or SIGTERM to the agent: stops this host's workers (a second: kills them at once).
+  void Interrupt(int signal, bool force);
+
+  int exit_code() const;
+  std::string verdict() const;  // the closing line, naming this node
+
+ private:
+  void OnStop(const std::string& reason);
+  void Beat(absl::Time now);
+  void FlushExits();
+  std::string Name() const;
+
+  AgentClient* const client_;
+  ProcessSpawner* const spawner_;
+  const NodeAgentOptions options_;
+  const std::function<absl::Time()> now_;
+  RegisterAgentResponse joined_;
+  std::unique_ptr<CoordinatorState> view_;  // the job as this agent knows it (never served)
+  std::unique_ptr<Supervisor> supervisor_;
+  absl::Time last_beat_ = absl::InfinitePast();
+  absl::Time last_answer_ = absl::InfinitePast();
+  std::vector<ReportWorkerExitRequest> unreported_;
+  std::vector<ReportWorkerExitRequest> exits_;  // every local exit, for the verdict
+  std::optional<std::string> stop_reason_;
+  std::optional<std::string> lost_;
+  int interrupt_signal_ = 0;
+  bool workers_gone_ = false;
+
+  absl::Mutex mu_;  // the long poll's answer comes on the client's thread
+  std::optional<absl::StatusOr<WaitForStopResponse>> pushed_ ABSL_GUARDED_BY(mu_);
+};
+
+// `launcher --nodes=N --node_rank=K` (K > 0): the whole agent, from joining to the closing line.
+// Returns its exit code: 0 when its workers succeeded, 1 when the job failed or the coordinator was
+// lost, 2 bad flags (nothing started), 4 it could not join or start its workers, 130/143 interrupted.
+struct AgentLaunch {
+  NodeOptions node;
+  NodeTls tls;
+  std::string job_token_file;
+  std::string run_dir;        // "" for runs/<time>-node<K>-<job id>/
+  bool overwrite = false;
+  std::string worker_binary;  // "" to find it beside the launcher
+  std::string device;         // --device ("" or "auto": GPUs if visible)
+  std::optional<int> gpus, workers;
+  std::optional<int64_t> register_timeout_ms;
+  absl::Time launch = absl::Now();
+};
+int RunAgent(const AgentLaunch& launch);
+
+}  // namespace stagehand
+
+#endif  // STAGEHAND_LAUNCHER_NODE_AGENT_H_

@@ -1,0 +1,497 @@
+// Unit tests of a job across several hosts, without processes or sockets: CoordinatorState's agents
+// (registration, the world, heartbeats, exits, the long poll, a lost connection), node 0's Supervisor
+// over remote ranks, and the agent (NodeAgent) over a FakeAgentClient, a FakeProcessSpawner and one
+// fake clock; and the checks and notes of nodes.h.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "launcher/coordinator.h"
+#include "launcher/fake_agent_client.h"
+#include "launcher/fake_process.h"
+#include "launcher/node_agent.h"
+#include "launcher/nodes.h"
+#include "launcher/supervisor.h"
+
+namespace stagehand {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
+
+class FakeClock {
+ public:
+  absl::Time Now() const {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+  std::function<absl::Time()> AsFunction() {
+    return [this] { return Now(); };
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
+};
+
+JobSpec CpuJob(int workers) {
+  JobSpec job;
+  job.set_device("cpu");
+  job.set_workers(workers);
+  job.set_model("allreduce");
+  job.set_steps(5);
+  Timeouts& t = *job.mutable_timeouts();
+  t.set_register_ms(60000);
+  t.set_heartbeat_interval_ms(100);
+  t.set_heartbeat_timeout_ms(10000);
+  t.set_progress_timeout_ms(60000);
+  t.set_grace_ms(1000);
+  return job;
+}
+
+NodeState Node0(int workers) {
+  NodeState n;
+  n.host = "h0";
+  n.address = "198.18.0.11";
+  n.device = "cpu";
+  n.workers = workers;
+  return n;
+}
+
+RegisterAgentRequest Agent(int node, int workers, int64_t incarnation = 5) {
+  RegisterAgentRequest r;
+  r.set_node_rank(node);
+  r.set_incarnation(incarnation);
+  r.set_host("h");
+  r.set_pid(100 + node);
+  r.set_device("cpu");
+  r.set_workers(workers);
+  return r;
+}
+
+// RegisterAgentAsync's answer, kept for the test to look at.
+struct Answer {
+  absl::Mutex mu;
+  std::optional<absl::StatusOr<RegisterAgentResponse>> value ABSL_GUARDED_BY(mu);
+  CoordinatorState::AgentCallback Callback() {
+    return [this](absl::StatusOr<RegisterAgentResponse> r) {
+      absl::MutexLock lock(&mu);
+      value = std::move(r);
+    };
+  }
+  std::optional<absl::StatusOr<RegisterAgentResponse>> Get() {
+    absl::MutexLock lock(&mu);
+    return value;
+  }
+};
+
+const absl::Time kFar = absl::InfiniteFuture();
+
+// Three hosts: node 0 with 2 workers, nodes 1 and 2 with 1 each, both registered.
+class ThreeNodes : public ::testing::Test {
+ protected:
+  ThreeNodes() : state_(CpuJob(2), "job-1", "secret-of-the-job-0123456789abcd", clock_.AsFunction()) {
+    state_.ExpectNodes(3, Node0(2));
+  }
+  void JoinBoth() {
+    state_.RegisterAgentAsync(Agent(1, 1), "198.18.0.12", kFar, a1_.Callback());
+    state_.RegisterAgentAsync(Agent(2, 1), "198.18.0.13", kFar, a2_.Callback());
+  }
+  FakeClock clock_;
+  CoordinatorState state_;
+  Answer a1_, a2_;
+};
+
+TEST_F(ThreeNodes, RegisterAgent_WaitsForTheWorld_ThenGetsItsRanksAndTheSecret) {
+  JoinBoth();
+  EXPECT_FALSE(a1_.Get().has_value());
+  EXPECT_TRUE(state_.AllNodesRegistered());
+  EXPECT_FALSE(state_.world_fixed());
+  state_.SetWorld(CpuJob(2));
+  ASSERT_TRUE(a1_.Get().has_value());
+  ASSERT_TRUE(a1_.Get()->ok()) << a1_.Get()->status();
+  const RegisterAgentResponse r1 = **a1_.Get(), r2 = **a2_.Get();
+  EXPECT_EQ(r1.first_rank(), 2);
+  EXPECT_EQ(r2.first_rank(), 3);
+  EXPECT_EQ(r1.job().workers(), 4);  // the world
+  EXPECT_EQ(r1.secret(), "secret-of-the-job-0123456789abcd");
+  EXPECT_EQ(r2.address(), "198.18.0.13");
+  EXPECT_EQ(state_.job().workers(), 4);
+  EXPECT_THAT(state_.Workers(), SizeIs(4));
+  EXPECT_EQ(state_.NodeOfRank(1), 0);
+  EXPECT_EQ(state_.NodeOfRank(2), 1);
+  EXPECT_EQ(state_.NodeOfRank(3), 2);
+}
+
+TEST_F(ThreeNodes, RegisterAgent_NodeRankOutOfRange_IsInvalidArgument) {
+  state_.RegisterAgentAsync(Agent(3, 1), "198.18.0.14", kFar, a1_.Callback());
+  ASSERT_TRUE(a1_.Get().has_value());
+  EXPECT_TRUE(absl::IsInvalidArgument(a1_.Get()->status())) << a1_.Get()->status();
+  EXPECT_THAT(std::string(a1_.Get()->status().message()), HasSubstr("--node_rank=1 to 2"));
+}
+
+TEST_F(ThreeNodes, RegisterAgent_OtherDeviceKind_IsInvalidArgument) {
+  RegisterAgentRequest r = Agent(1, 1);
+  r.set_device("cuda");
+  state_.RegisterAgentAsync(r, "198.18.0.12", kFar, a1_.Callback());
+  EXPECT_TRUE(absl::IsInvalidArgument(a1_.Get()->status())) << a1_.Get()->status();
+}
+
+TEST_F(ThreeNodes, RegisterAgent_AfterTheWorldIsFixed_IsFailedPrecondition) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2));
+  Answer late;
+  state_.RegisterAgentAsync(Agent(1, 1, /*incarnation=*/6), "198.18.0.12", kFar, late.Callback());
+  EXPECT_TRUE(absl::IsFailedPrecondition(late.Get()->status())) << late.Get()->status();
+}
+
+TEST_F(ThreeNodes, RegisterAgent_SameNodeFromAnotherHost_IsAlreadyExists) {
+  state_.RegisterAgentAsync(Agent(1, 1), "198.18.0.12", kFar, a1_.Callback());
+  Answer twin;
+  state_.RegisterAgentAsync(Agent(1, 1), "198.18.0.99", kFar, twin.Callback());
+  EXPECT_TRUE(absl::IsAlreadyExists(twin.Get()->status())) << twin.Get()->status();
+}
+
+TEST_F(ThreeNodes, RegisterAgent_JobStopsBeforeTheWorld_IsFailedPreconditionWithTheReason) {
+  state_.RegisterAgentAsync(Agent(1, 1), "198.18.0.12", kFar, a1_.Callback());
+  state_.Stop("node 2 did not join", "the coordinator");
+  ASSERT_TRUE(a1_.Get().has_value());
+  EXPECT_TRUE(absl::IsFailedPrecondition(a1_.Get()->status()));
+  EXPECT_THAT(std::string(a1_.Get()->status().message()), HasSubstr("node 2 did not join"));
+}
+
+TEST_F(ThreeNodes, AgentHeartbeat_StaleIncarnation_IsAborted) {
+  JoinBoth();
+  AgentHeartbeatRequest h;
+  h.set_node_rank(1);
+  h.set_incarnation(4);
+  EXPECT_TRUE(absl::IsAborted(state_.AgentHeartbeat(h).status()));
+  h.set_incarnation(5);
+  ASSERT_TRUE(state_.AgentHeartbeat(h).ok());
+  EXPECT_FALSE(state_.AgentHeartbeat(h)->stop());
+  state_.Stop("rank 0 failed", "rank 0");
+  EXPECT_TRUE(state_.AgentHeartbeat(h)->stop());
+  EXPECT_EQ(state_.AgentHeartbeat(h)->stop_reason(), "rank 0 failed");
+}
+
+TEST_F(ThreeNodes, ReportWorkerExit_RecordedOnce_AndOnlyForTheNodesOwnRanks) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2));
+  ReportWorkerExitRequest e;
+  e.set_node_rank(1);
+  e.set_incarnation(5);
+  e.set_rank(3);  // node 2's
+  e.set_signal(9);
+  EXPECT_TRUE(absl::IsInvalidArgument(state_.ReportWorkerExit(e)));
+  e.set_rank(2);
+  e.set_pid(777);
+  EXPECT_TRUE(state_.ReportWorkerExit(e).ok());
+  e.set_signal(15);  // a retry may not rewrite what happened
+  EXPECT_TRUE(state_.ReportWorkerExit(e).ok());
+  ASSERT_EQ(state_.RemoteExits().count(2), 1u);
+  EXPECT_EQ(state_.RemoteExits().at(2).signal, 9);
+  EXPECT_EQ(state_.RemoteExits().at(2).pid, 777);
+}
+
+TEST_F(ThreeNodes, AgentWaitForStop_CompletesAtOnceWhenTheJobStops) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2));
+  absl::Mutex mu;
+  std::optional<absl::StatusOr<WaitForStopResponse>> got;
+  state_.AgentWaitForStopAsync(2, 5, kFar, [&](absl::StatusOr<WaitForStopResponse> r) {
+    absl::MutexLock lock(&mu);
+    got = std::move(r);
+  });
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_FALSE(got.has_value());
+  }
+  state_.Stop("rank 3 (node 2) was killed by signal 9", "rank 3");
+  absl::MutexLock lock(&mu);
+  ASSERT_TRUE(got.has_value() && got->ok());
+  EXPECT_EQ((*got)->reason(), "rank 3 (node 2) was killed by signal 9");
+}
+
+TEST_F(ThreeNodes, AgentDisconnected_WhileItsRanksRun_MarksTheNodeLost_NotOnceTheyEnded) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2));
+  state_.AgentDisconnected(1, 5);
+  EXPECT_TRUE(state_.Nodes()[1].lost);
+  ReportWorkerExitRequest e;
+  e.set_node_rank(2);
+  e.set_incarnation(5);
+  e.set_rank(3);
+  e.set_exit_code(0);
+  ASSERT_TRUE(state_.ReportWorkerExit(e).ok());
+  state_.AgentDisconnected(2, 5);  // its agent leaving after its workers: not a loss
+  EXPECT_FALSE(state_.Nodes()[2].lost);
+}
+
+// --- node 0's Supervisor over remote ranks ---
+
+class NodeZeroSupervisor : public ThreeNodes {
+ protected:
+  void StartWorld() {
+    JoinBoth();
+    state_.SetWorld(CpuJob(2));
+    SupervisorOptions o;
+    o.worker_binary = "/w";
+    o.coordinator_address = "198.18.0.11:29500";
+    o.run_dir = "/tmp/x";
+    o.first_rank = 0;
+    o.local_workers = 2;
+    o.worker_args = {"--listen_host=198.18.0.11"};
+    supervisor_ = std::make_unique<Supervisor>(&state_, &spawner_, o, clock_.AsFunction());
+    ASSERT_TRUE(supervisor_->Start().ok());
+  }
+  void Beat(int node) {
+    AgentHeartbeatRequest h;
+    h.set_node_rank(node);
+    h.set_incarnation(5);
+    ASSERT_TRUE(state_.AgentHeartbeat(h).ok());
+  }
+  FakeProcessSpawner spawner_;
+  std::unique_ptr<Supervisor> supervisor_;
+};
+
+TEST_F(NodeZeroSupervisor, Start_SpawnsOnlyNodeZerosRanks_WithTheNodeArgs) {
+  StartWorld();
+  ASSERT_THAT(spawner_.specs(), SizeIs(2));
+  EXPECT_THAT(spawner_.specs()[1].argv, Contains("--worker_index=1"));
+  EXPECT_THAT(spawner_.specs()[1].argv, Contains("--listen_host=198.18.0.11"));
+}
+
+TEST_F(NodeZeroSupervisor, RemoteWorkerKilled_IsTheRootCause_NamingNodeHostAndRank) {
+  StartWorld();
+  ReportWorkerExitRequest e;
+  e.set_node_rank(2);
+  e.set_incarnation(5);
+  e.set_rank(3);
+  e.set_pid(4242);
+  e.set_exit_code(-1);
+  e.set_signal(SIGKILL);
+  ASSERT_TRUE(state_.ReportWorkerExit(e).ok());
+  supervisor_->Tick();
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("rank 3 (node 2 at 198.18.0.13"));
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("pid 4242"));
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("killed by signal 9"));
+  EXPECT_TRUE(state_.stopping());
+}
+
+TEST_F(NodeZeroSupervisor, AgentSilentForTheAgentTimeout_IsAHangNamingTheNode_AndItsRanksAreGone) {
+  StartWorld();
+  clock_.Advance(kAgentTimeout / 2);
+  Beat(2);
+  clock_.Advance(kAgentTimeout / 2 + absl::Milliseconds(10));
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerHung);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("node 1 at 198.18.0.12"));
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("stopped heartbeating"));
+  // Node 2 still answers: its rank ends when its agent reports it; node 0's own when they exit.
+  spawner_.Exit(FakeProcessSpawner::kFirstPid, 3);
+  spawner_.Exit(FakeProcessSpawner::kFirstPid + 1, 3);
+  ReportWorkerExitRequest e;
+  e.set_node_rank(2);
+  e.set_incarnation(5);
+  e.set_rank(3);
+  e.set_exit_code(3);
+  ASSERT_TRUE(state_.ReportWorkerExit(e).ok());
+  EXPECT_TRUE(supervisor_->Tick());
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("node 1"));  // not displaced by what followed
+}
+
+TEST_F(NodeZeroSupervisor, AgentConnectionClosed_IsACrashNamingTheNode) {
+  StartWorld();
+  state_.AgentDisconnected(1, 5);
+  supervisor_->Tick();
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("node 1 at 198.18.0.12"));
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("connection to the coordinator closed"));
+}
+
+// --- the agent ---
+
+RegisterAgentResponse Joined() {
+  RegisterAgentResponse r;
+  r.set_job_id("job-1");
+  *r.mutable_job() = CpuJob(4);
+  r.set_first_rank(2);
+  r.set_secret("secret-of-the-job-0123456789abcd");
+  r.set_address("198.18.0.12");
+  return r;
+}
+
+class AgentTest : public ::testing::Test {
+ protected:
+  AgentTest() : client_(Joined()) {
+    NodeAgentOptions o;
+    o.node = {3, 1, "198.18.0.11:29500"};
+    o.device = "cpu";
+    o.workers = 2;
+    o.worker_binary = "/w";
+    o.tls = {"/c/node1.pem", "/c/node1.key", "/c/ca.pem"};
+    o.incarnation = 9;
+    o.host = "h1";
+    agent_ = std::make_unique<NodeAgent>(&client_, &spawner_, o, clock_.AsFunction());
+  }
+  void JoinAndStart() {
+    ASSERT_TRUE(agent_->Join().ok());
+    agent_->Start("/tmp/agent-run");
+  }
+  FakeClock clock_;
+  FakeAgentClient client_;
+  FakeProcessSpawner spawner_;
+  std::unique_ptr<NodeAgent> agent_;
+};
+
+TEST_F(AgentTest, Join_SendsThisHostsWorkers_ThenUsesTheSecret) {
+  ASSERT_TRUE(agent_->Join().ok());
+  EXPECT_EQ(client_.registered().node_rank(), 1);
+  EXPECT_EQ(client_.registered().workers(), 2);
+  EXPECT_EQ(client_.registered().incarnation(), 9);
+  EXPECT_EQ(client_.secret(), "secret-of-the-job-0123456789abcd");
+}
+
+TEST_F(AgentTest, Start_SpawnsItsGlobalRanks_ListeningOnItsAddress_OverTls) {
+  JoinAndStart();
+  ASSERT_THAT(spawner_.specs(), SizeIs(2));
+  const std::vector<std::string> argv = spawner_.specs()[0].argv;
+  EXPECT_THAT(argv, Contains("--worker_index=2"));
+  EXPECT_THAT(spawner_.specs()[1].argv, Contains("--worker_index=3"));
+  EXPECT_THAT(argv, Contains("--coordinator=198.18.0.11:29500"));
+  EXPECT_THAT(argv, Contains("--listen_host=198.18.0.12"));
+  EXPECT_THAT(argv, Contains("--tls_cert=/c/node1.pem"));
+  EXPECT_EQ(spawner_.specs()[0].secret, "secret-of-the-job-0123456789abcd");
+  EXPECT_EQ(client_.wait_request().node_rank(), 1);
+  EXPECT_EQ(client_.wait_request().incarnation(), 9);
+}
+
+TEST_F(AgentTest, WorkersSucceed_EachExitReported_Exit0) {
+  JoinAndStart();
+  spawner_.Exit(FakeProcessSpawner::kFirstPid, 0);
+  EXPECT_FALSE(agent_->Tick());
+  spawner_.Exit(FakeProcessSpawner::kFirstPid + 1, 0);
+  EXPECT_TRUE(agent_->Tick());
+  ASSERT_THAT(client_.exits(), SizeIs(2));
+  EXPECT_EQ(client_.exits()[0].rank(), 2);
+  EXPECT_EQ(client_.exits()[1].rank(), 3);
+  EXPECT_EQ(agent_->exit_code(), 0);
+  EXPECT_THAT(agent_->verdict(), HasSubstr("done"));
+}
+
+TEST_F(AgentTest, StopPushed_WorkersGetSigtermAfterTheNotice_ThenSigkill) {
+  JoinAndStart();
+  client_.PushStop("rank 0 (node 0) failed", "rank 0");
+  agent_->Tick();
+  EXPECT_TRUE(spawner_.signals().empty());  // the workers hear it from the coordinator first
+  clock_.Advance(absl::Milliseconds(3 * 100 + 200));
+  agent_->Tick();
+  EXPECT_THAT(spawner_.signals(), Contains(FakeProcessSpawner::SentSignal{FakeProcessSpawner::kFirstPid, SIGTERM}));
+  clock_.Advance(absl::Milliseconds(1000));
+  agent_->Tick();
+  EXPECT_THAT(spawner_.signals(), Contains(FakeProcessSpawner::SentSignal{FakeProcessSpawner::kFirstPid + 1, SIGKILL}));
+  spawner_.Kill(FakeProcessSpawner::kFirstPid, SIGKILL);
+  spawner_.Kill(FakeProcessSpawner::kFirstPid + 1, SIGKILL);
+  EXPECT_TRUE(agent_->Tick());
+  EXPECT_EQ(agent_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(agent_->verdict(), HasSubstr("the job stopped: rank 0 (node 0) failed"));
+}
+
+TEST_F(AgentTest, CoordinatorUnreachableForTheAgentTimeout_StopsTheWorkers_Lost) {
+  JoinAndStart();
+  client_.SetUnreachable(true);
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(kAgentHeartbeatInterval);
+    agent_->Tick();
+  }
+  EXPECT_TRUE(spawner_.signals().empty());  // 2 s: not yet
+  clock_.Advance(kAgentHeartbeatInterval + absl::Milliseconds(1));
+  agent_->Tick();
+  clock_.Advance(absl::Milliseconds(3 * 100 + 200));
+  agent_->Tick();
+  EXPECT_THAT(spawner_.signals(), Contains(FakeProcessSpawner::SentSignal{FakeProcessSpawner::kFirstPid, SIGTERM}));
+  spawner_.Kill(FakeProcessSpawner::kFirstPid, SIGTERM);
+  spawner_.Kill(FakeProcessSpawner::kFirstPid + 1, SIGTERM);
+  EXPECT_TRUE(agent_->Tick());  // done, though the exits could not be reported
+  EXPECT_EQ(agent_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(agent_->verdict(), HasSubstr("lost the coordinator"));
+}
+
+TEST_F(AgentTest, StopInAHeartbeat_StopsTheWorkersToo) {
+  JoinAndStart();
+  client_.StopInHeartbeat("node 2 at 198.18.0.13 was lost");
+  clock_.Advance(kAgentHeartbeatInterval);
+  agent_->Tick();
+  clock_.Advance(absl::Milliseconds(3 * 100 + 200));
+  agent_->Tick();
+  EXPECT_THAT(spawner_.signals(), Contains(FakeProcessSpawner::SentSignal{FakeProcessSpawner::kFirstPid, SIGTERM}));
+}
+
+// --- nodes.h ---
+
+TEST(NodeOptions, NonLoopbackWithoutTls_IsRefusedNamingTheFlags) {
+  absl::Status s = CheckNodeOptions({2, 0, "198.18.0.11:29500"}, {}, "");
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("pass --tls_cert, --tls_key and --tls_ca"));
+}
+
+TEST(NodeOptions, SeveralNodesOnLoopbackWithoutTokenOrTls_IsRefused) {
+  absl::Status s = CheckNodeOptions({2, 0, "127.0.0.1:0"}, {}, "");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--job_token_file"));
+  EXPECT_TRUE(CheckNodeOptions({1, 0, "127.0.0.1:0"}, {}, "").ok());
+}
+
+TEST(NodeOptions, AgentWithoutAnAddressOrOutOfRange_IsRefused) {
+  EXPECT_THAT(std::string(CheckNodeOptions({2, 1, "127.0.0.1:0"}, {}, "t").message()),
+              HasSubstr("--coordinator_address=HOST:PORT"));
+  EXPECT_THAT(std::string(CheckNodeOptions({2, 2, "127.0.0.1:5"}, {}, "t").message()), HasSubstr("pass 0 to 1"));
+}
+
+TEST(NodeOptions, TlsFilesGoTogether) {
+  EXPECT_THAT(std::string(CheckNodeOptions({2, 0, "198.18.0.11:1"}, {"c.pem", "", ""}, "").message()),
+              HasSubstr("needs all three"));
+}
+
+TEST(JobToken, ReadableByOthers_OrShort_IsRefused) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/tok";
+  std::ofstream(path) << "0123456789abcdef0123456789abcdef\n";
+  chmod(path.c_str(), 0644);
+  EXPECT_THAT(std::string(ReadJobToken(path).status().message()), HasSubstr("chmod 600"));
+  chmod(path.c_str(), 0600);
+  ASSERT_TRUE(ReadJobToken(path).ok());
+  EXPECT_EQ(*ReadJobToken(path), "0123456789abcdef0123456789abcdef");
+  std::ofstream(path) << "short\n";
+  EXPECT_THAT(std::string(ReadJobToken(path).status().message()), HasSubstr("32 or more"));
+}
+
+TEST(CrossHostLinks, NodeMajorRanks_OneCrossingPerNodeBoundary) {
+  std::vector<NodeState> nodes(3);
+  nodes[0].workers = 2;
+  nodes[1].workers = 1;
+  nodes[1].first_rank = 2;
+  nodes[2].workers = 1;
+  nodes[2].first_rank = 3;
+  EXPECT_EQ(CrossHostLinks({0, 1, 2, 3}, nodes),
+            "links across hosts: stage 1 -> 2 (node 0 -> 1), stage 2 -> 3 (node 1 -> 2)");
+  EXPECT_EQ(CrossHostLinks({0, 1}, nodes), "no link crosses hosts");
+}
+
+}  // namespace
+}  // namespace stagehand

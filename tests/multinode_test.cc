@@ -1,0 +1,238 @@
+// One job across two launchers on this machine (launcher --nodes=2 on loopback, node 1 an agent): the
+// losses and final parameters of a 2-stage pipeline split over the two nodes match a single process
+// (fp32, 1e-5 relative, as tests/pipeline_test.cc compares them); an agent killed with SIGKILL ends
+// the job within 5 s naming its node; the refusals before anything starts (a non-loopback address
+// without TLS, several nodes on loopback without a job token file, job flags given to an agent).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace {
+
+using ::stagehand::testing::ReadFile;
+using ::stagehand::testing::Runfile;
+
+std::string TmpDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp ? tmp : "/tmp";
+}
+
+std::string Unique(const std::string& name) {
+  static int counter = 0;
+  return absl::StrCat(TmpDir(), "/", name, "_", getpid(), "_", counter++);
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A launcher started in the background: its output in `out`, its exit code in `rc` once it ends.
+struct Background {
+  std::string out, rc, pid_file;
+  int pid() const {
+    int p = 0;
+    (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(pid_file)), &p);
+    return p;
+  }
+  // The exit code, or -1 if it did not end within `timeout`.
+  int Wait(absl::Duration timeout) const {
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      int code = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(rc)), &code)) return code;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return -1;
+  }
+  std::string Output() const { return ReadFile(out); }
+};
+
+Background Start(const std::vector<std::string>& flags) {
+  Background b;
+  const std::string base = Unique("launcher");
+  b.out = base + ".out";
+  b.rc = base + ".rc";
+  b.pid_file = base + ".pid";
+  std::string cmd = Runfile("launcher/launcher");
+  for (const std::string& f : flags) absl::StrAppend(&cmd, " ", f);
+  // exec: the pid written is the launcher's own, for the kill test.
+  const std::string script = absl::StrCat("(sh -c 'echo $$ > ", b.pid_file, "; exec ", cmd, "' > ", b.out,
+                                          " 2>&1; echo $? > ", b.rc, ") &");
+  EXPECT_EQ(std::system(script.c_str()), 0);
+  for (int i = 0; i < 100 && b.pid() == 0; ++i) absl::SleepFor(absl::Milliseconds(20));
+  return b;
+}
+
+int RunLauncher(const std::vector<std::string>& flags, std::string* output) {
+  Background b = Start(flags);
+  const int code = b.Wait(absl::Seconds(120));
+  *output = b.Output();
+  return code;
+}
+
+std::string TokenFile() {
+  const std::string path = Unique("token");
+  std::ofstream(path) << "0123456789abcdef0123456789abcdef0123456789abcdef\n";
+  chmod(path.c_str(), 0600);
+  return path;
+}
+
+std::vector<std::string> TinyJob(int workers, int stages, const std::string& model) {
+  return {"--device=cpu", absl::StrCat("--workers=", workers), absl::StrCat("--pipeline_stages=", stages),
+          "--model=" + model, "--fp32", "--schedule=1f1b", "--micro_batches=4", "--global_batch=16", "--steps=3",
+          "--lr=0.003", "--partition=uniform", "--save_params", "--seed=7"};
+}
+
+std::map<int, double> Losses(const std::string& run_dir) {
+  std::map<int, double> out;
+  std::vector<std::string> lines = absl::StrSplit(ReadFile(run_dir + "/steps.csv"), '\n', absl::SkipEmpty());
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> f = absl::StrSplit(lines[i], ',');
+    double loss;
+    int step;
+    if (f.size() > 2 && !f[2].empty() && absl::SimpleAtoi(f[0], &step) && absl::SimpleAtod(f[2], &loss)) out[step] = loss;
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> Params(const std::vector<std::string>& files) {
+  std::vector<torch::Tensor> all;
+  for (const std::string& f : files) {
+    std::vector<torch::Tensor> part;
+    torch::load(part, f);
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  return all;
+}
+
+class TwoNodes : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TwoNodes, LossesAndParametersMatchASingleProcess) {
+  setenv("OMP_NUM_THREADS", "1", 1);  // the same reduction order in every process (pipeline_test.cc)
+  const std::string model = GetParam();
+  const std::string ref_dir = Unique("ref"), n0_dir = Unique("node0"), n1_dir = Unique("node1");
+  std::string out;
+  std::vector<std::string> ref = TinyJob(1, 1, model);
+  ref.push_back("--run_dir=" + ref_dir);
+  ASSERT_EQ(RunLauncher(ref, &out), 0) << out;
+
+  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string token = TokenFile();
+  std::vector<std::string> node0 = TinyJob(1, 2, model);
+  for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
+                               "--job_token_file=" + token, "--run_dir=" + n0_dir}) {
+    node0.push_back(f);
+  }
+  Background b0 = Start(node0);
+  std::string agent_out;
+  const int agent = RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=" + address, "--job_token_file=" + token,
+                         "--device=cpu", "--workers=1", "--run_dir=" + n1_dir},
+                        &agent_out);
+  ASSERT_EQ(b0.Wait(absl::Seconds(60)), 0) << b0.Output() << "\n--- node 1\n" << agent_out;
+  ASSERT_EQ(agent, 0) << agent_out;
+  EXPECT_TRUE(absl::StrContains(b0.Output(), "rank 0 on node 0 (127.0.0.1), rank 1 on node 1 (127.0.0.1)")) << b0.Output();
+  EXPECT_TRUE(absl::StrContains(b0.Output(), "no link crosses hosts") ||
+              absl::StrContains(b0.Output(), "links across hosts: stage 0 -> 1 (node 0 -> 1)"))
+      << b0.Output();
+
+  std::map<int, double> want = Losses(ref_dir), got = Losses(n0_dir);
+  ASSERT_EQ(want.size(), 3u) << ReadFile(ref_dir + "/steps.csv");
+  ASSERT_EQ(got.size(), want.size()) << ReadFile(n0_dir + "/steps.csv");
+  for (const auto& [step, loss] : want) EXPECT_NEAR(got[step], loss, 1e-5 * std::abs(loss)) << "step " << step;
+  std::vector<torch::Tensor> a = Params({ref_dir + "/params_rank0.pt"});
+  std::vector<torch::Tensor> b = Params({n0_dir + "/params_rank0.pt", n1_dir + "/params_rank1.pt"});
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].sizes(), b[i].sizes()) << "parameter " << i;
+    const double err = (a[i] - b[i]).abs().max().item<double>() / std::max(1e-12, a[i].abs().max().item<double>());
+    EXPECT_LT(err, 1e-5) << "parameter " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TwoNodes, ::testing::Values("tiny", "llama-tiny"), [](const auto& info) {
+  std::string m = info.param;
+  for (char& c : m) c = c == '-' ? '_' : c;
+  return m;
+});
+
+TEST(TwoNodes, AgentKilled_EndsTheJobWithin5sNamingItsNode) {
+  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string token = TokenFile();
+  std::vector<std::string> node0 = TinyJob(1, 2, "tiny");
+  node0[8] = "--steps=100000";  // TinyJob index 8 is --steps  // runs until the agent dies
+  for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
+                               "--job_token_file=" + token, "--run_dir=" + Unique("kill0")}) {
+    node0.push_back(f);
+  }
+  Background b0 = Start(node0);
+  Background b1 = Start({"--nodes=2", "--node_rank=1", "--coordinator_address=" + address, "--job_token_file=" + token,
+                         "--device=cpu", "--workers=1", "--run_dir=" + Unique("kill1")});
+  for (int i = 0; i < 600 && !absl::StrContains(b0.Output(), "step 3/"); ++i) absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(absl::StrContains(b0.Output(), "step 3/")) << b0.Output() << "\n--- node 1\n" << b1.Output();
+  ASSERT_EQ(kill(b1.pid(), SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+  const int code = b0.Wait(absl::Seconds(30));
+  const absl::Duration took = absl::Now() - killed;
+  EXPECT_NE(code, 0) << b0.Output();
+  EXPECT_LT(took, absl::Seconds(5)) << b0.Output();
+  EXPECT_TRUE(absl::StrContains(b0.Output(), "FAILED")) << b0.Output();
+  EXPECT_TRUE(absl::StrContains(b0.Output(), "node 1 at 127.0.0.1")) << b0.Output();
+}
+
+TEST(Refusals, NonLoopbackAddressWithoutTls_Exit2SayingWhatToPass) {
+  std::string out;
+  // 198.18.0.0/24 (benchmark testing) and refused before anything binds or connects.
+  EXPECT_EQ(RunLauncher({"--device=cpu", "--workers=1", "--nodes=2", "--coordinator_address=198.18.0.1:29500",
+                 "--run_dir=" + Unique("refused")},
+                &out),
+            2)
+      << out;
+  EXPECT_TRUE(absl::StrContains(out, "--tls_cert")) << out;
+  EXPECT_EQ(RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=198.18.0.1:29500", "--device=cpu"}, &out), 2)
+      << out;
+  EXPECT_TRUE(absl::StrContains(out, "--tls_ca")) << out;
+}
+
+TEST(Refusals, SeveralNodesOnLoopbackWithoutTokenOrTls_Exit2) {
+  std::string out;
+  EXPECT_EQ(RunLauncher({"--device=cpu", "--workers=1", "--nodes=2", "--run_dir=" + Unique("notoken")}, &out), 2) << out;
+  EXPECT_TRUE(absl::StrContains(out, "--job_token_file")) << out;
+}
+
+TEST(Refusals, JobFlagOnAnAgent_Exit2) {
+  std::string out;
+  EXPECT_EQ(RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=127.0.0.1:29500", "--model=tiny"}, &out), 2)
+      << out;
+  EXPECT_TRUE(absl::StrContains(out, "--model with --node_rank=1")) << out;
+}
+
+}  // namespace
