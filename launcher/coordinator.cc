@@ -1,8 +1,9 @@
-// The coordinator's state machine (see coordinator.h). A wait is a poll function kept in waits_:
-// every change that may end a wait (a registration, a key, a barrier arrival, Stop, Shutdown) polls
-// them all under mu_, and the completions run after mu_ is released. One timer thread polls them
-// when the earliest deadline passes. Polling every wait on each change is O(waits), and a job has a
-// few per worker; that buys one mechanism for all kinds of wait instead of one per kind.
+// The coordinator's state machine (see coordinator.h). A wait is a poll function kept in waits_ and
+// indexed by what can end it (its topic, its rank, its deadline): a change polls only the waits it
+// may end, under mu_, and the completions run after mu_ is released. Stop and Shutdown poll them
+// all. One timer thread polls those whose deadline passes. So 10,000 workers registering, reading
+// keys and passing a barrier cost O(N log N) in the state, not the O(N^2) of polling every wait on
+// every change (tools/coordinator_load measures it).
 #include "launcher/coordinator.h"
 
 #include <algorithm>
@@ -23,10 +24,6 @@ std::string MissingIndices(const std::vector<bool>& present) {
     if (!present[i]) missing.push_back(i);
   }
   return absl::StrJoin(missing, ", ");
-}
-
-bool AllTrue(const std::vector<bool>& flags) {
-  return std::all_of(flags.begin(), flags.end(), [](bool b) { return b; });
 }
 
 // The completion that hands `result` to `done`, or none while there is no result yet.
@@ -69,6 +66,7 @@ CoordinatorState::~CoordinatorState() {
   {
     absl::MutexLock lock(&mu_);
     timer_exit_ = true;
+    timer_cv_.Signal();
   }
   timer_.join();
 }
@@ -125,42 +123,91 @@ absl::Status CoordinatorState::StoppingError() const {
 void CoordinatorState::AddWaitLocked(Wait wait, Completions& done) {
   if (Completion c = wait.poll(absl::Now() >= wait.deadline)) {
     done.Add(std::move(c));
+    if (stop_unpolled_) PollWaitsLocked(done);  // its poll stopped the job (a refusal, a partition)
     return;
   }
-  waits_.push_back(std::move(wait));
-  ++waits_added_;
+  const WaitId id = next_wait_id_++;
+  if (!wait.topic.empty()) topic_waits_[wait.topic].insert(id);
+  if (wait.rank >= 0) rank_waits_[wait.rank].insert(id);
+  deadlines_.emplace(wait.deadline, id);
+  if (wait.deadline < timer_next_) timer_cv_.Signal();  // the timer sleeps past this deadline
+  waits_.emplace(id, std::move(wait));
+}
+
+void CoordinatorState::RemoveWaitLocked(std::map<WaitId, Wait>::iterator it) {
+  const WaitId id = it->first;
+  const Wait& w = it->second;
+  if (!w.topic.empty()) {
+    auto t = topic_waits_.find(w.topic);
+    t->second.erase(id);
+    if (t->second.empty()) topic_waits_.erase(t);
+  }
+  if (w.rank >= 0) {
+    auto r = rank_waits_.find(w.rank);
+    r->second.erase(id);
+    if (r->second.empty()) rank_waits_.erase(r);
+  }
+  deadlines_.erase({w.deadline, id});
+  waits_.erase(it);
+}
+
+int CoordinatorState::PollIdsLocked(const std::vector<WaitId>& ids, Completions& done) {
+  int ended = 0;
+  const absl::Time now = absl::Now();
+  for (WaitId id : ids) {
+    auto it = waits_.find(id);
+    if (it == waits_.end()) continue;  // ended by an earlier one's poll
+    if (Completion c = it->second.poll(now >= it->second.deadline)) {
+      done.Add(std::move(c));
+      RemoveWaitLocked(it);
+      ++ended;
+    }
+  }
+  return ended;
 }
 
 void CoordinatorState::PollWaitsLocked(Completions& done) {
-  for (bool ended = true; ended;) {
-    ended = false;
-    const absl::Time now = absl::Now();
-    for (auto it = waits_.begin(); it != waits_.end();) {
-      if (Completion c = it->poll(now >= it->deadline)) {
-        done.Add(std::move(c));
-        it = waits_.erase(it);
-        ended = true;
-      } else {
-        ++it;
-      }
-    }
+  for (bool ended = true; ended || stop_unpolled_;) {
+    stop_unpolled_ = false;
+    std::vector<WaitId> all;
+    all.reserve(waits_.size());
+    for (const auto& [id, wait] : waits_) all.push_back(id);
+    ended = PollIdsLocked(all, done) > 0;
   }
+}
+
+void CoordinatorState::PollSomeLocked(const std::vector<WaitId>& ids, Completions& done) {
+  PollIdsLocked(ids, done);
+  // A poll can stop the job (the admission refused, the partition failed): every wait must see it.
+  if (stop_unpolled_) PollWaitsLocked(done);
+}
+
+void CoordinatorState::PollTopicLocked(const std::string& topic, Completions& done) {
+  auto it = topic_waits_.find(topic);
+  if (it == topic_waits_.end()) return;
+  PollSomeLocked(std::vector<WaitId>(it->second.begin(), it->second.end()), done);
+}
+
+void CoordinatorState::PollRankLocked(int rank, Completions& done) {
+  auto it = rank_waits_.find(rank);
+  if (it == rank_waits_.end()) return;
+  PollSomeLocked(std::vector<WaitId>(it->second.begin(), it->second.end()), done);
 }
 
 void CoordinatorState::TimerLoop() {
   for (;;) {
     Completions expired;  // before the lock: runs once it is released
     absl::MutexLock lock(&mu_);
-    absl::Time next = absl::InfiniteFuture();
-    for (const Wait& w : waits_) next = std::min(next, w.deadline);
-    const int64_t added = waits_added_;
-    // A new wait may have an earlier deadline than `next`: it wakes the timer to look again.
-    auto woken = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return timer_exit_ || waits_added_ != added;
-    };
-    mu_.AwaitWithDeadline(absl::Condition(&woken), next);
+    timer_next_ = deadlines_.empty() ? absl::InfiniteFuture() : deadlines_.begin()->first;
+    // Woken early by a wait with an earlier deadline, by the exit, or spuriously: look again.
+    if (!timer_exit_ && absl::Now() < timer_next_) timer_cv_.WaitWithDeadline(&mu_, timer_next_);
     if (timer_exit_) return;
-    PollWaitsLocked(expired);
+    const absl::Time now = absl::Now();
+    std::vector<WaitId> due;
+    for (auto it = deadlines_.begin(); it != deadlines_.end() && it->first <= now; ++it) {
+      due.push_back(it->second);
+    }
+    PollSomeLocked(due, expired);
   }
 }
 
@@ -188,12 +235,15 @@ void CoordinatorState::RegisterAsync(const RegisterRequest& request, absl::Time 
   }
   const int rank = request.worker_index();
   const int64_t incarnation = request.incarnation();
-  AddWaitLocked({deadline,
+  AddWaitLocked({deadline, kRegisteredTopic, rank,
                  [this, rank, incarnation, done](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                    return Complete(done, RegistrationResult(rank, incarnation, expired));
                  }},
                 completions);
-  PollWaitsLocked(completions);  // this registration may be the last, or replace a waiting one
+  PollRankLocked(rank, completions);  // this registration may replace a waiting one
+  if (registered_count_ == static_cast<int>(workers_.size())) {
+    PollTopicLocked(kRegisteredTopic, completions);  // or be the last
+  }
 }
 
 absl::StatusOr<Assignment> CoordinatorState::Register(const RegisterRequest& request,
@@ -222,6 +272,7 @@ absl::Status CoordinatorState::RecordRegistration(const RegisterRequest& request
     if (request.incarnation() < min_incarnation_) return StaleError(request.worker_index(), request.incarnation());
     ++registered_count_;
   }
+  common_assignment_.reset();  // the peers changed
   // A new incarnation is a fresh start: nothing of the old one's progress carries over.
   const absl::Time now = now_();
   slot = WorkerState();
@@ -285,22 +336,27 @@ absl::Status CoordinatorState::Partitioned() {
   return absl::OkStatus();
 }
 
-Assignment CoordinatorState::BuildAssignment(int rank) const {
+Assignment CoordinatorState::BuildAssignment(int rank) {
   const int workers = static_cast<int>(workers_.size());
-  Assignment a;
-  a.set_job_id(job_id_);
+  if (!common_assignment_) {
+    Assignment& common = common_assignment_.emplace();
+    common.set_job_id(job_id_);
+    common.set_world_size(workers);
+    if (workers <= kMaxListedPeers) {
+      for (int r = 0; r < workers; ++r) {
+        Peer* peer = common.add_peers();
+        peer->set_rank(r);
+        peer->set_host(workers_[r].host);
+        peer->set_pid(workers_[r].pid);
+        *peer->mutable_device() = workers_[r].device;
+      }
+    }
+    *common.mutable_job() = job_;
+  }
+  Assignment a = *common_assignment_;
   a.set_rank(rank);
-  a.set_world_size(workers);
   a.set_stage(rank);  // a job without a partition ("allreduce"): one rank, one stage
   a.set_num_stages(workers);
-  for (int r = 0; r < workers; ++r) {
-    Peer* peer = a.add_peers();
-    peer->set_rank(r);
-    peer->set_host(workers_[r].host);
-    peer->set_pid(workers_[r].pid);
-    *peer->mutable_device() = workers_[r].device;
-  }
-  *a.mutable_job() = job_;
   if (partition_) {
     // The rank's stages come from its schedule (several when interleaved); stage and layers name the
     // first of them, layers_per_stage and the schedule say the rest.
@@ -340,7 +396,7 @@ absl::Status CoordinatorState::KeyValueSet(int rank, int64_t incarnation, const 
   }
   auto [it, inserted] = kv_.emplace(key, value);
   if (inserted) {
-    PollWaitsLocked(completions);
+    PollTopicLocked(absl::StrCat("k", key), completions);
     return absl::OkStatus();
   }
   if (it->second == value) return absl::OkStatus();
@@ -362,7 +418,8 @@ void CoordinatorState::KeyValueGetAsync(const std::string& key, absl::Time deadl
     return absl::DeadlineExceededError(
         absl::StrCat("key \"", key, "\" was not set before the deadline; did its writer fail?"));
   };
-  AddWaitLocked({deadline, [poll, done](bool expired) { return Complete(done, poll(expired)); }},
+  AddWaitLocked({deadline, absl::StrCat("k", key), -1,
+                 [poll, done](bool expired) { return Complete(done, poll(expired)); }},
                 completions);
 }
 
@@ -380,16 +437,20 @@ void CoordinatorState::BarrierAsync(const std::string& barrier_id, int rank, int
     completions.Add([done, s] { done(s); });
     return;
   }
-  std::vector<bool>& arrived = barriers_[barrier_id];
-  if (arrived.empty()) arrived.assign(workers_.size(), false);
-  arrived[rank] = true;
+  BarrierArrivals& b = barriers_[barrier_id];
+  if (b.arrived.empty()) b.arrived.assign(workers_.size(), false);
+  if (!b.arrived[rank]) {
+    b.arrived[rank] = true;
+    ++b.count;
+  }
+  const std::string topic = absl::StrCat("b", barrier_id);
   AddWaitLocked(
-      {deadline,
+      {deadline, topic, rank,
        [this, barrier_id, rank, incarnation, done](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
          return Complete(done, BarrierResult(barrier_id, rank, incarnation, expired));
        }},
       completions);
-  PollWaitsLocked(completions);  // this arrival may be the last
+  if (b.count == static_cast<int>(b.arrived.size())) PollTopicLocked(topic, completions);  // the last
 }
 
 absl::Status CoordinatorState::Barrier(const std::string& barrier_id, int rank,
@@ -404,14 +465,14 @@ std::optional<absl::Status> CoordinatorState::BarrierResult(const std::string& b
                                                             bool expired) {
   if (workers_[rank].incarnation > incarnation) return StaleError(rank, incarnation);
   // Barriers are never erased, and a completed one stays complete: a retry passes at once.
-  const std::vector<bool>& arrived = barriers_.at(barrier_id);
-  if (AllTrue(arrived)) return absl::OkStatus();
+  const BarrierArrivals& b = barriers_.at(barrier_id);
+  const std::vector<bool>& arrived = b.arrived;
+  if (b.count == static_cast<int>(arrived.size())) return absl::OkStatus();
   if (stop_reason_) return StoppingError();
   if (shut_down_) return ShuttingDown();
   if (!expired) return std::nullopt;
-  const int count = static_cast<int>(std::count(arrived.begin(), arrived.end(), true));
   return absl::DeadlineExceededError(absl::StrCat(
-      "barrier \"", barrier_id, "\": ", count, " of ", arrived.size(),
+      "barrier \"", barrier_id, "\": ", b.count, " of ", arrived.size(),
       " ranks arrived before the deadline; missing ranks ", MissingIndices(arrived),
       " (the barrier stays open for them)"));
 }
@@ -439,7 +500,7 @@ void CoordinatorState::WaitForStopAsync(int rank, int64_t incarnation, absl::Tim
     return absl::DeadlineExceededError(
         "the job did not stop before this call's deadline; call WaitForStop again");
   };
-  AddWaitLocked({deadline, [poll, done](bool expired) { return Complete(done, poll(expired)); }},
+  AddWaitLocked({deadline, "", rank, [poll, done](bool expired) { return Complete(done, poll(expired)); }},
                 completions);
 }
 
@@ -524,6 +585,7 @@ void CoordinatorState::StopLocked(const std::string& reason, const std::string& 
   LOG(INFO) << "stopping job " << job_id_ << ": " << reason << " (from " << origin << ")";
   stop_reason_ = reason;  // the caller polls the waits, which see it
   stop_origin_ = origin;
+  stop_unpolled_ = true;  // and so does a poll that stopped the job (PollSomeLocked, AddWaitLocked)
 }
 
 void CoordinatorState::Shutdown() {

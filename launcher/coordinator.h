@@ -8,13 +8,14 @@
 #define STAGEHAND_LAUNCHER_COORDINATOR_H_
 
 #include <functional>
-#include <list>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -88,6 +89,15 @@ using PartitionFn = std::function<absl::StatusOr<Partition>(const std::vector<Wo
 // Whether the registered workers may run the job (the GPU health gate, launcher/health_gate.h); runs
 // once, when the last worker registers, before the partition. An error stops the job with its message.
 using AdmissionFn = std::function<absl::Status(const std::vector<WorkerState>&)>;
+
+// Assignments list every rank as a peer (host, pid, device) in jobs of at most this many workers.
+// Beyond it the lists would cost world_size^2 on the wire (1,000 workers: 50 MB, 10,000: 5 GB) and
+// the list is left empty; ranks find each other through the key-value store, as the NCCL unique id and the
+// CPU transport's addresses already do.
+inline constexpr int kMaxListedPeers = 256;
+
+// The topic of the waits that end when every worker has registered.
+inline constexpr char kRegisteredTopic[] = "r";
 
 class CoordinatorState {
  public:
@@ -205,13 +215,22 @@ class CoordinatorState {
   bool AwaitPendingWaits(int count, absl::Time deadline) const;
 
  private:
-  // A pending wait. `poll` runs under mu_ after every change that may end the wait (a registration,
-  // a key, a barrier arrival, Stop, Shutdown) and once `deadline` passes (`expired`); it returns the
-  // completion to run outside the lock, or nullptr to keep waiting.
+  // A pending wait. `poll` runs under mu_ after a change that may end the wait and once `deadline`
+  // passes (`expired`); it returns the completion to run outside the lock, or nullptr to keep
+  // waiting. Changes poll only the waits they can end, so that N workers cost O(N log N), not O(N^2):
+  // the waits on `topic` (every registration, one key, one barrier), the waits of `rank` when the
+  // rank re-registers (a stale waiter), and every wait on Stop and Shutdown.
   using Completion = std::function<void()>;
   struct Wait {
     absl::Time deadline;
+    std::string topic;  // kRegisteredTopic, "k" + key, "b" + barrier id, or "" (WaitForStop)
+    int rank = -1;      // the waiting rank (-1: a key-value read, which no rank owns)
     std::function<Completion(bool expired)> poll;
+  };
+  using WaitId = int64_t;  // in arrival order
+  struct BarrierArrivals {
+    std::vector<bool> arrived;  // per rank
+    int count = 0;              // of true in `arrived`
   };
   // Completions to run once mu_ is released: declared before the MutexLock in a scope, it runs them
   // after the lock's destructor has unlocked.
@@ -240,7 +259,7 @@ class CoordinatorState {
   std::optional<absl::Status> BarrierResult(const std::string& barrier_id, int rank,
                                             int64_t incarnation, bool expired)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Assignment BuildAssignment(int rank) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  Assignment BuildAssignment(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopLocked(const std::string& reason, const std::string& origin)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Partitioned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -257,6 +276,13 @@ class CoordinatorState {
   void AddWaitLocked(Wait wait, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls every pending wait, again while a pass ends some (one ending may stop the job).
   void PollWaitsLocked(Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Polls the waits on `topic`, or of `rank`; then every wait if one of them stopped the job.
+  void PollTopicLocked(const std::string& topic, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PollRankLocked(int rank, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PollSomeLocked(const std::vector<WaitId>& ids, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Polls the waits `ids` that are still pending; returns how many ended.
+  int PollIdsLocked(const std::vector<WaitId>& ids, Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveWaitLocked(std::map<WaitId, Wait>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 
   JobSpec job_;  // written by SetWorld only (under mu_), before any worker exists
@@ -271,7 +297,7 @@ class CoordinatorState {
   int registered_count_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t min_incarnation_ ABSL_GUARDED_BY(mu_) = 0;  // after a Restart: older ones are stale
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::vector<bool>> barriers_ ABSL_GUARDED_BY(mu_);  // id -> arrived per rank
+  std::map<std::string, BarrierArrivals> barriers_ ABSL_GUARDED_BY(mu_);
   std::vector<ReportStepRequest> steps_ ABSL_GUARDED_BY(mu_);
   std::set<std::tuple<int, int64_t, int64_t>> step_keys_ ABSL_GUARDED_BY(mu_);  // rank, inc., step
   std::optional<std::string> stop_reason_ ABSL_GUARDED_BY(mu_);
@@ -281,8 +307,19 @@ class CoordinatorState {
   std::vector<NodeState> nodes_ ABSL_GUARDED_BY(mu_);  // empty: a job of one host
   bool world_fixed_ ABSL_GUARDED_BY(mu_) = true;      // false between ExpectNodes(N > 1) and SetWorld
   std::map<int, RemoteExit> remote_exits_ ABSL_GUARDED_BY(mu_);
-  std::list<Wait> waits_ ABSL_GUARDED_BY(mu_);
-  int64_t waits_added_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the timer to look at a new deadline
+  // What every rank's Assignment has in common (job, world, peers), built once per world: copying
+  // it is cheaper than building N of them. Reset when a registration changes the world.
+  std::optional<Assignment> common_assignment_ ABSL_GUARDED_BY(mu_);
+  std::map<WaitId, Wait> waits_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::set<WaitId>> topic_waits_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<int, std::set<WaitId>> rank_waits_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, WaitId>> deadlines_ ABSL_GUARDED_BY(mu_);
+  WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 0;
+  // The deadline the timer sleeps until; a new wait with an earlier one wakes it through timer_cv_
+  // (a CondVar, not an absl::Condition on mu_: that would be evaluated on every unlock of mu_).
+  absl::Time timer_next_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::CondVar timer_cv_;
+  bool stop_unpolled_ ABSL_GUARDED_BY(mu_) = false;  // stopped since the last poll of every wait
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool timer_exit_ ABSL_GUARDED_BY(mu_) = false;
   std::thread timer_;  // last: starts once the members above exist

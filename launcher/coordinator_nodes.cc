@@ -174,7 +174,7 @@ void CoordinatorState::RegisterAgentAsync(const RegisterAgentRequest& request, c
   }
   const int node = request.node_rank();
   const int64_t incarnation = request.incarnation();
-  AddWaitLocked({deadline,
+  AddWaitLocked({deadline, "", -1,  // an agent's wait: Stop, SetWorld and agents' registrations poll all
                  [this, node, incarnation, done](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Completion {
                    std::optional<absl::StatusOr<RegisterAgentResponse>> r = AgentResult(node, incarnation, expired);
                    if (!r) return nullptr;
@@ -234,7 +234,7 @@ void CoordinatorState::AgentWaitForStopAsync(int node, int64_t incarnation, absl
     if (!expired) return std::nullopt;
     return absl::DeadlineExceededError("the job did not stop before this call's deadline; call WaitForStop again");
   };
-  AddWaitLocked({deadline,
+  AddWaitLocked({deadline, "", -1,  // an agent's wait: Stop, SetWorld and agents' registrations poll all
                  [poll, done](bool expired) -> Completion {
                    auto r = poll(expired);
                    if (!r) return nullptr;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -153,6 +154,71 @@ TEST_F(CoordinatorTest, Register_FourWorkersConcurrently_AllGetAssignmentsWithPe
       EXPECT_EQ(a.peers(r).device().name(), "cpu-" + std::to_string(r));
     }
   }
+}
+
+// Registers ranks [0, workers) through the callbacks (no thread each); returns their results once
+// every callback ran.
+std::vector<absl::StatusOr<Assignment>> RegisterAllAsync(CoordinatorState& state, int workers) {
+  std::vector<absl::StatusOr<Assignment>> results(workers, absl::UnknownError("not run"));
+  std::atomic<int> left{workers};
+  absl::Notification all;
+  for (int i = 0; i < workers; ++i) {
+    state.RegisterAsync(MakeRegister(i), LongDeadline(), [&, i](absl::StatusOr<Assignment> a) {
+      results[i] = std::move(a);
+      if (left.fetch_sub(1) == 1) all.Notify();
+    });
+  }
+  all.WaitForNotification();
+  return results;
+}
+
+TEST_F(CoordinatorTest, Register_MoreWorkersThanListedPeers_AssignmentsHaveNoPeers) {
+  const int workers = kMaxListedPeers + 1;
+  auto state = MakeState(workers);
+  std::vector<absl::StatusOr<Assignment>> results = RegisterAllAsync(*state, workers);
+  for (int i = 0; i < workers; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->rank(), i);
+    EXPECT_EQ(results[i]->world_size(), workers);
+    EXPECT_EQ(results[i]->peers_size(), 0);
+  }
+}
+
+TEST_F(CoordinatorTest, Register_ReplacementAfterAllRegistered_NewAssignmentListsItsPid) {
+  auto state = MakeState(2);
+  RegisterAllOk(*state, 2);
+  absl::StatusOr<Assignment> a = state->Register(MakeRegister(1, 2, 777), LongDeadline());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->peers_size(), 2);
+  EXPECT_EQ(a->peers(1).pid(), 777);  // not the first world's cached peers
+}
+
+// 10,000 ranks register, each sets a key and waits for its neighbour's, and all pass a barrier,
+// in-process: a poll of every wait on each change (O(N^2), about 10^8 polls) would take far longer
+// than the bound, which is loose for a loaded machine (about 0.3 s idle).
+TEST_F(CoordinatorTest, Rendezvous_TenThousandRanks_FinishesInSeconds) {
+  const int workers = 10000;
+  auto state = MakeState(workers);
+  const absl::Time start = absl::Now();
+  for (const absl::StatusOr<Assignment>& a : RegisterAllAsync(*state, workers)) ASSERT_TRUE(a.ok()) << a.status();
+  std::atomic<int> left{2 * workers};
+  std::atomic<int> failed{0};
+  absl::Notification all;
+  auto count = [&](bool ok) {
+    if (!ok) failed.fetch_add(1);
+    if (left.fetch_sub(1) == 1) all.Notify();
+  };
+  for (int r = 0; r < workers; ++r) {  // every read waits: the neighbour's key is set after it
+    state->KeyValueGetAsync(absl::StrCat("addr/", (r + 1) % workers), LongDeadline(),
+                            [&](absl::StatusOr<std::string> v) { count(v.ok()); });
+  }
+  for (int r = 0; r < workers; ++r) ASSERT_TRUE(state->KeyValueSet(r, 1, absl::StrCat("addr/", r), "x").ok());
+  for (int r = 0; r < workers; ++r) {
+    state->BarrierAsync("b", r, 1, LongDeadline(), [&](absl::Status s) { count(s.ok()); });
+  }
+  all.WaitForNotification();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
 }
 
 TEST_F(CoordinatorTest, Register_OtherJobId_IsInvalidArgumentNamingBoth) {
@@ -738,6 +804,30 @@ TEST_F(CoordinatorTest, Register_PartitionerGivesSchedules_AssignmentCarriesEach
   }
   EXPECT_EQ(a[1]->first_layer(), 3);
   EXPECT_EQ(a[1]->last_layer(), 10);
+}
+
+// The refusal stops the job inside the registration's poll; waits on other topics (a key no one
+// sets) must see the stop too, not only the registrations.
+TEST_F(CoordinatorTest, Register_AdmissionRefuses_WaitsOnOtherTopicsEndCancelled) {
+  auto state = MakeState(2);
+  state->SetAdmission([](const std::vector<WorkerState>&) { return absl::FailedPreconditionError("GPU 1 is bad"); });
+  absl::Notification got;
+  absl::Status kv_status;
+  state->KeyValueGetAsync("never-set", LongDeadline(), [&](absl::StatusOr<std::string> v) {
+    kv_status = v.status();
+    got.Notify();
+  });
+  const absl::Time start = absl::Now();
+  for (const absl::StatusOr<Assignment>& a : RegisterAll(*state, 2)) {
+    // The registration that ran the gate gets its refusal; the waiting one the stop it caused.
+    EXPECT_THAT(a.status().code(), ::testing::AnyOf(absl::StatusCode::kFailedPrecondition, absl::StatusCode::kCancelled))
+        << a.status();
+    EXPECT_THAT(std::string(a.status().message()), HasSubstr("GPU 1 is bad"));
+  }
+  ASSERT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ExpectWokenBeforeDeadline(start);
+  EXPECT_EQ(kv_status.code(), absl::StatusCode::kCancelled) << kv_status;
+  EXPECT_TRUE(state->stopping());
 }
 
 TEST_F(CoordinatorTest, Reports_UnregisteredRank_AreFailedPrecondition) {

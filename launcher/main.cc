@@ -5,10 +5,13 @@
 #include <sys/prctl.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/flags.h"
@@ -17,6 +20,7 @@
 #include "launcher/launch.h"
 #include "launcher/process.h"
 #include "launcher/serve.h"
+#include "launcher/slurm.h"
 #include "launcher/supervisor.h"
 #include "launcher/terminal.h"
 
@@ -52,6 +56,11 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "with --serve: mutual TLS, clients must present a certificate signed by this CA (PEM)");
 ABSL_FLAG(int, max_cpu_workers, 0, "with --serve: CPU workers running at once over all jobs (default: the cores)");
 ABSL_FLAG(bool, version, false, "print the version and the coordinator protocol version, and exit");
+// ---- Slurm (issue 13; launcher/slurm.h) ----
+ABSL_FLAG(bool, slurm, false,
+          "take the node count, node rank, coordinator host and this node's GPUs from the Slurm job step "
+          "(run as srun --ntasks-per-node=1 launcher --slurm ...); one node for now");
+ABSL_FLAG(int, coordinator_port, 0, "with --slurm: the coordinator's port (default 29500 + SLURM_JOB_ID % 10000)");
 
 namespace {
 
@@ -180,6 +189,45 @@ int Run(const stagehand::LaunchOptions& options) {
   return stagehand::Launch(options).exit_code;
 }
 
+// ---- Slurm (issue 13) ----
+// --slurm: reads the job step's environment. A step of one node runs as a single-node launch (its
+// coordinator on loopback, as without --slurm); a step of several nodes is refused until --slurm
+// fills --nodes, --node_rank and --coordinator_address (and the TLS files) from NodeOptions. Returns
+// the exit code when the launch must not go on.
+std::optional<int> ApplySlurm() {
+  if (absl::GetFlag(FLAGS_serve)) return std::nullopt;  // RunServer refuses job flags, --slurm among them
+  if (!absl::GetFlag(FLAGS_slurm)) {
+    if (absl::GetFlag(FLAGS_coordinator_port) != 0) {
+      std::fprintf(stderr, "stagehand: --coordinator_port is for --slurm; without it pass --coordinator_address=HOST:PORT\n");
+      return stagehand::kExitUsage;
+    }
+    return std::nullopt;
+  }
+  stagehand::SlurmOptions slurm;
+  slurm.coordinator_port = absl::GetFlag(FLAGS_coordinator_port);
+  slurm.fallback = stagehand::ScontrolShowHostnames;
+  absl::StatusOr<stagehand::SlurmNodeOptions> node = stagehand::NodeOptionsFromSlurm(stagehand::ProcessEnvironment(), slurm);
+  if (!node.ok()) {
+    std::fprintf(stderr, "stagehand: %s\n", std::string(node.status().message()).c_str());
+    return stagehand::kExitUsage;
+  }
+  if (node->nodes > 1) {
+    std::fprintf(stderr,
+                 "stagehand: --slurm: this step spans %d nodes (this is node %d; the coordinator would be %s), and "
+                 "--slurm is not wired to --nodes yet: pass --nodes, --node_rank and --coordinator_address "
+                 "yourself, or run one node: srun -N1 --ntasks-per-node=1 launcher --slurm ...\n",
+                 node->nodes, node->node_rank, node->coordinator_address.c_str());
+    return stagehand::kExitUsage;
+  }
+  // Slurm named the node's GPUs without hiding the others: the launcher takes every visible GPU.
+  if (node->cuda_visible_devices) setenv("CUDA_VISIBLE_DEVICES", node->cuda_visible_devices->c_str(), 1);
+  std::string gpus = node->gpus ? absl::StrCat(*node->gpus, " GPUs (", node->gpus_source, ")") : "GPUs not managed by Slurm";
+  std::fprintf(stderr, "stagehand: --slurm: job %s, one node: a single-node launch; %s\n",
+               std::getenv("SLURM_JOB_ID"), gpus.c_str());
+  return std::nullopt;
+}
+// ---- end of Slurm ----
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -218,6 +266,7 @@ int main(int argc, char** argv) {
     }
   }
   if (int code = CheckAgentFlags(*parsed); code != 0) return code;
+  if (std::optional<int> code = ApplySlurm()) return *code;  // Slurm (issue 13)
   if (absl::Status s = stagehand::BecomeSubreaper(); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return stagehand::kExitLaunchFailed;

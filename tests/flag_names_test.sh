@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every --flag a message in launcher/*.cc names is a flag that exists: the launcher's (its --help) or,
 # for the command lines it gives workers, the worker's (ABSL_FLAG in worker/), or the client's (the
-# control service's messages tell its users what to pass). Tests are exempt.
+# control service's messages tell its users what to pass). Tests are exempt, and so are literals that
+# show an srun command line (its flags are Slurm's).
 set -u
 cd "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stagehand}" 2>/dev/null || true
 shopt -s nullglob
@@ -16,6 +17,7 @@ status=0
 # Names in string literals only (comments may name anything), each literal's every --name.
 while IFS= read -r hit; do
   location=${hit%%:\"*}
+  [[ "${hit#*:\"}" == *srun\ * ]] && continue  # an srun command line (launcher/slurm.cc) names srun's flags
   for flag in $(grep -oE -- '--[a-z][a-z0-9_-]*' <<<"${hit#*:\"}"); do
     if ! grep -qx -- "${flag#--}" <<<"$defined"; then
       echo "flag_names: $location: no flag $flag"
