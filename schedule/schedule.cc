@@ -648,7 +648,6 @@ std::vector<Action> MergeTimed(const std::vector<Action>& computes, const std::v
     flush_until(times[i].start, /*inclusive=*/true);
     list.push_back(computes[i]);
   }
-  flush_until(0, /*inclusive=*/false);
   while (next < transfers.size()) flush_until(transfers[next].time, /*inclusive=*/true);
   return list;
 }

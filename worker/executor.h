@@ -83,6 +83,9 @@ class Executor {
   int failed_action() const { return failed_action_; }
 
   std::vector<torch::Tensor> Parameters() const;
+  // The parameters of this rank's chunk `chunk` (the stage chunk_stages()[chunk]).
+  std::vector<torch::Tensor> Parameters(int chunk) const;
+  const std::vector<int>& chunk_stages() const { return chunk_stage_; }
 
  private:
   struct Slot;  // per (chunk, micro-batch) state within a step
@@ -90,7 +93,7 @@ class Executor {
   absl::Status Compute(const Action& a);
   absl::Status Communicate(const std::vector<Action>& group);
   void Forward(const Action& a);
-  void Backward(const Action& a);
+  void Backward(const Action& a);  // B, or the split's I and W
   void Capture();
   torch::Tensor Tokens(int mb, bool targets);
   void LoadBatch();
