@@ -88,6 +88,7 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.pipeline_stages) p.set_stages(*r.pipeline_stages);
   if (!r.schedule.empty()) p.set_schedule(r.schedule);
   if (r.micro_batches) p.set_micro_batches(*r.micro_batches);
+  if (r.stage_chunks) p.set_stage_chunks(*r.stage_chunks);
   if (r.global_batch) p.set_global_batch(*r.global_batch);
   if (!r.partition.empty()) p.set_partition(r.partition);
   if (r.inference) p.set_inference(*r.inference);
@@ -172,6 +173,8 @@ std::vector<Ranged> RangedFields(const JobRequest& r, const JobSpec& s) {
        1000000000},
       {"lr_decay_steps", "lr_decay_steps", s.has_lr_decay_steps(), r.lr_decay_steps.has_value(), s.lr_decay_steps(), 1,
        1000000000},
+      {"stage_chunks", "pipeline.stage_chunks", p.has_stage_chunks(), r.stage_chunks.has_value(), p.stage_chunks(),
+       1, 64},
   };
 }
 
@@ -254,6 +257,21 @@ absl::Status ValidatePipeline(const JobSpec& job) {
   return absl::OkStatus();
 }
 
+// Several model chunks per worker (p * V virtual stages): each needs a pipeline layer of its own.
+// (Whether the schedule takes the chunk count, and interleaved's m % p, the schedule library says.)
+absl::Status CheckVirtualStages(const JobSpec& spec) {
+  const PipelineSpec& p = spec.pipeline();
+  if (p.stage_chunks() <= 1 || !p.schedule_text().empty()) return absl::OkStatus();
+  const ModelDescription* d = FindBuiltinModel(spec.model());
+  if (d == nullptr) return absl::OkStatus();
+  const int layers = d->NumLayers(spec.model_spec());
+  const int64_t virtual_stages = int64_t{p.stages()} * p.stage_chunks();
+  if (virtual_stages <= layers) return absl::OkStatus();
+  return Invalid(absl::StrCat("--schedule=", p.schedule(), " with --stage_chunks=", p.stage_chunks(), " on ",
+                              p.stages(), " stages needs ", virtual_stages, " virtual stages but the model has only ",
+                              layers, " pipeline layers; use fewer --stage_chunks or workers, or more --layers"));
+}
+
 // Fills the model's sizes (its family's preset under the job's overrides) and the pipeline's defaults
 // once the worker count is known, and validates them. A model no built-in family knows is a family of
 // the user's worker binary: its sizes are its own to check, when its workers start.
@@ -269,6 +287,10 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
   }  // else: its worker binary's family resolves the sizes (worker/pipeline.cc)
   PipelineSpec& p = *spec.mutable_pipeline();
   if (!p.has_stages()) p.set_stages(spec.workers());
+  if (p.schedule().empty()) p.set_schedule("1f1b");
+  // Written only where it is not 1, so that other jobs' resolved files stay as they were.
+  if (!p.has_stage_chunks() && DefaultChunks(p.schedule()) > 1) p.set_stage_chunks(DefaultChunks(p.schedule()));
+  if (absl::Status s = CheckVirtualStages(spec); !s.ok()) return s;
   if (const ModelDescription* d = FindBuiltinModel(spec.model()); d != nullptr) {
     const int layers = d->NumLayers(spec.model_spec());
     if (p.stages() > layers) {
@@ -277,8 +299,11 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
                                   " stages or more --layers"));
     }
   }
-  if (p.schedule().empty()) p.set_schedule("1f1b");
-  if (!p.has_micro_batches()) p.set_micro_batches(std::max(8, p.stages()));
+  if (!p.has_micro_batches()) {
+    // Interleaved runs micro-batches in rounds of one per stage: the default is a whole number of rounds.
+    const int rounds = p.schedule() == "interleaved-1f1b" ? p.stages() : 1;
+    p.set_micro_batches((std::max(8, p.stages()) + rounds - 1) / rounds * rounds);
+  }
   if (!p.has_global_batch()) p.set_global_batch(std::max<int64_t>(32, p.micro_batches()));
   if (p.partition().empty()) p.set_partition("auto");
   if (!spec.has_lr()) spec.set_lr(1e-4);

@@ -38,6 +38,7 @@ struct JobRequest {
   std::string schedule;
   std::string schedule_file;      // read into pipeline.schedule_text
   std::optional<int> micro_batches;
+  std::optional<int> stage_chunks;  // model chunks per worker (interleaved-1f1b, zb-v)
   std::optional<int64_t> global_batch;
   std::string partition;
   std::optional<int64_t> vocab, hidden, heads, kv_heads, ffn_hidden, layers, seq;

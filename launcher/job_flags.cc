@@ -26,7 +26,11 @@ ABSL_FLAG(int64_t, progress_timeout_ms, -1, "a run with no finished step for thi
 ABSL_FLAG(int64_t, register_timeout_ms, -1, "every worker must register within this (default 60000)");
 ABSL_FLAG(int64_t, nccl_init_timeout_ms, -1, "communicator setup deadline (default 60000)");
 ABSL_FLAG(int, pipeline_stages, -1, "GPT: pipeline stages, one per worker (default: the worker count)");
-ABSL_FLAG(std::string, schedule, "", "GPT: gpipe or 1f1b (default 1f1b)");
+ABSL_FLAG(std::string, schedule, "",
+          "GPT: gpipe, 1f1b, interleaved-1f1b (--stage_chunks per worker), zb-h1 or zb-v (zero-bubble; two "
+          "chunks per worker in a V) (default 1f1b)");
+ABSL_FLAG(int, stage_chunks, -1,
+          "GPT: model chunks per worker, virtual stages r, r+p, ... (interleaved-1f1b, default 2; zb-v: 2; else 1)");
 ABSL_FLAG(int, micro_batches, -1, "GPT: micro-batches per step (default max(8, stages); at most 65536)");
 ABSL_FLAG(int64_t, global_batch, -1, "GPT: sequences per step (default 32)");
 ABSL_FLAG(std::string, partition, "", "GPT: auto (profiled, balanced), uniform, or pipeline-layer counts like 27,23 (the embedding, each block's attention and MLP halves, the head)");
@@ -115,6 +119,7 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.pipeline_stages = Given(p, "pipeline_stages", FLAGS_pipeline_stages);
   j.schedule = absl::GetFlag(FLAGS_schedule);
   j.micro_batches = Given(p, "micro_batches", FLAGS_micro_batches);
+  j.stage_chunks = Given(p, "stage_chunks", FLAGS_stage_chunks);
   j.global_batch = Given(p, "global_batch", FLAGS_global_batch);
   j.partition = absl::GetFlag(FLAGS_partition);
   j.vocab = Given(p, "vocab", FLAGS_vocab);

@@ -181,7 +181,9 @@ absl::StatusOr<Schedule> JobSchedule(const JobSpec& job) {
   } else if (!p.inference() && p.schedule() == "forward") {
     return Invalid("--schedule=forward runs no backward: pass --inference for a forward-only run");
   } else {
-    s = MakeSchedule(p.inference() ? "forward" : p.schedule(), p.stages(), p.micro_batches());
+    // Inference runs one chunk per worker whatever the training schedule holds.
+    const int chunks = p.inference() ? 1 : p.has_stage_chunks() ? p.stage_chunks() : DefaultChunks(p.schedule());
+    s = MakeSchedule(p.inference() ? "forward" : p.schedule(), p.stages(), p.micro_batches(), chunks);
     if (!s.ok()) return Invalid(absl::StrCat("--schedule=", p.schedule(), ": ", s.status().message()));
   }
   absl::StatusOr<SimulationResult> sim = Simulate(*s, UniformCosts(s->num_stages));

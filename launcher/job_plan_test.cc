@@ -93,6 +93,36 @@ TEST(Partitioner, Profiled_GivesEveryRankItsListAndPredictsTheStep) {
   EXPECT_THAT(p->description, HasSubstr("layer ms (forward + backward): embedding"));
 }
 
+TEST(Partitioner, TwoChunksPerWorker_PartitionsEveryVirtualStage) {
+  for (const std::string name : {"interleaved-1f1b", "zb-v"}) {
+    SCOPED_TRACE(name);
+    JobSpec job = TinyJob(2, name, 4);
+    job.mutable_pipeline()->set_stage_chunks(2);
+    job.mutable_pipeline()->set_partition("uniform");
+    absl::StatusOr<Partition> p = Partitioner(job)(Profiled(job, 2));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->layers_per_stage.size(), 4u);
+    absl::StatusOr<Schedule> s = FromProto(p->schedules[0]);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->stage_rank, name == "zb-v" ? (std::vector<int>{0, 1, 1, 0}) : (std::vector<int>{0, 1, 0, 1}));
+  }
+}
+
+TEST(JobSchedule, ZeroBubbleH1_SplitsTheBackward) {
+  absl::StatusOr<Schedule> s = JobSchedule(TinyJob(2, "zb-h1", 4));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(ToString(s->ranks[1]), HasSubstr("1I0"));
+  EXPECT_THAT(ToString(s->ranks[1]), HasSubstr("1W0"));
+}
+
+TEST(JobSchedule, ChunksTheScheduleDoesNotHold_AreRefusedNamingTheFlag) {
+  JobSpec job = TinyJob(2, "zb-v", 4);
+  job.mutable_pipeline()->set_stage_chunks(3);
+  EXPECT_THAT(std::string(JobSchedule(job).status().message()), HasSubstr("--stage_chunks=2"));
+  job = TinyJob(4, "interleaved-1f1b", 6);
+  EXPECT_THAT(std::string(JobSchedule(job).status().message()), HasSubstr("--micro_batches=8"));
+}
+
 TEST(FailureGrid, MarksTheFailedActionInTheWholeSchedule) {
   const JobSpec job = TinyJob(2, "gpipe", 2);
   absl::StatusOr<Partition> p = Partitioner(job)(Profiled(job, 2));

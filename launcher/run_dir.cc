@@ -86,7 +86,8 @@ bool IsOurs(const std::string& name, bool is_dir) {
   for (const char* f : kFiles) {
     if (name == f || name == absl::StrCat(".", f, ".tmp")) return true;
   }
-  return Numbered(name, "rank", ".log") || Numbered(name, "params_rank", ".pt");
+  return Numbered(name, "rank", ".log") || Numbered(name, "params_rank", ".pt") ||
+         Numbered(name, "params_stage", ".pt");
 }
 
 struct Entry {

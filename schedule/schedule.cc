@@ -193,6 +193,150 @@ absl::StatusOr<Schedule> GenerateForwardOnly(int ranks, int microbatches) {
   return schedule;
 }
 
+namespace {
+
+// A schedule whose stages are placed by `rank_of` (virtual stage -> rank), with empty lists.
+template <typename RankOf>
+Schedule PlacedSchedule(const std::string& name, int ranks, int stages, int microbatches, RankOf rank_of) {
+  Schedule s = EmptySchedule(name, ranks, microbatches, /*forward_only=*/false);
+  s.num_stages = stages;
+  s.stage_rank.clear();
+  for (int v = 0; v < stages; ++v) s.stage_rank.push_back(rank_of(v));
+  return s;
+}
+
+// Rank r's interleaved list. The k-th forward (backward) of a rank runs chunk (k / p) % V (its
+// reverse) on micro-batch (k / (p V)) p + k % p: rounds of p micro-batches through each chunk.
+std::vector<Action> InterleavedList(int r, int p, int v, int m) {
+  const int total = v * m;
+  const int warmup = m == p ? total : std::min(total, (p - r - 1) * 2 + (v - 1) * p);
+  auto mb = [&](int k) { return (k / (p * v)) * p + k % p; };
+  auto forward = [&](int k) { return Compute(ActionKind::kForward, ((k / p) % v) * p + r, mb(k)); };
+  auto backward = [&](int k) {
+    return Compute(ActionKind::kBackward, (v - 1 - (k / p) % v) * p + r, mb(k));
+  };
+  std::vector<Action> list;
+  for (int k = 0; k < warmup; ++k) list.push_back(forward(k));
+  for (int i = 0; i < total - warmup; ++i) {
+    list.push_back(forward(warmup + i));
+    list.push_back(backward(i));
+  }
+  for (int k = std::max(total - warmup, 0); k < total; ++k) list.push_back(backward(k));
+  list.push_back(OptimizerStep());
+  return list;
+}
+
+// Rank r's ZB-H1 list: 1F1B's order with I for B; the weight gradients follow their input gradients
+// r micro-batches late in the steady phase, one per input gradient in the cool-down, the rest last.
+std::vector<Action> ZeroBubbleH1List(int r, int p, int m) {
+  const int warmup = std::min(p - r - 1, m);
+  std::vector<Action> list;
+  int next_w = 0;
+  auto weight = [&] { list.push_back(Compute(ActionKind::kBackwardWeight, r, next_w++)); };
+  for (int mb = 0; mb < warmup; ++mb) list.push_back(Compute(ActionKind::kForward, r, mb));
+  for (int i = 0; i < m - warmup; ++i) {
+    list.push_back(Compute(ActionKind::kForward, r, warmup + i));
+    list.push_back(Compute(ActionKind::kBackwardInput, r, i));
+    if (i >= r) weight();
+  }
+  for (int mb = m - warmup; mb < m; ++mb) {
+    list.push_back(Compute(ActionKind::kBackwardInput, r, mb));
+    weight();
+  }
+  while (next_w < m) weight();
+  list.push_back(OptimizerStep());
+  return list;
+}
+
+// Rank r's ZB-V list, for n = max(2p-1, m) micro-batches, then those beyond m dropped (as torch
+// does): warm-up forwards of chunk 0, then of both chunks, then chunk 1's F I W; a steady phase of
+// both chunks' F I W; a cool-down of input gradients with chunk 0's weight gradients, the rest last.
+std::vector<Action> ZeroBubbleVList(int r, int p, int m) {
+  const int n = std::max(2 * p - 1, m);
+  const int s0 = r, s1 = 2 * p - 1 - r;
+  int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+  std::vector<Action> list;
+  auto add = [&](ActionKind kind, int stage, int& count) {
+    const int mb = count++;
+    if (mb < m) list.push_back(Compute(kind, stage, mb));
+  };
+  auto add_at = [&](ActionKind kind, int stage, int mb) {
+    if (mb < m) list.push_back(Compute(kind, stage, mb));
+  };
+  for (int i = 0; i < 2 * (p - r) - 1; ++i) add(ActionKind::kForward, s0, f0);
+  for (int i = 0; i < r; ++i) {
+    add(ActionKind::kForward, s1, f1);
+    add(ActionKind::kForward, s0, f0);
+  }
+  for (int i = 0; i < p - r; ++i) {
+    add(ActionKind::kForward, s1, f1);
+    add_at(ActionKind::kBackwardInput, s1, b1);
+    add(ActionKind::kBackwardWeight, s1, b1);
+  }
+  while (f1 < f0 || f0 < n) {
+    if (f0 < n) add(ActionKind::kForward, s0, f0);
+    add_at(ActionKind::kBackwardInput, s0, b0);
+    add(ActionKind::kBackwardWeight, s0, b0);
+    add(ActionKind::kForward, s1, f1);
+    add_at(ActionKind::kBackwardInput, s1, b1);
+    add(ActionKind::kBackwardWeight, s1, b1);
+  }
+  int w0 = b0, w1 = b1;
+  for (int i = 0; i < r; ++i) {
+    add(ActionKind::kBackwardInput, s0, b0);
+    add(ActionKind::kBackwardInput, s1, b1);
+  }
+  for (int i = 0; i < p - r; ++i) {
+    add(ActionKind::kBackwardInput, s0, b0);
+    add(ActionKind::kBackwardWeight, s0, w0);
+  }
+  while (w1 < b1) add(ActionKind::kBackwardWeight, s1, w1);
+  while (w0 < b0) add(ActionKind::kBackwardWeight, s0, w0);
+  list.push_back(OptimizerStep());
+  return list;
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> GenerateInterleaved1F1B(int ranks, int chunks, int microbatches) {
+  if (absl::Status s = CheckSizes(ranks, microbatches); !s.ok()) return s;
+  if (chunks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("interleaved 1F1B needs at least 1 chunk per rank (got ", chunks, ")"));
+  }
+  if (microbatches % ranks != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "interleaved 1F1B runs micro-batches in rounds of one per rank (Megatron's rule): ",
+        microbatches, " micro-batches do not split into rounds of ", ranks,
+        "; use --micro_batches=", (microbatches / ranks + 1) * ranks, " (a multiple of ", ranks, ")"));
+  }
+  Schedule schedule = PlacedSchedule("interleaved-1f1b", ranks, ranks * chunks, microbatches,
+                                     [ranks](int v) { return v % ranks; });
+  for (int r = 0; r < ranks; ++r) schedule.ranks[r] = InterleavedList(r, ranks, chunks, microbatches);
+  return schedule;
+}
+
+absl::StatusOr<Schedule> GenerateZeroBubbleH1(int ranks, int microbatches) {
+  if (absl::Status s = CheckSizes(ranks, microbatches); !s.ok()) return s;
+  if (microbatches < ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ZB-H1 needs at least as many micro-batches as stages (got ", microbatches, " for ", ranks,
+        " stages); use --micro_batches=", ranks, " or more, or --schedule=zb-v"));
+  }
+  Schedule schedule = EmptySchedule("zb-h1", ranks, microbatches, /*forward_only=*/false);
+  for (int r = 0; r < ranks; ++r) schedule.ranks[r] = ZeroBubbleH1List(r, ranks, microbatches);
+  return schedule;
+}
+
+absl::StatusOr<Schedule> GenerateZeroBubbleV(int ranks, int microbatches) {
+  if (absl::Status s = CheckSizes(ranks, microbatches); !s.ok()) return s;
+  Schedule schedule = PlacedSchedule("zb-v", ranks, 2 * ranks, microbatches, [ranks](int v) {
+    return v < ranks ? v : 2 * ranks - 1 - v;
+  });
+  for (int r = 0; r < ranks; ++r) schedule.ranks[r] = ZeroBubbleVList(r, ranks, microbatches);
+  return schedule;
+}
+
 // -------------------------------------------------------------------------------------------------
 // Lowering: AddCommunication
 // -------------------------------------------------------------------------------------------------
@@ -351,10 +495,196 @@ void GroupCrossingPairs(std::vector<std::vector<Action>>& lists) {
 // Defined with the simulator, which it runs.
 void BreakSendCycles(Schedule& lowered);
 
+// ----- The timed lowering: several chunks per rank, or a split backward ---------------------------
+//
+// Each transfer gets one time T, the same at both ends, from the compute-only lists run with free,
+// buffered transfers (F = 1, I = W = 1, B = 2): T lies between the end of the compute that produces
+// the tensor and the start of the one that consumes it, at the earliest instant where neither rank
+// is inside a compute (else at the production). Every rank then posts its transfers in the order of
+// (T, transfer id), a compute before a transfer whose T is later than the compute's start, and the
+// transfers of equal T as one group. The order of transfers is the same on every rank, so the
+// transfer that is first overall always finds both ends posted: no deadlock, whatever the costs; and
+// where every T is such an instant the blocking run keeps the buffered run's timeline (bubble).
+
+struct TimedCompute {
+  double start = 0, end = 0;
+};
+
+// The buffered run: per rank, the start and end of each action of its compute-only list; nullopt
+// when the lists wait on each other in a cycle (Simulate then says what is wrong).
+std::optional<std::vector<std::vector<TimedCompute>>> BufferedRun(const Schedule& s) {
+  const int m = s.num_microbatches, n = s.num_stages;
+  const auto cost = [](ActionKind k) { return k == ActionKind::kBackward ? 2.0 : k == ActionKind::kOptimizerStep ? 0.0 : 1.0; };
+  std::vector<double> fwd(static_cast<size_t>(n) * m, -1), bwd(static_cast<size_t>(n) * m, -1);
+  auto at = [m](std::vector<double>& v, int stage, int mb) -> double& { return v[stage * m + mb]; };
+  std::vector<std::vector<TimedCompute>> times(s.num_ranks);
+  std::vector<double> clock(s.num_ranks, 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int r = 0; r < s.num_ranks; ++r) {
+      const std::vector<Action>& list = s.ranks[r];
+      while (times[r].size() < list.size()) {
+        const Action& a = list[times[r].size()];
+        double ready = 0;
+        if (a.kind != ActionKind::kOptimizerStep && a.kind != ActionKind::kBackwardWeight) {
+          if (a.microbatch < 0 || a.microbatch >= m || a.stage < 0 || a.stage >= n) return std::nullopt;
+          const bool forward = a.kind == ActionKind::kForward;
+          const int from = forward ? a.stage - 1 : a.stage + 1;
+          if (from >= 0 && from < n) {
+            ready = at(forward ? fwd : bwd, from, a.microbatch);
+            if (ready < 0) break;  // its input is not produced yet
+          }
+        }
+        const double start = std::max(clock[r], ready), end = start + cost(a.kind);
+        times[r].push_back({start, end});
+        clock[r] = end;
+        if (a.kind == ActionKind::kForward) at(fwd, a.stage, a.microbatch) = end;
+        if (IsBackwardCompute(a.kind)) at(bwd, a.stage, a.microbatch) = end;
+        moved = true;
+      }
+    }
+  }
+  for (int r = 0; r < s.num_ranks; ++r) {
+    if (times[r].size() < s.ranks[r].size()) return std::nullopt;
+  }
+  return times;
+}
+
+// Whether rank time `t` falls strictly inside one of its computes (starts are non-decreasing).
+bool InsideCompute(const std::vector<TimedCompute>& times, double t) {
+  auto it = std::upper_bound(times.begin(), times.end(), t,
+                             [](double x, const TimedCompute& c) { return x < c.start; });
+  while (it != times.begin()) {
+    --it;
+    if (it->end > t && it->start < t) return true;
+    if (it->end <= t) return false;
+  }
+  return false;
+}
+
+// The earliest instant in [produced, consumed] at which neither rank computes; `produced` if none.
+double MeetingTime(const std::vector<TimedCompute>& a, const std::vector<TimedCompute>& b, double produced,
+                   double consumed) {
+  std::vector<double> candidates{produced, consumed};
+  for (const auto* times : {&a, &b}) {
+    for (const TimedCompute& c : *times) {
+      if (c.end > produced && c.end < consumed) candidates.push_back(c.end);
+    }
+  }
+  std::sort(candidates.begin(), candidates.end());
+  for (double t : candidates) {
+    if (!InsideCompute(a, t) && !InsideCompute(b, t)) return t;
+  }
+  return produced;
+}
+
+struct TimedTransfer {
+  double time = 0;
+  int64_t id = 0;  // the same at both ends: breaks ties in one order everywhere
+  Action action;   // this end's send or receive
+};
+
+// Each rank's transfers, from its compute actions' outputs and inputs on other ranks.
+std::vector<std::vector<TimedTransfer>> TimedTransfers(const Schedule& s,
+                                                       const std::vector<std::vector<TimedCompute>>& times) {
+  const int m = s.num_microbatches;
+  // Where each (forward?, stage, micro-batch) compute runs: rank and index in its list.
+  std::map<std::tuple<bool, int, int>, std::pair<int, size_t>> where;
+  for (int r = 0; r < s.num_ranks; ++r) {
+    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+      const Action& a = s.ranks[r][i];
+      if (a.kind == ActionKind::kForward || IsBackwardCompute(a.kind)) {
+        where[{a.kind == ActionKind::kForward, a.stage, a.microbatch}] = {r, i};
+      }
+    }
+  }
+  std::vector<std::vector<TimedTransfer>> out(s.num_ranks);
+  for (int u = 0; u < s.num_ranks; ++u) {
+    for (size_t i = 0; i < s.ranks[u].size(); ++i) {
+      const Action& c = s.ranks[u][i];
+      const std::optional<Action> send = Transfer(s, c, /*input=*/false);
+      if (!send) continue;
+      const bool forward = c.kind == ActionKind::kForward;
+      const int to = RemoteStage(c.stage, send->kind);
+      auto consumer = where.find({forward, to, c.microbatch});
+      if (consumer == where.end()) continue;  // never consumed: Simulate says so
+      const auto [q, j] = consumer->second;
+      const double t = MeetingTime(times[u], times[q], times[u][i].end, times[q][j].start);
+      const int64_t id = (int64_t{forward ? 0 : 1} * s.num_stages + c.stage) * m + c.microbatch;
+      Action recv = s.ranks[q][j];
+      recv.kind = Counterpart(send->kind);
+      recv.peer = u;
+      recv.group = -1;
+      out[u].push_back({t, id, *send});
+      out[q].push_back({t, id, recv});
+    }
+  }
+  for (auto& list : out) {
+    std::sort(list.begin(), list.end(), [](const TimedTransfer& a, const TimedTransfer& b) {
+      return std::tie(a.time, a.id) < std::tie(b.time, b.id);
+    });
+  }
+  return out;
+}
+
+// Merges a rank's computes (in their order) with its transfers (in (T, id) order); equal T, one group.
+std::vector<Action> MergeTimed(const std::vector<Action>& computes, const std::vector<TimedCompute>& times,
+                               const std::vector<TimedTransfer>& transfers) {
+  std::vector<Action> list;
+  size_t next = 0;
+  int groups = 0;
+  auto flush_until = [&](double limit, bool inclusive) {
+    while (next < transfers.size() && (transfers[next].time < limit || (inclusive && transfers[next].time == limit))) {
+      size_t end = next + 1;
+      while (end < transfers.size() && transfers[end].time == transfers[next].time) ++end;
+      const int group = end - next > 1 ? groups++ : -1;
+      for (; next < end; ++next) {
+        list.push_back(transfers[next].action);
+        list.back().group = group;
+      }
+    }
+  };
+  for (size_t i = 0; i < computes.size(); ++i) {
+    flush_until(times[i].start, /*inclusive=*/true);
+    list.push_back(computes[i]);
+  }
+  while (next < transfers.size()) flush_until(transfers[next].time, /*inclusive=*/true);
+  return list;
+}
+
+bool NeedsTimedLowering(const Schedule& s) {
+  if (s.ChunksPerRank() > 1) return true;
+  for (const std::vector<Action>& list : s.ranks) {
+    for (const Action& a : list) {
+      if (a.kind == ActionKind::kBackwardInput || a.kind == ActionKind::kBackwardWeight) return true;
+    }
+  }
+  return false;
+}
+
+// nullopt when the compute-only lists cannot run even with buffered transfers.
+std::optional<Schedule> TimedLowering(const Schedule& compute_only) {
+  Schedule s = compute_only;
+  for (std::vector<Action>& list : s.ranks) {
+    for (Action& a : list) {
+      if (a.kind != ActionKind::kOptimizerStep) a.chunk = ChunkOf(s.stage_rank, a.stage);
+      a.group = -1;
+    }
+  }
+  const std::optional<std::vector<std::vector<TimedCompute>>> times = BufferedRun(s);
+  if (!times) return std::nullopt;
+  const std::vector<std::vector<TimedTransfer>> transfers = TimedTransfers(s, *times);
+  for (int r = 0; r < s.num_ranks; ++r) s.ranks[r] = MergeTimed(s.ranks[r], (*times)[r], transfers[r]);
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<Schedule> AddCommunication(const Schedule& compute_only) {
   if (absl::Status s = CheckComputeOnly(compute_only); !s.ok()) return s;
+  if (NeedsTimedLowering(compute_only)) {
+    if (std::optional<Schedule> timed = TimedLowering(compute_only)) return *std::move(timed);
+  }
   Schedule lowered = compute_only;
   for (int r = 0; r < lowered.num_ranks; ++r) {
     std::vector<Action> list;
@@ -373,9 +703,30 @@ absl::StatusOr<Schedule> AddCommunication(const Schedule& compute_only) {
   return lowered;
 }
 
-absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, int ranks, int microbatches) {
+int DefaultChunks(absl::string_view name) {
+  return name == "interleaved-1f1b" || name == "zb-v" ? 2 : 1;
+}
+
+absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, int ranks, int microbatches, int chunks) {
+  const bool interleaved = name == "interleaved-1f1b";
+  if (name == "zb-v" && chunks != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zb-v holds exactly 2 chunks per rank (a V: stages r and 2p-1-r), not ", chunks,
+        "; pass --stage_chunks=2 or leave it out"));
+  }
+  if (!interleaved && name != "zb-v" && chunks != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " holds one chunk per rank, not ", chunks,
+        "; pass --schedule=interleaved-1f1b for ", chunks, " chunks, or leave --stage_chunks out"));
+  }
   absl::StatusOr<Schedule> compute;
-  if (name == "gpipe") {
+  if (interleaved) {
+    compute = GenerateInterleaved1F1B(ranks, chunks, microbatches);
+  } else if (name == "zb-h1") {
+    compute = GenerateZeroBubbleH1(ranks, microbatches);
+  } else if (name == "zb-v") {
+    compute = GenerateZeroBubbleV(ranks, microbatches);
+  } else if (name == "gpipe") {
     compute = GenerateGPipe(ranks, microbatches);
   } else if (name == "1f1b") {
     compute = Generate1F1B(ranks, microbatches);
@@ -383,7 +734,8 @@ absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, int ranks, int mic
     compute = GenerateForwardOnly(ranks, microbatches);
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown schedule \"", name, "\"; use gpipe or 1f1b (or forward, the inference list)"));
+        absl::StrCat("unknown schedule \"", name,
+                     "\"; use gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v (or forward, the inference list)"));
   }
   if (!compute.ok()) return compute.status();
   return AddCommunication(*compute);
@@ -1193,13 +1545,177 @@ std::vector<std::map<int, std::vector<std::string>>> GridCells(const Schedule& s
 
 }  // namespace
 
+namespace {
+
+double ActionCost(const StageCosts& c, const Action& a) {
+  const int v = a.stage;
+  switch (a.kind) {
+    case ActionKind::kForward: return c.forward[v];
+    case ActionKind::kBackward: return c.backward[v];
+    case ActionKind::kBackwardInput: return c.backward_input.empty() ? c.backward[v] / 2 : c.backward_input[v];
+    case ActionKind::kBackwardWeight: return c.backward_weight.empty() ? c.backward[v] / 2 : c.backward_weight[v];
+    case ActionKind::kOptimizerStep: return c.optimizer;
+    default: return 0;
+  }
+}
+
+// The overlapped timing (StageCosts::overlap_communication) of lists that passed the blocking run:
+// per rank a compute lane and a communication lane. nullopt if the lanes wait on each other.
+class OverlappedRun {
+ public:
+  OverlappedRun(const Schedule& s, const StageCosts& c) : s_(s), c_(c), lanes_(s.num_ranks) {
+    for (int r = 0; r < s.num_ranks; ++r) Index(r);
+  }
+
+  std::optional<SimulationResult> Run(const SimulationResult& blocking) {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int r = 0; r < s_.num_ranks; ++r) {
+        while (StepCompute(r) || StepComm(r)) moved = true;
+      }
+    }
+    SimulationResult out = blocking;
+    out.makespan = 0;
+    for (const Lane& l : lanes_) {
+      if (l.compute < l.finish.size() || l.comm < l.finish.size()) return std::nullopt;
+      out.makespan = std::max({out.makespan, l.compute_clock, l.comm_clock});
+    }
+    out.bubble_fraction = 0;
+    for (int r = 0; r < s_.num_ranks; ++r) {
+      out.bubble[r] = out.makespan > 0 ? 1 - out.busy[r] / out.makespan : 0;
+      out.bubble_fraction += out.bubble[r] / s_.num_ranks;
+      std::vector<std::string> items;
+      for (size_t i = 0; i < s_.ranks[r].size(); ++i) {
+        if (!IsCommunication(s_.ranks[r][i].kind)) {
+          items.push_back(absl::StrCat(lanes_[r].start[i], ":", ToString(s_.ranks[r][i])));
+        }
+      }
+      out.timeline[r] = absl::StrJoin(items, " ");
+    }
+    return out;
+  }
+
+ private:
+  struct Lane {
+    std::vector<double> finish, start;  // per action; < 0 while pending
+    std::vector<int> needs;             // compute -> its receive's index (-1: none); send -> last compute before
+    size_t compute = 0, comm = 0;       // next action of each lane
+    double compute_clock = 0, comm_clock = 0;
+    bool posted = false;
+    size_t group_end = 0;
+    double posted_at = 0;
+  };
+
+  void Index(int r) {
+    Lane& l = lanes_[r];
+    const std::vector<Action>& list = s_.ranks[r];
+    l.finish.assign(list.size(), -1);
+    l.start.assign(list.size(), -1);
+    l.needs.assign(list.size(), -1);
+    std::map<std::tuple<ActionKind, int, int>, int> recv;
+    int last_compute = -1;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      if (IsCommunication(a.kind)) {
+        if (!IsSend(a.kind)) recv[{a.kind, a.stage, a.microbatch}] = static_cast<int>(i);
+        if (IsSend(a.kind)) l.needs[i] = last_compute;
+        continue;
+      }
+      last_compute = static_cast<int>(i);
+      const ActionKind input = a.kind == ActionKind::kForward ? ActionKind::kRecvForward : ActionKind::kRecvBackward;
+      auto it = recv.find({input, a.stage, a.microbatch});
+      if (it != recv.end() && a.kind != ActionKind::kBackwardWeight) l.needs[i] = it->second;
+    }
+    Skip(l, list);
+  }
+
+  // Moves each lane's pointer to its next action of its kind.
+  void Skip(Lane& l, const std::vector<Action>& list) {
+    while (l.compute < list.size() && IsCommunication(list[l.compute].kind)) ++l.compute;
+    while (l.comm < list.size() && !IsCommunication(list[l.comm].kind)) ++l.comm;
+  }
+
+  bool StepCompute(int r) {
+    Lane& l = lanes_[r];
+    const std::vector<Action>& list = s_.ranks[r];
+    if (l.compute >= list.size()) return false;
+    const int need = l.needs[l.compute];
+    if (need >= 0 && l.finish[need] < 0) return false;
+    const double start = std::max(l.compute_clock, need >= 0 ? l.finish[need] : 0.0);
+    l.start[l.compute] = start;
+    l.compute_clock = l.finish[l.compute] = start + ActionCost(c_, list[l.compute]);
+    ++l.compute;
+    Skip(l, list);
+    return true;
+  }
+
+  bool StepComm(int r) {
+    Lane& l = lanes_[r];
+    const std::vector<Action>& list = s_.ranks[r];
+    if (l.comm >= list.size()) return false;
+    if (!l.posted) {
+      size_t end = l.comm + 1;
+      while (list[l.comm].group >= 0 && end < list.size() && list[end].group == list[l.comm].group) ++end;
+      double at = l.comm_clock;
+      for (size_t i = l.comm; i < end; ++i) {
+        const int need = l.needs[i];
+        if (need >= 0 && l.finish[need] < 0) return false;  // a send waits for the computes before it
+        if (need >= 0) at = std::max(at, l.finish[need]);
+      }
+      l.posted = true;
+      l.group_end = end;
+      l.posted_at = at;
+      for (size_t i = l.comm; i < end; ++i) l.start[i] = at;
+      return true;
+    }
+    bool moved = false, all = true;
+    for (size_t i = l.comm; i < l.group_end; ++i) {
+      if (l.finish[i] >= 0) continue;
+      const Action& a = list[i];
+      Lane& peer = lanes_[a.peer];
+      for (size_t j = peer.comm; peer.posted && j < peer.group_end; ++j) {
+        const Action& b = s_.ranks[a.peer][j];
+        if (peer.finish[j] >= 0 || b.kind != Counterpart(a.kind) || b.peer != r || b.microbatch != a.microbatch ||
+            RemoteStage(a.stage, a.kind) != b.stage) {
+          continue;
+        }
+        l.finish[i] = peer.finish[j] = std::max(l.posted_at, peer.posted_at) + c_.p2p;
+        moved = true;
+        break;
+      }
+      all = all && l.finish[i] >= 0;
+    }
+    if (all) {
+      for (size_t i = l.comm; i < l.group_end; ++i) l.comm_clock = std::max(l.comm_clock, l.finish[i]);
+      l.comm = l.group_end;
+      l.posted = false;
+      Skip(l, list);
+      moved = true;
+    }
+    return moved;
+  }
+
+  const Schedule& s_;
+  const StageCosts& c_;
+  std::vector<Lane> lanes_;
+};
+
+}  // namespace
+
 absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const StageCosts& costs) {
   if (absl::Status s = CheckShape(schedule); !s.ok()) return s;
   if (absl::Status s = CheckCosts(costs, schedule.num_stages); !s.ok()) return s;
   if (absl::Status s = CheckAll(schedule); !s.ok()) return s;
   Simulator sim(schedule, costs);
   if (absl::Status s = sim.Run(); !s.ok()) return s;
-  return sim.Result();
+  if (!costs.overlap_communication) return sim.Result();
+  std::optional<SimulationResult> overlapped = OverlappedRun(schedule, costs).Run(sim.Result());
+  if (!overlapped) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "schedule \"", schedule.name, "\" runs under blocking send/receive but its compute and communication "
+        "lanes wait on each other when transfers overlap compute; Grid() shows the lists"));
+  }
+  return *overlapped;
 }
 
 std::string Grid(const Schedule& schedule, int mark_rank, int mark_index) {

@@ -60,6 +60,22 @@ absl::StatusOr<Schedule> Generate1F1B(int ranks, int microbatches);
 // Inference: forwards only.
 absl::StatusOr<Schedule> GenerateForwardOnly(int ranks, int microbatches);
 
+// Megatron-LM's interleaved 1F1B: `chunks` (V) model chunks per rank, virtual stage v on rank v % p
+// (chunk v / p). Each rank runs (p-1-r)*2 + (V-1)*p warm-up forwards (all of them when m == p),
+// then one forward and one backward, then the rest of the backwards; forwards walk the chunks in
+// rounds of p micro-batches, backwards the chunks in reverse. Needs V >= 1 and m a multiple of p
+// (Megatron's rule; INVALID_ARGUMENT saying what to pass). Bubble (p-1)/(V*m+p-1).
+absl::StatusOr<Schedule> GenerateInterleaved1F1B(int ranks, int chunks, int microbatches);
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B with each backward split
+// into the input gradient (I, sent upstream at once) and the weight gradient (W). Rank r defers its
+// first r weight gradients, which fill the cool-down's idle time; memory stays 1F1B's (p micro-batches
+// at most). With equal F, I and W costs the idle time is a third of 1F1B's. Needs m >= p.
+absl::StatusOr<Schedule> GenerateZeroBubbleH1(int ranks, int microbatches);
+// ZB-V (the order torch.distributed.pipelining's ScheduleZBVZeroBubble runs): two chunks per rank in
+// a V, rank r holds virtual stages r and 2p-1-r (so the loss is on rank 0, and stages p-1 and p meet
+// on rank p-1 as a local handoff). Any m >= 1.
+absl::StatusOr<Schedule> GenerateZeroBubbleV(int ranks, int microbatches);
+
 // The one lowering pass (torch's _add_send_recv): before each compute action, the receive of its
 // input from another rank; after it, the send of its output (chunks are set from stage_rank). Then
 // a later receive from the peer of a send is moved up into the send's group when the peer runs the
@@ -70,8 +86,13 @@ absl::StatusOr<Schedule> GenerateForwardOnly(int ranks, int microbatches);
 // communicates or does not fit its stage_rank.
 absl::StatusOr<Schedule> AddCommunication(const Schedule& compute_only);
 
-// By name: "gpipe", "1f1b", "forward"; generated and lowered.
-absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, int ranks, int microbatches);
+// By name: "gpipe", "1f1b", "forward", "interleaved-1f1b" (`chunks` per rank), "zb-h1", "zb-v"
+// (2 chunks); generated and lowered. `chunks` must be 1 for the others and 2 for zb-v
+// (INVALID_ARGUMENT naming --stage_chunks otherwise).
+absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, int ranks, int microbatches, int chunks = 1);
+// How many chunks per rank a schedule name holds when --stage_chunks is not given: 2 for
+// interleaved-1f1b and zb-v, else 1.
+int DefaultChunks(absl::string_view name);
 
 // Text form: "{stage}{KIND}{mb}" with KIND one of F B I W SEND_F RECV_F SEND_B RECV_B ("1F3",
 // "0SEND_F3"), and "OPT". A list is space-separated with a group's actions joined by "|".
@@ -108,6 +129,11 @@ struct StageCosts {
   std::vector<double> backward_weight;
   double p2p = 0;  // one send/receive pair
   double optimizer = 0;
+  // Timing as the GPU executor runs a list: sends and receives in list order on a communication lane
+  // of their own (NCCL on its own stream), a send after the computes before it, a compute after its
+  // own receive; the host never waits on a transfer. Off: every transfer blocks its rank (the CPU
+  // transport). Deadlock is checked under blocking semantics either way.
+  bool overlap_communication = false;
 };
 StageCosts UniformCosts(int stages, double f = 1.0, double b = 2.0);
 

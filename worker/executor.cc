@@ -34,6 +34,13 @@ const char* ActionKindName(ActionKind k) {
 
 bool IsSend(ActionKind k) { return k == ActionKind::kSendForward || k == ActionKind::kSendBackward; }
 
+// A list with the zero-bubble split (I and W) holds activations from I to W: no captured graphs.
+bool SplitsBackward(const std::vector<Action>& actions) {
+  return std::any_of(actions.begin(), actions.end(), [](const Action& a) {
+    return a.kind == ActionKind::kBackwardInput || a.kind == ActionKind::kBackwardWeight;
+  });
+}
+
 torch::Tensor Empty(const TensorSpec& spec, const torch::Device& device) {
   return torch::empty(spec.sizes, torch::TensorOptions().dtype(spec.dtype).device(device));
 }
@@ -44,6 +51,7 @@ torch::Tensor Empty(const TensorSpec& spec, const torch::Device& device) {
 struct Executor::Slot {
   torch::Tensor input, output;  // the forward's input (a leaf when training) and output (or loss)
   torch::Tensor grad_out;       // the gradient w.r.t. input, to send upstream
+  torch::Tensor grad_for_weight;  // zero-bubble split: the output's gradient, kept from I for W
   torch::Tensor act_in, grad_in;  // receive buffers, allocated once
   std::shared_ptr<at::cuda::CUDAEvent> act_ready, grad_ready;  // when their receive is done
   torch::Tensor act_out, grad_out_buffer;  // with graphs: copies of what a slot's replay produced
@@ -99,13 +107,15 @@ Executor::Executor(ExecutorOptions options, std::vector<std::unique_ptr<Stage>> 
   }
   // Graphs where the list keeps fewer micro-batches in flight than it has (1F1B; inference copies each
   // output out at once): a list that holds them all (GPipe) would need a memory pool per micro-batch.
-  if (o_.device.is_cuda() && o_.cuda_graphs && chunks_.size() == 1) {
+  if (o_.device.is_cuda() && o_.cuda_graphs && chunks_.size() == 1 && !SplitsBackward(actions_)) {
     const SlotPlan plan = AssignSlots(actions_, m_, /*release_after_forward=*/!training_);
     graphs_ = !training_ || plan.slots < m_;
   }
 }
 
 Executor::~Executor() = default;
+
+std::vector<torch::Tensor> Executor::Parameters(int chunk) const { return chunks_[chunk]->Parameters(); }
 
 std::vector<torch::Tensor> Executor::Parameters() const {
   std::vector<torch::Tensor> out;
@@ -142,6 +152,8 @@ absl::Status Executor::Check() const {
       case ActionKind::kRecvForward:
         break;
       case ActionKind::kBackward:
+      case ActionKind::kBackwardInput:
+      case ActionKind::kBackwardWeight:
       case ActionKind::kSendBackward:
       case ActionKind::kRecvBackward:
       case ActionKind::kOptimizerStep:
@@ -153,7 +165,7 @@ absl::Status Executor::Check() const {
       default:
         return absl::InvalidArgumentError(absl::StrCat(
             "rank ", o_.rank, ": the executor does not run ", name, " (", ActionKindName(a.kind),
-            ") actions; use a schedule whose backward is whole (B), such as gpipe or 1f1b"));
+            ") actions"));
     }
     if (a.kind == ActionKind::kOptimizerStep) continue;
     if (a.chunk < 0 || a.chunk >= static_cast<int>(chunks_.size()) || chunk_stage_[a.chunk] != a.stage ||
@@ -251,12 +263,23 @@ void Executor::Backward(const Action& a) {
     }
     return;
   }
+  Stage& stage = *chunks_[a.chunk];
+  if (a.kind == ActionKind::kBackwardWeight) {  // after this chunk's I of the micro-batch
+    stage.BackwardWeight(s.output, s.grad_for_weight);
+    s.input = s.output = s.grad_for_weight = torch::Tensor();
+    return;
+  }
   torch::Tensor grad;
   if (!last) {
     const int next = LocalChunk(chunk_stage_, a.stage + 1);
     grad = next >= 0 ? At(next, a.microbatch).grad_out : s.grad_in;
   }
-  chunks_[a.chunk]->Backward(s.output, grad);
+  if (a.kind == ActionKind::kBackwardInput) {
+    s.grad_out = first ? torch::Tensor() : stage.BackwardInput(s.input, s.output, grad);
+    s.grad_for_weight = grad;
+    return;
+  }
+  stage.Backward(s.output, grad);
   if (!first) s.grad_out = s.input.grad();
   s.input = torch::Tensor();
   s.output = torch::Tensor();
@@ -334,7 +357,7 @@ absl::Status Executor::Compute(const Action& x) {
       streams_->ComputeAfter(s.act_ready);
       received.kind = ActionKind::kRecvForward;
       waited_for = ToString(received);
-    } else if (x.kind == ActionKind::kBackward && s.grad_ready) {
+    } else if ((x.kind == ActionKind::kBackward || x.kind == ActionKind::kBackwardInput) && s.grad_ready) {
       streams_->ComputeAfter(s.grad_ready);
       received.kind = ActionKind::kRecvBackward;
       waited_for = ToString(received);
@@ -343,7 +366,9 @@ absl::Status Executor::Compute(const Action& x) {
   timer_.StartCompute();
   switch (x.kind) {
     case ActionKind::kForward: Forward(x); break;
-    case ActionKind::kBackward: Backward(x); break;
+    case ActionKind::kBackward:
+    case ActionKind::kBackwardInput:
+    case ActionKind::kBackwardWeight: Backward(x); break;
     case ActionKind::kOptimizerStep:
       if (o_.grad_clip > 0) {
         if (absl::Status s = ClipGradients(); !s.ok()) return s;

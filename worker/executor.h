@@ -93,6 +93,9 @@ class Executor {
   void SetLearningRate(double lr) {
     if (optimizer_) optimizer_->set_lr(lr);
   }
+  // The parameters of this rank's chunk `chunk` (the stage chunk_stages()[chunk]).
+  std::vector<torch::Tensor> Parameters(int chunk) const;
+  const std::vector<int>& chunk_stages() const { return chunk_stage_; }
 
  private:
   struct Slot;  // per (chunk, micro-batch) state within a step
@@ -101,7 +104,7 @@ class Executor {
   absl::Status Communicate(const std::vector<Action>& group);
   absl::Status ClipGradients();
   void Forward(const Action& a);
-  void Backward(const Action& a);
+  void Backward(const Action& a);  // B, or the split's I and W
   void Capture();
   torch::Tensor Tokens(int mb, bool targets);
   void LoadBatch();

@@ -93,10 +93,19 @@ absl::StatusOr<std::vector<std::unique_ptr<Stage>>> MakeChunks(const ModelFamily
   return chunks;
 }
 
+// params_rank<r>.pt: the rank's chunks in order; params_stage<v>.pt: each virtual stage's, so that
+// the model reads in stage order however stages are placed (interleaved, a V).
 absl::Status SaveParams(const Executor& executor, const JobSpec& job, int rank) {
-  std::vector<torch::Tensor> params;
-  for (const auto& p : executor.Parameters()) params.push_back(p.detach().cpu());
-  torch::save(params, absl::StrCat(job.run_dir(), "/params_rank", rank, ".pt"));
+  auto cpu = [](const std::vector<torch::Tensor>& from) {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : from) out.push_back(p.detach().cpu());
+    return out;
+  };
+  torch::save(cpu(executor.Parameters()), absl::StrCat(job.run_dir(), "/params_rank", rank, ".pt"));
+  for (size_t c = 0; c < executor.chunk_stages().size(); ++c) {
+    torch::save(cpu(executor.Parameters(static_cast<int>(c))),
+                absl::StrCat(job.run_dir(), "/params_stage", executor.chunk_stages()[c], ".pt"));
+  }
   return absl::OkStatus();
 }
 

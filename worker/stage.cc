@@ -24,4 +24,24 @@ void Stage::Backward(const torch::Tensor& output, const torch::Tensor& grad_outp
   }
 }
 
+torch::Tensor Stage::BackwardInput(const torch::Tensor& input, const torch::Tensor& output,
+                                   const torch::Tensor& grad_output) {
+  if (!input.defined() || !input.requires_grad()) return torch::Tensor();  // tokens: nothing upstream
+  torch::autograd::variable_list grad_outputs;
+  if (grad_output.defined()) grad_outputs.push_back(grad_output);
+  // Only the input's gradient: autograd runs the nodes on the way to it, and a node that would add a
+  // weight gradient itself (worker/nn.h's Dense) sees that its weight's gradient is not wanted.
+  return torch::autograd::grad({output}, {input}, grad_outputs, /*retain_graph=*/true)[0];
+}
+
+void Stage::BackwardWeight(const torch::Tensor& output, const torch::Tensor& grad_output) {
+  std::vector<torch::Tensor> params;
+  for (const torch::Tensor& p : Parameters()) {
+    if (p.requires_grad()) params.push_back(p);
+  }
+  torch::autograd::variable_list grads;
+  if (grad_output.defined()) grads.push_back(grad_output);
+  torch::autograd::backward({output}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+}
+
 }  // namespace stagehand

@@ -58,6 +58,17 @@ class Stage {
   // Accumulates the parameters' gradients of `output` (the loss on the last stage, with an undefined
   // `grad_output`). The default is autograd's.
   virtual void Backward(const torch::Tensor& output, const torch::Tensor& grad_output);
+  // The zero-bubble split of Backward (schedule actions I and W), for the same (output, grad_output).
+  // BackwardInput gives the gradient w.r.t. `input` (the leaf Forward took; undefined on the first
+  // stage, whose input is tokens), accumulates no parameter gradient, and keeps what BackwardWeight
+  // needs. BackwardWeight, later, accumulates the parameters' gradients and releases the graph.
+  // Together they accumulate what Backward does. The defaults are autograd's: the input's gradient
+  // with the graph retained, then a backward restricted to Parameters() (which computes the
+  // activation gradients inside the stage again: correct, not the cheapest; a family may keep each
+  // layer's (input, output gradient) instead and form dy^T x in BackwardWeight).
+  virtual torch::Tensor BackwardInput(const torch::Tensor& input, const torch::Tensor& output,
+                                      const torch::Tensor& grad_output);
+  virtual void BackwardWeight(const torch::Tensor& output, const torch::Tensor& grad_output);
 
   virtual std::vector<torch::Tensor> Parameters() = 0;
   // By name, for checkpoints and exports: names are the model's, independent of the partition.

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "models/gpt/gpt_description.h"
+#include "worker/stage.h"
 #include "worker/data.h"
 #include "worker/fused_kernels.h"
 #include "worker/nn.h"
@@ -295,6 +296,55 @@ TEST(GptStage, TwoBackwardPasses_AccumulateGradients) {
   std::vector<torch::Tensor> a = grads_of({0}), b = grads_of({1}), both = grads_of({0, 1});
   for (size_t i = 0; i < both.size(); ++i) {
     EXPECT_TRUE(torch::allclose(both[i], a[i] + b[i], 1e-12, 1e-14)) << "parameter " << i;
+  }
+}
+
+// The Stage interface's default zero-bubble split over the stage's layers (whose Dense layers add their
+// weight gradients themselves): I gives the input's gradient and no parameter gradient, W then the
+// parameters' gradients of the whole backward.
+struct ModuleStage : Stage {
+  explicit ModuleStage(GptStage m) : module(std::move(m)) {}
+  TensorSpec Input(int64_t) const override { return {}; }
+  TensorSpec Output(int64_t) const override { return {}; }
+  torch::Tensor Forward(const torch::Tensor& input) override { return module(input); }
+  std::vector<torch::Tensor> Parameters() override { return module->parameters(); }
+  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() override { return {}; }
+  GptStage module;
+};
+
+TEST(GptStage, SplitBackward_InputThenWeightGradients_MatchTheWholeBackward) {
+  const GptConfig c = Tiny();
+  const int n = c.pipeline_layers();
+  for (const int last : {n - 1, n}) {  // a middle stage (given its output's gradient) and the last (a loss)
+    SCOPED_TRACE(last);
+    ModuleStage stage(GptStage(c, 1, last, 7));
+    torch::manual_seed(3);
+    const torch::Tensor hidden = torch::randn({2, c.seq, c.hidden});
+    const torch::Tensor grad_out = torch::randn({2, c.seq, c.hidden});
+    const torch::Tensor targets = Tokens(c, 2, 5);
+    auto run = [&](const torch::Tensor& x) {
+      torch::Tensor out = stage.Forward(x);
+      return last == n ? LanguageModelLoss(out, targets) : out;
+    };
+    const torch::Tensor g = last == n ? torch::Tensor() : grad_out;
+    torch::Tensor x1 = hidden.clone().requires_grad_(true);
+    stage.Backward(run(x1), g);
+    std::vector<torch::Tensor> want;
+    for (auto& p : stage.Parameters()) want.push_back(p.grad().clone());
+    for (auto& p : stage.Parameters()) p.mutable_grad().reset();
+
+    torch::Tensor x2 = hidden.clone().requires_grad_(true);
+    const torch::Tensor out = run(x2);
+    const torch::Tensor dx = stage.BackwardInput(x2, out, g);
+    EXPECT_TRUE(torch::allclose(dx, x1.grad(), 1e-6, 1e-7));
+    for (auto& p : stage.Parameters()) EXPECT_FALSE(p.grad().defined() && p.grad().abs().sum().item<double>() > 0);
+    stage.BackwardWeight(out, g);
+    const std::vector<torch::Tensor> got = stage.Parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(got[i].grad().defined()) << "parameter " << i;
+      EXPECT_TRUE(torch::allclose(got[i].grad(), want[i], 1e-6, 1e-7)) << "parameter " << i;
+    }
   }
 }
 
