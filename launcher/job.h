@@ -51,6 +51,12 @@ struct JobRequest {
   std::optional<bool> save_params;
   std::optional<bool> timing;
   std::optional<bool> cuda_graphs;
+  // Data parallelism and the layout (launcher/layout.h).
+  std::optional<int> data_parallel;
+  std::optional<bool> shard_optimizer;
+  std::string layout;             // "manual" or "auto"
+  std::optional<double> bucket_mb;
+  std::optional<double> replica_gbps;
 };
 
 struct ResolvedJob {

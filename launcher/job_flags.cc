@@ -56,6 +56,18 @@ ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and tr
 ABSL_FLAG(bool, cuda_graphs, true,
           "on GPUs, 1F1B and inference stages replay each micro-batch's forward and backward as CUDA graphs "
           "captured once (after step 0), which takes the CPU's launch cost off small micro-batches");
+ABSL_FLAG(int, data_parallel, -1,
+          "replicas of the pipeline (workers = --pipeline_stages x this; default: workers / stages); each "
+          "stage's gradients are averaged over its replicas in buckets, beside the last backward");
+ABSL_FLAG(bool, shard_optimizer, false,
+          "with --data_parallel: ZeRO stage 1, each replica keeps and steps 1/D of the AdamW state "
+          "(reduce-scatter the gradients, all-gather the parameters)");
+ABSL_FLAG(std::string, layout, "",
+          "manual (default: the stages, replicas, schedule and micro-batches as given) or auto (chosen by "
+          "simulated step time from the model's costs, memory and --replica_gbps; the best three are printed)");
+ABSL_FLAG(double, bucket_mb, -1, "with --data_parallel: gradient bucket size in MiB (default 25 on GPUs, 1 on CPUs)");
+ABSL_FLAG(double, replica_gbps, -1,
+          "--layout=auto: the bandwidth of the replicas' all-reduce in GB/s (default 100 on GPUs, 1 on CPUs)");
 ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
 
 namespace stagehand {
@@ -110,6 +122,11 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.save_params = Given(p, "save_params", FLAGS_save_params);
   j.timing = Given(p, "timing", FLAGS_timing);
   j.cuda_graphs = Given(p, "cuda_graphs", FLAGS_cuda_graphs);
+  j.data_parallel = Given(p, "data_parallel", FLAGS_data_parallel);
+  j.shard_optimizer = Given(p, "shard_optimizer", FLAGS_shard_optimizer);
+  j.layout = absl::GetFlag(FLAGS_layout);
+  j.bucket_mb = Given(p, "bucket_mb", FLAGS_bucket_mb);
+  j.replica_gbps = Given(p, "replica_gbps", FLAGS_replica_gbps);
   return j;
 }
 

@@ -19,6 +19,7 @@
 #include "models/model_description.h"
 #include "schedule/schedule_proto.h"
 #include "worker/data.h"
+#include "worker/data_parallel.h"
 #include "worker/model_family.h"
 #include "worker/stage.h"
 
@@ -117,8 +118,12 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   o.timing = !job.has_timing() || job.timing();  // unset: timed
   o.cuda_graphs = !job.has_cuda_graphs() || job.cuda_graphs();
   o.device = DeviceOf(job);
+  o.replicas = std::max(1, a.replica_group_size());
+  o.replica = ReplicaOf(a);
   Executor executor(std::move(o), *std::move(chunks), data->get(), transport, &streams);
   if (absl::Status s = executor.Check(); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<DataParallel>> replicas = AttachDataParallel(a, transport, executor, &streams);
+  if (!replicas.ok()) return replicas.status();
   for (int64_t step = 0; step < job.steps(); ++step) {
     absl::StatusOr<StepResult> r = executor.Step(step);
     if (!r.ok()) {
