@@ -336,6 +336,16 @@ absl::Status CoordinatorState::Partitioned() {
   return absl::OkStatus();
 }
 
+namespace {
+// Data parallelism: the ranks holding this rank's stages, named by their first member.
+void AddReplicaGroup(const Partition& partition, int rank, Assignment& a) {
+  if (rank >= static_cast<int>(partition.replica_groups.size())) return;
+  const std::vector<int>& group = partition.replica_groups[rank];
+  for (int r : group) a.add_replica_group(r);
+  if (!group.empty()) a.set_replica_group_color(group[0]);
+}
+}  // namespace
+
 Assignment CoordinatorState::BuildAssignment(int rank) {
   const int workers = static_cast<int>(workers_.size());
   if (!common_assignment_) {
@@ -380,6 +390,7 @@ Assignment CoordinatorState::BuildAssignment(int rank) {
     a.set_last_layer(stage < static_cast<int>(counts.size()) ? first + counts[stage] : first);
     for (int n : counts) a.add_layers_per_stage(n);
     a.set_plan(partition_->description);
+    AddReplicaGroup(*partition_, rank, a);
   }
   return a;
 }

@@ -83,6 +83,9 @@ struct Partition {
   std::vector<int> layers_per_stage;  // per (virtual) stage of the schedule
   std::string description;            // for the log and the assignment
   std::vector<RankSchedule> schedules;  // per rank: the action list its Assignment ships
+  // Data parallelism: per rank, the ranks that hold its stages, one per replica (empty: one replica).
+  std::vector<std::vector<int>> replica_groups;
+  double predicted_step_ms = 0;  // the simulated step (with the replicas' all-reduce), for the report
 };
 // Given every worker's registration (profiles included); an error stops the job with its message.
 using PartitionFn = std::function<absl::StatusOr<Partition>(const std::vector<WorkerState>&)>;

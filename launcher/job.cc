@@ -111,6 +111,11 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.init_on_device) spec.set_init_on_device(*r.init_on_device);
   if (r.profile_cache) spec.set_profile_cache(*r.profile_cache);
   if (r.profile_single_stage) spec.set_profile_single_stage(*r.profile_single_stage);
+  if (r.data_parallel) spec.set_data_parallel(*r.data_parallel);
+  if (r.shard_optimizer) spec.set_shard_optimizer(*r.shard_optimizer);
+  if (!r.layout.empty()) spec.set_layout(r.layout);
+  if (r.bucket_mb) spec.set_bucket_mb(*r.bucket_mb);
+  if (r.replica_gbps) spec.set_replica_gbps(*r.replica_gbps);
 }
 
 // One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.
@@ -175,6 +180,8 @@ std::vector<Ranged> RangedFields(const JobRequest& r, const JobSpec& s) {
        1000000000},
       {"stage_chunks", "pipeline.stage_chunks", p.has_stage_chunks(), r.stage_chunks.has_value(), p.stage_chunks(),
        1, 64},
+      {"data_parallel", "data_parallel", s.has_data_parallel(), r.data_parallel.has_value(), s.data_parallel(), 1,
+       kMaxWorkers},
   };
 }
 
@@ -228,6 +235,14 @@ absl::Status ValidateRanges(const JobRequest& r, const JobSpec& spec) {
                                  spec.grad_clip(), 0, 1e6, r.job_file); !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckReal("bucket_mb", "bucket_mb", spec.has_bucket_mb(), r.bucket_mb.has_value(),
+                                 spec.bucket_mb(), 0, 4096, r.job_file); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckReal("replica_gbps", "replica_gbps", spec.has_replica_gbps(), r.replica_gbps.has_value(),
+                                 spec.replica_gbps(), 0, 1e6, r.job_file); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckReal("", "model_spec.rope_theta", m.has_rope_theta(), false, m.rope_theta(), 0, 1e12,
                                  r.job_file); !s.ok()) {
     return s;
@@ -245,14 +260,36 @@ absl::Status ValidateRanges(const JobRequest& r, const JobSpec& spec) {
 absl::Status ValidatePipeline(const JobSpec& job) {
   const PipelineSpec& p = job.pipeline();
   if (p.stages() < 1) return Invalid("--pipeline_stages must be at least 1");
-  if (p.stages() != job.workers()) {
-    return Invalid(absl::StrCat("--pipeline_stages=", p.stages(), " with ", job.workers(),
-                                " workers: each worker runs one stage (no data parallelism yet); make them equal"));
+  const int d = std::max(1, job.data_parallel());
+  if (int64_t{p.stages()} * d != job.workers()) {
+    return Invalid(absl::StrCat("--pipeline_stages=", p.stages(), " x --data_parallel=", d, " is ",
+                                int64_t{p.stages()} * d, " workers but the job has ", job.workers(),
+                                "; workers = stages x replicas: pass --data_parallel=", job.workers() / p.stages(),
+                                " with a stage count that divides the workers"));
+  }
+  if (job.shard_optimizer() && d < 2) {
+    return Invalid("--shard_optimizer shards the optimizer over the replicas: pass --data_parallel=2 or more");
+  }
+  // Not yet combined with replicas: the global norm must be taken after the replicas' averaging, and a
+  // checkpoint would hold each stage once per replica (and ZeRO's state in shards).
+  if (d > 1 && job.has_grad_clip()) {
+    return Invalid("--grad_clip with --data_parallel is not supported yet: drop one of them");
+  }
+  if (d > 1 && (job.has_checkpoint_every() || !job.resume().empty())) {
+    return Invalid("--checkpoint_every and --resume with --data_parallel are not supported yet: drop one of them");
   }
   if (p.micro_batches() < 1) return Invalid("--micro_batches must be at least 1");
-  if (p.global_batch() < 1 || p.global_batch() % p.micro_batches() != 0) {
-    return Invalid(absl::StrCat("--global_batch=", p.global_batch(), " does not split into ", p.micro_batches(),
-                                " equal micro-batches; pass a multiple of --micro_batches"));
+  if (p.global_batch() < 1 || p.global_batch() % (int64_t{p.micro_batches()} * d) != 0) {
+    if (d == 1) {
+      return Invalid(absl::StrCat("--global_batch=", p.global_batch(), " does not split into ", p.micro_batches(),
+                                  " equal micro-batches; pass a multiple of --micro_batches"));
+    }
+    return Invalid(absl::StrCat("--global_batch=", p.global_batch(), " does not split into ", d, " replicas x ",
+                                p.micro_batches(), " equal micro-batches; pass a multiple of ",
+                                int64_t{p.micro_batches()} * d));
+  }
+  if (!job.layout().empty() && job.layout() != "manual" && job.layout() != "auto") {
+    return Invalid(absl::StrCat("--layout=", job.layout(), ": use manual or auto"));
   }
   return absl::OkStatus();
 }
@@ -286,7 +323,9 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
                                 "(docs/custom_model.md)"));
   }  // else: its worker binary's family resolves the sizes (worker/pipeline.cc)
   PipelineSpec& p = *spec.mutable_pipeline();
-  if (!p.has_stages()) p.set_stages(spec.workers());
+  // Workers = stages x replicas: either given, the other follows (one stage per worker when neither is).
+  if (!p.has_stages()) p.set_stages(std::max(1, spec.workers() / std::max(1, spec.data_parallel())));
+  if (!spec.has_data_parallel()) spec.set_data_parallel(std::max(1, spec.workers() / p.stages()));
   if (p.schedule().empty()) p.set_schedule("1f1b");
   // Written only where it is not 1, so that other jobs' resolved files stay as they were.
   if (!p.has_stage_chunks() && DefaultChunks(p.schedule()) > 1) p.set_stage_chunks(DefaultChunks(p.schedule()));
@@ -574,6 +613,11 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
     if (absl::Status s = ReadScheduleFile(request, out.spec); !s.ok()) return s;
   }
   if (IsModelJob(out.spec)) {
+    if (out.spec.layout() == "auto") {
+      absl::StatusOr<std::vector<std::string>> lines = ApplyAutoLayout(out.spec, out.gpus, inventory.memory_bytes);
+      if (!lines.ok()) return lines.status();
+      out.notes.insert(out.notes.end(), lines->begin(), lines->end());
+    }
     if (absl::Status s = ResolveModel(out.spec, request.custom_worker); !s.ok()) return s;
     const std::string& data = out.spec.data();
     if (!data.empty() && data != "synthetic") {

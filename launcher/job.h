@@ -66,6 +66,12 @@ struct JobRequest {
   std::optional<bool> init_on_device;
   std::optional<bool> profile_cache;
   std::optional<bool> profile_single_stage;
+  // Data parallelism and the layout (launcher/layout.h).
+  std::optional<int> data_parallel;
+  std::optional<bool> shard_optimizer;
+  std::string layout;             // "manual" or "auto"
+  std::optional<double> bucket_mb;
+  std::optional<double> replica_gbps;
 };
 
 struct ResolvedJob {

@@ -75,6 +75,18 @@ ABSL_FLAG(bool, profile_cache, true,
           "$XDG_CACHE_HOME/stagehand/profiles (default ~/.cache/...); false: measure it every run");
 ABSL_FLAG(bool, profile_single_stage, false,
           "profile the model's layers even when the job has one stage and so no partition to choose");
+ABSL_FLAG(int, data_parallel, -1,
+          "replicas of the pipeline (workers = --pipeline_stages x this; default: workers / stages); each "
+          "stage's gradients are averaged over its replicas in buckets, beside the last backward");
+ABSL_FLAG(bool, shard_optimizer, false,
+          "with --data_parallel: ZeRO stage 1, each replica keeps and steps 1/D of the AdamW state "
+          "(reduce-scatter the gradients, all-gather the parameters)");
+ABSL_FLAG(std::string, layout, "",
+          "manual (default: the stages, replicas, schedule and micro-batches as given) or auto (chosen by "
+          "simulated step time from the model's costs, memory and --replica_gbps; the best three are printed)");
+ABSL_FLAG(double, bucket_mb, -1, "with --data_parallel: gradient bucket size in MiB (default 25 on GPUs, 1 on CPUs)");
+ABSL_FLAG(double, replica_gbps, -1,
+          "--layout=auto: the bandwidth of the replicas' all-reduce in GB/s (default 100 on GPUs, 1 on CPUs)");
 ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
 ABSL_FLAG(int64_t, checkpoint_every, -1, "GPT: write a checkpoint every N steps and at the end, into "
                                          "<run_dir>/checkpoints/ (asynchronous; default: none)");
@@ -157,6 +169,11 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.init_on_device = Given(p, "init_on_device", FLAGS_init_on_device);
   j.profile_cache = Given(p, "profile_cache", FLAGS_profile_cache);
   j.profile_single_stage = Given(p, "profile_single_stage", FLAGS_profile_single_stage);
+  j.data_parallel = Given(p, "data_parallel", FLAGS_data_parallel);
+  j.shard_optimizer = Given(p, "shard_optimizer", FLAGS_shard_optimizer);
+  j.layout = absl::GetFlag(FLAGS_layout);
+  j.bucket_mb = Given(p, "bucket_mb", FLAGS_bucket_mb);
+  j.replica_gbps = Given(p, "replica_gbps", FLAGS_replica_gbps);
   return j;
 }
 

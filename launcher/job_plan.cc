@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "launcher/layout.h"
 #include "launcher/planner.h"
 #include "models/registry.h"
 #include "schedule/schedule_proto.h"
@@ -15,6 +16,9 @@ namespace stagehand {
 namespace {
 
 absl::Status Invalid(absl::string_view what) { return absl::InvalidArgumentError(what); }
+
+// The ranks of one pipeline: the workers of one replica.
+int PipelineRanks(const JobSpec& job) { return job.workers() / std::max(1, job.data_parallel()); }
 
 // Parses --partition: "auto", "uniform", or comma-separated pipeline-layer counts.
 absl::StatusOr<std::vector<int>> ParsePartition(const std::string& text) {
@@ -56,8 +60,11 @@ PlanRequest MakePlanRequest(const JobSpec& job, const Schedule& schedule, const 
   r.stages = schedule.num_stages;
   r.forward_only = schedule.forward_only;
   r.memory_bytes = memory_bytes;
+  const int d = std::max(1, job.data_parallel());
   for (const LayerCost& c : layers) {
-    r.layers.push_back({c.forward_ms(), c.backward_ms(), c.param_bytes(), c.activation_bytes()});
+    // ZeRO-1: the parameter and its gradient (8 of the 16 bytes) whole, the AdamW moments 1/D.
+    const int64_t bytes = job.shard_optimizer() ? c.param_bytes() / 2 + c.param_bytes() / (2 * d) : c.param_bytes();
+    r.layers.push_back({c.forward_ms(), c.backward_ms(), bytes, c.activation_bytes()});
   }
   const std::vector<int> per_rank = StagesPerRank(schedule);
   for (int s = 0; s < r.stages; ++s) {
@@ -159,7 +166,110 @@ bool HasCommunication(const Schedule& s) {
   return false;
 }
 
+// Replica `replica`'s copy of a pipeline's schedule in the job's rank space: rank = replica x stages +
+// the pipeline rank, so its stage_rank and every peer move by replica x ranks and the other replicas'
+// lists are empty.
+Schedule ForReplica(const Schedule& s, int replica, int replicas) {
+  const int offset = replica * s.num_ranks;
+  Schedule g = s;
+  g.num_ranks = s.num_ranks * replicas;
+  for (int& r : g.stage_rank) r += offset;
+  g.ranks.assign(g.num_ranks, {});
+  for (int r = 0; r < s.num_ranks; ++r) {
+    std::vector<Action>& list = g.ranks[offset + r] = s.ranks[r];
+    for (Action& a : list) {
+      if (a.peer >= 0) a.peer += offset;
+    }
+  }
+  return g;
+}
+
+// Data parallelism: every replica's lists, each rank's replica group (the ranks of its pipeline
+// position, one per replica), the replicas' all-reduce in the prediction, and a line on it.
+void AddReplicas(const JobSpec& job, const Schedule& schedule, const Plan& plan, const std::vector<LayerCost>& costs,
+                 Partition& out) {
+  const int d = job.data_parallel(), ranks = schedule.num_ranks;
+  for (int replica = 0; replica < d; ++replica) {
+    const Schedule g = ForReplica(schedule, replica, d);
+    for (int r = 0; r < ranks; ++r) out.schedules.push_back(ToProto(g, replica * ranks + r));
+  }
+  for (int rank = 0; rank < ranks * d; ++rank) {
+    std::vector<int> group;
+    for (int replica = 0; replica < d; ++replica) group.push_back(replica * ranks + rank % ranks);
+    out.replica_groups.push_back(group);
+  }
+  int64_t largest = 0;  // the fullest stage's fp32 gradients (the profile counts 16 bytes per parameter)
+  size_t layer = 0;
+  for (int n : plan.layers_per_stage) {
+    int64_t bytes = 0;
+    for (int i = 0; i < n && layer < costs.size(); ++i, ++layer) bytes += costs[layer].param_bytes() / 4;
+    largest = std::max(largest, bytes);
+  }
+  const double gbps = job.has_replica_gbps() ? job.replica_gbps() : job.device() == "cuda" ? 100 : 1;
+  const double allreduce = AllReduceMs(largest, d, gbps);
+  if (out.predicted_step_ms > 0) out.predicted_step_ms += allreduce;
+  absl::StrAppend(&out.description,
+                  absl::StrFormat("; %d replicas (rank = replica x %d + stage), gradients averaged in buckets%s: "
+                                  "all-reduce %.2f MiB at %.0f GB/s predicted %.2f ms, step %.1f ms",
+                                  d, ranks, job.shard_optimizer() ? " (ZeRO-1: reduce-scatter, sharded AdamW, all-gather)" : "",
+                                  static_cast<double>(largest) / (1 << 20), gbps, allreduce, out.predicted_step_ms));
+}
+
+// The usable memory of one device for the layout: the smallest GPU's, or a CPU worker's share.
+int64_t LayoutMemory(const JobSpec& job, const std::vector<GpuInfo>& gpus, int64_t cpu_memory_bytes) {
+  if (job.device() == "cuda") {
+    int64_t least = 0;
+    for (const GpuInfo& g : gpus) least = least == 0 ? g.total_bytes * 9 / 10 : std::min(least, g.total_bytes * 9 / 10);
+    return least;
+  }
+  if (cpu_memory_bytes <= 0) return 0;
+  return std::max<int64_t>(1, cpu_memory_bytes * 8 / 10 / std::max(1, job.workers()) - kCpuWorkerBytes);
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<std::string>> ApplyAutoLayout(JobSpec& job, const std::vector<GpuInfo>& gpus,
+                                                         int64_t cpu_memory_bytes) {
+  PipelineSpec& p = *job.mutable_pipeline();
+  if (p.has_stages() || job.has_data_parallel() || p.has_micro_batches() || !p.schedule().empty() ||
+      !p.schedule_text().empty() || p.inference()) {
+    return Invalid("--layout=auto chooses --pipeline_stages, --data_parallel, --schedule and --micro_batches for "
+                   "training: drop them, or pass --layout=manual");
+  }
+  const ModelDescription* d = FindBuiltinModel(job.model());
+  if (d == nullptr) return Invalid(absl::StrCat("--layout=auto plans with a built-in model's estimate; --model=",
+                                                job.model(), " is not one: pass --layout=manual"));
+  absl::StatusOr<ModelSpec> m = d->Resolve(job.model(), job.model_spec());
+  if (!m.ok()) return m.status();
+  if (!p.has_global_batch()) p.set_global_batch(32);
+  LayoutRequest r;
+  r.profile_micro_batch = 1;
+  const LayerProfile estimate = d->Estimate(*m, 1);
+  for (const LayerCost& c : estimate.layers()) {
+    r.layers.push_back({c.forward_ms(), c.backward_ms(), c.param_bytes(), c.activation_bytes()});
+  }
+  r.workers = job.workers();
+  r.global_batch = p.global_batch();
+  r.memory_bytes = LayoutMemory(job, gpus, cpu_memory_bytes);
+  r.replica_gbps = job.has_replica_gbps() ? job.replica_gbps() : job.device() == "cuda" ? 100 : 1;
+  r.shard_optimizer = job.shard_optimizer();
+  absl::StatusOr<LayoutChoice> choice = ChooseLayout(r);
+  if (!choice.ok()) return Invalid(absl::StrCat("--layout=auto: ", choice.status().message()));
+  const LayoutCandidate& best = choice->ranked[0];
+  p.set_stages(best.stages);
+  job.set_data_parallel(best.replicas);
+  p.set_schedule(best.schedule);
+  p.set_micro_batches(best.micro_batches);
+  if (best.replicas < 2) job.set_shard_optimizer(false);
+  std::vector<std::string> lines = {absl::StrFormat(
+      "layout auto: %d candidates simulated from %s's estimate (%d skipped), at %.0f GB/s between replicas; the best:",
+      choice->ranked.size(), job.model(), choice->skipped.size(), r.replica_gbps)};
+  for (size_t i = 0; i < choice->ranked.size() && i < 3; ++i) {
+    lines.push_back(absl::StrCat("  ", i + 1, ". ", Describe(choice->ranked[i])));
+  }
+  lines.push_back(absl::StrCat("layout auto: running the first; the report compares its predicted step with the measured one"));
+  return lines;
+}
 
 absl::StatusOr<Schedule> JobSchedule(const JobSpec& job) {
   const PipelineSpec& p = job.pipeline();
@@ -169,9 +279,10 @@ absl::StatusOr<Schedule> JobSchedule(const JobSpec& job) {
     // A list of compute only (torch.distributed.pipelining's compute-only form) gets its sends and
     // receives from the same lowering pass as the generated schedules.
     if (s.ok() && s->num_ranks > 1 && !HasCommunication(*s)) s = AddCommunication(*s);
-    if (s.ok() && s->num_ranks != job.workers()) {
-      return Invalid(absl::StrCat("--schedule_file lists ", s->num_ranks, " ranks but the job has ", job.workers(),
-                                  " workers; give one line per worker"));
+    if (s.ok() && s->num_ranks != PipelineRanks(job)) {
+      return Invalid(absl::StrCat("--schedule_file lists ", s->num_ranks, " ranks but the job has ", PipelineRanks(job),
+                                  job.data_parallel() > 1 ? " stages per replica; give one line per stage"
+                                                          : " workers; give one line per worker"));
     }
     if (s.ok() && s->forward_only != p.inference()) {
       return Invalid(p.inference() ? "--inference with a --schedule_file that trains (B or OPT actions)"
@@ -261,7 +372,13 @@ PartitionFn Partitioner(const JobSpec& job) {
     absl::StatusOr<SimulationResult> predicted = Simulate(*schedule, CostsOf(*plan, costs));
     if (!predicted.ok()) return predicted.status();
     Partition out{plan->layers_per_stage, Describe(job, *plan, costs, profiled, *predicted), {}};
-    for (int r = 0; r < schedule->num_ranks; ++r) out.schedules.push_back(ToProto(*schedule, r));
+    // Only a measured profile predicts this run's step (a family's estimate is for its GPUs).
+    out.predicted_step_ms = profiled ? predicted->makespan : 0;
+    if (job.data_parallel() > 1) {
+      AddReplicas(job, *schedule, *plan, costs, out);
+    } else {
+      for (int r = 0; r < schedule->num_ranks; ++r) out.schedules.push_back(ToProto(*schedule, r));
+    }
     return out;
   };
 }

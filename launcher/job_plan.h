@@ -28,6 +28,15 @@ absl::StatusOr<Schedule> JobSchedule(const JobSpec& job);
 inline constexpr int64_t kCpuWorkerBytes = int64_t{256} << 20;  // what a CPU worker process needs itself
 absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus, int64_t cpu_memory_bytes = 0);
 
+// --layout=auto (launcher/layout.h), before the job is resolved: chooses pipeline.stages,
+// data_parallel, pipeline.schedule and pipeline.micro_batches for job.workers() from the built-in
+// family's estimate (the sizes resolved here), the devices' memory (each GPU's, or a CPU worker's share
+// of `cpu_memory_bytes`) and replica_gbps, and returns the lines to print: the best three with their
+// predicted step times and why. INVALID_ARGUMENT when the job sets what the layout chooses, or its
+// model is not a built-in one; FAILED_PRECONDITION when no layout fits.
+absl::StatusOr<std::vector<std::string>> ApplyAutoLayout(JobSpec& job, const std::vector<GpuInfo>& gpus,
+                                                         int64_t cpu_memory_bytes);
+
 // Once every worker has registered: partitions by the mean of their profiles (each measured on its own
 // device) within each stage's free memory, simulates the schedule with the stages' costs (the predicted
 // step time goes into the plan line), and gives every rank its list.

@@ -36,7 +36,13 @@ std::string SummaryLine(const RunReport& report, const std::vector<ReportStepReq
     absl::StrAppend(&line, "  bubble");
     for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
   }
-  return absl::StrFormat("%s (after %d warm-up steps)\n", line, static_cast<int>(report.warmup_steps()));
+  std::string out = absl::StrFormat("%s (after %d warm-up steps)\n", line, static_cast<int>(report.warmup_steps()));
+  if (report.predicted_step_seconds() > 0 && report.step_seconds() > 0) {
+    absl::StrAppend(&out, absl::StrFormat("stagehand: predicted %.4f s/step, measured %.4f s/step (%+.0f%%)\n",
+                                          report.predicted_step_seconds(), report.step_seconds(),
+                                          100 * (report.step_seconds() / report.predicted_step_seconds() - 1)));
+  }
+  return out;
 }
 
 RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& supervisor, double peak_tflops,
@@ -59,6 +65,11 @@ RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& superv
       first += n;
     }
   }
+  // Data parallelism: rank = replica x stages + stage, so a rank holds its stage's layers.
+  const size_t stages = in.layers.size();
+  for (size_t r = stages; stages > 0 && state.job().data_parallel() > 1 && r < in.hosts.size(); ++r) {
+    in.layers.push_back(in.layers[r % stages]);
+  }
   in.layers.resize(in.hosts.size(), {0, 0});
   // A GPU's peak means nothing for CPU workers: no peak, so no MFU.
   in.peak_tflops_per_device = state.job().device() == "cuda" ? peak_tflops : 0;
@@ -66,7 +77,9 @@ RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& superv
   for (const RankLedger& l : supervisor.Ledger()) {
     if (l.first_step) in.launch_to_first_step_seconds = std::max(in.launch_to_first_step_seconds, absl::ToDoubleSeconds(*l.first_step));
   }
-  return BuildReport(in);
+  RunReport report = BuildReport(in);
+  if (std::optional<Partition> p = state.partition()) report.set_predicted_step_seconds(p->predicted_step_ms / 1e3);
+  return report;
 }
 
 // For each worker that failed at an action of its schedule: the rank-by-step grid of the whole

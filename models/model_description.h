@@ -50,10 +50,11 @@ class ModelDescription {
 inline constexpr char kAllReduceModel[] = "allreduce";
 inline bool IsModelJob(const JobSpec& job) { return job.model() != kAllReduceModel; }
 
-// Sequences per micro-batch.
+// Sequences per micro-batch: global_batch over the replicas' micro-batches.
 inline int64_t MicroBatchSize(const JobSpec& job) {
   const int m = job.pipeline().micro_batches();
-  return job.pipeline().global_batch() / (m > 0 ? m : 1);
+  const int d = job.data_parallel();
+  return job.pipeline().global_batch() / ((m > 0 ? m : 1) * (d > 0 ? d : 1));
 }
 
 }  // namespace stagehand

@@ -798,5 +798,111 @@ TEST(CpuTransportStrangerTest, AfterConnect_StrangersAtListener_AreDroppedAndTra
   ExpectExactTraffic(ts);
 }
 
+// ---- Data parallelism's collectives and sub-groups (the defaults of transport.cc over TCP) ----
+
+// Rank r's block b holds (r + 1) * 1000 + b * 10 + i: the sums are exact in float32.
+TEST(CpuTransportCollectivesTest, ReduceScatterSum_ThreeRanks_EachGetsTheSumOfItsBlock) {
+  InMemoryKeyValueStore kv;
+  Transports ts = ConnectAll(3, kv);
+  ASSERT_TRUE(AllConnected(ts));
+  constexpr int kCount = 5;
+  std::vector<std::vector<float>> out(3, std::vector<float>(kCount));
+  ExpectAllOk(RunOnEach(ts, [&](Transport& t) {
+    std::vector<float> send(3 * kCount);
+    for (int b = 0; b < 3; ++b) {
+      for (int i = 0; i < kCount; ++i) send[b * kCount + i] = (t.rank() + 1) * 1000.0f + b * 10 + i;
+    }
+    return t.ReduceScatterSum(send.data(), out[t.rank()].data(), kCount, DType::kFloat32);
+  }));
+  for (int r = 0; r < 3; ++r) {
+    for (int i = 0; i < kCount; ++i) EXPECT_EQ(out[r][i], 6000.0f + 3 * (r * 10 + i)) << "rank " << r << " i " << i;
+  }
+}
+
+TEST(CpuTransportCollectivesTest, ReduceScatterSum_InPlaceOnOwnBlock_IsTheSame) {
+  InMemoryKeyValueStore kv;
+  Transports ts = ConnectAll(2, kv);
+  ASSERT_TRUE(AllConnected(ts));
+  std::vector<std::vector<double>> buf(2);
+  ExpectAllOk(RunOnEach(ts, [&](Transport& t) {
+    buf[t.rank()] = {1.0 + t.rank(), 10.0 + t.rank(), 100.0 + t.rank(), 1000.0 + t.rank()};
+    double* own = buf[t.rank()].data() + 2 * t.rank();
+    return t.ReduceScatterSum(buf[t.rank()].data(), own, 2, DType::kFloat64);
+  }));
+  EXPECT_EQ(buf[0][0], 3.0);
+  EXPECT_EQ(buf[0][1], 21.0);
+  EXPECT_EQ(buf[1][2], 201.0);
+  EXPECT_EQ(buf[1][3], 2001.0);
+}
+
+TEST(CpuTransportCollectivesTest, AllGather_ThreeRanks_EveryRankGetsAllBlocksInRankOrder) {
+  InMemoryKeyValueStore kv;
+  Transports ts = ConnectAll(3, kv);
+  ASSERT_TRUE(AllConnected(ts));
+  std::vector<std::vector<int64_t>> out(3, std::vector<int64_t>(6));
+  ExpectAllOk(RunOnEach(ts, [&](Transport& t) {
+    const std::vector<int64_t> mine = {t.rank() * 10, t.rank() * 10 + 1};
+    return t.AllGather(mine.data(), out[t.rank()].data(), 2, DType::kInt64);
+  }));
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(out[r], (std::vector<int64_t>{0, 1, 10, 11, 20, 21})) << "rank " << r;
+}
+
+TEST(CpuTransportCollectivesTest, ReduceScatterSum_BFloat16_IsUnimplemented) {
+  InMemoryKeyValueStore kv;
+  Transports ts = ConnectAll(1, kv);
+  ASSERT_TRUE(AllConnected(ts));
+  uint16_t x[1] = {0};
+  EXPECT_EQ(ts[0]->ReduceScatterSum(x, x, 1, DType::kBFloat16).code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(CpuTransportCollectivesTest, Split_NotAMember_IsInvalidArgument) {
+  InMemoryKeyValueStore kv;
+  Transports ts = ConnectAll(1, kv);
+  ASSERT_TRUE(AllConnected(ts));
+  EXPECT_EQ(ts[0]->Split(0, {1}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Four ranks as 2 stages x 2 replicas (rank = replica * 2 + stage): each stage's replicas {0, 2} and
+// {1, 3} reduce among themselves while the pipeline neighbours exchange on another thread, over the
+// same mesh.
+TEST(CpuTransportCollectivesTest, Split_TwoGroupsOfFour_ReduceWithinGroupBesideNeighbourTraffic) {
+  InMemoryKeyValueStore kv;
+  Transports ts = ConnectAll(4, kv);
+  ASSERT_TRUE(AllConnected(ts));
+  std::vector<std::vector<float>> sums(4), shards(4), gathered(4);
+  std::vector<float> from_neighbour(4);
+  ExpectAllOk(RunOnEach(ts, [&](Transport& t) -> absl::Status {
+    const int r = t.rank(), stage = r % 2, replica = r / 2;
+    absl::StatusOr<std::unique_ptr<Transport>> group = t.Split(stage, {stage, stage + 2});
+    if (!group.ok()) return group.status();
+    if ((*group)->rank() != replica || (*group)->world_size() != 2) return absl::InternalError("group rank");
+    absl::Status p2p;
+    std::thread neighbours([&] {
+      const float mine = 100.0f * r;
+      const int peer = replica * 2 + (1 - stage);
+      p2p = t.Group({{true, const_cast<float*>(&mine), sizeof(float), peer},
+                     {false, &from_neighbour[r], sizeof(float), peer}});
+    });
+    sums[r] = {1.0f * r, 2.0f * r};
+    absl::Status s = (*group)->AllReduceSum(sums[r].data(), 2, DType::kFloat32);
+    std::vector<float> both = {1.0f + r, 2.0f + r};
+    shards[r].resize(1);
+    if (s.ok()) s = (*group)->ReduceScatterSum(both.data(), shards[r].data(), 1, DType::kFloat32);
+    gathered[r].resize(2);
+    if (s.ok()) s = (*group)->AllGather(shards[r].data(), gathered[r].data(), 1, DType::kFloat32);
+    neighbours.join();
+    return s.ok() ? p2p : s;
+  }));
+  EXPECT_EQ(sums[0], (std::vector<float>{2, 4}));   // ranks 0 + 2
+  EXPECT_EQ(sums[2], (std::vector<float>{2, 4}));
+  EXPECT_EQ(sums[1], (std::vector<float>{4, 8}));   // ranks 1 + 3
+  EXPECT_EQ(sums[3], (std::vector<float>{4, 8}));
+  EXPECT_EQ(gathered[0], (std::vector<float>{4, 6}));  // (1 + 3), (2 + 4)
+  EXPECT_EQ(gathered[2], (std::vector<float>{4, 6}));
+  EXPECT_EQ(gathered[1], (std::vector<float>{6, 8}));  // (2 + 4), (3 + 5)
+  EXPECT_EQ(gathered[3], (std::vector<float>{6, 8}));
+  EXPECT_EQ(from_neighbour, (std::vector<float>{100, 0, 300, 200}));
+}
+
 }  // namespace
 }  // namespace stagehand

@@ -45,6 +45,22 @@ torch::Tensor Empty(const TensorSpec& spec, const torch::Device& device) {
   return torch::empty(spec.sizes, torch::TensorOptions().dtype(spec.dtype).device(device));
 }
 
+// Per chunk, the index of the action after which its gradients of the step are complete and sent on:
+// its last backward (or weight-gradient) action and the communication right after it; -1 for a chunk
+// the list never runs backward.
+std::vector<int> LastGradientActions(const std::vector<Action>& actions, size_t chunks) {
+  std::vector<int> last(chunks, -1);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    const bool gradient = a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight;
+    if (gradient && a.chunk >= 0 && a.chunk < static_cast<int>(chunks)) last[a.chunk] = static_cast<int>(i);
+  }
+  for (int& l : last) {
+    while (l >= 0 && l + 1 < static_cast<int>(actions.size()) && IsCommunication(actions[l + 1].kind)) ++l;
+  }
+  return last;
+}
+
 }  // namespace
 
 // What one (chunk, micro-batch) holds within a step.
@@ -97,6 +113,7 @@ Executor::Executor(ExecutorOptions options, std::vector<std::unique_ptr<Stage>> 
     if (o_.schedule.stage_rank[s] == o_.rank) chunk_stage_.push_back(s);
   }
   slots_.resize(static_cast<size_t>(chunks_.size()) * m_);
+  last_backward_ = LastGradientActions(actions_, chunks_.size());
   // Peak memory from here on: the profile that ran before (and its graphs) is not the run's.
   if (o_.device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(0);
   if (training_) {
@@ -132,6 +149,12 @@ std::vector<std::pair<std::string, torch::Tensor>> Executor::NamedParameters() c
     for (auto& [name, p] : c->NamedParameters()) names[p.unsafeGetTensorImpl()] = name;
     for (torch::Tensor& p : c->Parameters()) out.emplace_back(names[p.unsafeGetTensorImpl()], p);
   }
+  return out;
+}
+
+std::vector<std::vector<torch::Tensor>> Executor::ChunkParameters() const {
+  std::vector<std::vector<torch::Tensor>> out;
+  for (const auto& c : chunks_) out.push_back(c->Parameters());
   return out;
 }
 
@@ -195,7 +218,9 @@ void Executor::LoadBatch() {
   bool needs = false;
   for (size_t c = 0; c < chunks_.size(); ++c) needs |= First(c) || (Last(c) && training_);
   if (!needs) return;
-  torch::Tensor batch = data_->Batch(step_, 0, m_ * o_.micro_batch);
+  const int64_t rows = m_ * o_.micro_batch;
+  torch::Tensor batch = data_->Batch(step_, 0, rows * o_.replicas);
+  if (o_.replicas > 1) batch = batch.slice(0, o_.replica * rows, (o_.replica + 1) * rows).contiguous();
   batch_ = o_.device.is_cuda() ? batch.pin_memory().to(o_.device, /*non_blocking=*/true) : batch;
 }
 
@@ -370,10 +395,14 @@ absl::Status Executor::Compute(const Action& x) {
     case ActionKind::kBackwardInput:
     case ActionKind::kBackwardWeight: Backward(x); break;
     case ActionKind::kOptimizerStep:
-      if (o_.grad_clip > 0) {
+      if (o_.grad_clip > 0) {  // --grad_clip with replicas is refused before the job starts
         if (absl::Status s = ClipGradients(); !s.ok()) return s;
       }
-      optimizer_->Step();
+      if (sync_ != nullptr) {
+        if (absl::Status s = sync_->Step(*optimizer_); !s.ok()) return s;
+      } else {
+        optimizer_->Step();
+      }
       optimizer_->ZeroGrad(/*set_to_none=*/!graphs_);  // captured graphs accumulate into fixed gradients
       break;
     default:
@@ -409,6 +438,16 @@ absl::Status Executor::Run(size_t& i) {
   return Compute(x);
 }
 
+// Data parallelism: the chunks whose gradients became complete within actions [from, to) (their last
+// backward and the sends right after it, so that on GPUs the reduction queues behind those sends)
+// start their reduction across the replicas beside what follows.
+void Executor::NotifyGradients(size_t from, size_t to) {
+  for (size_t c = 0; c < last_backward_.size(); ++c) {
+    const int last = last_backward_[c];
+    if (last >= static_cast<int>(from) && last < static_cast<int>(to)) sync_->GradientsReady(static_cast<int>(c));
+  }
+}
+
 absl::StatusOr<StepResult> Executor::Step(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   step_ = step;
@@ -438,6 +477,7 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step) {
     } catch (const c10::Error& e) {
       s = absl::InternalError(absl::StrCat("LibTorch: ", e.what_without_backtrace()));
     }
+    if (s.ok() && sync_ != nullptr) NotifyGradients(at, i);
     if (!s.ok()) {
       failed_action_ = static_cast<int>(at);
       return absl::Status(s.code(), absl::StrCat("rank ", o_.rank, ", ", ToString(actions_[at]), " (step ", step,
@@ -447,14 +487,19 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step) {
   ++steps_run_;
   StepResult r;
   r.step = step;
-  if (loss_sum_.defined()) {
+  if (loss_sum_.defined() && sync_ != nullptr) {
+    absl::StatusOr<double> mean = sync_->MeanLoss(loss_sum_);  // the global batch's, as one process's
+    if (!mean.ok()) return absl::Status(mean.status().code(), absl::StrCat("rank ", o_.rank, ": ", mean.status().message()));
+    r.has_loss = sync_->ReportsLoss();
+    r.loss = *mean;
+  } else if (loss_sum_.defined()) {
     r.has_loss = true;
     r.loss = loss_sum_.item<double>();
   }
   streams_->Synchronize();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.timing = timer_.Finish(o_.rank, step, r.seconds * 1e3);
-  r.tokens = m_ * o_.micro_batch * o_.seq;
+  r.tokens = m_ * o_.micro_batch * o_.seq * o_.replicas;  // the global batch's, every replica's
   if (o_.device.is_cuda()) {
     const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     r.peak_memory_bytes = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[aggregate].peak;

@@ -30,7 +30,7 @@ struct StepResult {
   bool has_loss = false;  // on the rank holding the last stage
   double loss = 0;        // mean over the step's micro-batches
   double seconds = 0;
-  int64_t tokens = 0;     // tokens through the whole pipeline this step
+  int64_t tokens = 0;     // tokens through the whole pipeline this step (all its replicas)
   int64_t peak_memory_bytes = 0;
   StepTiming timing;      // where the step's time went on this rank (actions empty when timing is off)
 };
@@ -46,6 +46,24 @@ struct ExecutorOptions {
   bool timing = true;
   bool cuda_graphs = true;   // on GPUs: replay captured graphs from step 1 where the list allows it
   torch::Device device = torch::kCPU;
+  // Data parallelism: the step's global batch has replicas x micro-batches x micro_batch sequences;
+  // this rank's pipeline runs replica `replica`'s consecutive share of them.
+  int replicas = 1;
+  int replica = 0;
+};
+
+// What data parallelism (worker/data_parallel.h) needs of the engine: to hear when a chunk's gradients
+// of the step are complete (after its last backward in the list), to run the optimizer step, and to
+// make the loss the mean over the replicas.
+class ReplicaSync {
+ public:
+  virtual ~ReplicaSync() = default;
+  virtual void GradientsReady(int chunk) = 0;
+  // Waits for the reductions and applies `optimizer` (or, sharded, an optimizer of its own).
+  virtual absl::Status Step(FusedAdamW& optimizer) = 0;
+  virtual absl::StatusOr<double> MeanLoss(const torch::Tensor& loss) = 0;
+  // Whether this replica reports the (mean) loss: one of them does.
+  virtual bool ReportsLoss() const = 0;
 };
 
 // One micro-batch's forward (and for training its backward) through a stage, captured as CUDA graphs
@@ -96,6 +114,10 @@ class Executor {
   // The parameters of this rank's chunk `chunk` (the stage chunk_stages()[chunk]).
   std::vector<torch::Tensor> Parameters(int chunk) const;
   const std::vector<int>& chunk_stages() const { return chunk_stage_; }
+  // Each chunk's parameters (in the order Parameters() lists them).
+  std::vector<std::vector<torch::Tensor>> ChunkParameters() const;
+  // Data parallelism's hooks (null: none); it must outlive the executor's steps.
+  void SetReplicaSync(ReplicaSync* sync) { sync_ = sync; }
 
  private:
   struct Slot;  // per (chunk, micro-batch) state within a step
@@ -103,6 +125,7 @@ class Executor {
   absl::Status Compute(const Action& a);
   absl::Status Communicate(const std::vector<Action>& group);
   absl::Status ClipGradients();
+  void NotifyGradients(size_t from, size_t to);
   void Forward(const Action& a);
   void Backward(const Action& a);  // B, or the split's I and W
   void Capture();
@@ -133,6 +156,8 @@ class Executor {
   std::vector<std::unique_ptr<GraphSlot>> graph_slots_;
   std::vector<int> graph_slot_of_;  // micro-batch -> graph slot (one chunk per rank)
   int failed_action_ = -1;
+  ReplicaSync* sync_ = nullptr;
+  std::vector<int> last_backward_;  // per chunk: where its gradients are complete (NotifyGradients)
 };
 
 }  // namespace stagehand

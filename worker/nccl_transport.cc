@@ -5,8 +5,11 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -40,6 +43,7 @@ class NcclTransport final : public Transport {
   NcclTransport(ncclComm_t comm, int rank, int world, cudaStream_t stream)
       : comm_(comm), rank_(rank), world_(world), stream_(stream) {}
   ~NcclTransport() override {
+    if (parent_ != nullptr) parent_->Forget(this);
     if (!aborted_.exchange(true)) ncclCommDestroy(comm_);
   }
   int rank() const override { return rank_; }
@@ -75,7 +79,57 @@ class NcclTransport final : public Transport {
     STAGEHAND_NCCL_RETURN_IF_ERROR(ncclGroupEnd());
     return WaitEnqueued("ncclGroupEnd");
   }
+  absl::Status ReduceScatterSum(const void* send, void* recv, int64_t count, DType dtype) override {
+    if (aborted_) return absl::CancelledError("transport aborted");
+    STAGEHAND_NCCL_RETURN_IF_ERROR(ncclReduceScatter(send, recv, count, ToNccl(dtype), ncclSum, comm_, stream_));
+    return WaitEnqueued("ncclReduceScatter");
+  }
+  absl::Status AllGather(const void* send, void* recv, int64_t count, DType dtype) override {
+    if (aborted_) return absl::CancelledError("transport aborted");
+    STAGEHAND_NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, count, ToNccl(dtype), comm_, stream_));
+    return WaitEnqueued("ncclAllGather");
+  }
+  // ncclCommSplit with the member's index as its key: the new ranks are the order of `members`. The
+  // sub-communicator enqueues on this one's stream (so the replicas' reductions order with the
+  // pipeline's transfers, the same on every rank) and is non-blocking like it.
+  absl::StatusOr<std::unique_ptr<Transport>> Split(int color, const std::vector<int>& members) override {
+    if (aborted_) return absl::CancelledError("transport aborted");
+    const auto it = std::find(members.begin(), members.end(), rank_);
+    if (it == members.end() || color < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("Split: rank ", rank_, " is not among the group's members"));
+    }
+    const int key = static_cast<int>(it - members.begin());
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    STAGEHAND_NCCL_RETURN_IF_ERROR(ncclCommSplit(comm_, color, key, &comm, &config));
+    if (absl::Status s = WaitEnqueued("ncclCommSplit"); !s.ok()) return s;
+    for (;;) {  // the new communicator is ready when its own async state says so
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+      if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+        if (comm != nullptr) ncclCommAbort(comm);
+        return NcclError(r != ncclSuccess ? r : state, "ncclCommSplit");
+      }
+      if (state == ncclSuccess) break;
+      if (aborted_) {
+        ncclCommAbort(comm);
+        return absl::CancelledError("transport aborted");
+      }
+      std::this_thread::yield();
+    }
+    auto child = std::make_unique<NcclTransport>(comm, key, static_cast<int>(members.size()), stream_);
+    child->parent_ = this;
+    absl::MutexLock lock(&children_mu_);
+    children_.push_back(child.get());
+    return std::unique_ptr<Transport>(std::move(child));
+  }
+  // Aborts the communicators split from this one too: the job's stop reaches a replica reduction.
   void Abort() override {
+    {
+      absl::MutexLock lock(&children_mu_);
+      for (NcclTransport* c : children_) c->Abort();
+    }
     if (!aborted_.exchange(true)) ncclCommAbort(comm_);
   }
 
@@ -93,7 +147,15 @@ class NcclTransport final : public Transport {
     }
   }
 
+  void Forget(NcclTransport* child) {
+    absl::MutexLock lock(&children_mu_);
+    children_.erase(std::remove(children_.begin(), children_.end(), child), children_.end());
+  }
+
   ncclComm_t comm_;
+  NcclTransport* parent_ = nullptr;  // the communicator this one was split from (which outlives it)
+  absl::Mutex children_mu_;
+  std::vector<NcclTransport*> children_ ABSL_GUARDED_BY(children_mu_);
   const int rank_;
   const int world_;
   cudaStream_t stream_;

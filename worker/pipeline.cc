@@ -24,6 +24,7 @@
 #include "worker/checkpoint.h"
 #include "worker/lr_schedule.h"
 #include "worker/data.h"
+#include "worker/data_parallel.h"
 #include "worker/model_family.h"
 #include "worker/stage.h"
 
@@ -174,8 +175,12 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   o.timing = !job.has_timing() || job.timing();  // unset: timed
   o.cuda_graphs = !job.has_cuda_graphs() || job.cuda_graphs();
   o.device = DeviceOf(job);
+  o.replicas = std::max(1, a.replica_group_size());
+  o.replica = ReplicaOf(a);
   Executor executor(std::move(o), *std::move(chunks), data->get(), transport, &streams);
   if (absl::Status s = executor.Check(); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<DataParallel>> replicas = AttachDataParallel(a, transport, executor, &streams);
+  if (!replicas.ok()) return replicas.status();
   int64_t first_step = 0;
   absl::StatusOr<std::string> resume = ResumeFrom(job, context.incarnation);
   if (!resume.ok()) return resume.status();

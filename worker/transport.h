@@ -5,6 +5,7 @@
 #define STAGEHAND_WORKER_TRANSPORT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,24 @@ class Transport {
     int peer = -1;
   };
   virtual absl::Status Group(const std::vector<P2POp>& ops) = 0;
+
+  // Data parallelism's collectives. The defaults (transport.cc) run over Send/Recv through rank 0, in
+  // rank order: deterministic and bit-identical on every rank (float32, float64, int64), for the CPU
+  // and fake transports; NCCL runs its own. Every rank calls them with the same count and dtype.
+  // `send` holds world_size() blocks of `count` elements; rank r gets the sum of every rank's block r
+  // in `recv` (which may alias block r of `send`).
+  virtual absl::Status ReduceScatterSum(const void* send, void* recv, int64_t count, DType dtype);
+  // Every rank's `count` elements of `send`, into `recv` in rank order (world_size() * count elements;
+  // `send` may alias this rank's block of `recv`).
+  virtual absl::Status AllGather(const void* send, void* recv, int64_t count, DType dtype);
+
+  // A communicator over `members`, ranks of this one; a member's rank in it is its index there. Every
+  // rank of this transport calls Split once at the same point of its program, each with the group it
+  // belongs to (the groups partition the ranks) and that group's `color` (>= 0, the same on its
+  // members, different between groups): NCCL's ncclCommSplit. The default is a view that moves its
+  // bytes over this transport's Send/Recv (so this transport must outlive it) and needs no exchange.
+  // INVALID_ARGUMENT when this rank is not among `members` or a member is out of range.
+  virtual absl::StatusOr<std::unique_ptr<Transport>> Split(int color, const std::vector<int>& members);
 
   // Makes every operation in flight and every later one fail instead of blocking. Safe to call from
   // another thread (a watchdog, or the heartbeat thread when the job is stopping).
