@@ -197,7 +197,10 @@ absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) 
   if (IsModelJob(a.job()) && a.world_size() == 1) {
     // A one-rank pipeline sends nothing: no communicator (NCCL's init took 0.3 s of the launch on an H200).
     ReportMilestone(run, MILESTONE_NCCL_READY, absl::Now());
-    return RunModel(run, nullptr);
+    run.sampler = StartTelemetry(a.job(), run.gpu_uuid);
+    absl::Status s = RunModel(run, nullptr);
+    run.sampler.reset();
+    return s;
   }
   absl::StatusOr<std::unique_ptr<Transport>> transport = MakeTransport(a, client, secret);
   if (!transport.ok()) return transport.status();
