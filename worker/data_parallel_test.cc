@@ -51,6 +51,9 @@ torch::Tensor GradOf(int replica, int i, const torch::Tensor& p) {
 std::vector<std::vector<torch::Tensor>> RunReplicas(int replicas, bool shard, int steps, int64_t bucket_bytes,
                                                     std::vector<int64_t>* elements) {
   FakeFabric fabric(replicas);
+  // Drawn once here: torch::manual_seed and randn on the global generator from several threads at once
+  // would race (and gave replicas different starting points now and then).
+  const std::vector<torch::Tensor> initial = InitialParams();
   std::vector<std::vector<torch::Tensor>> params(replicas);
   elements->assign(replicas, 0);
   std::vector<std::thread> threads;
@@ -61,7 +64,7 @@ std::vector<std::vector<torch::Tensor>> RunReplicas(int replicas, bool shard, in
       for (int i = 0; i < replicas; ++i) all.push_back(i);
       auto group = world.Split(0, all);
       ASSERT_TRUE(group.ok()) << group.status();
-      params[r] = InitialParams();
+      for (const torch::Tensor& p : initial) params[r].push_back(p.clone());
       for (auto& p : params[r]) p.requires_grad_(true);
       FusedAdamW optimizer(params[r], 0.01);
       DataParallelOptions o;
