@@ -169,7 +169,7 @@ absl::Status Allow(const Caller& caller, Verb verb, const std::string& job_owner
                                          "'s job needs an admin token (a submit token cancels only its own jobs)"));
     case Verb::kMint:
       if (role == control::ROLE_ADMIN) return absl::OkStatus();
-      return Denied(caller, "minting and revoking tokens needs an admin token");
+      return Denied(caller, "minting, listing and revoking tokens needs an admin token");
   }
   return absl::InternalError("unknown verb");
 }
@@ -179,6 +179,7 @@ absl::Status Access::Load() {
   if (!tokens.ok()) return tokens.status();
   std::vector<Entry> entries;
   for (const TokenRecord& t : *tokens) {
+    if (t.is_revoked()) continue;  // recognized no more; the record stays so that its name is not reused
     Entry e{t.name, t.role, {}, false};
     e.valid = ParseHash(t.hash, e.hash);
     entries.push_back(std::move(e));
@@ -217,19 +218,22 @@ absl::StatusOr<std::string> Access::Mint(const std::string& name, control::Role 
 }
 
 absl::Status Access::Revoke(const std::string& name) {
-  if (absl::Status s = store_->RevokeToken(name); !s.ok()) return s;
+  if (absl::Status s = store_->RevokeToken(name, absl::Now()); !s.ok()) return s;
   return Load();
 }
 
-absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string& dir) {
+absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string& dir, bool mint_new) {
   if (absl::Status s = CheckStateDirMode(dir); !s.ok()) return s;
   absl::StatusOr<std::vector<TokenRecord>> tokens = store.FindTokens();
   if (!tokens.ok()) return tokens.status();
   const std::string path = absl::StrCat(dir, "/admin.token");
-  if (std::any_of(tokens->begin(), tokens->end(), [](const TokenRecord& t) { return t.role == control::ROLE_ADMIN; })) {
+  const bool have_admin = std::any_of(tokens->begin(), tokens->end(), [](const TokenRecord& t) {
+    return t.role == control::ROLE_ADMIN && !t.is_revoked();
+  });
+  if (have_admin && !mint_new) {
     if (::access(path.c_str(), F_OK) == 0) return std::string();
-    return absl::StrCat("note: ", path, " is gone; the admin token minted at the first start still works and is not "
-                        "minted again");
+    return absl::StrCat("note: ", path, " is gone; the admin token minted before still works and is not minted "
+                        "again (restart with --new_admin_token to mint another into that file)");
   }
   absl::StatusOr<std::string> token = MintToken();
   if (!token.ok()) return token.status();

@@ -79,13 +79,14 @@ class Access {
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
 };
 
-// On a first start (no admin token in the store): mints an admin token (named "admin", or "admin2",
-// ... when that name is a non-admin token's), writes it alone on a line to <dir>/admin.token (mode 0600,
-// atomically: a temporary file, fsync, rename) and returns the line to print. On later starts mints
-// nothing: returns "" or, when <dir>/admin.token is gone, a line saying so. Call it before
-// Access::Load. FAILED_PRECONDITION when `dir` is writable by group or others: anyone who can write
-// there could swap the store or read a token planted for them.
-absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string& dir);
+// On a first start (no valid admin token in the store), or with `mint_new` (the admin token was lost):
+// mints an admin token (named "admin", or "admin2", ... when that name was ever taken), writes it alone
+// on a line to <dir>/admin.token (mode 0600, atomically: a temporary file, fsync, rename) and returns
+// the line to print. Otherwise mints nothing: returns "" or, when <dir>/admin.token is gone, a line
+// saying so. Earlier admin tokens stay valid until revoked. Call it before Access::Load.
+// FAILED_PRECONDITION when `dir` is writable by group or others: anyone who can write there could swap
+// the store or read a token planted for them.
+absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string& dir, bool mint_new = false);
 
 
 }  // namespace stagehand

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -111,6 +112,10 @@ TEST_F(AccessTest, Revoke_MintedToken_IsRefusedAfterwards) {
   ASSERT_TRUE(access_->Revoke("bob").ok());
   EXPECT_EQ(access_->Authenticate(*bob).status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(access_->Revoke("bob").code(), absl::StatusCode::kNotFound);
+  // Its name stays taken: a new "bob" would own the old one's jobs.
+  absl::StatusOr<std::string> again = access_->Mint("bob", control::ROLE_SUBMIT);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("was revoked"));
 }
 
 TEST_F(AccessTest, Mint_BadNameRoleOrTakenName_IsRefused) {
@@ -145,7 +150,7 @@ TEST(AllowTest, Allow_Refused_NamesTheRoleAndWhatIsNeeded) {
             "token 'bob' has role submit; cancelling alice's job needs an admin token (a submit token cancels only "
             "its own jobs)");
   EXPECT_EQ(Allow(Caller{"bob", control::ROLE_SUBMIT}, Verb::kMint).message(),
-            "token 'bob' has role submit; minting and revoking tokens needs an admin token");
+            "token 'bob' has role submit; minting, listing and revoking tokens needs an admin token");
 }
 
 TEST_F(AccessTest, EnsureAdminToken_FirstStart_WritesAPrivateFileTheServerAccepts) {
@@ -178,6 +183,31 @@ TEST_F(AccessTest, EnsureAdminToken_LaterStart_MintsNothing) {
   EXPECT_THAT(*gone, HasSubstr(path + " is gone"));
   EXPECT_NE(::access(path.c_str(), F_OK), 0);
   EXPECT_EQ(store_->FindTokens()->size(), 1u);
+}
+
+TEST_F(AccessTest, EnsureAdminToken_NewAdminTokenAsked_MintsAnotherBesideTheFirst) {
+  ASSERT_TRUE(EnsureAdminToken(*store_, dir_).ok());
+  const std::string path = dir_ + "/admin.token";
+  const std::string first = Slurp(path);
+  ASSERT_EQ(::unlink(path.c_str()), 0);  // lost
+  absl::StatusOr<std::string> line = EnsureAdminToken(*store_, dir_, /*mint_new=*/true);
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_THAT(*line, HasSubstr("admin token 'admin2'"));
+  const std::string second = Slurp(path);
+  EXPECT_NE(second, first);
+  ASSERT_TRUE(access_->Load().ok());
+  absl::StatusOr<Caller> caller = access_->Authenticate(std::string(absl::StripTrailingAsciiWhitespace(second)));
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  EXPECT_EQ(caller->role, control::ROLE_ADMIN);
+  EXPECT_TRUE(access_->Authenticate(std::string(absl::StripTrailingAsciiWhitespace(first))).ok());
+}
+
+TEST_F(AccessTest, EnsureAdminToken_OnlyAdminRevoked_MintsANewOne) {
+  ASSERT_TRUE(EnsureAdminToken(*store_, dir_).ok());
+  ASSERT_TRUE(store_->RevokeToken("admin", absl::Now()).ok());
+  absl::StatusOr<std::string> line = EnsureAdminToken(*store_, dir_);
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_THAT(*line, HasSubstr("admin token 'admin2'"));
 }
 
 TEST_F(AccessTest, EnsureAdminToken_NameAdminTakenByAViewToken_MintsAdmin2) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/crypto.h"
 #include "common/flags.h"
 #include "launcher/auth_token.h"
@@ -50,7 +51,8 @@ constexpr char kUsage[] =
     "  client logs ID [--rank=N] [--follow]               a rank's log\n"
     "  client fetch ID FILE [--output=PATH]               a file of its run directory\n"
     "  client token mint NAME --role=view|submit|admin    a new token (admin); printed once\n"
-    "  client token revoke NAME\n"
+    "  client token revoke NAME                           it is refused from then on; its name is never reused\n"
+    "  client token list                                  every token's name, role and times (admin)\n"
     "  client info                                        what the server is\n"
     "\n"
     "The server and token come from --server and --token_file, else $STAGEHAND_SERVER and\n"
@@ -260,9 +262,32 @@ absl::StatusOr<control::Role> ParseRole(const std::string& role) {
   return absl::InvalidArgumentError(absl::StrCat("--role=", role, ": pass --role=view, --role=submit or --role=admin"));
 }
 
+const char* RoleText(control::Role role) {
+  switch (role) {
+    case control::ROLE_VIEW: return "view";
+    case control::ROLE_SUBMIT: return "submit";
+    case control::ROLE_ADMIN: return "admin";
+    default: return "none";
+  }
+}
+
+std::string FormatMillis(int64_t ms) {
+  return ms == 0 ? std::string("-") : absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(ms), absl::LocalTimeZone());
+}
+
 int Token(ControlClient& client, const std::vector<std::string>& args) {
+  if (args.size() == 2 && args[1] == "list") {
+    absl::StatusOr<std::vector<control::TokenInfo>> tokens = client.ListTokens();
+    if (!tokens.ok()) return Fail(tokens.status());
+    std::printf("%-24s %-7s %-19s  %s\n", "NAME", "ROLE", "CREATED", "REVOKED");
+    for (const control::TokenInfo& t : *tokens) {
+      std::printf("%-24s %-7s %-19s  %s\n", t.name().c_str(), RoleText(t.role()),
+                  FormatMillis(t.created_time_ms()).c_str(), FormatMillis(t.revoked_time_ms()).c_str());
+    }
+    return 0;
+  }
   if (args.size() != 3 || (args[1] != "mint" && args[1] != "revoke")) {
-    return Usage("expected `token mint NAME --role=ROLE` or `token revoke NAME`");
+    return Usage("expected `token mint NAME --role=ROLE`, `token revoke NAME` or `token list`");
   }
   if (args[1] == "revoke") {
     absl::Status s = client.Revoke(args[2]);

@@ -269,4 +269,12 @@ absl::Status ControlClient::Revoke(const std::string& name) {
   return Explain(stub_->RevokeToken(Context(true).get(), request, &response));
 }
 
+absl::StatusOr<std::vector<control::TokenInfo>> ControlClient::ListTokens() {
+  control::ListTokensRequest request;
+  control::ListTokensResponse response;
+  grpc::Status s = stub_->ListTokens(Context(true).get(), request, &response);
+  if (!s.ok()) return Explain(s);
+  return std::vector<control::TokenInfo>(response.tokens().begin(), response.tokens().end());
+}
+
 }  // namespace stagehand

@@ -61,6 +61,7 @@ class ControlClient {
 
   absl::StatusOr<std::string> Mint(const std::string& name, control::Role role);
   absl::Status Revoke(const std::string& name);
+  absl::StatusOr<std::vector<control::TokenInfo>> ListTokens();
 
   const ClientTlsInfo& tls_info() const { return info_; }
 

@@ -211,6 +211,15 @@ grpc::Status ControlService::RevokeToken(Context* context, const control::Revoke
   return ToGrpcStatus(service_->RevokeToken(*caller, request->name()));
 }
 
+grpc::Status ControlService::ListTokens(Context* context, const control::ListTokensRequest*,
+                                        control::ListTokensResponse* response) {
+  STAGEHAND_AUTHENTICATE(caller, context);
+  absl::StatusOr<std::vector<control::TokenInfo>> tokens = service_->ListTokens(*caller);
+  if (!tokens.ok()) return ToGrpcStatus(tokens.status());
+  for (control::TokenInfo& t : *tokens) *response->add_tokens() = std::move(t);
+  return grpc::Status::OK;
+}
+
 absl::StatusOr<ListenAddress> ResolveListenAddress(const std::string& listen) {
   std::string host, port_text;
   int port = 0;

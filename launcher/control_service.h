@@ -45,6 +45,7 @@ class ControlService final : public control::Control::Service {
   grpc::Status FetchFile(Context*, const control::FetchFileRequest*, grpc::ServerWriter<control::FileChunk>*) override;
   grpc::Status MintToken(Context*, const control::MintTokenRequest*, control::MintTokenResponse*) override;
   grpc::Status RevokeToken(Context*, const control::RevokeTokenRequest*, control::RevokeTokenResponse*) override;
+  grpc::Status ListTokens(Context*, const control::ListTokensRequest*, control::ListTokensResponse*) override;
 
  private:
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContext& context) const;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <dirent.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <sstream>
@@ -347,6 +348,12 @@ TEST_F(ControlServiceTest, MintToken_ThenUse_Works) {
   ASSERT_TRUE(token.ok()) << token.status();
   fake_.AddJob("j");
   EXPECT_TRUE(Client(*token)->Get("j").ok());
+  auto tokens = Client(kAdminToken)->ListTokens();
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_TRUE(std::any_of(tokens->begin(), tokens->end(), [](const control::TokenInfo& t) {
+    return t.name() == "carol" && t.role() == control::ROLE_VIEW;
+  }));
+  EXPECT_EQ(Client(kViewToken)->ListTokens().status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(Client(kAdminToken)->Revoke("carol").ok());
   EXPECT_EQ(Client(*token)->Get("j").status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(Client(kViewToken)->Mint("dave", control::ROLE_ADMIN).status().code(), absl::StatusCode::kPermissionDenied);

@@ -207,6 +207,19 @@ class FakeJobService : public JobService {
     return NotFound(absl::StrCat("token ", name));
   }
 
+  absl::StatusOr<std::vector<control::TokenInfo>> ListTokens(const Caller& caller) override {
+    if (caller.role != control::ROLE_ADMIN) return Denied(caller, "list tokens");
+    absl::MutexLock lock(&mu_);
+    std::vector<control::TokenInfo> out;
+    for (const auto& [token, c] : tokens_) {
+      control::TokenInfo info;
+      info.set_name(c.name);
+      info.set_role(c.role);
+      out.push_back(std::move(info));
+    }
+    return out;
+  }
+
  private:
   struct Job {
     control::JobInfo info;

@@ -162,7 +162,7 @@ absl::StatusOr<std::unique_ptr<JobServer>> JobServer::Open(JobServerOptions opti
       (*store)->MarkRunningLost(absl::Now(), "lost: the server ended while the job ran");
   if (!lost.ok()) return lost.status();
   for (const JobRecord& r : *lost) notes.push_back(absl::StrCat("job ", r.id, " was running when the server ended: marked lost"));
-  absl::StatusOr<std::string> admin = EnsureAdminToken(**store, options.state_dir);
+  absl::StatusOr<std::string> admin = EnsureAdminToken(**store, options.state_dir, options.new_admin_token);
   if (!admin.ok()) return admin.status();
   if (!admin->empty()) notes.push_back(*admin);
   auto access = std::make_unique<Access>(store->get());
@@ -407,6 +407,15 @@ absl::StatusOr<std::string> JobServer::MintToken(const Caller& caller, const std
 absl::Status JobServer::RevokeToken(const Caller& caller, const std::string& name) {
   if (absl::Status s = Allow(caller, Verb::kMint); !s.ok()) return s;
   return access_->Revoke(name);
+}
+
+absl::StatusOr<std::vector<control::TokenInfo>> JobServer::ListTokens(const Caller& caller) {
+  if (absl::Status s = Allow(caller, Verb::kMint); !s.ok()) return s;
+  absl::StatusOr<std::vector<TokenRecord>> tokens = store_->FindTokens();
+  if (!tokens.ok()) return tokens.status();
+  std::vector<control::TokenInfo> out;
+  for (const TokenRecord& t : *tokens) out.push_back(ToTokenInfo(t));
+  return out;
 }
 
 // The serve loop.

@@ -31,6 +31,7 @@ struct JobServerOptions {
   std::string worker_binary;          // "" to find it beside the launcher
   DeviceInventory inventory;          // the host's devices (QueryDevices)
   int max_cpu_workers = 0;            // CPU workers running at once, over all jobs (0: the cores)
+  bool new_admin_token = false;       // mint another admin token even when one exists (the first was lost)
   double peak_tflops_per_device = 989.0;
   bool tls = false;                   // for GetServerInfo
   bool mutual_tls = false;
@@ -72,6 +73,7 @@ class JobServer : public JobService {
                                     int64_t offset, int64_t max_bytes) override;
   absl::StatusOr<std::string> MintToken(const Caller& caller, const std::string& name, control::Role role) override;
   absl::Status RevokeToken(const Caller& caller, const std::string& name) override;
+  absl::StatusOr<std::vector<control::TokenInfo>> ListTokens(const Caller& caller) override;
 
  private:
   struct Live;  // a job this server process knows: its events and, while it runs, its run

@@ -75,6 +75,8 @@ class JobService {
   // The new token's text (shown once).
   virtual absl::StatusOr<std::string> MintToken(const Caller& caller, const std::string& name, control::Role role) = 0;
   virtual absl::Status RevokeToken(const Caller& caller, const std::string& name) = 0;
+  // Every token's record (name, role, times; the revoked ones too), by name. Admin only.
+  virtual absl::StatusOr<std::vector<control::TokenInfo>> ListTokens(const Caller& caller) = 0;
 };
 
 }  // namespace stagehand

@@ -31,7 +31,7 @@ namespace {
 // "STGH": PRAGMA application_id, which tells our database from another program's SQLite file.
 constexpr int32_t kApplicationId = 0x53544748;
 // PRAGMA user_version: the schema below. A change adds a migration from the previous version in Init.
-constexpr int64_t kSchemaVersion = 1;
+constexpr int64_t kSchemaVersion = 2;  // 2: tokens.revoked_us (revoked tokens are kept, their names never reused)
 // How long a statement waits for a lock held by another connection (an sqlite3 shell reading the file).
 constexpr int kBusyTimeoutMs = 5000;
 
@@ -60,9 +60,13 @@ CREATE TABLE tokens (
   name TEXT PRIMARY KEY,
   role INTEGER NOT NULL,
   hash TEXT NOT NULL,
-  created_us INTEGER
+  created_us INTEGER,
+  revoked_us INTEGER          -- NULL while the token is valid; a revoked token's row stays, so its name is never reused
 );
 )sql";
+
+// Schema 1 to 2: revoking a token marks its row instead of deleting it.
+constexpr char kMigrate1To2[] = "ALTER TABLE tokens ADD COLUMN revoked_us INTEGER";
 
 // The columns Row() reads, in its order. A macro so that each statement stays one string literal (the
 // statement cache is keyed by the literal's address).
@@ -89,8 +93,9 @@ constexpr char kMarkEnded[] =
 constexpr char kSetCancelledBy[] = "UPDATE jobs SET cancelled_by = ?2 WHERE id = ?1";
 constexpr char kMarkLost[] = "UPDATE jobs SET state = ?1, ended_us = ?2, root_cause = ?3 WHERE state = ?4";
 constexpr char kInsertToken[] = "INSERT INTO tokens (name, role, hash, created_us) VALUES (?1, ?2, ?3, ?4)";
-constexpr char kSelectTokens[] = "SELECT name, role, hash, created_us FROM tokens ORDER BY name";
-constexpr char kDeleteToken[] = "DELETE FROM tokens WHERE name = ?1";
+constexpr char kSelectTokens[] = "SELECT name, role, hash, created_us, revoked_us FROM tokens ORDER BY name";
+constexpr char kSelectTokenRevoked[] = "SELECT revoked_us FROM tokens WHERE name = ?1";
+constexpr char kRevokeToken[] = "UPDATE tokens SET revoked_us = ?2 WHERE name = ?1 AND revoked_us IS NULL";
 
 #undef STAGEHAND_JOB_COLUMNS
 
@@ -268,6 +273,15 @@ control::JobInfo ToJobInfo(const JobRecord& job) {
   return info;
 }
 
+control::TokenInfo ToTokenInfo(const TokenRecord& token) {
+  control::TokenInfo info;
+  info.set_name(token.name);
+  info.set_role(token.role);
+  info.set_created_time_ms(ToMillis(token.created));
+  info.set_revoked_time_ms(ToMillis(token.revoked));
+  return info;
+}
+
 std::string SubmissionDigest(const control::SubmitJobRequest& request) {
   control::SubmitJobRequest copy = request;
   copy.clear_submission_id();
@@ -322,7 +336,8 @@ absl::Status JobStore::Init() {
   absl::StatusOr<int64_t> version = QueryInt("PRAGMA user_version");
   if (!version.ok()) return version.status();
   if (*version == 0) return CreateSchema();
-  return absl::OkStatus();  // kSchemaVersion; CheckHeader refused anything else
+  if (*version == 1) return Migrate(kMigrate1To2, 2);
+  return absl::OkStatus();  // kSchemaVersion; CheckHeader refused anything newer
 }
 
 absl::Status JobStore::UseWal() {
@@ -368,6 +383,13 @@ absl::Status JobStore::CreateSchema() {
   if (body.ok()) body = Exec(absl::StrCat("PRAGMA application_id = ", kApplicationId).c_str());
   if (body.ok()) body = Exec(absl::StrCat("PRAGMA user_version = ", kSchemaVersion).c_str());
   return Commit(body);
+}
+
+absl::Status JobStore::Migrate(const char* sql, int64_t to_version) {
+  if (absl::Status s = Begin(); !s.ok()) return s;
+  absl::Status body = Exec(sql);
+  if (body.ok()) body = Exec(absl::StrCat("PRAGMA user_version = ", to_version).c_str());
+  return Commit(body);  // all or nothing: a failed migration leaves the file at its old version
 }
 
 absl::Status JobStore::Error(int rc, const std::string& what) {
@@ -612,8 +634,16 @@ absl::Status JobStore::AddToken(const TokenRecord& token) {
   st->Text(1, token.name).Int(2, token.role).Text(3, token.hash).Time(4, token.created);
   const int rc = st->Step();
   if ((rc & 0xff) == SQLITE_CONSTRAINT) {
+    absl::StatusOr<Statement> revoked = Prepare(kSelectTokenRevoked);
+    if (!revoked.ok()) return revoked.status();
+    revoked->Text(1, token.name);
+    if (revoked->Step() == SQLITE_ROW && sqlite3_column_type(revoked->get(), 0) != SQLITE_NULL) {
+      return absl::AlreadyExistsError(absl::StrCat("a token named '", token.name,
+                                                   "' was revoked, and names are never reused (its jobs keep their "
+                                                   "owner); pick another name"));
+    }
     return absl::AlreadyExistsError(
-        absl::StrCat("a token named '", token.name, "' exists; pick another name, or revoke it first"));
+        absl::StrCat("a token named '", token.name, "' exists; pick another name"));
   }
   if (rc != SQLITE_DONE) return Error(rc, absl::StrCat("cannot add token '", token.name, "'"));
   return absl::OkStatus();
@@ -635,18 +665,23 @@ absl::StatusOr<std::vector<TokenRecord>> JobStore::FindTokens() {
                                                             : control::ROLE_UNSPECIFIED;  // allows nothing
     t.hash = ColumnText(st->get(), 2);
     t.created = ColumnTime(st->get(), 3);
+    t.revoked = ColumnTime(st->get(), 4);
     tokens.push_back(std::move(t));
   }
 }
 
-absl::Status JobStore::RevokeToken(const std::string& name) {
+absl::Status JobStore::RevokeToken(const std::string& name, absl::Time when) {
   absl::MutexLock l(&mu_);
-  absl::StatusOr<Statement> st = Prepare(kDeleteToken);
+  absl::StatusOr<Statement> st = Prepare(kRevokeToken);
   if (!st.ok()) return st.status();
-  st->Text(1, name);
+  st->Text(1, name).Time(2, when);
   if (int rc = st->Step(); rc != SQLITE_DONE) return Error(rc, absl::StrCat("cannot revoke token '", name, "'"));
-  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no token named '", name, "'"));
-  return absl::OkStatus();
+  if (sqlite3_changes(db_) > 0) return absl::OkStatus();
+  absl::StatusOr<Statement> revoked = Prepare(kSelectTokenRevoked);
+  if (!revoked.ok()) return revoked.status();
+  revoked->Text(1, name);
+  if (revoked->Step() == SQLITE_ROW) return absl::NotFoundError(absl::StrCat("token '", name, "' is already revoked"));
+  return absl::NotFoundError(absl::StrCat("no token named '", name, "'"));
 }
 
 absl::Status JobStore::CheckIntegrity() {

@@ -59,7 +59,11 @@ struct TokenRecord {
   control::Role role = control::ROLE_UNSPECIFIED;
   std::string hash;  // hex SHA-256 of the token (access.h's TokenHash)
   absl::Time created = absl::InfinitePast();
+  absl::Time revoked = absl::InfinitePast();  // InfinitePast: valid
+  bool is_revoked() const { return revoked != absl::InfinitePast(); }
 };
+
+control::TokenInfo ToTokenInfo(const TokenRecord& token);
 
 // Thread-safe: one connection, every call under one lock (a job server's rate of changes is a few per
 // second at most). Each method is one transaction. Errors name the database file and SQLite's message;
@@ -108,11 +112,13 @@ class JobStore {
   // `reason` as its root cause. Returns those jobs as they are now.
   absl::StatusOr<std::vector<JobRecord>> MarkRunningLost(absl::Time now, const std::string& reason);
 
-  // ALREADY_EXISTS when the name is taken.
+  // ALREADY_EXISTS when the name is taken, by a valid token or a revoked one.
   absl::Status AddToken(const TokenRecord& token);
+  // Every token, the revoked ones too (marked), by name.
   absl::StatusOr<std::vector<TokenRecord>> FindTokens();
-  // NOT_FOUND when there is no such token.
-  absl::Status RevokeToken(const std::string& name);
+  // Marks the token revoked at `when`; its row stays, so AddToken refuses its name from then on.
+  // NOT_FOUND when there is no such token or it is revoked already.
+  absl::Status RevokeToken(const std::string& name, absl::Time when);
 
   // PRAGMA integrity_check: OK, or DATA_LOSS with SQLite's first complaint. It reads the whole file.
   absl::Status CheckIntegrity();
@@ -125,6 +131,8 @@ class JobStore {
   absl::Status CheckHeader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UseWal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CreateSchema() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One transaction: `sql`, then user_version = to_version.
+  absl::Status Migrate(const char* sql, int64_t to_version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(int rc, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> QueryInt(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -220,9 +220,45 @@ TEST(JobStoreTest, Tokens_AddFindRevoke_KeepNamesUnique) {
   EXPECT_EQ(tokens[1].role, control::ROLE_VIEW);
   EXPECT_EQ(tokens[1].hash, "h1");
   EXPECT_EQ(tokens[1].created, created);
-  ASSERT_TRUE(store->RevokeToken("bob").ok());
-  EXPECT_EQ(store->RevokeToken("bob").code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store->FindTokens()->size(), 1u);
+  const absl::Time revoked = absl::FromUnixSeconds(1760000100);
+  ASSERT_TRUE(store->RevokeToken("bob", revoked).ok());
+  absl::Status again = store->RevokeToken("bob", revoked);
+  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(again.message()), HasSubstr("already revoked"));
+  EXPECT_EQ(store->RevokeToken("nobody", revoked).code(), absl::StatusCode::kNotFound);
+  // The revoked record stays (marked), and its name is never given to another token: the jobs it
+  // submitted keep their owner.
+  tokens = *store->FindTokens();
+  ASSERT_EQ(tokens.size(), 2u);
+  EXPECT_FALSE(tokens[0].is_revoked());
+  EXPECT_EQ(tokens[1].revoked, revoked);
+  absl::Status reuse = store->AddToken({"bob", control::ROLE_ADMIN, "h4", created});
+  EXPECT_EQ(reuse.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(reuse.message()), HasSubstr("was revoked"));
+}
+
+TEST(JobStoreTest, Open_SchemaVersion1_IsMigratedKeepingTokensAndJobs) {
+  const std::string dir = StateDir();
+  // A version-1 store as the previous launcher made it: tokens had no revoked_us column.
+  {
+    auto store = OpenOrDie(dir);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->Insert(Job("a")).ok());
+    ASSERT_TRUE(store->AddToken({"bob", control::ROLE_VIEW, "h1", absl::FromUnixSeconds(1760000000)}).ok());
+  }
+  RawSql(dir + "/jobs.db",
+         "BEGIN; CREATE TABLE t AS SELECT name, role, hash, created_us FROM tokens; DROP TABLE tokens; "
+         "CREATE TABLE tokens (name TEXT PRIMARY KEY, role INTEGER NOT NULL, hash TEXT NOT NULL, created_us INTEGER); "
+         "INSERT INTO tokens SELECT * FROM t; DROP TABLE t; PRAGMA user_version = 1; COMMIT;");
+  auto store = OpenOrDie(dir);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Get("a").ok());
+  std::vector<TokenRecord> tokens = *store->FindTokens();
+  ASSERT_EQ(tokens.size(), 1u);
+  EXPECT_EQ(tokens[0].name, "bob");
+  EXPECT_FALSE(tokens[0].is_revoked());
+  ASSERT_TRUE(store->RevokeToken("bob", absl::Now()).ok());
+  EXPECT_TRUE(store->CheckIntegrity().ok());
 }
 
 TEST(JobStoreTest, Open_Reopened_KeepsJobsAndTokens) {

@@ -52,6 +52,7 @@ int Serve(const ServeOptions& options) {
   so.worker_binary = options.worker_binary;
   so.inventory = QueryDevices();
   so.max_cpu_workers = options.max_cpu_workers;
+  so.new_admin_token = options.new_admin_token;
   so.peak_tflops_per_device = options.peak_tflops_per_device;
   so.tls = !options.tls_cert.empty();
   so.mutual_tls = !options.tls_client_ca.empty();

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -331,6 +332,47 @@ TEST_F(ServeTest, Refusals_NoToken_ViewToken_PathOut_NeverFits) {
   ClientResult no_token = RunClient(server, "list", "/nonexistent/token");
   EXPECT_NE(no_token.exit_code, 0);
   EXPECT_TRUE(absl::StrContains(no_token.output, "token")) << no_token.output;
+}
+
+// Tokens through the client binary across a restart: a revoked name is never reused, `token list`
+// shows every record, and a lost admin.token is replaced with --new_admin_token.
+TEST_F(ServeTest, Tokens_RevokeListAndALostAdminToken_AcrossARestart) {
+  const std::string state = StateDir();
+  std::string first_admin;
+  {
+    Server server(state);
+    ASSERT_FALSE(server.address().empty()) << server.log();
+    first_admin = AdminToken(server);
+    ClientResult mint = RunClient(server, "token mint carol --role=submit");
+    ASSERT_EQ(mint.exit_code, 0) << mint.output;
+    ClientResult revoke = RunClient(server, "token revoke carol");
+    ASSERT_EQ(revoke.exit_code, 0) << revoke.output;
+    ClientResult reuse = RunClient(server, "token mint carol --role=view");
+    EXPECT_NE(reuse.exit_code, 0);
+    EXPECT_TRUE(absl::StrContains(reuse.output, "was revoked")) << reuse.output;
+    EXPECT_EQ(server.Stop(), 0) << server.log();
+  }
+  ASSERT_EQ(unlink((state + "/admin.token").c_str()), 0);  // the admin token is lost
+  Server plain(state);
+  ASSERT_FALSE(plain.address().empty()) << plain.log();
+  EXPECT_TRUE(absl::StrContains(plain.log(), "--new_admin_token")) << plain.log();
+  EXPECT_EQ(plain.Stop(), 0);
+  Server server(state, {"--new_admin_token"});
+  ASSERT_FALSE(server.address().empty()) << server.log();
+  EXPECT_TRUE(absl::StrContains(server.log(), "admin token 'admin2'")) << server.log();
+  ClientResult list = RunClient(server, "token list");
+  ASSERT_EQ(list.exit_code, 0) << list.output;
+  EXPECT_TRUE(absl::StrContains(list.output, "admin2")) << list.output;
+  // carol's line has a revoke time; the admins' do not.
+  bool carol_revoked = false;
+  for (absl::string_view line : absl::StrSplit(list.output, '\n')) {
+    if (absl::StartsWith(line, "carol ")) carol_revoked = !absl::EndsWith(absl::StripTrailingAsciiWhitespace(line), "-");
+    if (absl::StartsWith(line, "admin ")) EXPECT_TRUE(absl::EndsWith(absl::StripTrailingAsciiWhitespace(line), "-")) << line;
+  }
+  EXPECT_TRUE(carol_revoked) << list.output;
+  // The first admin token still works, until revoked.
+  std::unique_ptr<ControlClient> old_admin = Connect(server, first_admin);
+  EXPECT_TRUE(old_admin->List({}).ok());
 }
 
 TEST_F(ServeTest, Kill9_OneRunningOneQueued_RestartMarksLostAndRunsTheQueued) {
