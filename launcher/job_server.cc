@@ -338,6 +338,7 @@ absl::StatusOr<control::JobInfo> JobServer::Cancel(const Caller& caller, const s
     if (!ended.ok()) return ended.status();
     control::JobInfo info = Info(*ended);
     live->events.AddState(info, true);
+    RetireLocked(id);
     options_.log(absl::StrCat("job ", id, ": cancelled by ", caller.name, " before it started"));
     return info;
   }
@@ -534,6 +535,16 @@ void JobServer::End(const std::string& id, Live& live, control::JobState state, 
     live.running = false;
   }
   Publish(id, live, true);
+  absl::MutexLock lock(&mu_);
+  RetireLocked(id);
+}
+
+void JobServer::RetireLocked(const std::string& id) {
+  ended_.push_back(id);
+  while (ended_.size() > options_.ended_jobs_with_events) {
+    live_.erase(ended_.front());  // a watcher holding it reads on; later ones get the final state
+    ended_.pop_front();
+  }
 }
 
 void JobServer::Publish(const std::string& id, Live& live, bool final) {

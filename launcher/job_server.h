@@ -8,6 +8,7 @@
 #ifndef STAGEHAND_LAUNCHER_JOB_SERVER_H_
 #define STAGEHAND_LAUNCHER_JOB_SERVER_H_
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -32,6 +33,9 @@ struct JobServerOptions {
   DeviceInventory inventory;          // the host's devices (QueryDevices)
   int max_cpu_workers = 0;            // CPU workers running at once, over all jobs (0: the cores)
   bool new_admin_token = false;       // mint another admin token even when one exists (the first was lost)
+  // How many ended jobs keep their events (each up to JobEvents::kMaxLines lines) in memory; a watch of
+  // an older one gets its final state only, as for jobs that ended before a restart.
+  size_t ended_jobs_with_events = 64;
   double peak_tflops_per_device = 989.0;
   bool tls = false;                   // for GetServerInfo
   bool mutual_tls = false;
@@ -88,6 +92,8 @@ class JobServer : public JobService {
   void End(const std::string& id, Live& live, control::JobState state, int exit_code, const std::string& cause,
            int64_t steps_done);
   void Publish(const std::string& id, Live& live, bool final);
+  // An ended job: its events stay in memory while it is among the last ended_jobs_with_events to end.
+  void RetireLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobServerOptions options_;
   const std::unique_ptr<JobStore> store_;
@@ -95,6 +101,7 @@ class JobServer : public JobService {
   mutable absl::Mutex mu_;
   DeviceQueue queue_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Live>> live_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);  // ended jobs still in live_, oldest first
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool force_ ABSL_GUARDED_BY(mu_) = false;
 };
