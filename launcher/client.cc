@@ -32,7 +32,8 @@ ABSL_FLAG(std::string, tls_key, "", "PEM: the key of --tls_cert (default: $STAGE
 ABSL_FLAG(bool, watch, false, "submit: then watch the job and exit with its exit code");
 ABSL_FLAG(bool, no_lines, false, "watch: print state changes and step reports instead of the job's output lines");
 ABSL_FLAG(int, rank, 0, "logs: whose log (rank<N>.log)");
-ABSL_FLAG(bool, follow, false, "logs: keep reading until the job ends");
+ABSL_FLAG(bool, follow, false, "logs: keep reading until the job ends (reconnecting when the server restarts)");
+ABSL_FLAG(int64_t, offset, 0, "logs: start at this byte of the log");
 ABSL_FLAG(std::string, output, "", "fetch: where to write the file (default: its base name in the current directory)");
 ABSL_FLAG(std::string, role, "", "token mint: view, submit or admin");
 ABSL_FLAG(int, limit, 0, "list: at most this many jobs, newest first (default 100)");
@@ -48,7 +49,7 @@ constexpr char kUsage[] =
     "  client status ID                                   one job\n"
     "  client watch ID [--no_lines]                       its output as a foreground run prints it\n"
     "  client cancel ID                                   stop it, and wait for it to end\n"
-    "  client logs ID [--rank=N] [--follow]               a rank's log\n"
+    "  client logs ID [--rank=N] [--offset=B] [--follow]  a rank's log\n"
     "  client fetch ID FILE [--output=PATH]               a file of its run directory\n"
     "  client token mint NAME --role=view|submit|admin    a new token (admin); printed once\n"
     "  client token revoke NAME                           it is refused from then on; its name is never reused\n"
@@ -238,7 +239,7 @@ int Cancel(ControlClient& client, const std::string& id) {
 }
 
 int Logs(ControlClient& client, const std::string& id) {
-  absl::Status s = client.Logs(id, absl::GetFlag(FLAGS_rank), 0, absl::GetFlag(FLAGS_follow), [](absl::string_view data) {
+  absl::Status s = client.Logs(id, absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_offset), absl::GetFlag(FLAGS_follow), [](absl::string_view data) {
     std::fwrite(data.data(), 1, data.size(), stdout);
     std::fflush(stdout);
   });

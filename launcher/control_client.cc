@@ -213,13 +213,37 @@ absl::Status ControlClient::Logs(const std::string& id, int rank, int64_t offset
   control::LogsRequest request;
   request.set_id(id);
   request.set_rank(rank);
-  request.set_offset(offset);
   request.set_follow(follow);
-  std::unique_ptr<grpc::ClientContext> context = Context(false);
-  auto reader = stub_->Logs(context.get(), request);
-  control::LogChunk chunk;
-  while (reader->Read(&chunk)) on_data(chunk.data());
-  return Explain(reader->Finish());
+  int retries = 0;
+  absl::Time window_start = absl::Now();
+  absl::Duration backoff = options_.initial_backoff;
+  for (;;) {
+    request.set_offset(offset);
+    std::unique_ptr<grpc::ClientContext> context = Context(false);
+    auto reader = stub_->Logs(context.get(), request);
+    control::LogChunk chunk;
+    bool progressed = false;
+    while (reader->Read(&chunk)) {
+      offset += static_cast<int64_t>(chunk.data().size());  // a reconnect asks from here: nothing twice
+      progressed = progressed || !chunk.data().empty();
+      on_data(chunk.data());
+    }
+    grpc::Status s = reader->Finish();
+    // Only a followed log is worth reconnecting for; the same budget as Watch's.
+    if (s.ok() || !follow || s.error_code() != grpc::StatusCode::UNAVAILABLE) return Explain(s);
+    if (progressed) {
+      retries = 0;
+      window_start = absl::Now();
+      backoff = options_.initial_backoff;
+    }
+    if (++retries > options_.watch_retries || absl::Now() - window_start > options_.watch_retry_window) {
+      return absl::UnavailableError(absl::StrCat(Explain(s).message(), "; gave up after ", retries - 1,
+                                                 " reconnects; resume with `client logs ", id, " --rank=", rank,
+                                                 " --offset=", offset, " --follow`"));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
 }
 
 absl::StatusOr<int64_t> ControlClient::Fetch(const std::string& id, const std::string& path,

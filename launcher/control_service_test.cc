@@ -275,6 +275,31 @@ TEST_F(ControlServiceTest, Logs_Follow_ReadsUntilTheJobEnds) {
   EXPECT_EQ(got, "first\nsecond\n");
 }
 
+TEST_F(ControlServiceTest, Logs_FollowServerRestarts_ClientResumesAtItsOffset) {
+  fake_.AddJob("j");
+  fake_.AppendLog("j", 0, "first\n");
+  const std::string address = server_->address();
+  absl::Notification first;
+  std::string got;
+  absl::Status status;
+  auto client = Client(kViewToken, /*watch_retries=*/20);
+  std::thread reader([&] {
+    status = client->Logs("j", 0, 0, true, [&](absl::string_view data) {
+      got.append(data.data(), data.size());
+      if (!first.HasBeenNotified()) first.Notify();
+    });
+  });
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  server_->Stop();
+  fake_.AppendLog("j", 0, "while down\n");
+  StartServer(address);
+  fake_.AppendLog("j", 0, "after\n");
+  fake_.EndJob("j", control::JOB_STATE_SUCCEEDED, 0);
+  reader.join();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(got, "first\nwhile down\nafter\n");  // nothing lost, nothing twice
+}
+
 TEST_F(ControlServiceTest, Logs_NoFollow_ReadsWhatIsThereInChunks) {
   fake_.AddJob("j");
   const std::string log(200 * 1024 + 3, 'x');
