@@ -40,7 +40,7 @@ std::string GptExportName(const ModelSpec& spec, const std::string& internal) {
   }
 }
 
-std::string Number(double v) { return absl::StrFormat("%.17g", v); }
+std::string Number(double v) { return absl::StrFormat("%.15g", v); }
 
 std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
 

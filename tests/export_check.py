@@ -6,8 +6,9 @@
                                              must be at most 1e-4
   export_check.py gpt EXPORT_DIR OURS PEER   the same with tools/peer/gpt_peer.py's load_export (PEER)
   export_check.py same DIR_A DIR_B           both exports hold the same tensors, bit for bit
-  export_check.py drop FILE NAME             rewrites a safetensors FILE without tensor NAME
-  export_check.py reshape FILE NAME          rewrites FILE with NAME's first dimension one shorter
+  export_check.py drop DIR NAME              rewrites the export without tensor NAME (file and index)
+  export_check.py reshape DIR NAME           rewrites it with NAME's first dimension one shorter
+  export_check.py extra DIR NAME             adds a tensor NAME.extra beside NAME (file and index)
 Exits 1 with one line on a mismatch.
 """
 import importlib.util
@@ -98,12 +99,24 @@ def main(argv):
             if not torch.equal(a[k], b[k]):
                 sys.exit(f"export_check: {k} differs between {argv[2]} and {argv[3]}")
         print(f"export_check: {len(a)} tensors equal")
-    elif mode in ("drop", "reshape"):
-        tensors, metadata = read(argv[2])
-        t = tensors.pop(argv[3])
+    elif mode in ("drop", "reshape", "extra"):
+        directory, name = argv[2], argv[3]
+        index = os.path.join(directory, "model.safetensors.index.json")
+        weight_map = json.load(open(index))["weight_map"] if os.path.exists(index) else None
+        path = os.path.join(directory, weight_map[name] if weight_map else "model.safetensors")
+        tensors, metadata = read(path)
+        t = tensors.pop(name)
         if mode == "reshape":
-            tensors[argv[3]] = t[:-1].clone()
-        write(argv[2], tensors, metadata)
+            tensors[name] = t[:-1].clone()
+        elif mode == "extra":
+            tensors[name], tensors[name + ".extra"] = t, t
+        write(path, tensors, metadata)
+        if weight_map is not None:
+            if mode == "drop":
+                del weight_map[name]
+            elif mode == "extra":
+                weight_map[name + ".extra"] = weight_map[name]
+            json.dump({"metadata": {}, "weight_map": weight_map}, open(index, "w"))
     else:
         sys.exit(f"export_check: unknown mode {mode}")
 

@@ -93,13 +93,16 @@ refused "intermediate_size" --workers=2 --model=llama-tiny --ffn_hidden=128 --st
 refused "model_type" --workers=2 --model=tiny --steps=1 --init_from="$t/llama"
 refused "config.json is missing" --workers=2 --model=tiny --steps=1 --init_from="$t/g"
 refused "drop one of them" --workers=2 --model=llama-tiny --steps=6 --init_from="$t/llama" --resume="$t/a"
-cp -r "$t/gpt" "$t/cut" && truncate -s -100 "$t/cut/model.safetensors"
-refused "cut/model.safetensors" --workers=2 --model=tiny --steps=1 --init_from="$t/cut"
-cp -r "$t/gpt" "$t/drop" && "$py" "$check" drop "$t/drop/model.safetensors" ln_f.bias
+cp -r "$t/gpt" "$t/cut" && truncate -s -100 "$t/cut/model-00002-of-00002.safetensors"
+refused "cut/model-00002-of-00002.safetensors" --workers=2 --model=tiny --steps=1 --init_from="$t/cut"
+cp -r "$t/gpt" "$t/drop" && "$py" "$check" drop "$t/drop" ln_f.bias
 refused "has no tensor ln_f.bias" --workers=2 --model=tiny --steps=1 --init_from="$t/drop"
-cp -r "$t/gpt" "$t/shape" && "$py" "$check" reshape "$t/shape/model.safetensors" blocks.1.fc1.weight
+cp -r "$t/gpt" "$t/shape" && "$py" "$check" reshape "$t/shape" blocks.1.fc1.weight
 refused "holds blocks.1.fc1.weight as [255, 64]" --workers=2 --model=tiny --steps=1 --init_from="$t/shape"
-cp -r "$t/llama" "$t/extra" && cp "$t/gpt/model.safetensors" "$t/extra/model-00002-of-00002.safetensors"
-refused "model-00002-of-00002.safetensors holds" --workers=2 --model=llama-tiny --steps=1 --init_from="$t/extra"
+cp -r "$t/llama" "$t/extra" && "$py" "$check" extra "$t/extra" model.norm.weight
+refused "holds model.norm.weight.extra, which this model has not" --workers=2 --model=llama-tiny --steps=1 \
+  --init_from="$t/extra"
+cp -r "$t/llama" "$t/mixed" && cp "$t/gpt/model-00002-of-00002.safetensors" "$t/mixed/"
+refused "mixed/model-00002-of-00002.safetensors holds" --workers=2 --model=llama-tiny --steps=1 --init_from="$t/mixed"
 
 echo "$passed passed, 0 failed"
