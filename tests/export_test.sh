@@ -105,4 +105,21 @@ refused "holds model.norm.weight.extra, which this model has not" --workers=2 --
 cp -r "$t/llama" "$t/mixed" && cp "$t/gpt/model-00002-of-00002.safetensors" "$t/mixed/"
 refused "mixed/model-00002-of-00002.safetensors holds" --workers=2 --model=llama-tiny --steps=1 --init_from="$t/mixed"
 
+# 7. A directory that appears under the export's name while the run trains: the rename fails, the
+# run fails with a line saying so, the temporary directory is removed, the intruder left as it was.
+run --workers=2 --model=tiny --steps=60 --run_dir="$t/late_run" --export_dir="$t/late" > "$t/late.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do
+  [ -s "$t/late_run/steps.csv" ] && [ "$(wc -l < "$t/late_run/steps.csv")" -ge 2 ] && break
+  sleep 0.1
+done
+mkdir "$t/late" && touch "$t/late/keep"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 1 ] || fail "the run whose export could not be renamed exited $rc: $(tail -5 "$t/late.log")"
+grep -q "renaming .*late.partial-.* to .*late" "$t/late.log" || fail "no line on the failed rename: $(tail -5 "$t/late.log")"
+ls -d "$t"/late.partial-* >/dev/null 2>&1 && fail "the temporary export was left behind: $(ls "$t")"
+[ "$(ls "$t/late")" = keep ] || fail "the directory in the export's place changed: $(ls "$t/late")"
+ok "an export that cannot be renamed into place fails the run and leaves nothing"
+
 echo "$passed passed, 0 failed"

@@ -409,7 +409,7 @@ absl::Status FinishExport(const CheckpointWriterOptions& o, const std::string& t
   if (absl::Status s = SyncDirectory(tmp); !s.ok()) return s;
   if (rename(tmp.c_str(), job.export_dir().c_str()) != 0) {
     return absl::InternalError(absl::StrCat("renaming ", tmp, " to ", job.export_dir(), ": ", ErrnoText(errno),
-                                            "; the export is left under the temporary name"));
+                                            " (did something else create it meanwhile?); the weights are not exported"));
   }
   return SyncDirectory(ParentOf(job.export_dir()));
 }
