@@ -34,6 +34,10 @@ std::string SummaryLine(const RunReport& report, const std::vector<ReportStepReq
   std::string line = absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s  %.1f TFLOP/s", report.step_seconds(),
                                      report.tokens_per_second(), report.tflops());
   if (gpu) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * report.mfu()));
+  if (report.inference_perplexity() > 0) {  // inference with weights: over every step's batch
+    absl::StrAppend(&line, absl::StrFormat("  loss %.4f  perplexity %.3f", report.inference_loss(),
+                                           report.inference_perplexity()));
+  }
   if (HasActionTiming(steps)) {
     absl::StrAppend(&line, "  bubble");
     for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));

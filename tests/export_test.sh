@@ -67,7 +67,8 @@ run --workers=3 --model=llama-tiny --steps=2 --init_from="$t/llama" --run_dir="$
   || { cat "$t/b.log"; fail "the --init_from training run"; }
 run --workers=1 --model=llama-tiny --steps=1 --inference --init_from="$t/llama" --run_dir="$t/c" > "$t/c.log" 2>&1 \
   || { cat "$t/c.log"; fail "the --init_from inference run"; }
-grep -q "perplexity" "$t/c.log" || fail "the inference run printed no perplexity: $(cat "$t/c.log")"
+grep -q "^stagehand: step 1/1  loss .*  perplexity " "$t/c.log" || fail "no perplexity on the progress line: $(cat "$t/c.log")"
+grep -q "^stagehand: .* s/step .* tokens/s .*  loss .*  perplexity " "$t/c.log" || fail "no perplexity on the end line: $(cat "$t/c.log")"
 fresh=$(json "$t/a/report.json" first_loss) first=$(json "$t/b/report.json" first_loss)
 inf=$(json "$t/c/report.json" inference_loss) ppl=$(json "$t/c/report.json" inference_perplexity)
 "$py" - "$fresh" "$first" "$inf" "$ppl" <<'EOF' || fail "losses: fresh $fresh, after --init_from $first, inference $inf, perplexity $ppl"

@@ -34,6 +34,9 @@ On a machine without a GPU (tests): add `--device cpu --preset tiny --global-bat
 autocast). Rank 0 prints one line `RESULT {json}` at the end: mode, schedule, microbatches, split, world,
 step_s, tokens_per_s, tflops, peak_gib (per rank; null on CPU), loss (last step's; null for inference),
 plus the sizes.
+
+load_export(DIR) builds the whole model from a stagehand --export_dir of a GPT (docs/export.md); the
+export test (tests/export_test.sh) compares its logits with stagehand's.
 """
 import argparse
 import contextlib
