@@ -3,6 +3,7 @@
 #include "launcher/job.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -21,6 +22,7 @@
 #include "common/checkpoint.h"
 #include "launcher/run_dir.h"
 #include "launcher/token_file.h"
+#include "models/export_layout.h"
 #include "models/registry.h"
 #include "schedule/schedule.h"
 
@@ -102,6 +104,8 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.checkpoint_every) spec.set_checkpoint_every(*r.checkpoint_every);
   if (r.keep_checkpoints) spec.set_keep_checkpoints(*r.keep_checkpoints);
   if (!r.resume.empty()) spec.set_resume(r.resume);
+  if (!r.export_dir.empty()) spec.set_export_dir(r.export_dir);
+  if (!r.init_from.empty()) spec.set_init_from(r.init_from);
   if (r.max_restarts) spec.set_max_restarts(*r.max_restarts);
   if (r.warmup_steps) spec.set_warmup_steps(*r.warmup_steps);
   if (r.lr_decay_steps) spec.set_lr_decay_steps(*r.lr_decay_steps);
@@ -496,7 +500,7 @@ absl::Status SameModel(const std::string& flag, const CheckpointManifest& m, con
 
 // --resume=RUN_DIR: its newest complete checkpoint, whole (every shard's SHA-256 checked), of the same
 // model, and short of --steps. The job then names that checkpoint's directory.
-absl::Status ResolveResume(const JobRequest& r, ResolvedJob& out) {
+absl::Status ResolveResume(const JobRequest& r, bool steps_given, ResolvedJob& out) {
   JobSpec& spec = out.spec;
   const std::string flag = absl::StrCat("--resume=", r.resume.empty() ? spec.resume() : r.resume);
   if (!IsModelJob(spec)) return Invalid(absl::StrCat(flag, ": only a model's training resumes; drop --resume"));
@@ -510,15 +514,60 @@ absl::Status ResolveResume(const JobRequest& r, ResolvedJob& out) {
   }
   if (absl::Status s = SameModel(flag, found->manifest, spec); !s.ok()) return s;
   const int64_t step = found->manifest.step();
-  if (step >= spec.steps()) {
+  // With --export_dir and no --steps (or --steps at the checkpoint's): export it, train nothing.
+  const bool export_only = !spec.export_dir().empty() && (!steps_given || spec.steps() == step);
+  if (export_only) spec.set_steps(step);
+  if (step >= spec.steps() && !export_only) {
     return Invalid(absl::StrCat(flag, ": its newest checkpoint has done ", step, " steps but --steps=", spec.steps(),
-                                "; pass --steps=N with N > ", step));
+                                "; pass --steps=N with N > ", step,
+                                spec.export_dir().empty() ? "" : " (or no --steps, to export it without training)"));
   }
   for (const std::string& skipped : found->skipped) {
     out.notes.push_back(absl::StrCat("skipping ", skipped, ": it has no manifest (its write was cut short)"));
   }
-  out.notes.push_back(absl::StrCat("resuming from step ", step, " of ", found->dir));
+  out.notes.push_back(export_only ? absl::StrCat("exporting step ", step, " of ", found->dir, " without training")
+                                  : absl::StrCat("resuming from step ", step, " of ", found->dir));
   spec.set_resume(found->dir);
+  return absl::OkStatus();
+}
+
+// --export_dir: a directory that does not exist yet, in one that does; --init_from: an export whose
+// config.json and tensors match the model (models/export_layout.h), read before anything starts.
+absl::Status ResolveExport(ResolvedJob& out) {
+  JobSpec& spec = out.spec;
+  while (spec.export_dir().size() > 1 && spec.export_dir().back() == '/') spec.mutable_export_dir()->pop_back();
+  if (!spec.export_dir().empty()) {
+    const std::string& dir = spec.export_dir();
+    const std::string flag = absl::StrCat("--export_dir=", dir);
+    if (!IsModelJob(spec)) return Invalid(absl::StrCat(flag, ": only a model has weights to export; drop --export_dir"));
+    if (std::max(1, spec.data_parallel()) > 1) {
+      return Invalid(absl::StrCat(flag, " with --data_parallel is not supported yet: drop one of them"));
+    }
+    struct stat st;
+    if (lstat(dir.c_str(), &st) == 0) {
+      return Invalid(absl::StrCat(flag, ": it exists already; pass a new directory (an export never replaces one)"));
+    }
+    const size_t slash = dir.find_last_of('/');
+    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+    if (stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return Invalid(absl::StrCat(flag, ": its parent ", parent, " is not a directory; create it first"));
+    }
+    if (access(parent.c_str(), W_OK) != 0) {
+      return Invalid(absl::StrCat(flag, ": cannot write in ", parent, ": ", std::strerror(errno)));
+    }
+  }
+  if (spec.init_from().empty()) return absl::OkStatus();
+  const std::string flag = absl::StrCat("--init_from=", spec.init_from());
+  if (!IsModelJob(spec)) return Invalid(absl::StrCat(flag, ": only a model starts from weights; drop --init_from"));
+  if (!spec.resume().empty()) {
+    return Invalid("--init_from and --resume both give the starting weights: drop one of them");
+  }
+  absl::StatusOr<ExportDirectory> e = ReadExportDirectory(spec.init_from());
+  if (!e.ok()) return Invalid(absl::StrCat(flag, ": ", e.status().message()));
+  if (absl::Status s = CheckExportMatches(*e, spec.model_spec()); !s.ok()) {
+    return Invalid(absl::StrCat(flag, ": ", s.message()));
+  }
+  out.notes.push_back(absl::StrCat("starting from the weights of ", spec.init_from()));
   return absl::OkStatus();
 }
 
@@ -582,6 +631,8 @@ absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
   if (!spec.data().empty() && spec.data() != "synthetic") spec.set_data(UserPath(spec.data()));
   if (!spec.run_dir().empty()) spec.set_run_dir(UserPath(spec.run_dir()));
   if (!spec.resume().empty()) spec.set_resume(UserPath(spec.resume()));
+  if (!spec.export_dir().empty()) spec.set_export_dir(UserPath(spec.export_dir()));
+  if (!spec.init_from().empty()) spec.set_init_from(UserPath(spec.init_from()));
   return spec;
 }
 
@@ -626,8 +677,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
     }
   }
   if (!out.spec.resume().empty()) {
-    if (absl::Status s = ResolveResume(request, out); !s.ok()) return s;
+    if (absl::Status s = ResolveResume(request, steps_given, out); !s.ok()) return s;
   }
+  if (absl::Status s = ResolveExport(out); !s.ok()) return s;
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());
   return out;
 }

@@ -60,6 +60,8 @@ struct JobRequest {
   std::optional<int64_t> checkpoint_every;  // --checkpoint_every
   std::optional<int> keep_checkpoints;
   std::string resume;                       // --resume=RUN_DIR (or one checkpoint's directory)
+  std::string export_dir;                   // --export_dir=DIR: the weights at the end of the run
+  std::string init_from;                    // --init_from=DIR: start from exported weights
   std::optional<int> max_restarts;
   std::optional<int64_t> warmup_steps, lr_decay_steps;
   std::optional<double> min_lr, weight_decay, grad_clip;

@@ -93,6 +93,13 @@ ABSL_FLAG(int64_t, checkpoint_every, -1, "GPT: write a checkpoint every N steps 
 ABSL_FLAG(int, keep_checkpoints, -1, "GPT: keep the newest N complete checkpoints (default 2)");
 ABSL_FLAG(std::string, resume, "", "GPT: continue from the newest complete checkpoint of this run directory (any "
                                    "stage count, partition or worker count); the new run has its own --run_dir");
+ABSL_FLAG(std::string, export_dir, "",
+          "at the end of the run, write the model's weights (fp32 safetensors and config.json) into this new "
+          "directory: Hugging Face's LlamaForCausalLM layout for llama, tools/peer/gpt_peer.py's for gpt "
+          "(docs/export.md); with --resume and no --steps: export that checkpoint without training");
+ABSL_FLAG(std::string, init_from, "",
+          "start training or --inference from the weights of an --export_dir (or Hugging Face Llama) "
+          "directory, any stage count; its config.json must match the model's sizes");
 ABSL_FLAG(int, max_restarts, -1, "after a worker fails, restart every worker from the newest checkpoint, up to N "
                                  "times (default 0)");
 ABSL_FLAG(int64_t, warmup_steps, -1, "GPT: linear learning-rate warm-up over N steps, then a cosine decay to --min_lr "
@@ -160,6 +167,8 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.checkpoint_every = Given(p, "checkpoint_every", FLAGS_checkpoint_every);
   j.keep_checkpoints = Given(p, "keep_checkpoints", FLAGS_keep_checkpoints);
   j.resume = absl::GetFlag(FLAGS_resume);
+  j.export_dir = absl::GetFlag(FLAGS_export_dir);
+  j.init_from = absl::GetFlag(FLAGS_init_from);
   j.max_restarts = Given(p, "max_restarts", FLAGS_max_restarts);
   j.warmup_steps = Given(p, "warmup_steps", FLAGS_warmup_steps);
   j.lr_decay_steps = Given(p, "lr_decay_steps", FLAGS_lr_decay_steps);

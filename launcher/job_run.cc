@@ -1,6 +1,7 @@
 // One job from its coordinator's start to its reports (see job_run.h).
 #include "launcher/job_run.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/text_format.h"
 #include "launcher/health_gate.h"
@@ -32,6 +34,10 @@ std::string SummaryLine(const RunReport& report, const std::vector<ReportStepReq
   std::string line = absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s  %.1f TFLOP/s", report.step_seconds(),
                                      report.tokens_per_second(), report.tflops());
   if (gpu) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * report.mfu()));
+  if (report.inference_perplexity() > 0) {  // inference with weights: over every step's batch
+    absl::StrAppend(&line, absl::StrFormat("  loss %.4f  perplexity %.3f", report.inference_loss(),
+                                           report.inference_perplexity()));
+  }
   if (HasActionTiming(steps)) {
     absl::StrAppend(&line, "  bubble");
     for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
@@ -98,6 +104,31 @@ std::string FailedActions(const CoordinatorState& state) {
 }
 
 const char* SignalText(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"; }
+
+// A failed run's temporary export directories (<export_dir>.partial-<job id>-<incarnation>, flat, see
+// worker/checkpoint.h): never left to look like an export. The final name is only ever a whole one.
+void RemovePartialExports(const std::string& export_dir, const std::string& job_id) {
+  const size_t slash = export_dir.find_last_of('/');
+  const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : export_dir.substr(0, slash);
+  const std::string prefix = absl::StrCat(export_dir.substr(slash == std::string::npos ? 0 : slash + 1), ".partial-", job_id, "-");
+  DIR* d = opendir(parent.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> partial;
+  while (struct dirent* e = readdir(d)) {
+    if (absl::StartsWith(e->d_name, prefix)) partial.push_back(parent + "/" + e->d_name);
+  }
+  closedir(d);
+  for (const std::string& dir : partial) {
+    if (DIR* p = opendir(dir.c_str())) {
+      while (struct dirent* e = readdir(p)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") unlink((dir + "/" + name).c_str());
+      }
+      closedir(p);
+    }
+    rmdir(dir.c_str());
+  }
+}
 
 }  // namespace
 
@@ -351,6 +382,11 @@ JobRunEnd JobRun::Finish(int first_signal) {
   const JobSpec& spec = state_.job();  // several hosts: the whole job's
   if (IsModelJob(state_.job()) && end.report.step_seconds() > 0) listener_->Text(SummaryLine(end.report, state_.Steps(), gpu));
   if (const std::string line = GpuSummaryLine(end.report); !line.empty()) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
+  if (code == kExitSuccess && !spec.export_dir().empty()) {
+    listener_->Text(absl::StrCat("stagehand: weights exported to ", spec.export_dir(), "\n"));
+  } else if (!spec.export_dir().empty()) {
+    RemovePartialExports(spec.export_dir(), state_.job_id());
+  }
   if (code == kExitSuccess) {
     listener_->Text(absl::StrFormat("stagehand: done: %d workers, %d steps in %.2f s; run directory %s\n", spec.workers(),
                                     spec.steps(), absl::ToDoubleSeconds(elapsed), run_dir()));

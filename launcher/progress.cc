@@ -2,6 +2,7 @@
 #include "launcher/progress.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,9 @@ void Progress::PrintModelStep(const ReportStepRequest& r, const JobSpec& job) {
   }
   std::string text = absl::StrFormat("step %d/%d", r.step() + 1, job.steps());
   if (r.has_loss()) absl::StrAppend(&text, absl::StrFormat("  loss %.4f", r.loss()));
+  if (r.has_loss() && job.pipeline().inference()) {
+    absl::StrAppend(&text, absl::StrFormat("  perplexity %.3f", std::exp(r.loss())));
+  }
   absl::StrAppend(&text, absl::StrFormat("  %.3f s  %.0f tokens/s", r.step_seconds(),
                                          r.step_seconds() > 0 ? r.tokens() / r.step_seconds() : 0.0));
   if (!recent_seconds_.empty()) {

@@ -89,7 +89,7 @@ void FillThroughput(const Reports& timed, const ReportInput& input, int ranks, R
 
 // Losses over the whole run, warm-up included (the first loss is the point of comparison), in step
 // order whatever the ranks: (step, rank) keys, so the first and last are the ends of the map.
-void FillLosses(const Reports& all, RunReport& report) {
+void FillLosses(const Reports& all, const JobSpec& job, RunReport& report) {
   std::map<std::pair<int64_t, int>, double> losses;
   for (const auto& [key, r] : all) {
     if (r->has_loss()) losses[{key.second, key.first}] = r->loss();
@@ -97,6 +97,13 @@ void FillLosses(const Reports& all, RunReport& report) {
   if (losses.empty()) return;
   report.set_first_loss(losses.begin()->second);
   report.set_last_loss(losses.rbegin()->second);
+  // Inference of a model with weights: every step's batch counts alike (warm-up too: no timing here).
+  if (job.pipeline().inference()) {
+    double sum = 0;
+    for (const auto& [key, loss] : losses) sum += loss;
+    report.set_inference_loss(sum / losses.size());
+    report.set_inference_perplexity(std::exp(report.inference_loss()));
+  }
 }
 
 // Sums of one rank's timed steps; the means divide by the steps that carried timing, so a run with
@@ -404,7 +411,7 @@ RunReport BuildReport(const ReportInput& input) {
   const int ranks = RankCount(input, all);
   report.set_steps_done(StepsDone(all, ranks));
   FillThroughput(timed, input, ranks, report);
-  FillLosses(all, report);
+  FillLosses(all, input.job, report);
   for (int rank = 0; rank < ranks; ++rank) *report.add_ranks() = BuildRank(rank, all, timed, input);
   return report;
 }

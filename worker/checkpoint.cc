@@ -4,17 +4,23 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <map>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
 #include "common/fd.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
+#include "models/export_layout.h"
 #include "google/protobuf/text_format.h"
 
 namespace stagehand {
@@ -294,6 +300,184 @@ absl::StatusOr<int64_t> RestoreCheckpoint(const std::string& dir, const Executor
     return Restore(dir, executor, rank, with_optimizer);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("loading checkpoint ", dir, ": ", e.what_without_backtrace()));
+  }
+}
+
+namespace {
+
+// Removes a directory of plain files (the temporary export) and the directory itself.
+void RemoveFlatDirectory(const std::string& dir) {
+  if (DIR* d = opendir(dir.c_str())) {
+    while (struct dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") unlink((dir + "/" + name).c_str());
+    }
+    closedir(d);
+  }
+  rmdir(dir.c_str());
+}
+
+absl::Status SyncDirectory(const std::string& dir) {
+  UniqueFd fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0 || fsync(fd.get()) != 0) {
+    return absl::InternalError(absl::StrCat("syncing ", dir, ": ", ErrnoText(errno)));
+  }
+  return absl::OkStatus();
+}
+
+std::string ParentOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string ExportKey(const CheckpointWriterOptions& o, int rank) {
+  return absl::StrCat(o.job_id, "/export/", o.incarnation, "/", rank);
+}
+
+// This rank's shard: "<file>\n<bytes of tensor data>\n<name>\n<name>..." for rank 0's index.
+absl::StatusOr<std::string> WriteExportShard(const CheckpointWriterOptions& o, const std::string& tmp,
+                                             const Executor& executor) {
+  const ModelSpec& spec = o.job->model_spec();
+  std::vector<SafetensorsEntry> entries;
+  std::vector<torch::Tensor> tensors;
+  int64_t bytes = 0;
+  for (const auto& [name, p] : executor.NamedParameters()) {
+    torch::Tensor t = p.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    entries.push_back({ExportName(spec, name), "F32", t.sizes().vec()});
+    bytes += t.numel() * t.element_size();
+    tensors.push_back(std::move(t));
+  }
+  const std::string file = ExportShardName(o.rank, o.world_size);
+  const std::string prefix = SafetensorsPrefix(entries, {{"format", "pt"}});  // what HF's loader looks for
+  absl::StatusOr<DurableFile> out = DurableFile::Create(tmp + "/" + file);
+  if (!out.ok()) return out.status();
+  if (absl::Status st = out->Append(prefix.data(), prefix.size()); !st.ok()) return st;
+  for (const torch::Tensor& t : tensors) {
+    if (absl::Status st = out->Append(t.data_ptr(), t.numel() * t.element_size()); !st.ok()) return st;
+  }
+  if (absl::StatusOr<DurableFile::Committed> done = out->Commit(); !done.ok()) return done.status();
+  std::string record = absl::StrCat(file, "\n", bytes);
+  for (const SafetensorsEntry& e : entries) absl::StrAppend(&record, "\n", e.name);
+  return record;
+}
+
+// Rank 0: the other ranks' records, in rank order; polls in short waits up to 30 minutes.
+absl::Status CollectExportRecords(const CheckpointWriterOptions& o, std::vector<std::string>& records) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(30);
+  for (int r = 1; r < o.world_size; ++r) {
+    for (;;) {
+      absl::StatusOr<std::string> v = o.kv->Get(ExportKey(o, r), absl::Seconds(1));
+      if (v.ok()) {
+        records.push_back(*v);
+        break;
+      }
+      if (!absl::IsDeadlineExceeded(v.status()) || absl::Now() > deadline) {
+        return absl::Status(v.status().code(), absl::StrCat("waiting for rank ", r, "'s export shard: ",
+                                                            v.status().message()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0, once every shard is on disk: the index, config.json, then the rename.
+absl::Status FinishExport(const CheckpointWriterOptions& o, const std::string& tmp,
+                          const std::vector<std::string>& records) {
+  const JobSpec& job = *o.job;
+  if (o.world_size > 1) {
+    int64_t total = 0;
+    std::string map;
+    for (const std::string& record : records) {
+      std::vector<std::string> lines = absl::StrSplit(record, '\n');
+      int64_t bytes = 0;
+      if (lines.size() < 2 || !absl::SimpleAtoi(lines[1], &bytes)) {
+        return absl::InternalError("a rank's export shard record does not parse");
+      }
+      total += bytes;
+      for (size_t i = 2; i < lines.size(); ++i) {
+        absl::StrAppend(&map, map.empty() ? "" : ",\n", "    \"", lines[i], "\": \"", lines[0], "\"");
+      }
+    }
+    const std::string index = absl::StrCat("{\n  \"metadata\": {\"total_size\": ", total, "},\n  \"weight_map\": {\n",
+                                           map, "\n  }\n}\n");
+    if (absl::Status s = WriteFileDurably(tmp + "/" + kExportIndex, index); !s.ok()) return s;
+  }
+  if (absl::Status s = WriteFileDurably(tmp + "/" + kExportConfig, ExportConfigJson(job.model(), job.model_spec()));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = SyncDirectory(tmp); !s.ok()) return s;
+  if (rename(tmp.c_str(), job.export_dir().c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("renaming ", tmp, " to ", job.export_dir(), ": ", ErrnoText(errno),
+                                            " (did something else create it meanwhile?); the weights are not exported"));
+  }
+  return SyncDirectory(ParentOf(job.export_dir()));
+}
+
+absl::Status Export(const CheckpointWriterOptions& o, const Executor& executor) {
+  const JobSpec& job = *o.job;
+  const std::string tmp = absl::StrCat(job.export_dir(), ".partial-", o.job_id, "-", o.incarnation);
+  if (absl::Status st = MakeDir(tmp); !st.ok()) return st;
+  absl::StatusOr<std::string> mine = WriteExportShard(o, tmp, executor);
+  if (!mine.ok()) return mine.status();
+  if (o.rank != 0) return o.kv->Set(ExportKey(o, o.rank), *mine);
+  std::vector<std::string> records{*mine};
+  absl::Status s = o.world_size > 1 ? CollectExportRecords(o, records) : absl::OkStatus();
+  if (s.ok()) s = FinishExport(o, tmp, records);
+  if (!s.ok()) {
+    RemoveFlatDirectory(tmp);
+    return s;
+  }
+  LOG(INFO) << "exported the model's weights to " << job.export_dir();
+  return absl::OkStatus();
+}
+
+absl::Status Import(const std::string& dir, const ModelSpec& spec,
+                    const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  absl::StatusOr<ExportDirectory> e = ReadExportDirectory(dir);
+  if (!e.ok()) return e.status();
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) {
+    const std::string exported = ExportName(spec, name);
+    if (!e->where.count(exported)) {
+      return absl::FailedPreconditionError(absl::StrCat(dir, " has no tensor ", exported, " (this stage's ", name,
+                                                        "); pass an export of this model to --init_from"));
+    }
+    const SafetensorsEntry& entry = e->Entry(exported);
+    const std::string path = dir + "/" + e->files[e->where.at(exported).first];
+    torch::Tensor t = torch::empty(entry.shape, torch::TensorOptions().dtype(DtypeOf(entry.dtype)));
+    if (t.sizes() != p.sizes()) {
+      return absl::FailedPreconditionError(absl::StrCat(path, " holds ", exported, " as ", Shape(t),
+                                                        " but this model's is ", Shape(p),
+                                                        "; pass the model's sizes it was exported with"));
+    }
+    if (entry.end - entry.begin != t.numel() * t.element_size()) {
+      return absl::FailedPreconditionError(absl::StrCat(path, " holds ", exported, " as ", entry.dtype,
+                                                        ", which --init_from does not read; pass F32, BF16 or F16"));
+    }
+    const SafetensorsHeader& header = e->headers[e->where.at(exported).first];
+    if (absl::Status s = ReadSafetensorsData(path, header, entry, t.data_ptr()); !s.ok()) return s;
+    p.copy_(t);  // in place, converting dtype and device: derived copies refresh
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteExport(const CheckpointWriterOptions& options, const Executor& executor) {
+  try {
+    return Export(options, executor);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("exporting the weights: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status ImportWeights(const std::string& dir, const ModelSpec& spec,
+                           const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  try {
+    return Import(dir, spec, params);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("loading the weights of ", dir, ": ", e.what_without_backtrace()));
   }
 }
 

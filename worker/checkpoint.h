@@ -65,6 +65,19 @@ class CheckpointWriter {
 absl::StatusOr<int64_t> RestoreCheckpoint(const std::string& dir, const Executor& executor, int rank,
                                           bool with_optimizer);
 
+// --export_dir (models/export_layout.h): every rank writes its stages' parameters, fp32, by their
+// exported names into <export_dir>.partial-<job>-<incarnation>/ (its shard, durably), tells rank 0
+// through the key-value store, and rank 0 writes the index (several ranks) and config.json and renames
+// the directory to export_dir: the final name only ever holds a whole export. On an error rank 0
+// removes the temporary directory.
+absl::Status WriteExport(const CheckpointWriterOptions& options, const Executor& executor);
+
+// --init_from: loads each of `params` (a stage's or executor's names) from the export in `dir` by its
+// exported name, converting to the parameter's dtype and device. FAILED_PRECONDITION naming the
+// tensor and the directory for one the export lacks or holds in another shape.
+absl::Status ImportWeights(const std::string& dir, const ModelSpec& spec,
+                           const std::vector<std::pair<std::string, torch::Tensor>>& params);
+
 }  // namespace stagehand
 
 #endif  // STAGEHAND_WORKER_CHECKPOINT_H_

@@ -216,7 +216,7 @@ torch::Tensor Executor::Tokens(int mb, bool targets) {
 // micro-batch from pageable memory would stall the host until the GPU drained, every micro-batch.
 void Executor::LoadBatch() {
   bool needs = false;
-  for (size_t c = 0; c < chunks_.size(); ++c) needs |= First(c) || (Last(c) && training_);
+  for (size_t c = 0; c < chunks_.size(); ++c) needs |= First(c) || (Last(c) && (training_ || o_.inference_loss));
   if (!needs) return;
   const int64_t rows = m_ * o_.micro_batch;
   torch::Tensor batch = data_->Batch(step_, 0, rows * o_.replicas);
@@ -251,6 +251,9 @@ void Executor::Forward(const Action& a) {
     } else if (training_) {
       torch::Tensor loss = g.output.detach();
       loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss : loss.clone();
+    } else if (o_.inference_loss) {
+      torch::NoGradGuard no_grad;
+      AddInferenceLoss(stage, g.output, a.microbatch);
     }
     return;
   }
@@ -269,9 +272,16 @@ void Executor::Forward(const Action& a) {
     torch::Tensor loss = stage.Loss(out, Tokens(a.microbatch, true)) / m_;
     loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss.detach() : loss.detach();
     out = loss;
+  } else if (last && o_.inference_loss) {
+    AddInferenceLoss(stage, out, a.microbatch);
   }
   s.input = input;
   s.output = last && !training_ ? torch::Tensor() : out;  // inference: the logits are not kept
+}
+
+void Executor::AddInferenceLoss(Stage& stage, const torch::Tensor& logits, int mb) {
+  torch::Tensor loss = stage.Loss(logits, Tokens(mb, true)).detach() / m_;
+  loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss : loss;
 }
 
 void Executor::Backward(const Action& a) {

@@ -50,6 +50,8 @@ struct ExecutorOptions {
   // this rank's pipeline runs replica `replica`'s consecutive share of them.
   int replicas = 1;
   int replica = 0;
+  // Forward-only lists: the last stage computes the loss on the targets too (a model with weights).
+  bool inference_loss = false;
 };
 
 // What data parallelism (worker/data_parallel.h) needs of the engine: to hear when a chunk's gradients
@@ -128,6 +130,7 @@ class Executor {
   void NotifyGradients(size_t from, size_t to);
   void Forward(const Action& a);
   void Backward(const Action& a);  // B, or the split's I and W
+  void AddInferenceLoss(Stage& stage, const torch::Tensor& logits, int mb);
   void Capture();
   torch::Tensor Tokens(int mb, bool targets);
   void LoadBatch();

@@ -177,18 +177,25 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   o.device = DeviceOf(job);
   o.replicas = std::max(1, a.replica_group_size());
   o.replica = ReplicaOf(a);
+  absl::StatusOr<std::string> resume = ResumeFrom(job, context.incarnation);
+  if (!resume.ok()) return resume.status();
+  // Inference of a model with weights reports its loss (and the launcher its perplexity).
+  o.inference_loss = job.pipeline().inference() && (!resume->empty() || !job.init_from().empty());
   Executor executor(std::move(o), *std::move(chunks), data->get(), transport, &streams);
   if (absl::Status s = executor.Check(); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<DataParallel>> replicas = AttachDataParallel(a, transport, executor, &streams);
   if (!replicas.ok()) return replicas.status();
   int64_t first_step = 0;
-  absl::StatusOr<std::string> resume = ResumeFrom(job, context.incarnation);
-  if (!resume.ok()) return resume.status();
   if (!resume->empty()) {
     absl::StatusOr<int64_t> done = RestoreCheckpoint(*resume, executor, a.rank(), !job.pipeline().inference());
     if (!done.ok()) return done.status();
     first_step = *done;
     LOG(INFO) << "resuming at step " << first_step << " from " << *resume;
+  } else if (!job.init_from().empty()) {
+    if (absl::Status s = ImportWeights(job.init_from(), job.model_spec(), executor.NamedParameters()); !s.ok()) {
+      return s;
+    }
+    LOG(INFO) << "weights from " << job.init_from();
   }
   std::optional<CheckpointWriter> writer;
   if (job.has_checkpoint_every() && !job.pipeline().inference()) writer.emplace(WriterOptions(a, context));
@@ -216,6 +223,9 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   }
   if (writer) {
     if (absl::Status s = writer->Finish(); !s.ok()) return s;
+  }
+  if (!job.export_dir().empty()) {
+    if (absl::Status s = WriteExport(WriterOptions(a, context), executor); !s.ok()) return s;
   }
   if (job.save_params()) return SaveParams(executor, job, a.rank());
   return absl::OkStatus();

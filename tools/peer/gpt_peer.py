@@ -34,6 +34,9 @@ On a machine without a GPU (tests): add `--device cpu --preset tiny --global-bat
 autocast). Rank 0 prints one line `RESULT {json}` at the end: mode, schedule, microbatches, split, world,
 step_s, tokens_per_s, tflops, peak_gib (per rank; null on CPU), loss (last step's; null for inference),
 plus the sizes.
+
+load_export(DIR) builds the whole model from a stagehand --export_dir of a GPT (docs/export.md); the
+export test (tests/export_test.sh) compares its logits with stagehand's.
 """
 import argparse
 import contextlib
@@ -175,6 +178,53 @@ class GPTStage(nn.Module):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 return self._forward(x)
         return self._forward(x)
+
+
+def _read_safetensors(path):
+    """The tensors of a safetensors file (an 8-byte little-endian header length, a JSON header, the raw
+    little-endian bytes), read without the safetensors package."""
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+              "I64": torch.int64, "I32": torch.int32}
+    with open(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = e["data_offsets"]
+        raw = bytearray(data[8 + n + begin:8 + n + end])
+        out[name] = torch.frombuffer(raw, dtype=dtypes[e["dtype"]]).reshape(e["shape"]) if raw else \
+            torch.empty(e["shape"], dtype=dtypes[e["dtype"]])
+    return out
+
+
+def load_export(directory, device="cpu"):
+    """The whole GPT (GPTStage(cfg, 0, L, first=True, last=True)) from a stagehand --export_dir of a GPT
+    model (docs/export.md): config.json (model_type "stagehand-gpt"; vocab_size, hidden_size,
+    num_attention_heads, num_hidden_layers, max_position_embeddings) and model.safetensors, or
+    model-0000r-of-0000n.safetensors with model.safetensors.index.json, holding exactly this module's
+    state_dict names (tok.weight, blocks.<i>.{ln1,qkv,proj,ln2,fc1,fc2}.{weight,bias}, ln_f.{weight,bias},
+    head.weight) in fp32. Returns (model in eval mode, the sizes as an argparse.Namespace)."""
+    with open(os.path.join(directory, "config.json")) as f:
+        cfg = json.load(f)
+    if cfg.get("model_type") != "stagehand-gpt":
+        raise ValueError(f"{directory}/config.json is of model_type {cfg.get('model_type')!r}, not a stagehand GPT")
+    a = argparse.Namespace(vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"],
+                           layers=cfg["num_hidden_layers"], seq=cfg["max_position_embeddings"], seed=0)
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    state = {}
+    for name in files:
+        state.update(_read_safetensors(os.path.join(directory, name)))
+    model = GPTStage(a, 0, a.layers, True, True, device)
+    model.load_state_dict(state, strict=True)  # every tensor, exactly: a missing or extra one raises
+    return model.eval(), a
 
 
 def ce_loss(logits, target):
