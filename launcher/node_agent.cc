@@ -18,7 +18,7 @@ namespace stagehand {
 namespace {
 
 // A heartbeat or a report that cannot get through in this time counts as missed: Tick must go on.
-constexpr absl::Duration kCallTimeout = absl::Milliseconds(500);
+constexpr absl::Duration kCallTimeout = kAgentCallTimeout;
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 

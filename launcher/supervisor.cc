@@ -14,9 +14,8 @@
 namespace stagehand {
 namespace {
 
-// How long workers get to notice the coordinator's stop (through their heartbeat) and leave by
-// themselves, aborting their communicators, before they are sent SIGTERM.
-absl::Duration StopNotice(const Timeouts& t) { return absl::Milliseconds(3 * t.heartbeat_interval_ms() + 200); }
+// launcher/liveness.h's, for this job's heartbeat interval.
+absl::Duration StopNotice(const Timeouts& t) { return stagehand::StopNotice(t.heartbeat_interval_ms()); }
 
 std::string SignalName(int sig) {
   const char* d = strsignal(sig);
@@ -258,7 +257,7 @@ void Supervisor::CheckDeadlines() {
   for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
     const WorkerState& w = workers[r];
     if (slots_[r].exited || w.finished || !w.registered) continue;
-    if (now - w.last_heartbeat > absl::Milliseconds(t.heartbeat_timeout_ms())) {
+    if (w.assigned && now - w.last_heartbeat > absl::Milliseconds(t.heartbeat_timeout_ms())) {
       return Record(Kind::kHang, kExitWorkerHung,
                     absl::StrCat(Describe(r), " stopped heartbeating (none for ",
                                  absl::FormatDuration(absl::Trunc(now - w.last_heartbeat, absl::Milliseconds(1))),

@@ -421,6 +421,28 @@ TEST_F(SupervisorTest, Tick_NoHeartbeatPastTimeout_IsHungWithStoppedHeartbeating
   EXPECT_TRUE(state_->stopping());
 }
 
+// A worker that registered first waits in Register while the others register and profile their
+// devices, which may take longer than the heartbeat timeout: it is alive (its call is ours), and its
+// heartbeats start with its assignment (launcher/liveness.h).
+TEST_F(SupervisorTest, Tick_RegisteredAndWaitingForPeers_IsNotHungUntilItsAssignment) {
+  Init(2);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  absl::Status first;
+  std::thread waiting([&] { first = state_->Register(MakeRegister(0), absl::Now() + absl::Seconds(10)).status(); });
+  for (int i = 0; i < 2000 && !state_->Workers()[0].registered; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(state_->Workers()[0].registered);
+  EXPECT_FALSE(TickAfter(2 * absl::Milliseconds(kHeartbeatTimeoutMs)));  // still below the registration deadline
+  EXPECT_FALSE(state_->stopping()) << supervisor_->root_cause();
+  ASSERT_TRUE(state_->Register(MakeRegister(1), absl::Now() + absl::Seconds(10)).ok());
+  waiting.join();
+  ASSERT_TRUE(first.ok()) << first;
+  EXPECT_FALSE(TickAfter(absl::Milliseconds(kHeartbeatTimeoutMs) - kTick));
+  EXPECT_FALSE(state_->stopping()) << supervisor_->root_cause();
+  EXPECT_FALSE(TickAfter(2 * kTick));  // from the assignment on, silence counts
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerHung);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("stopped heartbeating"));
+}
+
 TEST_F(SupervisorTest, Tick_NoProgressPastTimeout_IsHungWithMadeNoProgress) {
   Init(2);
   StartAndRegisterAll();

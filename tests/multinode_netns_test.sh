@@ -3,9 +3,11 @@
 # bridge in a fourth ("the switch"), one launcher in each (node 0 coordinates with 2 CPU workers,
 # nodes 1 and 2 are agents with 1 each), mutual TLS with certificates made here. A 4-stage pipeline
 # of tiny and of llama-tiny matches a single process (losses within 1e-5 relative, fp32). Then the
-# failures, each a fresh job: kill -9 of an agent, kill -9 of a worker on another host, one host's
-# link set down mid-run: each ends the job on every host within 5 s, node 0's root cause names the
-# node, its address and (for the worker) the rank, and nothing is left in any namespace.
+# failures, each a fresh job: kill -9 of an agent, kill -9 of a worker on another host, a worker on
+# another host stopped (SIGSTOP: it hangs), one host's link set down mid-run: each ends the job on
+# every host within 5 s, node 0's root cause names the node, its address and (for a worker) the
+# rank, and nothing is left in any namespace. And kill -9 of node 0's launcher: both agents lose the
+# coordinator and stop their workers within 5 s.
 #
 # Runs under `unshare --mount` with a private /etc/hosts, nsswitch.conf and resolv.conf (a DNS lookup
 # inside a namespace would hang); the namespaces, and everything in them, are removed on any exit.
@@ -162,7 +164,8 @@ fail_case() {
     sleep 0.1
   done
   grep -q "step 3/" "$tmp/$name-0.out" || fail "$name: no step 3 within 60 s"
-  local t0=$SECONDS
+  local ms0
+  ms0=$(date +%s%3N)
   $action
   wait_all 5
   nothing_left "$name"
@@ -173,7 +176,7 @@ fail_case() {
   for want in "$@"; do
     grep -qF -- "$want" <<<"$cause" || fail "$name: the root cause does not name '$want': $cause"
   done
-  echo "multinode_netns_test: $name ended everywhere within $((SECONDS - t0)) s: $cause"
+  echo "multinode_netns_test: $name ended everywhere within $(($(date +%s%3N) - ms0)) ms: $cause"
 }
 
 kill_agent() { kill -9 "$pid1"; }
@@ -183,13 +186,41 @@ kill_remote_worker() {
   [ -n "$w" ] || fail "no worker found in node 2's namespace"
   kill -9 "$w"
 }
+stop_remote_worker() {
+  local w
+  w=$(ip netns pids "${ns[2]}" | grep -vx "$pid2" | head -n 1)
+  [ -n "$w" ] || fail "no worker found in node 2's namespace"
+  kill -STOP "$w"
+}
 cut_link() { ip -n "${ns[1]}" link set e1 down; }
 
 fail_case agent-killed kill_agent "node 1 at 198.18.0.12"
 fail_case worker-killed kill_remote_worker "rank 3 (node 2 at 198.18.0.13" "killed by signal 9"
+fail_case worker-stopped stop_remote_worker "rank 3 (node 2 at 198.18.0.13" "stopped heartbeating"
 fail_case link-down cut_link "node 1 at 198.18.0.12" "stopped heartbeating"
 grep -q "lost the coordinator" "$tmp/link-down-1.out" || fail "link-down: node 1 did not say it lost the coordinator"
 ip -n "${ns[1]}" link set e1 up
+
+# kill -9 of node 0's launcher: its workers die with it (PR_SET_PDEATHSIG); each agent loses the
+# coordinator (its long poll breaks) and stops its own workers: every namespace is empty within 5 s.
+start_job coordinator-killed tiny 100000
+for _ in $(seq 600); do
+  grep -q "step 3/" "$tmp/coordinator-killed-0.out" && break
+  kill -0 "$pid0" 2>/dev/null || fail "coordinator-killed: node 0 ended before step 3"
+  sleep 0.1
+done
+grep -q "step 3/" "$tmp/coordinator-killed-0.out" || fail "coordinator-killed: no step 3 within 60 s"
+ms0=$(date +%s%3N)
+kill -9 "$pid0"
+wait_all 5
+nothing_left coordinator-killed
+for i in 1 2; do
+  eval "rc=\$rc$i"
+  [ "$rc" -ne 0 ] || fail "coordinator-killed: node $i exited 0"
+  grep -q "lost the coordinator" "$tmp/coordinator-killed-$i.out" ||
+    fail "coordinator-killed: node $i did not say it lost the coordinator: $(tail -n 3 "$tmp/coordinator-killed-$i.out")"
+done
+echo "multinode_netns_test: coordinator-killed: both agents stopped their workers within $(($(date +%s%3N) - ms0)) ms"
 
 # A non-loopback coordinator without TLS is refused at start (exit 2), naming what to pass.
 set +e
