@@ -76,6 +76,7 @@ struct RemoteExit {
   int pid = 0;
   int exit_code = -1;
   int signal = 0;
+  std::string spawn_error;  // not empty: it was never started, and why
 };
 
 // kAgentHeartbeatInterval and kAgentTimeout: launcher/liveness.h, with every other failure timing.

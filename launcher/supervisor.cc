@@ -68,19 +68,26 @@ ProcessSpec Supervisor::SpecFor(int index) const {
 
 absl::Status Supervisor::Start() {
   const int local = options_.local_workers < 0 ? static_cast<int>(slots_.size()) : options_.local_workers;
+  // Ranks from `first` on never start; an agent tells node 0 at once, which judges the job.
+  auto never_started = [&](int first, const std::string& why) {
+    for (int j = first; j < static_cast<int>(slots_.size()); ++j) {
+      if (!IsLocal(j)) continue;
+      slots_[j].exited = true;
+      if (options_.report_spawn_failure) options_.report_spawn_failure(j, why);
+    }
+  };
   if (state_->job().device() == "cuda" && static_cast<int>(options_.gpus.size()) < local) {
+    const std::string why = absl::StrCat(local, " GPU workers but ", options_.gpus.size(), " GPUs given");
+    never_started(0, why);
     for (Slot& s : slots_) s.exited = true;
-    Record(Kind::kLaunch, kExitLaunchFailed,
-           absl::StrCat(local, " GPU workers but ", options_.gpus.size(), " GPUs given"));
+    Record(Kind::kLaunch, kExitLaunchFailed, why);
     return absl::InvalidArgumentError(root_cause());
   }
   for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
     if (!IsLocal(i)) continue;
     absl::StatusOr<int> pid = spawner_->Spawn(SpecFor(i));
     if (!pid.ok()) {
-      for (int j = i; j < static_cast<int>(slots_.size()); ++j) {
-        if (IsLocal(j)) slots_[j].exited = true;  // never started
-      }
+      never_started(i, std::string(pid.status().message()));
       Record(Kind::kLaunch, kExitLaunchFailed, absl::StrCat("could not start worker ", i, ": ", pid.status().message()));
       return pid.status();
     }
@@ -175,6 +182,10 @@ void Supervisor::CheckRemote() {
     s.exited = true;
     s.exit_code = x.exit_code;
     s.signal = x.signal;
+    if (!x.spawn_error.empty()) {
+      Record(Kind::kLaunch, kExitLaunchFailed, absl::StrCat(Describe(rank), " could not be started: ", x.spawn_error));
+      continue;
+    }
     Judge(rank, x.exit_code, x.signal);
   }
   const std::vector<NodeState> nodes = state_->Nodes();
