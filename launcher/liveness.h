@@ -33,7 +33,7 @@ inline constexpr absl::Duration kAgentCallTimeout = absl::Milliseconds(kAgentCal
 // How long workers get to notice a stop (through their heartbeat) and leave by themselves,
 // aborting their communicators, before they are sent SIGTERM (and SIGCONT: a stopped one).
 constexpr int64_t StopNoticeMs(int64_t heartbeat_interval_ms) { return 3 * heartbeat_interval_ms + 200; }
-inline absl::Duration StopNotice(int64_t heartbeat_interval_ms) {
+constexpr absl::Duration StopNotice(int64_t heartbeat_interval_ms) {
   return absl::Milliseconds(StopNoticeMs(heartbeat_interval_ms));
 }
 

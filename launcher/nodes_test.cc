@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "launcher/coordinator.h"
 #include "launcher/fake_agent_client.h"
+#include "launcher/fake_clock.h"
 #include "launcher/fake_process.h"
 #include "launcher/node_agent.h"
 #include "launcher/nodes.h"
@@ -30,25 +31,6 @@ namespace {
 using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
-
-class FakeClock {
- public:
-  absl::Time Now() const {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-  std::function<absl::Time()> AsFunction() {
-    return [this] { return Now(); };
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
-};
 
 JobSpec CpuJob(int workers) {
   JobSpec job;

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "launcher/coordinator.h"
+#include "launcher/fake_clock.h"
 #include "launcher/fake_process.h"
 
 namespace stagehand {
@@ -50,30 +51,9 @@ constexpr int64_t kHeartbeatTimeoutMs = 1000;
 constexpr int64_t kProgressTimeoutMs = 10000;
 constexpr int64_t kRegisterMs = 5000;
 constexpr int64_t kGraceMs = 3000;
-// supervisor.cc's StopNotice: three heartbeat intervals and 200 ms.
-constexpr absl::Duration kStopNotice = absl::Milliseconds(3 * kHeartbeatIntervalMs + 200);
+constexpr absl::Duration kStopNotice = StopNotice(kHeartbeatIntervalMs);  // launcher/liveness.h
 constexpr absl::Duration kGrace = absl::Milliseconds(kGraceMs);
 constexpr absl::Duration kTick = absl::Milliseconds(1);
-
-// Read by the coordinator from registering threads, advanced by the test.
-class FakeClock {
- public:
-  absl::Time Now() const {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-  std::function<absl::Time()> AsFunction() {
-    return [this] { return Now(); };
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
-};
 
 // Fails its `fail_at`-th Spawn (1-based), which FakeProcessSpawner alone cannot do inside Start().
 class SpawnerFailingAt : public FakeProcessSpawner {

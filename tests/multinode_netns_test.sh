@@ -82,18 +82,19 @@ done
 tls() { echo "--tls_cert=$tmp/node$1.pem --tls_key=$tmp/node$1.key --tls_ca=$tmp/ca.pem"; }
 
 # start_job NAME MODEL STEPS: node 0 and the two agents in the background, each in its namespace
-# (nsenter execs the launcher, so $! is the launcher's pid).
+# (env and nsenter exec the launcher, so $! is the launcher's pid), each with NCCL's settings of its
+# own host (NCCL_SOCKET_IFNAME=e<node>), which its workers must get.
 start_job() {
   local name=$1 model=$2 steps=$3
   # shellcheck disable=SC2046
-  nsenter --net="/run/netns/${ns[0]}" "$launcher" --nodes=3 --node_rank=0 --coordinator_address="$coordinator" $(tls 0) \
+  env NCCL_SOCKET_IFNAME=e0 nsenter --net="/run/netns/${ns[0]}" "$launcher" --nodes=3 --node_rank=0 --coordinator_address="$coordinator" $(tls 0) \
     --device=cpu --workers=2 --pipeline_stages=4 --model="$model" --fp32 --schedule=1f1b --micro_batches=4 \
     --global_batch=16 --steps="$steps" --lr=0.003 --partition=uniform --seed=7 --run_dir="$tmp/$name-0" \
     >"$tmp/$name-0.out" 2>&1 &
   pid0=$!
   for i in 1 2; do
     # shellcheck disable=SC2046
-    nsenter --net="/run/netns/${ns[$i]}" "$launcher" --nodes=3 --node_rank="$i" --coordinator_address="$coordinator" $(tls "$i") \
+    env NCCL_SOCKET_IFNAME="e$i" NCCL_IB_DISABLE=1 nsenter --net="/run/netns/${ns[$i]}" "$launcher" --nodes=3 --node_rank="$i" --coordinator_address="$coordinator" $(tls "$i") \
       --device=cpu --workers=1 --run_dir="$tmp/$name-$i" >"$tmp/$name-$i.out" 2>&1 &
     eval "pid$i=\$!"
   done
@@ -184,6 +185,10 @@ kill_remote_worker() {
   local w
   w=$(ip netns pids "${ns[2]}" | grep -vx "$pid2" | head -n 1)
   [ -n "$w" ] || fail "no worker found in node 2's namespace"
+  # The worker runs with its own host's NCCL settings (its agent's environment), not node 0's.
+  tr '\0' '\n' <"/proc/$w/environ" | grep -qx NCCL_SOCKET_IFNAME=e2 ||
+    fail "node 2's worker lacks its host's NCCL_SOCKET_IFNAME=e2: $(tr '\0' ' ' <"/proc/$w/environ" | grep -o 'NCCL_[A-Z_]*=[^ ]*')"
+  tr '\0' '\n' <"/proc/$w/environ" | grep -qx NCCL_IB_DISABLE=1 || fail "node 2's worker lacks NCCL_IB_DISABLE=1"
   kill -9 "$w"
 }
 stop_remote_worker() {
