@@ -200,6 +200,43 @@ int Run(const stagehand::LaunchOptions& options) {
 }
 
 // ---- Slurm (issue 13) ----
+// The coordinator of a --slurm step and its TLS: one node keeps loopback (and needs no TLS files);
+// several need TLS unless the first host is loopback. Prints where this node stands.
+std::optional<int> PlaceSlurmNode(stagehand::NodeOptions& node, stagehand::NodeTls& tls) {
+  const std::string gpus =
+      node.gpus ? absl::StrCat(*node.gpus, " GPUs (", node.gpus_source, ")") : "GPUs not managed by Slurm";
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (node.nodes == 1) {
+    // Loopback, as without --slurm: no hop leaves the host, so the TLS files (an sbatch script's,
+    // for several nodes) are not used.
+    node.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
+    const bool had_tls = tls.enabled();
+    tls = {};
+    std::fprintf(stderr, "stagehand: --slurm: job %s, one node: a single-node launch%s; %s\n", job,
+                 had_tls ? " (loopback: the TLS files are not needed)" : "", gpus.c_str());
+    return std::nullopt;
+  }
+  const bool loopback = stagehand::IsLoopbackAddress(node.coordinator_address);
+  if (!tls.enabled() && !loopback) {
+    std::fprintf(stderr,
+                 "stagehand: --slurm: this step spans %d nodes and the coordinator, %s, is not loopback: every hop "
+                 "between nodes is mutual TLS; pass --tls_cert=DIR/%%N.pem --tls_key=DIR/%%N.key --tls_ca=DIR/ca.pem "
+                 "(%%N: each node's name; tools/make_certs makes them)\n",
+                 node.nodes, node.coordinator_address.c_str());
+    return stagehand::kExitUsage;
+  }
+  std::fprintf(stderr, "stagehand: --slurm: job %s, node %d of %d (%s)%s, coordinator %s; %s\n", job, node.node_rank,
+               node.nodes, node.node_name.c_str(), node.node_rank == 0 ? ", coordinates" : "",
+               node.coordinator_address.c_str(), gpus.c_str());
+  if (loopback && node.node_rank == 0) {
+    // Debian's /etc/hosts maps a host's own name to 127.0.1.1: node 0 would serve where no other host reaches.
+    std::fprintf(stderr, "stagehand: --slurm: warning: %s resolves to a loopback address here; nodes on other "
+                 "machines cannot reach it (map the name to this node's network address in /etc/hosts or DNS)\n",
+                 node.coordinator_address.c_str());
+  }
+  return std::nullopt;
+}
+
 // --slurm: this node's place from the job step's environment. A step of one node runs as a
 // single-node launch (its coordinator on loopback, as without --slurm); a step of N nodes is
 // --nodes=N --node_rank=SLURM_NODEID --coordinator_address=<first host>:<port>, with the TLS files'
@@ -241,29 +278,7 @@ std::optional<int> ApplySlurm(const stagehand::ParsedFlags& p, std::optional<sta
   }
   // Slurm named the node's GPUs without hiding the others: the launcher takes every visible GPU.
   if (node->cuda_visible_devices) setenv("CUDA_VISIBLE_DEVICES", node->cuda_visible_devices->c_str(), 1);
-  const std::string gpus =
-      node->gpus ? absl::StrCat(*node->gpus, " GPUs (", node->gpus_source, ")") : "GPUs not managed by Slurm";
-  if (node->nodes == 1) {
-    // Loopback, as without --slurm: no hop leaves the host, so the TLS files (an sbatch script's,
-    // for several nodes) are not used.
-    node->coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
-    const bool had_tls = tls.enabled();
-    tls = {};
-    std::fprintf(stderr, "stagehand: --slurm: job %s, one node: a single-node launch%s; %s\n", std::getenv("SLURM_JOB_ID"),
-                 had_tls ? " (loopback: the TLS files are not needed)" : "", gpus.c_str());
-  } else {
-    if (!tls.enabled() && !stagehand::IsLoopbackAddress(node->coordinator_address)) {
-      std::fprintf(stderr,
-                   "stagehand: --slurm: this step spans %d nodes and the coordinator, %s, is not loopback: every hop "
-                   "between nodes is mutual TLS; pass --tls_cert=DIR/%%N.pem --tls_key=DIR/%%N.key --tls_ca=DIR/ca.pem "
-                   "(%%N: each node's name; tools/make_certs makes them)\n",
-                   node->nodes, node->coordinator_address.c_str());
-      return stagehand::kExitUsage;
-    }
-    std::fprintf(stderr, "stagehand: --slurm: job %s, node %d of %d (%s)%s, coordinator %s; %s\n",
-                 std::getenv("SLURM_JOB_ID"), node->node_rank, node->nodes, node->node_name.c_str(),
-                 node->node_rank == 0 ? ", coordinates" : "", node->coordinator_address.c_str(), gpus.c_str());
-  }
+  if (std::optional<int> code = PlaceSlurmNode(*node, tls)) return code;
   out = *std::move(node);
   return std::nullopt;
 }

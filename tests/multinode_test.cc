@@ -256,6 +256,15 @@ TEST(Refusals, SeveralNodesOnLoopbackWithoutTokenOrTls_Exit2) {
   EXPECT_TRUE(absl::StrContains(out, "--job_token_file")) << out;
 }
 
+TEST(Refusals, SlurmWithNodeFlagsOrOutsideAJob_Exit2SayingWhatToDo) {
+  std::string out;
+  EXPECT_EQ(RunLauncher({"--slurm", "--nodes=2", "--device=cpu"}, &out), 2) << out;
+  EXPECT_TRUE(absl::StrContains(out, "--nodes with --slurm: Slurm's job step says it; drop --nodes")) << out;
+  unsetenv("SLURM_JOB_ID");  // the test's environment is no job step
+  EXPECT_EQ(RunLauncher({"--slurm", "--device=cpu"}, &out), 2) << out;
+  EXPECT_TRUE(absl::StrContains(out, "SLURM_JOB_ID is not set; run it under srun")) << out;
+}
+
 TEST(Refusals, JobFlagOnAnAgent_Exit2) {
   std::string out;
   EXPECT_EQ(RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=127.0.0.1:29500", "--model=tiny"}, &out), 2)
