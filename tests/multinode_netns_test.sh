@@ -160,7 +160,7 @@ fail_case() {
   shift 2
   start_job "$name" tiny 100000
   for _ in $(seq 600); do
-    grep -q "step 3/" "$tmp/$name-0.out" && break
+    grep -qs "step 3/" "$tmp/$name-0.out" && break
     kill -0 "$pid0" 2>/dev/null || fail "$name: node 0 ended before step 3"
     sleep 0.1
   done
@@ -210,7 +210,7 @@ ip -n "${ns[1]}" link set e1 up
 # coordinator (its long poll breaks) and stops its own workers: every namespace is empty within 5 s.
 start_job coordinator-killed tiny 100000
 for _ in $(seq 600); do
-  grep -q "step 3/" "$tmp/coordinator-killed-0.out" && break
+  grep -qs "step 3/" "$tmp/coordinator-killed-0.out" && break
   kill -0 "$pid0" 2>/dev/null || fail "coordinator-killed: node 0 ended before step 3"
   sleep 0.1
 done
