@@ -10,18 +10,13 @@
 // rather than queued behind streams that may last hours.
 #include "launcher/control_service.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <chrono>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/tls.h"
+#include "launcher/listen_address.h"
 
 namespace stagehand {
 namespace {
@@ -29,41 +24,6 @@ namespace {
 constexpr char kBearer[] = "Bearer ";
 constexpr int64_t kChunkBytes = 64 * 1024;
 constexpr absl::Duration kStreamWait = absl::Seconds(1);  // how long the server may miss a Stop()
-
-bool IsLoopback(const sockaddr* a) {
-  if (a->sa_family == AF_INET) {
-    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;  // 127.0.0.0/8
-  }
-  if (a->sa_family != AF_INET6) return false;
-  const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
-  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
-  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
-}
-
-// "[v6]:port" or "host:port", split; false when it is neither.
-bool SplitHostPort(const std::string& address, std::string& host, std::string& port) {
-  if (absl::StartsWith(address, "[")) {
-    const size_t close = address.find(']');
-    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') return false;
-    host = address.substr(1, close - 1);
-    port = address.substr(close + 2);
-  } else {
-    const size_t colon = address.find(':');
-    if (colon == std::string::npos || address.find(':', colon + 1) != std::string::npos) return false;
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-  }
-  return !host.empty();
-}
-
-std::string Numeric(const addrinfo* a) {
-  char text[INET6_ADDRSTRLEN] = {0};
-  const void* addr = a->ai_family == AF_INET
-                         ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr)
-                         : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
-  inet_ntop(a->ai_family, addr, text, sizeof(text));
-  return a->ai_family == AF_INET6 ? absl::StrCat("[", text, "]") : std::string(text);
-}
 
 template <typename T>
 grpc::Status Reply(absl::StatusOr<T> result, T* response) {
@@ -221,33 +181,19 @@ grpc::Status ControlService::ListTokens(Context* context, const control::ListTok
 }
 
 absl::StatusOr<ListenAddress> ResolveListenAddress(const std::string& listen) {
-  std::string host, port_text;
-  int port = 0;
-  if (!SplitHostPort(listen, host, port_text) || !absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535) {
+  const std::optional<HostPort> split = SplitHostPort(listen);
+  if (!split) {
     return absl::InvalidArgumentError(
         absl::StrCat("--listen=", listen, ": expected HOST:PORT or [IPv6]:PORT (port 0 picks one)"));
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0) {
+  absl::StatusOr<ResolvedHost> host = ResolveHost(split->host);
+  if (!host.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--listen=", listen, ": cannot resolve ", host, ": ", gai_strerror(rc), "; pass a numeric address"));
+        absl::StrCat("--listen=", listen, ": ", host.status().message(), "; pass a numeric address"));
   }
-  // Loopback only when every address the name has is: "127.evil.test" resolving elsewhere is not.
   ListenAddress out;
-  out.loopback = true;
-  const addrinfo* chosen = nullptr;
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
-    out.loopback = out.loopback && IsLoopback(a->ai_addr);
-    if (chosen == nullptr || (chosen->ai_family != AF_INET && a->ai_family == AF_INET)) chosen = a;  // IPv4 first
-  }
-  const std::string numeric = chosen != nullptr ? Numeric(chosen) : "";
-  freeaddrinfo(found);
-  if (numeric.empty()) return absl::InvalidArgumentError(absl::StrCat("--listen=", listen, ": ", host, " has no address"));
-  out.bind = absl::StrCat(numeric, ":", port);
+  out.loopback = host->loopback;  // every address the name has: "127.evil.test" resolving elsewhere is not
+  out.bind = absl::StrCat(host->numeric, ":", split->port);
   return out;
 }
 

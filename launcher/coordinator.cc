@@ -297,7 +297,12 @@ std::optional<absl::StatusOr<Assignment>> CoordinatorState::RegistrationResult(
   if (registered_count_ == workers) {
     if (absl::Status s = Admitted(); !s.ok()) return s;
     if (absl::Status s = Partitioned(); !s.ok()) return s;
-    return BuildAssignment(rank);
+    Assignment a = BuildAssignment(rank);
+    // Its heartbeats start once it has the assignment; until now it was waiting in this call, alive
+    // (for the others' registrations and profiles, which the registration deadline bounds).
+    workers_[rank].assigned = true;
+    workers_[rank].last_heartbeat = now_();
+    return a;
   }
   if (shut_down_) return ShuttingDown();
   if (!expired) return std::nullopt;

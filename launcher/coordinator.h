@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "launcher/liveness.h"
 #include "protos/coordinator.pb.h"
 #include "protos/job.pb.h"
 
@@ -35,7 +36,11 @@ struct WorkerState {
   std::string host;
   DeviceInfo device;
   absl::Time registered_at = absl::InfinitePast();
-  absl::Time last_heartbeat = absl::InfinitePast();  // coordinator clock
+  // Its Register call has returned the assignment. Until then it waits in that call (for the
+  // others' registrations and profiles), alive, and sends no heartbeats: the registration deadline,
+  // not the heartbeat timeout, bounds that wait.
+  bool assigned = false;
+  absl::Time last_heartbeat = absl::InfinitePast();  // coordinator clock; from the assignment on
   int64_t steps_done = 0;
   absl::Time last_progress = absl::InfinitePast();   // when steps_done last grew (or registration)
   std::map<int, absl::Time> milestones;              // Milestone -> worker clock time
@@ -71,12 +76,10 @@ struct RemoteExit {
   int pid = 0;
   int exit_code = -1;
   int signal = 0;
+  std::string spawn_error;  // not empty: it was never started, and why
 };
 
-// An agent heartbeats at this interval; one silent for kAgentTimeout is lost, and so are its ranks.
-// Short, so that a host that loses its network ends the job on every host within 5 s.
-inline constexpr absl::Duration kAgentHeartbeatInterval = absl::Milliseconds(200);
-inline constexpr absl::Duration kAgentTimeout = absl::Seconds(2);
+// kAgentHeartbeatInterval and kAgentTimeout: launcher/liveness.h, with every other failure timing.
 
 // How the model's pipeline layers are split into stages, decided once every worker has registered.
 struct Partition {

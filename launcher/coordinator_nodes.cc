@@ -207,9 +207,12 @@ absl::Status CoordinatorState::ReportWorkerExit(const ReportWorkerExitRequest& r
   e.pid = request.pid();
   e.exit_code = request.exit_code();
   e.signal = request.signal();
+  e.spawn_error = request.spawn_error();
   if (remote_exits_.emplace(request.rank(), e).second) {
     LOG(INFO) << "rank " << request.rank() << " (node " << request.node_rank() << ", pid " << e.pid << ") ended: "
-              << (e.signal != 0 ? absl::StrCat("signal ", e.signal) : absl::StrCat("exit code ", e.exit_code));
+              << (!e.spawn_error.empty() ? absl::StrCat("could not be started: ", e.spawn_error)
+                  : e.signal != 0        ? absl::StrCat("signal ", e.signal)
+                                         : absl::StrCat("exit code ", e.exit_code));
   }
   return absl::OkStatus();
 }

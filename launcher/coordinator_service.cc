@@ -2,21 +2,16 @@
 // request to the state and finishes its reactor from the state's answer or completion callback.
 #include "launcher/coordinator_service.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/host.h"
+#include "launcher/listen_address.h"
 
 namespace stagehand {
 namespace {
@@ -34,41 +29,6 @@ absl::Time Deadline(const grpc::ServerContextBase& context, int64_t timeout_ms) 
   absl::Time d = Deadline(context);
   if (timeout_ms > 0) d = std::min(d, absl::Now() + absl::Milliseconds(timeout_ms));
   return d;
-}
-
-bool IsLoopback(const sockaddr* a) {
-  if (a->sa_family == AF_INET) {
-    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;  // 127.0.0.0/8
-  }
-  if (a->sa_family != AF_INET6) return false;
-  const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
-  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
-  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
-}
-
-// "[v6]:port" or "host:port", split; false when it is neither.
-bool SplitHostPort(const std::string& address, std::string& host, std::string& port) {
-  if (absl::StartsWith(address, "[")) {
-    const size_t close = address.find(']');
-    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') return false;
-    host = address.substr(1, close - 1);
-    port = address.substr(close + 2);
-  } else {
-    const size_t colon = address.find(':');
-    if (colon == std::string::npos || address.find(':', colon + 1) != std::string::npos) return false;
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-  }
-  return !host.empty();
-}
-
-std::string Numeric(const addrinfo* a) {
-  char text[INET6_ADDRSTRLEN] = {0};
-  const void* addr = a->ai_family == AF_INET
-                         ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr)
-                         : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
-  inet_ntop(a->ai_family, addr, text, sizeof(text));
-  return a->ai_family == AF_INET6 ? absl::StrCat("[", text, "]") : std::string(text);
 }
 
 grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context, const absl::Status& status) {
@@ -283,39 +243,23 @@ absl::StatusOr<std::string> LoopbackListenAddress(const std::string& address) { 
 bool IsLoopbackAddress(const std::string& address) { return LoopbackListenAddress(address).ok(); }
 
 absl::StatusOr<std::string> ListenAddress(const std::string& address, bool tls) {
-  std::string host, port_text;
-  int port = 0;
-  if (!SplitHostPort(address, host, port_text) || !absl::SimpleAtoi(port_text, &port) || port < 0 || port > 65535) {
+  const std::optional<HostPort> split = SplitHostPort(address);
+  if (!split) {
     return absl::InvalidArgumentError(absl::StrCat("--coordinator_address=", address,
                                                    ": expected HOST:PORT or [IPv6]:PORT (port 0 picks one)"));
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--coordinator_address=", address, ": cannot resolve ", host, ": ",
-                                                   gai_strerror(rc), "; use 127.0.0.1:PORT"));
+  absl::StatusOr<ResolvedHost> host = ResolveHost(split->host);
+  if (!host.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--coordinator_address=", address, ": ", host.status().message(), "; use 127.0.0.1:PORT"));
   }
-  const addrinfo* chosen = nullptr;
-  std::string refused;
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    if (a->ai_family != AF_INET && a->ai_family != AF_INET6) continue;
-    if (!IsLoopback(a->ai_addr) && !tls) {
-      refused = Numeric(a);
-      break;
-    }
-    if (chosen == nullptr || (chosen->ai_family != AF_INET && a->ai_family == AF_INET)) chosen = a;  // IPv4 first
-  }
-  const std::string numeric = chosen != nullptr ? Numeric(chosen) : "";
-  freeaddrinfo(found);
-  if (!refused.empty() || numeric.empty()) {
+  if (!host->loopback && !tls) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--coordinator_address=", address, ": ", host, refused.empty() ? " has no address" : " resolves to " + refused,
+        "--coordinator_address=", address, ": ", split->host, " resolves to ", host->non_loopback,
         ", not loopback (127.0.0.0/8 or ::1); another address is served only over mutual TLS: pass --tls_cert, "
         "--tls_key and --tls_ca (or use 127.0.0.1:PORT)"));
   }
-  return absl::StrCat(numeric, ":", port);
+  return absl::StrCat(host->numeric, ":", split->port);
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const std::string& address,

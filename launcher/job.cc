@@ -20,6 +20,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "common/checkpoint.h"
+#include "launcher/liveness.h"
 #include "launcher/run_dir.h"
 #include "launcher/token_file.h"
 #include "models/export_layout.h"
@@ -48,8 +49,8 @@ void ApplyDefaults(JobSpec& spec) {
   if (!spec.has_profile_single_stage()) spec.set_profile_single_stage(false);
   Timeouts& t = *spec.mutable_timeouts();
   if (!t.has_register_ms()) t.set_register_ms(60000);
-  if (!t.has_heartbeat_interval_ms()) t.set_heartbeat_interval_ms(100);
-  if (!t.has_heartbeat_timeout_ms()) t.set_heartbeat_timeout_ms(10000);
+  if (!t.has_heartbeat_interval_ms()) t.set_heartbeat_interval_ms(kDefaultHeartbeatIntervalMs);  // liveness.h
+  if (!t.has_heartbeat_timeout_ms()) t.set_heartbeat_timeout_ms(kDefaultHeartbeatTimeoutMs);
   if (!t.has_progress_timeout_ms()) t.set_progress_timeout_ms(300000);
   if (!t.has_nccl_init_ms()) t.set_nccl_init_ms(60000);
   if (!t.has_grace_ms()) t.set_grace_ms(3000);

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "launcher/liveness.h"
 
 ABSL_FLAG(int, gpus, -1, "GPUs to use, one worker each: the first N visible (default: all visible; "
                          "with none visible, 2 CPU workers)");
@@ -21,7 +23,9 @@ ABSL_FLAG(int64_t, tensor_elements, -1, "elements of the all-reduced tensor (def
 ABSL_FLAG(int64_t, seed, -1, "random seed (default 0)");
 ABSL_FLAG(std::string, job, "", "a JobSpec in protobuf text format (protos/job.proto); every flag you type "
                                "overrides its field, bools too (--timing=false over timing: true)");
-ABSL_FLAG(int64_t, heartbeat_timeout_ms, -1, "a worker silent this long is dead (default 10000)");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, -1,
+          absl::StrCat("a worker silent this long (after its assignment) is dead (default ",
+                       stagehand::kDefaultHeartbeatTimeoutMs, "; launcher/liveness.h)"));
 ABSL_FLAG(int64_t, progress_timeout_ms, -1, "a run with no finished step for this long is stalled (default 300000)");
 ABSL_FLAG(int64_t, register_timeout_ms, -1, "every worker must register within this (default 60000)");
 ABSL_FLAG(int64_t, nccl_init_timeout_ms, -1, "communicator setup deadline (default 60000)");

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "launcher/liveness.h"
 
 namespace stagehand {
 namespace {
@@ -79,7 +80,7 @@ TEST(JobTest, ResolveJob_NoFlags_AppliesDefaults) {
   EXPECT_EQ(spec.tensor_elements(), 1 << 20);
   EXPECT_EQ(spec.timeouts().register_ms(), 60000);
   EXPECT_EQ(spec.timeouts().heartbeat_interval_ms(), 100);
-  EXPECT_EQ(spec.timeouts().heartbeat_timeout_ms(), 10000);
+  EXPECT_EQ(spec.timeouts().heartbeat_timeout_ms(), kDefaultHeartbeatTimeoutMs);  // launcher/liveness.h
   EXPECT_EQ(spec.timeouts().progress_timeout_ms(), 300000);
   EXPECT_EQ(spec.timeouts().nccl_init_ms(), 60000);
   EXPECT_EQ(spec.timeouts().grace_ms(), 3000);

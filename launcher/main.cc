@@ -62,7 +62,9 @@ ABSL_FLAG(bool, version, false, "print the version and the coordinator protocol 
 // ---- Slurm (issue 13; launcher/slurm.h) ----
 ABSL_FLAG(bool, slurm, false,
           "take the node count, node rank, coordinator host and this node's GPUs from the Slurm job step "
-          "(run as srun --ntasks-per-node=1 launcher --slurm ...); one node for now");
+          "(srun --ntasks-per-node=1 launcher --slurm ...): node 0 on the step's first host coordinates at "
+          "port 29500 + SLURM_JOB_ID % 10000, the others join it; several nodes need --tls_cert, --tls_key and "
+          "--tls_ca, in which %N is the node's name and %n its rank (--tls_cert=certs/%N.pem)");
 ABSL_FLAG(int, coordinator_port, 0, "with --slurm: the coordinator's port (default 29500 + SLURM_JOB_ID % 10000)");
 
 namespace {
@@ -87,8 +89,8 @@ constexpr char kUsage[] =
     "  launcher --nodes=2 --node_rank=1 --coordinator_address=10.0.0.1:29500 --tls_cert=...\n"
     "                                           one job on two hosts: node 0 coordinates, node 1 joins";
 
-// Where this launcher stands in a job of several hosts. The seam for other sources (Slurm's
-// environment fills the same NodeOptions).
+// Where this launcher stands in a job of several hosts, from the flags (--slurm fills the same
+// NodeOptions from the job step's environment: ApplySlurm).
 stagehand::NodeOptions NodeOptionsFromFlags() {
   stagehand::NodeOptions n;
   n.nodes = absl::GetFlag(FLAGS_nodes);
@@ -97,21 +99,28 @@ stagehand::NodeOptions NodeOptionsFromFlags() {
   return n;
 }
 
-stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p) {
+// `node`: from --slurm (ApplySlurm), else from the flags.
+stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p, const std::optional<stagehand::NodeOptions>& node,
+                                          const stagehand::NodeTls& tls) {
   stagehand::LaunchOptions o;
   o.job = stagehand::JobRequestFromFlags(p);
   stagehand::JobRequest& j = o.job;
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.overwrite = absl::GetFlag(FLAGS_overwrite);
-  o.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   j.custom_worker = !o.worker_binary.empty();
   o.peak_tflops_per_device = absl::GetFlag(FLAGS_peak_tflops);
   o.progress_bar = isatty(STDOUT_FILENO);
-  o.node = NodeOptionsFromFlags();
+  o.node = node ? *node : NodeOptionsFromFlags();
   o.coordinator_address = o.node.coordinator_address;
-  o.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
+  o.tls = tls;
   o.job_token_file = absl::GetFlag(FLAGS_job_token_file);
+  if (node) {
+    // Slurm's GPUs for this host, unless the flags chose (CPU workers, or a count of their own).
+    if (node->gpus && *node->gpus > 0 && !j.gpus && j.device != "cpu") j.gpus = node->gpus;
+    // srun gives every node the same --run_dir: on a shared file system the agents' must differ.
+    if (node->node_rank > 0 && !o.run_dir.empty()) absl::StrAppend(&o.run_dir, "-node", node->node_rank);
+  }
   return o;
 }
 
@@ -121,7 +130,8 @@ constexpr const char* kAgentFlags[] = {"nodes", "node_rank", "coordinator_addres
                                        "workers", "register_timeout_ms"};
 
 int CheckAgentFlags(const stagehand::ParsedFlags& p) {
-  if (absl::GetFlag(FLAGS_node_rank) == 0) return 0;
+  // Under --slurm every node gets the same command line: an agent ignores the job's flags.
+  if (absl::GetFlag(FLAGS_node_rank) == 0 || absl::GetFlag(FLAGS_slurm)) return 0;
   for (const std::string& name : p.given) {
     bool ok = false;
     for (const char* f : kAgentFlags) ok = ok || name == f;
@@ -194,11 +204,50 @@ int Run(const stagehand::LaunchOptions& options) {
 }
 
 // ---- Slurm (issue 13) ----
-// --slurm: reads the job step's environment. A step of one node runs as a single-node launch (its
-// coordinator on loopback, as without --slurm); a step of several nodes is refused until --slurm
-// fills --nodes, --node_rank and --coordinator_address (and the TLS files) from NodeOptions. Returns
-// the exit code when the launch must not go on.
-std::optional<int> ApplySlurm() {
+// The coordinator of a --slurm step and its TLS: one node keeps loopback (and needs no TLS files);
+// several need TLS unless the first host is loopback. Prints where this node stands.
+std::optional<int> PlaceSlurmNode(stagehand::NodeOptions& node, stagehand::NodeTls& tls) {
+  const std::string gpus =
+      node.gpus ? absl::StrCat(*node.gpus, " GPUs (", node.gpus_source, ")") : "GPUs not managed by Slurm";
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (node.nodes == 1) {
+    // Loopback, as without --slurm: no hop leaves the host, so the TLS files (an sbatch script's,
+    // for several nodes) are not used.
+    node.coordinator_address = absl::GetFlag(FLAGS_coordinator_address);
+    const bool had_tls = tls.enabled();
+    tls = {};
+    std::fprintf(stderr, "stagehand: --slurm: job %s, one node: a single-node launch%s; %s\n", job,
+                 had_tls ? " (loopback: the TLS files are not needed)" : "", gpus.c_str());
+    return std::nullopt;
+  }
+  const bool loopback = stagehand::IsLoopbackAddress(node.coordinator_address);
+  if (!tls.enabled() && !loopback) {
+    std::fprintf(stderr,
+                 "stagehand: --slurm: this step spans %d nodes and the coordinator, %s, is not loopback: every hop "
+                 "between nodes is mutual TLS; pass --tls_cert=DIR/%%N.pem --tls_key=DIR/%%N.key --tls_ca=DIR/ca.pem "
+                 "(%%N: each node's name; tools/make_certs makes them)\n",
+                 node.nodes, node.coordinator_address.c_str());
+    return stagehand::kExitUsage;
+  }
+  std::fprintf(stderr, "stagehand: --slurm: job %s, node %d of %d (%s)%s, coordinator %s; %s\n", job, node.node_rank,
+               node.nodes, node.node_name.c_str(), node.node_rank == 0 ? ", coordinates" : "",
+               node.coordinator_address.c_str(), gpus.c_str());
+  if (loopback && node.node_rank == 0) {
+    // Debian's /etc/hosts maps a host's own name to 127.0.1.1: node 0 would serve where no other host reaches.
+    std::fprintf(stderr, "stagehand: --slurm: warning: %s resolves to a loopback address here; nodes on other "
+                 "machines cannot reach it (map the name to this node's network address in /etc/hosts or DNS)\n",
+                 node.coordinator_address.c_str());
+  }
+  return std::nullopt;
+}
+
+// --slurm: this node's place from the job step's environment. A step of one node runs as a
+// single-node launch (its coordinator on loopback, as without --slurm); a step of N nodes is
+// --nodes=N --node_rank=SLURM_NODEID --coordinator_address=<first host>:<port>, with the TLS files'
+// %N and %n made this node's. Returns the exit code when the launch must not go on.
+std::optional<int> ApplySlurm(const stagehand::ParsedFlags& p, std::optional<stagehand::NodeOptions>& out,
+                              stagehand::NodeTls& tls) {
+  tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)};
   if (absl::GetFlag(FLAGS_serve)) return std::nullopt;  // RunServer refuses job flags, --slurm among them
   if (!absl::GetFlag(FLAGS_slurm)) {
     if (absl::GetFlag(FLAGS_coordinator_port) != 0) {
@@ -207,27 +256,34 @@ std::optional<int> ApplySlurm() {
     }
     return std::nullopt;
   }
+  for (const char* flag : {"nodes", "node_rank", "coordinator_address"}) {
+    if (p.given.count(flag)) {
+      std::fprintf(stderr, "stagehand: --%s with --slurm: Slurm's job step says it; drop --%s (the port: "
+                   "--coordinator_port)\n", flag, flag);
+      return stagehand::kExitUsage;
+    }
+  }
   stagehand::SlurmOptions slurm;
   slurm.coordinator_port = absl::GetFlag(FLAGS_coordinator_port);
   slurm.fallback = stagehand::ScontrolShowHostnames;
-  absl::StatusOr<stagehand::SlurmNodeOptions> node = stagehand::NodeOptionsFromSlurm(stagehand::ProcessEnvironment(), slurm);
+  absl::StatusOr<stagehand::NodeOptions> node = stagehand::NodeOptionsFromSlurm(stagehand::ProcessEnvironment(), slurm);
   if (!node.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(node.status().message()).c_str());
     return stagehand::kExitUsage;
   }
-  if (node->nodes > 1) {
-    std::fprintf(stderr,
-                 "stagehand: --slurm: this step spans %d nodes (this is node %d; the coordinator would be %s), and "
-                 "--slurm is not wired to --nodes yet: pass --nodes, --node_rank and --coordinator_address "
-                 "yourself, or run one node: srun -N1 --ntasks-per-node=1 launcher --slurm ...\n",
-                 node->nodes, node->node_rank, node->coordinator_address.c_str());
-    return stagehand::kExitUsage;
+  for (auto [flag, path] : {std::pair{"--tls_cert", &tls.cert}, std::pair{"--tls_key", &tls.key},
+                            std::pair{"--tls_ca", &tls.ca}}) {
+    absl::StatusOr<std::string> expanded = stagehand::ExpandNodePattern(flag, *path, *node);
+    if (!expanded.ok()) {
+      std::fprintf(stderr, "stagehand: %s\n", std::string(expanded.status().message()).c_str());
+      return stagehand::kExitUsage;
+    }
+    *path = *expanded;
   }
   // Slurm named the node's GPUs without hiding the others: the launcher takes every visible GPU.
   if (node->cuda_visible_devices) setenv("CUDA_VISIBLE_DEVICES", node->cuda_visible_devices->c_str(), 1);
-  std::string gpus = node->gpus ? absl::StrCat(*node->gpus, " GPUs (", node->gpus_source, ")") : "GPUs not managed by Slurm";
-  std::fprintf(stderr, "stagehand: --slurm: job %s, one node: a single-node launch; %s\n",
-               std::getenv("SLURM_JOB_ID"), gpus.c_str());
+  if (std::optional<int> code = PlaceSlurmNode(*node, tls)) return code;
+  out = *std::move(node);
   return std::nullopt;
 }
 // ---- end of Slurm ----
@@ -270,12 +326,14 @@ int main(int argc, char** argv) {
     }
   }
   if (int code = CheckAgentFlags(*parsed); code != 0) return code;
-  if (std::optional<int> code = ApplySlurm()) return *code;  // Slurm (issue 13)
+  std::optional<stagehand::NodeOptions> slurm_node;  // Slurm (issue 13)
+  stagehand::NodeTls tls;
+  if (std::optional<int> code = ApplySlurm(*parsed, slurm_node, tls)) return *code;
   if (absl::Status s = stagehand::BecomeSubreaper(); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return stagehand::kExitLaunchFailed;
   }
-  stagehand::LaunchOptions options = OptionsFromFlags(*parsed);  // isatty(1) before the capture
+  stagehand::LaunchOptions options = OptionsFromFlags(*parsed, slurm_node, tls);  // isatty(1) before the capture
   options.launch = launch;
   // From here on the launcher's stdout goes through the bounded terminal writer (terminal.h), so that
   // a terminal that stops reading cannot block supervision. If the capture cannot be set up, stdout

@@ -18,7 +18,7 @@ namespace stagehand {
 namespace {
 
 // A heartbeat or a report that cannot get through in this time counts as missed: Tick must go on.
-constexpr absl::Duration kCallTimeout = absl::Milliseconds(500);
+constexpr absl::Duration kCallTimeout = kAgentCallTimeout;
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
@@ -79,6 +79,14 @@ void NodeAgent::Start(const std::string& run_dir) {
     unreported_.push_back(r);
     exits_.push_back(r);
   };
+  so.report_spawn_failure = [this](int rank, const std::string& why) {
+    ReportWorkerExitRequest r;
+    r.set_node_rank(options_.node.node_rank);
+    r.set_incarnation(options_.incarnation);
+    r.set_rank(rank);
+    r.set_spawn_error(why);
+    unreported_.push_back(r);  // sent on the next Tick, at once
+  };
   supervisor_ = std::make_unique<Supervisor>(view_.get(), spawner_, std::move(so), now_);
   last_answer_ = now_();
   WaitForStopRequest w;
@@ -88,7 +96,9 @@ void NodeAgent::Start(const std::string& run_dir) {
     absl::MutexLock lock(&mu_);
     pushed_ = std::move(r);
   });
-  (void)supervisor_->Start();  // a spawn failure: its exit-less slots end the run; node 0 sees no worker
+  // A spawn failure is reported for each rank that did not start (report_spawn_failure), and this
+  // agent ends once the reports are through: node 0 names the cause and stops the job at once.
+  (void)supervisor_->Start();
 }
 
 void NodeAgent::OnStop(const std::string& reason) {

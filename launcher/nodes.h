@@ -11,16 +11,9 @@
 #include "absl/status/statusor.h"
 #include "common/tls.h"
 #include "launcher/coordinator.h"
+#include "launcher/node_options.h"
 
 namespace stagehand {
-
-// Where this launcher stands in a job of several hosts. The seam for other sources than the flags
-// (Slurm's environment fills the same three).
-struct NodeOptions {
-  int nodes = 1;
-  int node_rank = 0;                // 0: coordinates the job and runs this host's workers; else an agent
-  std::string coordinator_address;  // node 0: where it serves; an agent: where node 0 is
-};
 
 // The job's certificates: one set per host, signed by one CA. A coordinator serves them and requires
 // a client certificate signed by `ca` (mutual TLS); agents and workers present theirs.

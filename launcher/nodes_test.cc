@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "launcher/coordinator.h"
 #include "launcher/fake_agent_client.h"
+#include "launcher/fake_clock.h"
 #include "launcher/fake_process.h"
 #include "launcher/node_agent.h"
 #include "launcher/nodes.h"
@@ -30,25 +31,6 @@ namespace {
 using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
-
-class FakeClock {
- public:
-  absl::Time Now() const {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-  std::function<absl::Time()> AsFunction() {
-    return [this] { return Now(); };
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
-};
 
 JobSpec CpuJob(int workers) {
   JobSpec job;
@@ -295,6 +277,21 @@ TEST_F(NodeZeroSupervisor, RemoteWorkerKilled_IsTheRootCause_NamingNodeHostAndRa
   EXPECT_TRUE(state_.stopping());
 }
 
+TEST_F(NodeZeroSupervisor, RemoteWorkerNeverStarted_StopsTheJobAtOnceWithExit4_NamingRankAndWhy) {
+  StartWorld();
+  ReportWorkerExitRequest e;
+  e.set_node_rank(2);
+  e.set_incarnation(5);
+  e.set_rank(3);
+  e.set_spawn_error("cannot execute /w: No such file or directory");
+  ASSERT_TRUE(state_.ReportWorkerExit(e).ok());
+  supervisor_->Tick();
+  EXPECT_EQ(supervisor_->exit_code(), kExitLaunchFailed);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("rank 3 (node 2 at 198.18.0.13"));
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("could not be started: cannot execute /w"));
+  EXPECT_TRUE(state_.stopping());
+}
+
 TEST_F(NodeZeroSupervisor, AgentSilentForTheAgentTimeout_IsAHangNamingTheNode_AndItsRanksAreGone) {
   StartWorld();
   clock_.Advance(kAgentTimeout / 2);
@@ -394,6 +391,20 @@ TEST_F(AgentTest, WorkersSucceed_EachExitReported_Exit0) {
   EXPECT_EQ(client_.exits()[1].rank(), 3);
   EXPECT_EQ(agent_->exit_code(), 0);
   EXPECT_THAT(agent_->verdict(), HasSubstr("done"));
+}
+
+TEST_F(AgentTest, SpawnFails_EachRankNotStartedIsReportedOnTheFirstTick_Exit4) {
+  ASSERT_TRUE(agent_->Join().ok());
+  spawner_.FailNextSpawn(absl::NotFoundError("cannot execute /w: No such file or directory"));
+  agent_->Start("/tmp/agent-run");
+  EXPECT_TRUE(agent_->Tick());  // nothing runs here: done once node 0 has the reports
+  ASSERT_THAT(client_.exits(), SizeIs(2));
+  EXPECT_EQ(client_.exits()[0].rank(), 2);
+  EXPECT_EQ(client_.exits()[1].rank(), 3);
+  EXPECT_THAT(client_.exits()[0].spawn_error(), HasSubstr("cannot execute /w"));
+  EXPECT_EQ(client_.exits()[0].pid(), 0);
+  EXPECT_EQ(agent_->exit_code(), kExitLaunchFailed);
+  EXPECT_THAT(agent_->verdict(), HasSubstr("could not start worker 2"));
 }
 
 TEST_F(AgentTest, StopPushed_WorkersGetSigtermAfterTheNotice_ThenSigkill) {

@@ -134,7 +134,7 @@ int CountDevices(const std::string& list) {
   return n;
 }
 
-absl::Status ReadGpus(const std::map<std::string, std::string>& env, SlurmNodeOptions& node) {
+absl::Status ReadGpus(const std::map<std::string, std::string>& env, NodeOptions& node) {
   const std::optional<std::string> visible = Get(env, "CUDA_VISIBLE_DEVICES");
   if (auto on_node = Get(env, "SLURM_GPUS_ON_NODE")) {
     absl::StatusOr<int64_t> n = NonNegative("SLURM_GPUS_ON_NODE", *on_node);
@@ -164,7 +164,7 @@ absl::Status ReadGpus(const std::map<std::string, std::string>& env, SlurmNodeOp
 }
 
 // This node's place: the node count, its rank, one task per node.
-absl::Status ReadPlace(const std::map<std::string, std::string>& env, SlurmNodeOptions& node) {
+absl::Status ReadPlace(const std::map<std::string, std::string>& env, NodeOptions& node) {
   auto nodes = First(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
   if (!nodes) return absl::FailedPreconditionError("--slurm: SLURM_NNODES is not set; run the launcher with srun");
   absl::StatusOr<int64_t> n = NonNegative(nodes->first, nodes->second);
@@ -216,7 +216,7 @@ absl::StatusOr<std::vector<std::string>> ParseHostlist(absl::string_view hostlis
   return hosts;
 }
 
-absl::StatusOr<SlurmNodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std::string>& env,
+absl::StatusOr<NodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std::string>& env,
                                                  const SlurmOptions& options) {
   const std::optional<std::string> job = Get(env, "SLURM_JOB_ID");
   if (!job) {
@@ -231,7 +231,7 @@ absl::StatusOr<SlurmNodeOptions> NodeOptionsFromSlurm(const std::map<std::string
         "--slurm: SLURM_NODEID is not set, so this is not a job step (a batch script runs once, on the first "
         "node); start the launcher with srun --ntasks-per-node=1 launcher --slurm ...");
   }
-  SlurmNodeOptions node;
+  NodeOptions node;
   if (absl::Status s = ReadPlace(env, node); !s.ok()) return s;
   auto list = First(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
   if (!list) return absl::FailedPreconditionError("--slurm: SLURM_JOB_NODELIST is not set; run the launcher with srun");
@@ -254,8 +254,32 @@ absl::StatusOr<SlurmNodeOptions> NodeOptionsFromSlurm(const std::map<std::string
     return absl::InvalidArgumentError(absl::StrCat("--coordinator_port=", port, ": pass 1 to 65535"));
   }
   node.coordinator_address = absl::StrCat((*hosts)[0], ":", port);
+  const std::optional<std::string> name = Get(env, "SLURMD_NODENAME");
+  node.node_name = name && !name->empty() ? *name : (*hosts)[node.node_rank];
   if (absl::Status s = ReadGpus(env, node); !s.ok()) return s;
   return node;
+}
+
+absl::StatusOr<std::string> ExpandNodePattern(const std::string& flag, const std::string& path, const NodeOptions& node) {
+  std::string out;
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (path[i] != '%') {
+      out.push_back(path[i]);
+      continue;
+    }
+    const char c = i + 1 < path.size() ? path[++i] : '\0';
+    if (c == 'N') {
+      absl::StrAppend(&out, node.node_name);
+    } else if (c == 'n') {
+      absl::StrAppend(&out, node.node_rank);
+    } else if (c == '%') {
+      out.push_back('%');
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": with --slurm, %N is the node's name, %n its rank "
+                                                     "and %% a percent sign; nothing else may follow a %"));
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<std::string>> ScontrolShowHostnames(const std::string& hostlist) {

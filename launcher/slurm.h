@@ -8,29 +8,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "launcher/node_options.h"
 
 namespace stagehand {
-
-// What Slurm says of this node: launcher/nodes.h's NodeOptions (nodes, node_rank,
-// coordinator_address) and the node's GPUs.
-struct SlurmNodeOptions {
-  int nodes = 1;                    // launchers (one per node) in the job step
-  int node_rank = 0;                // this node's, 0-based; node 0 runs the coordinator
-  std::string coordinator_address;  // HOST:PORT of node 0, as the other nodes dial it
-  // GPUs Slurm allocated to this node; nullopt when Slurm says nothing (no gres configured), and
-  // the launcher's default (every visible GPU) applies.
-  std::optional<int> gpus;
-  std::string gpus_source;          // the variable the count came from, for messages
-  // Set when Slurm named this node's GPUs (SLURM_JOB_GPUS) without hiding the others: the launcher
-  // sets CUDA_VISIBLE_DEVICES to it before it looks for GPUs.
-  std::optional<std::string> cuda_visible_devices;
-};
 
 // Expands a hostlist ("n[1-3,5],gpu07") into its host names, in order; an error names the list and
 // what is wrong with it.
@@ -54,13 +39,21 @@ int SlurmCoordinatorPort(int64_t job_id);
 // INVALID_ARGUMENT for anything else (unbalanced brackets, a reversed range, an empty item).
 absl::StatusOr<std::vector<std::string>> ParseHostlist(absl::string_view hostlist);
 
-// The node's options from a job step's environment. The step's variables win over the job's
+// The node's options (launcher/node_options.h) from a job step's environment: the node count, this
+// node's rank (SLURM_NODEID), the coordinator (the list's first host, on the derived port or
+// options.coordinator_port), the node's name (SLURMD_NODENAME, else its entry in the list) and its
+// GPUs (SLURM_GPUS_ON_NODE, CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS, SLURM_JOB_GPUS). The step's variables win over the job's
 // (SLURM_STEP_NUM_NODES, SLURM_STEP_NODELIST over SLURM_NNODES, SLURM_JOB_NODELIST), since an srun
 // inside an allocation may use fewer nodes than it holds. Errors (INVALID_ARGUMENT or
 // FAILED_PRECONDITION) say what to run instead: outside a job, in the batch script rather than a
 // step, more than one task per node, a node rank out of range, GPU variables that disagree.
-absl::StatusOr<SlurmNodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std::string>& env,
+absl::StatusOr<NodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std::string>& env,
                                                  const SlurmOptions& options = {});
+
+// A path given once for every node of a step (--tls_cert=certs/%N.pem) made this node's, as Slurm's
+// own filename patterns are: %N the node's name, %n its rank, %% a percent sign. INVALID_ARGUMENT
+// naming `flag` for any other %-sequence.
+absl::StatusOr<std::string> ExpandNodePattern(const std::string& flag, const std::string& path, const NodeOptions& node);
 
 // `scontrol show hostnames LIST`, the fallback expander for the launcher.
 absl::StatusOr<std::vector<std::string>> ScontrolShowHostnames(const std::string& hostlist);

@@ -83,23 +83,24 @@ std::map<std::string, std::string> StepEnv() {
           {"SLURM_NTASKS", "2"}};
 }
 
-SlurmNodeOptions Read(const std::map<std::string, std::string>& env, const SlurmOptions& options = {}) {
-  absl::StatusOr<SlurmNodeOptions> node = NodeOptionsFromSlurm(env, options);
+NodeOptions Read(const std::map<std::string, std::string>& env, const SlurmOptions& options = {}) {
+  absl::StatusOr<NodeOptions> node = NodeOptionsFromSlurm(env, options);
   EXPECT_TRUE(node.ok()) << node.status();
-  return node.ok() ? *node : SlurmNodeOptions{};
+  return node.ok() ? *node : NodeOptions{};
 }
 
 absl::Status ReadError(const std::map<std::string, std::string>& env, const SlurmOptions& options = {}) {
-  absl::StatusOr<SlurmNodeOptions> node = NodeOptionsFromSlurm(env, options);
+  absl::StatusOr<NodeOptions> node = NodeOptionsFromSlurm(env, options);
   EXPECT_FALSE(node.ok());
   return node.status();
 }
 
 TEST(NodeOptionsFromSlurmTest, TwoNodeStep_GivesCountRankAndFirstHostOnDerivedPort) {
-  SlurmNodeOptions node = Read(StepEnv());
+  NodeOptions node = Read(StepEnv());
   EXPECT_EQ(node.nodes, 2);
   EXPECT_EQ(node.node_rank, 1);
   EXPECT_EQ(node.coordinator_address, "n1:30734");
+  EXPECT_EQ(node.node_name, "n2");  // its entry in the list, without SLURMD_NODENAME
   EXPECT_FALSE(node.gpus.has_value());
   EXPECT_FALSE(node.cuda_visible_devices.has_value());
 }
@@ -117,7 +118,7 @@ TEST(NodeOptionsFromSlurmTest, StepSmallerThanAllocation_StepVariablesWin) {
   env["SLURM_STEP_NODELIST"] = "n3";
   env["SLURM_NODEID"] = "0";
   env["SLURM_STEP_NUM_TASKS"] = "1";
-  SlurmNodeOptions node = Read(env);
+  NodeOptions node = Read(env);
   EXPECT_EQ(node.nodes, 1);
   EXPECT_EQ(node.coordinator_address, "n3:30734");
 }
@@ -125,7 +126,7 @@ TEST(NodeOptionsFromSlurmTest, StepSmallerThanAllocation_StepVariablesWin) {
 TEST(NodeOptionsFromSlurmTest, JobVariablesOnly_AreUsed) {
   std::map<std::string, std::string> env = {
       {"SLURM_JOB_ID", "7"}, {"SLURM_NNODES", "3"}, {"SLURM_JOB_NODELIST", "gpu[07-08],login"}, {"SLURM_NODEID", "2"}};
-  SlurmNodeOptions node = Read(env);
+  NodeOptions node = Read(env);
   EXPECT_EQ(node.nodes, 3);
   EXPECT_EQ(node.node_rank, 2);
   EXPECT_EQ(node.coordinator_address, "gpu07:29507");
@@ -193,7 +194,7 @@ TEST(NodeOptionsFromSlurmTest, GpusOnNode_IsTheCount) {
   auto env = StepEnv();
   env["SLURM_GPUS_ON_NODE"] = "4";
   env["CUDA_VISIBLE_DEVICES"] = "0,1,2,3";
-  SlurmNodeOptions node = Read(env);
+  NodeOptions node = Read(env);
   EXPECT_EQ(node.gpus, 4);
   EXPECT_EQ(node.gpus_source, "SLURM_GPUS_ON_NODE");
   EXPECT_FALSE(node.cuda_visible_devices.has_value());  // Slurm set it already
@@ -219,10 +220,37 @@ TEST(NodeOptionsFromSlurmTest, CudaVisibleDevicesOnly_CountsItsEntries) {
 TEST(NodeOptionsFromSlurmTest, JobGpusOnly_CountsThemAndRestrictsVisibility) {
   auto env = StepEnv();
   env["SLURM_JOB_GPUS"] = "2,3";
-  SlurmNodeOptions node = Read(env);
+  NodeOptions node = Read(env);
   EXPECT_EQ(node.gpus, 2);
   EXPECT_EQ(node.gpus_source, "SLURM_JOB_GPUS");
   EXPECT_EQ(node.cuda_visible_devices, "2,3");
+}
+
+TEST(NodeOptionsFromSlurmTest, SlurmdNodeName_IsTheNodesName) {
+  auto env = StepEnv();
+  env["SLURMD_NODENAME"] = "gpu-b";
+  EXPECT_EQ(Read(env).node_name, "gpu-b");
+}
+
+TEST(ExpandNodePatternTest, NameRankAndPercent_AreThisNodes) {
+  NodeOptions node;
+  node.node_rank = 3;
+  node.node_name = "gpu07";
+  absl::StatusOr<std::string> path = ExpandNodePattern("--tls_cert", "certs/%N-%n.pem", node);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, "certs/gpu07-3.pem");
+  EXPECT_EQ(*ExpandNodePattern("--tls_ca", "certs/100%%/ca.pem", node), "certs/100%/ca.pem");
+  EXPECT_EQ(*ExpandNodePattern("--tls_ca", "", node), "");
+}
+
+TEST(ExpandNodePatternTest, OtherSequences_AreInvalidArgumentNamingTheFlag) {
+  for (const char* bad : {"certs/%j.pem", "certs/%"}) {
+    absl::StatusOr<std::string> path = ExpandNodePattern("--tls_key", bad, NodeOptions{});
+    ASSERT_FALSE(path.ok()) << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(path.status()));
+    EXPECT_THAT(path.status().message(), HasSubstr("--tls_key="));
+    EXPECT_THAT(path.status().message(), HasSubstr("%N"));
+  }
 }
 
 }  // namespace

@@ -14,9 +14,8 @@
 namespace stagehand {
 namespace {
 
-// How long workers get to notice the coordinator's stop (through their heartbeat) and leave by
-// themselves, aborting their communicators, before they are sent SIGTERM.
-absl::Duration StopNotice(const Timeouts& t) { return absl::Milliseconds(3 * t.heartbeat_interval_ms() + 200); }
+// launcher/liveness.h's, for this job's heartbeat interval.
+absl::Duration StopNotice(const Timeouts& t) { return stagehand::StopNotice(t.heartbeat_interval_ms()); }
 
 std::string SignalName(int sig) {
   const char* d = strsignal(sig);
@@ -69,19 +68,26 @@ ProcessSpec Supervisor::SpecFor(int index) const {
 
 absl::Status Supervisor::Start() {
   const int local = options_.local_workers < 0 ? static_cast<int>(slots_.size()) : options_.local_workers;
+  // Ranks from `first` on never start; an agent tells node 0 at once, which judges the job.
+  auto never_started = [&](int first, const std::string& why) {
+    for (int j = first; j < static_cast<int>(slots_.size()); ++j) {
+      if (!IsLocal(j)) continue;
+      slots_[j].exited = true;
+      if (options_.report_spawn_failure) options_.report_spawn_failure(j, why);
+    }
+  };
   if (state_->job().device() == "cuda" && static_cast<int>(options_.gpus.size()) < local) {
+    const std::string why = absl::StrCat(local, " GPU workers but ", options_.gpus.size(), " GPUs given");
+    never_started(0, why);
     for (Slot& s : slots_) s.exited = true;
-    Record(Kind::kLaunch, kExitLaunchFailed,
-           absl::StrCat(local, " GPU workers but ", options_.gpus.size(), " GPUs given"));
+    Record(Kind::kLaunch, kExitLaunchFailed, why);
     return absl::InvalidArgumentError(root_cause());
   }
   for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
     if (!IsLocal(i)) continue;
     absl::StatusOr<int> pid = spawner_->Spawn(SpecFor(i));
     if (!pid.ok()) {
-      for (int j = i; j < static_cast<int>(slots_.size()); ++j) {
-        if (IsLocal(j)) slots_[j].exited = true;  // never started
-      }
+      never_started(i, std::string(pid.status().message()));
       Record(Kind::kLaunch, kExitLaunchFailed, absl::StrCat("could not start worker ", i, ": ", pid.status().message()));
       return pid.status();
     }
@@ -176,6 +182,10 @@ void Supervisor::CheckRemote() {
     s.exited = true;
     s.exit_code = x.exit_code;
     s.signal = x.signal;
+    if (!x.spawn_error.empty()) {
+      Record(Kind::kLaunch, kExitLaunchFailed, absl::StrCat(Describe(rank), " could not be started: ", x.spawn_error));
+      continue;
+    }
     Judge(rank, x.exit_code, x.signal);
   }
   const std::vector<NodeState> nodes = state_->Nodes();
@@ -258,7 +268,7 @@ void Supervisor::CheckDeadlines() {
   for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
     const WorkerState& w = workers[r];
     if (slots_[r].exited || w.finished || !w.registered) continue;
-    if (now - w.last_heartbeat > absl::Milliseconds(t.heartbeat_timeout_ms())) {
+    if (w.assigned && now - w.last_heartbeat > absl::Milliseconds(t.heartbeat_timeout_ms())) {
       return Record(Kind::kHang, kExitWorkerHung,
                     absl::StrCat(Describe(r), " stopped heartbeating (none for ",
                                  absl::FormatDuration(absl::Trunc(now - w.last_heartbeat, absl::Milliseconds(1))),

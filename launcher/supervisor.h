@@ -46,6 +46,8 @@ struct SupervisorOptions {
   int local_workers = -1;
   std::vector<std::string> worker_args;  // more flags for every worker (TLS files, --listen_host)
   std::function<void(int rank, const ProcessExit&)> report_exit;
+  // An agent: each of its ranks that could not be started, and why (set with report_exit).
+  std::function<void(int rank, const std::string& why)> report_spawn_failure;
 };
 
 struct RankLedger {

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "launcher/coordinator.h"
+#include "launcher/fake_clock.h"
 #include "launcher/fake_process.h"
 
 namespace stagehand {
@@ -50,30 +51,9 @@ constexpr int64_t kHeartbeatTimeoutMs = 1000;
 constexpr int64_t kProgressTimeoutMs = 10000;
 constexpr int64_t kRegisterMs = 5000;
 constexpr int64_t kGraceMs = 3000;
-// supervisor.cc's StopNotice: three heartbeat intervals and 200 ms.
-constexpr absl::Duration kStopNotice = absl::Milliseconds(3 * kHeartbeatIntervalMs + 200);
+constexpr absl::Duration kStopNotice = StopNotice(kHeartbeatIntervalMs);  // launcher/liveness.h
 constexpr absl::Duration kGrace = absl::Milliseconds(kGraceMs);
 constexpr absl::Duration kTick = absl::Milliseconds(1);
-
-// Read by the coordinator from registering threads, advanced by the test.
-class FakeClock {
- public:
-  absl::Time Now() const {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-  std::function<absl::Time()> AsFunction() {
-    return [this] { return Now(); };
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1700000000);
-};
 
 // Fails its `fail_at`-th Spawn (1-based), which FakeProcessSpawner alone cannot do inside Start().
 class SpawnerFailingAt : public FakeProcessSpawner {
@@ -419,6 +399,28 @@ TEST_F(SupervisorTest, Tick_NoHeartbeatPastTimeout_IsHungWithStoppedHeartbeating
   EXPECT_EQ(supervisor_->exit_code(), kExitWorkerHung);
   EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 1"), HasSubstr("stopped heartbeating")));
   EXPECT_TRUE(state_->stopping());
+}
+
+// A worker that registered first waits in Register while the others register and profile their
+// devices, which may take longer than the heartbeat timeout: it is alive (its call is ours), and its
+// heartbeats start with its assignment (launcher/liveness.h).
+TEST_F(SupervisorTest, Tick_RegisteredAndWaitingForPeers_IsNotHungUntilItsAssignment) {
+  Init(2);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  absl::Status first;
+  std::thread waiting([&] { first = state_->Register(MakeRegister(0), absl::Now() + absl::Seconds(10)).status(); });
+  for (int i = 0; i < 2000 && !state_->Workers()[0].registered; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(state_->Workers()[0].registered);
+  EXPECT_FALSE(TickAfter(2 * absl::Milliseconds(kHeartbeatTimeoutMs)));  // still below the registration deadline
+  EXPECT_FALSE(state_->stopping()) << supervisor_->root_cause();
+  ASSERT_TRUE(state_->Register(MakeRegister(1), absl::Now() + absl::Seconds(10)).ok());
+  waiting.join();
+  ASSERT_TRUE(first.ok()) << first;
+  EXPECT_FALSE(TickAfter(absl::Milliseconds(kHeartbeatTimeoutMs) - kTick));
+  EXPECT_FALSE(state_->stopping()) << supervisor_->root_cause();
+  EXPECT_FALSE(TickAfter(2 * kTick));  // from the assignment on, silence counts
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerHung);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("stopped heartbeating"));
 }
 
 TEST_F(SupervisorTest, Tick_NoProgressPastTimeout_IsHungWithMadeNoProgress) {

@@ -43,15 +43,20 @@ absl::StatusOr<std::string> FindWorker(const std::string& given) {
 }
 
 std::vector<std::string> WorkerEnvironment(int workers) {
+  std::vector<std::string> launcher_env;
+  for (char** e = environ; *e != nullptr; ++e) launcher_env.emplace_back(*e);
+  return WorkerEnvironmentFrom(launcher_env, workers, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+std::vector<std::string> WorkerEnvironmentFrom(const std::vector<std::string>& launcher_env, int workers, int cores) {
   std::vector<std::string> env;
   // Like torchrun: workers share the cores instead of each spinning up a thread per core, which
   // oversubscribes the machine (OpenMP threads busy-wait) and slows every worker down.
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    env.push_back(absl::StrCat("OMP_NUM_THREADS=", std::max(1, cores / std::max(1, workers))));
-  }
-  for (char** e = environ; *e != nullptr; ++e) {
-    absl::string_view v(*e);
+  const bool omp_given = std::any_of(launcher_env.begin(), launcher_env.end(),
+                                     [](const std::string& e) { return absl::StartsWith(e, "OMP_NUM_THREADS="); });
+  if (!omp_given) env.push_back(absl::StrCat("OMP_NUM_THREADS=", std::max(1, cores / std::max(1, workers))));
+  for (const std::string& entry : launcher_env) {
+    absl::string_view v(entry);
     // Set per worker by the supervisor, or forced below.
     if (absl::StartsWith(v, "CUDA_VISIBLE_DEVICES=") || absl::StartsWith(v, "STAGEHAND_") ||
         absl::StartsWith(v, "NCCL_NVLS_ENABLE=") || absl::StartsWith(v, "TORCH_SYMM_MEM_DISABLE_MULTICAST=") ||

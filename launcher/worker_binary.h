@@ -14,8 +14,14 @@ namespace stagehand {
 absl::StatusOr<std::string> FindWorker(const std::string& given);
 
 // The workers' environment: the launcher's, less what the supervisor sets per worker, with OMP threads
-// shared out among `workers` and NVLink multicast off.
+// shared out among `workers` and NVLink multicast off. Everything else passes unchanged, NCCL's
+// socket and InfiniBand settings among it (NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY, NCCL_IB_HCA,
+// NCCL_IB_DISABLE, NCCL_DEBUG, ...): on several hosts each launcher builds its own workers'
+// environment, so an agent's workers get the agent host's settings.
 std::vector<std::string> WorkerEnvironment(int workers);
+
+// The same from `launcher_env` ("NAME=value" entries) on a machine of `cores` cores.
+std::vector<std::string> WorkerEnvironmentFrom(const std::vector<std::string>& launcher_env, int workers, int cores);
 
 }  // namespace stagehand
 

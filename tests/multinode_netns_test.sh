@@ -3,9 +3,11 @@
 # bridge in a fourth ("the switch"), one launcher in each (node 0 coordinates with 2 CPU workers,
 # nodes 1 and 2 are agents with 1 each), mutual TLS with certificates made here. A 4-stage pipeline
 # of tiny and of llama-tiny matches a single process (losses within 1e-5 relative, fp32). Then the
-# failures, each a fresh job: kill -9 of an agent, kill -9 of a worker on another host, one host's
-# link set down mid-run: each ends the job on every host within 5 s, node 0's root cause names the
-# node, its address and (for the worker) the rank, and nothing is left in any namespace.
+# failures, each a fresh job: kill -9 of an agent, kill -9 of a worker on another host, a worker on
+# another host stopped (SIGSTOP: it hangs), one host's link set down mid-run: each ends the job on
+# every host within 5 s, node 0's root cause names the node, its address and (for a worker) the
+# rank, and nothing is left in any namespace. And kill -9 of node 0's launcher: both agents lose the
+# coordinator and stop their workers within 5 s.
 #
 # Runs under `unshare --mount` with a private /etc/hosts, nsswitch.conf and resolv.conf (a DNS lookup
 # inside a namespace would hang); the namespaces, and everything in them, are removed on any exit.
@@ -80,18 +82,19 @@ done
 tls() { echo "--tls_cert=$tmp/node$1.pem --tls_key=$tmp/node$1.key --tls_ca=$tmp/ca.pem"; }
 
 # start_job NAME MODEL STEPS: node 0 and the two agents in the background, each in its namespace
-# (nsenter execs the launcher, so $! is the launcher's pid).
+# (env and nsenter exec the launcher, so $! is the launcher's pid), each with NCCL's settings of its
+# own host (NCCL_SOCKET_IFNAME=e<node>), which its workers must get.
 start_job() {
   local name=$1 model=$2 steps=$3
   # shellcheck disable=SC2046
-  nsenter --net="/run/netns/${ns[0]}" "$launcher" --nodes=3 --node_rank=0 --coordinator_address="$coordinator" $(tls 0) \
+  env NCCL_SOCKET_IFNAME=e0 nsenter --net="/run/netns/${ns[0]}" "$launcher" --nodes=3 --node_rank=0 --coordinator_address="$coordinator" $(tls 0) \
     --device=cpu --workers=2 --pipeline_stages=4 --model="$model" --fp32 --schedule=1f1b --micro_batches=4 \
     --global_batch=16 --steps="$steps" --lr=0.003 --partition=uniform --seed=7 --run_dir="$tmp/$name-0" \
     >"$tmp/$name-0.out" 2>&1 &
   pid0=$!
   for i in 1 2; do
     # shellcheck disable=SC2046
-    nsenter --net="/run/netns/${ns[$i]}" "$launcher" --nodes=3 --node_rank="$i" --coordinator_address="$coordinator" $(tls "$i") \
+    env NCCL_SOCKET_IFNAME="e$i" NCCL_IB_DISABLE=1 nsenter --net="/run/netns/${ns[$i]}" "$launcher" --nodes=3 --node_rank="$i" --coordinator_address="$coordinator" $(tls "$i") \
       --device=cpu --workers=1 --run_dir="$tmp/$name-$i" >"$tmp/$name-$i.out" 2>&1 &
     eval "pid$i=\$!"
   done
@@ -157,12 +160,13 @@ fail_case() {
   shift 2
   start_job "$name" tiny 100000
   for _ in $(seq 600); do
-    grep -q "step 3/" "$tmp/$name-0.out" && break
+    grep -qs "step 3/" "$tmp/$name-0.out" && break
     kill -0 "$pid0" 2>/dev/null || fail "$name: node 0 ended before step 3"
     sleep 0.1
   done
   grep -q "step 3/" "$tmp/$name-0.out" || fail "$name: no step 3 within 60 s"
-  local t0=$SECONDS
+  local ms0
+  ms0=$(date +%s%3N)
   $action
   wait_all 5
   nothing_left "$name"
@@ -173,7 +177,7 @@ fail_case() {
   for want in "$@"; do
     grep -qF -- "$want" <<<"$cause" || fail "$name: the root cause does not name '$want': $cause"
   done
-  echo "multinode_netns_test: $name ended everywhere within $((SECONDS - t0)) s: $cause"
+  echo "multinode_netns_test: $name ended everywhere within $(($(date +%s%3N) - ms0)) ms: $cause"
 }
 
 kill_agent() { kill -9 "$pid1"; }
@@ -181,15 +185,47 @@ kill_remote_worker() {
   local w
   w=$(ip netns pids "${ns[2]}" | grep -vx "$pid2" | head -n 1)
   [ -n "$w" ] || fail "no worker found in node 2's namespace"
+  # The worker runs with its own host's NCCL settings (its agent's environment), not node 0's.
+  tr '\0' '\n' <"/proc/$w/environ" | grep -qx NCCL_SOCKET_IFNAME=e2 ||
+    fail "node 2's worker lacks its host's NCCL_SOCKET_IFNAME=e2: $(tr '\0' ' ' <"/proc/$w/environ" | grep -o 'NCCL_[A-Z_]*=[^ ]*')"
+  tr '\0' '\n' <"/proc/$w/environ" | grep -qx NCCL_IB_DISABLE=1 || fail "node 2's worker lacks NCCL_IB_DISABLE=1"
   kill -9 "$w"
+}
+stop_remote_worker() {
+  local w
+  w=$(ip netns pids "${ns[2]}" | grep -vx "$pid2" | head -n 1)
+  [ -n "$w" ] || fail "no worker found in node 2's namespace"
+  kill -STOP "$w"
 }
 cut_link() { ip -n "${ns[1]}" link set e1 down; }
 
 fail_case agent-killed kill_agent "node 1 at 198.18.0.12"
 fail_case worker-killed kill_remote_worker "rank 3 (node 2 at 198.18.0.13" "killed by signal 9"
+fail_case worker-stopped stop_remote_worker "rank 3 (node 2 at 198.18.0.13" "stopped heartbeating"
 fail_case link-down cut_link "node 1 at 198.18.0.12" "stopped heartbeating"
 grep -q "lost the coordinator" "$tmp/link-down-1.out" || fail "link-down: node 1 did not say it lost the coordinator"
 ip -n "${ns[1]}" link set e1 up
+
+# kill -9 of node 0's launcher: its workers die with it (PR_SET_PDEATHSIG); each agent loses the
+# coordinator (its long poll breaks) and stops its own workers: every namespace is empty within 5 s.
+start_job coordinator-killed tiny 100000
+for _ in $(seq 600); do
+  grep -qs "step 3/" "$tmp/coordinator-killed-0.out" && break
+  kill -0 "$pid0" 2>/dev/null || fail "coordinator-killed: node 0 ended before step 3"
+  sleep 0.1
+done
+grep -q "step 3/" "$tmp/coordinator-killed-0.out" || fail "coordinator-killed: no step 3 within 60 s"
+ms0=$(date +%s%3N)
+kill -9 "$pid0"
+wait_all 5
+nothing_left coordinator-killed
+for i in 1 2; do
+  eval "rc=\$rc$i"
+  [ "$rc" -ne 0 ] || fail "coordinator-killed: node $i exited 0"
+  grep -q "lost the coordinator" "$tmp/coordinator-killed-$i.out" ||
+    fail "coordinator-killed: node $i did not say it lost the coordinator: $(tail -n 3 "$tmp/coordinator-killed-$i.out")"
+done
+echo "multinode_netns_test: coordinator-killed: both agents stopped their workers within $(($(date +%s%3N) - ms0)) ms"
 
 # A non-loopback coordinator without TLS is refused at start (exit 2), naming what to pass.
 set +e

@@ -208,6 +208,34 @@ TEST(TwoNodes, AgentKilled_EndsTheJobWithin5sNamingItsNode) {
   EXPECT_TRUE(absl::StrContains(b0.Output(), "node 1 at 127.0.0.1")) << b0.Output();
 }
 
+// A worker that cannot be started on an agent (here its binary names an interpreter that does not
+// exist, so exec fails) is reported to node 0 at once: the job ends with exit 4 naming the rank and
+// the error, well before the registration deadline (30 s here).
+TEST(TwoNodes, AgentCannotStartItsWorker_EndsTheJobAtOnceWithExit4) {
+  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string token = TokenFile();
+  const std::string bad = Unique("worker_without_interpreter");
+  std::ofstream(bad) << "#!/nonexistent/interpreter\n";
+  ASSERT_EQ(chmod(bad.c_str(), 0700), 0);
+  std::vector<std::string> node0 = TinyJob(1, 2, "tiny");
+  for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
+                               "--job_token_file=" + token, "--register_timeout_ms=30000",
+                               "--run_dir=" + Unique("nostart0")}) {
+    node0.push_back(f);
+  }
+  const absl::Time start = absl::Now();
+  Background b0 = Start(node0);
+  Background b1 = Start({"--nodes=2", "--node_rank=1", "--coordinator_address=" + address, "--job_token_file=" + token,
+                         "--device=cpu", "--workers=1", "--worker_binary=" + bad, "--run_dir=" + Unique("nostart1")});
+  const int code = b0.Wait(absl::Seconds(60));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(code, 4) << b0.Output() << "\n--- node 1\n" << b1.Output();
+  EXPECT_LT(took, absl::Seconds(15)) << b0.Output();
+  EXPECT_TRUE(absl::StrContains(b0.Output(), "rank 1 (node 1 at 127.0.0.1")) << b0.Output();
+  EXPECT_TRUE(absl::StrContains(b0.Output(), "could not be started: cannot execute")) << b0.Output();
+  EXPECT_EQ(b1.Wait(absl::Seconds(10)), 4) << b1.Output();
+}
+
 TEST(Refusals, NonLoopbackAddressWithoutTls_Exit2SayingWhatToPass) {
   std::string out;
   // 198.18.0.0/24 (benchmark testing) and refused before anything binds or connects.
@@ -226,6 +254,15 @@ TEST(Refusals, SeveralNodesOnLoopbackWithoutTokenOrTls_Exit2) {
   std::string out;
   EXPECT_EQ(RunLauncher({"--device=cpu", "--workers=1", "--nodes=2", "--run_dir=" + Unique("notoken")}, &out), 2) << out;
   EXPECT_TRUE(absl::StrContains(out, "--job_token_file")) << out;
+}
+
+TEST(Refusals, SlurmWithNodeFlagsOrOutsideAJob_Exit2SayingWhatToDo) {
+  std::string out;
+  EXPECT_EQ(RunLauncher({"--slurm", "--nodes=2", "--device=cpu"}, &out), 2) << out;
+  EXPECT_TRUE(absl::StrContains(out, "--nodes with --slurm: Slurm's job step says it; drop --nodes")) << out;
+  unsetenv("SLURM_JOB_ID");  // the test's environment is no job step
+  EXPECT_EQ(RunLauncher({"--slurm", "--device=cpu"}, &out), 2) << out;
+  EXPECT_TRUE(absl::StrContains(out, "SLURM_JOB_ID is not set; run it under srun")) << out;
 }
 
 TEST(Refusals, JobFlagOnAnAgent_Exit2) {

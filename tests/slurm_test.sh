@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # `launcher --slurm` on a real Slurm cluster of two nodes (tests/slurm_cluster.sh: munged, slurmctld,
 # two slurmd in network namespaces): srun's sanity across both nodes; a one-node job step trains the
-# tiny GPT (exit 0, report.json); scancel of a running step leaves no launcher or worker behind; the
-# README's sbatch script trains; a two-node step is refused until the multi-node launcher lands (then
-# the marked block runs it).
+# tiny GPT (exit 0, report.json); scancel of a running step leaves no launcher or worker behind; a
+# two-node step (srun -N2 --ntasks-per-node=1 launcher --slurm, mutual TLS with certificates from
+# tools/make_certs, %N in their paths) trains a 2-stage pipeline across the nodes and matches a
+# single process (losses within 1e-5 relative, fp32); scancel of a running two-node job leaves
+# nothing on either node; the README's sbatch script trains on both nodes.
+#
+# The nodes' names (n1, n2: what SLURM_JOB_NODELIST holds) resolve through the cluster's private
+# /etc/hosts to their namespaces' addresses (198.18.0.11, .12), so node 0 serves on n1's address and
+# node 1 dials n1 by name; every node has the same hostname, which no check relies on.
 #
 # Root (namespaces and daemons); runs under `unshare --mount` for the private /etc/hosts.
 set -euo pipefail
@@ -14,7 +20,9 @@ fi
 cd "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stagehand}" 2>/dev/null || true
 launcher=$PWD/launcher/launcher
 examples=$PWD/examples/slurm
-[ -x "$launcher" ] && [ -f "$examples/train.sbatch" ] || { echo "slurm_test: launcher or examples/slurm not found in $PWD"; exit 1; }
+make_certs=$PWD/tools/make_certs
+[ -x "$launcher" ] && [ -f "$examples/train.sbatch" ] && [ -x "$make_certs" ] ||
+  { echo "slurm_test: launcher, examples/slurm or tools/make_certs not found in $PWD"; exit 1; }
 # shellcheck source=tests/slurm_cluster.sh
 source "$PWD/tests/slurm_cluster.sh"
 
@@ -69,30 +77,89 @@ grep -q 'interrupted by SIGTERM' "$work/run2.out" || fail "the launcher did not 
 [ -s "$work/run2/report.json" ] || fail "the cancelled run wrote no report.json"
 step "cancelled: $(grep -m1 'interrupted by SIGTERM' "$work/run2.out")"
 
-# --- The README's sbatch script (less its GPU request: this cluster has none) trains too.
-step "sbatch examples/slurm/train.sbatch"
-sed '/--gpus-per-node/d' "$examples/train.sbatch" >"$work/train.sbatch"
-in_ctl timeout 180 sbatch --wait --quiet -o "$work/sbatch.out" --export="ALL,LAUNCHER=$launcher" "$work/train.sbatch" \
-  --device=cpu --workers=2 --model=tiny --steps=3 --fp32 --run_dir="$work/run4" \
-  || fail "sbatch --wait of the example script failed: $(tail -n 20 "$work/sbatch.out")"
-grep -q 'stagehand: done' "$work/sbatch.out" || fail "the sbatch job did not finish its run: $(tail -n 20 "$work/sbatch.out")"
-[ -s "$work/run4/report.json" ] || fail "the sbatch job wrote no report.json"
+# --- Two nodes: node 0 (n1) coordinates at n1:<29500 + job id % 10000>, node 1 (n2) joins it, every
+# hop mutual TLS. One set of flags for both nodes, as srun gives them: %N is each node's name.
+step "certificates (tools/make_certs)"
+certs=$work/certs
+"$make_certs" --out="$certs" --ca >/dev/null || fail "make_certs --ca"
+for n in 1 2; do
+  "$make_certs" --out="$certs" --node="n$n" --ip="198.18.0.$((10 + n))" --dns="n$n" >/dev/null || fail "make_certs n$n"
+done
+tls=(--tls_cert="$certs/%N.pem" --tls_key="$certs/%N.key" --tls_ca="$certs/ca.pem")
+train=(--device=cpu --workers=1 --model=tiny --fp32 --schedule=1f1b --micro_batches=4 --global_batch=16 --steps=3
+  --lr=0.003 --partition=uniform --seed=7)
+export OMP_NUM_THREADS=1  # the same reduction order in every process (tests/pipeline_test.cc); srun passes it on
 
-# --- Two nodes.
-# MULTI-NODE (issue 13): until --slurm fills --nodes/--node_rank/--coordinator_address (and the TLS
-# files: tools/make_certs), a two-node step is refused (exit 2). Then replace this block with the
-# training run below and its checks (rank 0's report.json holds every rank; node 1 runs an agent;
-# scancel leaves nothing on either node):
-#   in_ctl srun -N2 --ntasks-per-node=1 --kill-on-bad-exit=1 "$launcher" --slurm --device=cpu \
-#     --workers=2 --model=tiny --steps=5 --fp32 --run_dir="$work/run3"
-step "srun -N2 launcher --slurm (refused until --slurm is wired to --nodes)"
+# both_nodes_empty: no process but its slurmd in either node's namespace.
+both_nodes_empty() { [ -z "$(node_pids 1)$(node_pids 2)" ]; }
+# losses FILE: "step loss" per step, from steps.csv (the loss is on the rank with the head).
+losses() { awk -F, 'NR > 1 && $3 != "" { print $1, $3 }' "$1" | sort -n; }
+
+step "srun -N2 launcher --slurm without TLS (refused on both nodes before anything starts)"
 set +e
-out=$(in_ctl timeout 60 srun -N2 --ntasks-per-node=1 "$launcher" --slurm --device=cpu --workers=2 --model=tiny \
-  --steps=5 --fp32 --run_dir="$work/run3" 2>&1)
+out=$(in_ctl timeout 60 srun -N2 --ntasks-per-node=1 "$launcher" --slurm "${train[@]}" --run_dir="$work/notls" 2>&1)
 rc=$?
 set -e
-[ "$rc" -ne 0 ] || fail "a two-node step ran: $out"
-[ "$(grep -c 'is not wired to --nodes yet' <<<"$out")" -eq 2 ] || fail "two-node refusal (exit $rc): $out"
-grep -q 'the coordinator would be n1:' <<<"$out" || fail "the refusal does not name n1 as the coordinator: $out"
+[ "$rc" -ne 0 ] || fail "a two-node step without TLS ran: $out"
+[ "$(grep -c 'is not loopback: every hop between nodes is mutual TLS; pass --tls_cert=DIR/%N.pem' <<<"$out")" -eq 2 ] ||
+  fail "the two-node refusal without TLS (exit $rc): $out"
+[ ! -e "$work/notls" ] && [ ! -e "$work/notls-node1" ] || fail "a refused launcher created its run directory"
+
+step "srun -N2 launcher --slurm (a 2-stage pipeline across both nodes)"
+"$launcher" "${train[@]}" --run_dir="$work/ref" >"$work/ref.out" 2>&1 || fail "the single-process run failed: $(tail -n 20 "$work/ref.out")"
+out=$(in_ctl timeout 180 srun -N2 --ntasks-per-node=1 --kill-on-bad-exit=1 "$launcher" --slurm "${tls[@]}" "${train[@]}" \
+  --pipeline_stages=2 --run_dir="$work/run3" 2>&1) || fail "srun -N2 launcher --slurm exited $?: $out"
+grep -q 'stagehand: --slurm: job [0-9]*, node 0 of 2 (n1), coordinates, coordinator n1:[0-9]*' <<<"$out" ||
+  fail "node 0 did not say it coordinates: $out"
+grep -q 'stagehand: --slurm: job [0-9]*, node 1 of 2 (n2), coordinator n1:[0-9]*' <<<"$out" || fail "no node 1 line: $out"
+grep -q 'rank 0 on node 0 (198.18.0.11), rank 1 on node 1 (198.18.0.12)' <<<"$out" || fail "the ranks are not one per node: $out"
+grep -q 'links across hosts: stage 0 -> 1 (node 0 -> 1)' <<<"$out" || fail "the plan does not report the link across hosts: $out"
+grep -q 'stagehand: node 1 at 198.18.0.12: done' <<<"$out" || fail "node 1's agent did not finish: $out"
+[ -s "$work/run3-node1/rank1.log" ] || fail "node 1's run directory ($work/run3-node1) has no rank1.log"
+losses "$work/ref/steps.csv" >"$work/want"
+losses "$work/run3/steps.csv" >"$work/got"
+[ "$(wc -l <"$work/want")" -eq 3 ] || fail "the reference has not 3 losses: $(cat "$work/ref/steps.csv")"
+[ "$(wc -l <"$work/got")" -eq 3 ] || fail "the two-node run has not 3 losses: $(cat "$work/run3/steps.csv")"
+paste -d' ' "$work/want" "$work/got" | awk '
+  { d = $2 - $4; if (d < 0) d = -d; a = $2 < 0 ? -$2 : $2
+    if ($1 != $3 || d > 1e-5 * a) { printf "step %s: loss %s, single process %s\n", $1, $4, $2; bad = 1 } }
+  END { exit bad }' || fail "the two-node losses differ from a single process"
+both_nodes_empty || fail "processes left after the two-node run: n1: $(node_pids 1) n2: $(node_pids 2)"
+step "two nodes match a single process: $(tr '\n' ' ' <"$work/got")"
+
+# --- scancel of a running two-node job: both launchers stop their workers; nothing is left on either.
+step "scancel of a running two-node launcher --slurm"
+in_ctl srun -N2 --ntasks-per-node=1 --kill-on-bad-exit=1 --job-name=cancel2 "$launcher" --slurm "${tls[@]}" \
+  "${train[@]/--steps=3/--steps=1000000}" --pipeline_stages=2 --run_dir="$work/run5" >"$work/run5.out" 2>&1 &
+srun_pid=$!
+slurm_cluster_wait 120 bash -c "[ -f '$work/run5/steps.csv' ] && [ \$(wc -l <'$work/run5/steps.csv') -ge 3 ]" ||
+  fail "the two-node job to cancel never reached its third step: $(cat "$work/run5.out")"
+[ -n "$(node_pids 1)" ] && [ -n "$(node_pids 2)" ] || fail "the two-node job does not run on both nodes"
+job_id=$(in_ctl squeue -h -n cancel2 -o %i)
+[ -n "$job_id" ] || fail "squeue does not show the two-node job"
+in_ctl scancel "$job_id"
+t0=$SECONDS
+slurm_cluster_wait 30 bash -c "! kill -0 $srun_pid 2>/dev/null" || fail "srun did not end within 30 s of scancel"
+wait "$srun_pid" || true
+slurm_cluster_wait 20 both_nodes_empty ||
+  fail "processes left after scancel: n1: $(node_pids 1 | xargs -r ps -o pid,args -p) n2: $(node_pids 2 | xargs -r ps -o pid,args -p)"
+left=$(pgrep -f -- "--run_dir=$work/run5" || true)
+[ -z "$left" ] || fail "processes of the cancelled two-node job left: $(ps -o pid,args -p "$left")"
+for pid in $(pgrep -f -- "$launcher" || true); do fail "a launcher is left: $(ps -o pid,args -p "$pid")"; done
+grep -q 'interrupted by SIGTERM' "$work/run5.out" || fail "the launchers did not stop on SIGTERM: $(tail -n 8 "$work/run5.out")"
+[ -s "$work/run5/report.json" ] || fail "the cancelled two-node run wrote no report.json"
+step "cancelled on both nodes, nothing left after $((SECONDS - t0)) s"
+
+# --- The README's sbatch script (less its GPU request: this cluster has none) trains on both nodes.
+step "sbatch examples/slurm/train.sbatch (two nodes)"
+sed '/--gpus-per-node/d' "$examples/train.sbatch" >"$work/train.sbatch"
+in_ctl timeout 180 sbatch --wait --quiet -o "$work/sbatch.out" --export="ALL,LAUNCHER=$launcher,CERTS=$certs" \
+  "$work/train.sbatch" --device=cpu --workers=1 --model=tiny --steps=3 --fp32 --run_dir="$work/run4" ||
+  fail "sbatch --wait of the example script failed: $(tail -n 20 "$work/sbatch.out")"
+grep -q 'stagehand: done' "$work/sbatch.out" || fail "the sbatch job did not finish its run: $(tail -n 20 "$work/sbatch.out")"
+grep -q 'rank 0 on node 0 (198.18.0.11), rank 1 on node 1 (198.18.0.12)' "$work/sbatch.out" ||
+  fail "the sbatch job did not run on both nodes: $(tail -n 20 "$work/sbatch.out")"
+[ -s "$work/run4/report.json" ] || fail "the sbatch job wrote no report.json"
+both_nodes_empty || fail "processes left after the sbatch job: n1: $(node_pids 1) n2: $(node_pids 2)"
 
 echo "slurm_test: PASS"

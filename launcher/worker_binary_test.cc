@@ -1,0 +1,53 @@
+// Unit tests of the workers' environment (worker_binary.h): NCCL's network settings pass through to
+// every worker, the variables the supervisor sets per worker do not, NVLink multicast is forced off,
+// and OpenMP's threads are shared out unless the launcher's environment says.
+#include "launcher/worker_binary.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace stagehand {
+namespace {
+
+using ::testing::Contains;
+using ::testing::Not;
+
+TEST(WorkerEnvironmentFromTest, NcclSocketAndIbSettings_PassThroughUnchanged) {
+  const std::vector<std::string> settings = {
+      "NCCL_SOCKET_IFNAME=eth1,^docker", "NCCL_SOCKET_FAMILY=AF_INET", "NCCL_IB_HCA=mlx5_0:1,mlx5_1:1",
+      "NCCL_IB_DISABLE=1",               "NCCL_DEBUG=INFO",            "NCCL_DEBUG_SUBSYS=INIT,NET",
+      "NCCL_NET_GDR_LEVEL=PHB",          "NCCL_CROSS_NIC=0"};
+  std::vector<std::string> launcher_env = settings;
+  launcher_env.push_back("PATH=/usr/bin");
+  const std::vector<std::string> env = WorkerEnvironmentFrom(launcher_env, 2, 8);
+  for (const std::string& s : settings) EXPECT_THAT(env, Contains(s));
+  EXPECT_THAT(env, Contains("PATH=/usr/bin"));
+}
+
+TEST(WorkerEnvironmentFromTest, PerWorkerAndForcedVariables_AreNotTakenFromTheLauncher) {
+  const std::vector<std::string> env = WorkerEnvironmentFrom(
+      {"CUDA_VISIBLE_DEVICES=0,1", "STAGEHAND_WORKER_INDEX=3", "STAGEHAND_SECRET_FD=9", "NCCL_NVLS_ENABLE=1",
+       "TORCH_SYMM_MEM_DISABLE_MULTICAST=0", "NVSHMEM_DISABLE_NVLS=0"},
+      2, 8);
+  EXPECT_THAT(env, Not(Contains("CUDA_VISIBLE_DEVICES=0,1")));
+  EXPECT_THAT(env, Not(Contains("STAGEHAND_WORKER_INDEX=3")));
+  EXPECT_THAT(env, Not(Contains("STAGEHAND_SECRET_FD=9")));
+  EXPECT_THAT(env, Not(Contains("NCCL_NVLS_ENABLE=1")));
+  EXPECT_THAT(env, Contains("NCCL_NVLS_ENABLE=0"));
+  EXPECT_THAT(env, Contains("TORCH_SYMM_MEM_DISABLE_MULTICAST=1"));
+  EXPECT_THAT(env, Contains("NVSHMEM_DISABLE_NVLS=1"));
+}
+
+TEST(WorkerEnvironmentFromTest, OmpThreads_SharedOutAmongWorkers_UnlessGiven) {
+  EXPECT_THAT(WorkerEnvironmentFrom({}, 4, 16), Contains("OMP_NUM_THREADS=4"));
+  EXPECT_THAT(WorkerEnvironmentFrom({}, 8, 2), Contains("OMP_NUM_THREADS=1"));
+  const std::vector<std::string> given = WorkerEnvironmentFrom({"OMP_NUM_THREADS=3"}, 4, 16);
+  EXPECT_THAT(given, Contains("OMP_NUM_THREADS=3"));
+  EXPECT_THAT(given, Not(Contains("OMP_NUM_THREADS=4")));
+}
+
+}  // namespace
+}  // namespace stagehand
