@@ -59,6 +59,55 @@ TEST(LayoutTest, MicroBatchCandidates_ForStages_AscendingUnique) {
   EXPECT_EQ(MicroBatchCandidates(8), (std::vector<int>{8, 16, 32}));  // 4 x 8 = 32 is among them
 }
 
+LayerProfileAt OneLayer(int64_t mb, double f, double b, int64_t activation) {
+  return {mb, {{f, b, 1600, activation}}};
+}
+
+TEST(LayoutTest, FitLayerCosts_TwoSizes_FixedAndPerSequenceExactly) {
+  absl::StatusOr<LayerFit> fit = FitLayerCosts({OneLayer(1, 0.3, 1.0, 100), OneLayer(4, 0.9, 2.5, 400)});
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  const LayerCostModel& l = fit->layers[0];
+  EXPECT_NEAR(l.forward_fixed_ms, 0.1, 1e-12);
+  EXPECT_NEAR(l.forward_per_seq_ms, 0.2, 1e-12);
+  EXPECT_NEAR(l.backward_fixed_ms, 0.5, 1e-12);
+  EXPECT_NEAR(l.backward_per_seq_ms, 0.5, 1e-12);
+  EXPECT_NEAR(l.At(8).forward_ms, 1.7, 1e-12);
+  EXPECT_EQ(l.At(8).activation_bytes, 800);
+  EXPECT_EQ(l.At(8).param_bytes, 1600);
+  EXPECT_NEAR(fit->worst_relative_error, 0, 1e-12);
+  EXPECT_EQ(fit->sizes, (std::vector<int64_t>{1, 4}));
+}
+
+TEST(LayoutTest, FitLayerCosts_OneSize_IsLinearThroughZeroAndSaysSo) {
+  absl::StatusOr<LayerFit> fit = FitLayerCosts({OneLayer(4, 0.8, 2.0, 400)});
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(fit->layers[0].forward_fixed_ms, 0);
+  EXPECT_NEAR(fit->layers[0].At(1).forward_ms, 0.2, 1e-12);
+  EXPECT_THAT(DescribeFit(*fit), HasSubstr("linear in the micro-batch (one size profiled"));
+}
+
+TEST(LayoutTest, FitLayerCosts_TimesFallingWithSize_NeverGoBelowZero) {
+  // A noisy profile: less time at 8 than at 1 would give a negative slope; the fit keeps a constant.
+  absl::StatusOr<LayerFit> fit = FitLayerCosts({OneLayer(1, 1.0, 1.0, 10), OneLayer(8, 0.8, 0.2, 80)});
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_GE(fit->layers[0].forward_per_seq_ms, 0);
+  EXPECT_GE(fit->layers[0].backward_fixed_ms, 0);
+  EXPECT_GE(fit->layers[0].At(32).forward_ms, 0);
+  // More time at 1 than the line through the larger sizes allows (an intercept below zero): through zero.
+  fit = FitLayerCosts({OneLayer(2, 0.1, 0.1, 10), OneLayer(8, 1.0, 1.0, 80)});
+  ASSERT_TRUE(fit.ok());
+  EXPECT_EQ(fit->layers[0].forward_fixed_ms, 0);
+  EXPECT_GT(fit->layers[0].forward_per_seq_ms, 0);
+}
+
+TEST(LayoutTest, FitLayerCosts_MismatchedOrEmptyProfiles_AreInvalidArgument) {
+  EXPECT_EQ(FitLayerCosts({}).status().code(), absl::StatusCode::kInvalidArgument);
+  LayerProfileAt two = OneLayer(2, 1, 1, 1);
+  two.layers.push_back(two.layers[0]);
+  EXPECT_EQ(FitLayerCosts({OneLayer(1, 1, 1, 1), two}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FitLayerCosts({OneLayer(0, 1, 1, 1)}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LayoutTest, AllReduceMs_TwoReplicas_IsTheBytesOverTheBandwidth) {
   EXPECT_DOUBLE_EQ(AllReduceMs(1000 * 1000 * 1000, 2, 100), 10);
   EXPECT_DOUBLE_EQ(AllReduceMs(1000 * 1000 * 1000, 1, 100), 0);
