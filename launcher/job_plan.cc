@@ -156,11 +156,12 @@ std::string Describe(const JobSpec& job, const Schedule& schedule, const Plan& p
   }
   absl::StrAppend(&out, " micro-batches (");
   for (size_t r = 0; r < predicted.peak_activations.size(); ++r) {
-    absl::StrAppend(&out, r ? "/" : "", absl::StrFormat("%.2f", static_cast<double>(predicted.peak_activations[r]) *
-                                                                      static_cast<double>(RankActivationBytes(plan, schedule, layers, r)) /
-                                                                      (1 << 30)));
+    const double bytes = static_cast<double>(predicted.peak_activations[r]) *
+                         static_cast<double>(RankActivationBytes(plan, schedule, layers, r));
+    absl::StrAppend(&out, r ? "/" : "", bytes >= (1 << 30) ? absl::StrFormat("%.2f GiB", bytes / (1 << 30))
+                                                           : absl::StrFormat("%.1f MiB", bytes / (1 << 20)));
   }
-  absl::StrAppend(&out, " GiB)");
+  absl::StrAppend(&out, " of activations)");
   // Each kind of layer, forward + backward ms per micro-batch (its first one): what the partition was
   // made from. Only a built-in family's kinds are known here.
   const ModelDescription* d = FindBuiltinModel(job.model());
