@@ -334,8 +334,10 @@ absl::StatusOr<std::vector<std::string>> ApplyAutoLayout(JobSpec& job, const std
     r.profiles = *std::move(profiles);
     source = absl::StrCat(r.profiles.size(), " recorded profile", r.profiles.size() == 1 ? "" : "s");
   } else {
-    const LayerProfile estimate = d->Estimate(*m, 1);
+    // At 4 sequences, where the estimate was checked against H200 profiles (2026-11-30 partitions).
+    const LayerProfile estimate = d->Estimate(*m, 4);
     LayerProfileAt at;
+    at.micro_batch = 4;
     for (const LayerCost& c : estimate.layers()) {
       at.layers.push_back({c.forward_ms(), c.backward_ms(), c.param_bytes(), c.activation_bytes()});
     }
@@ -352,6 +354,8 @@ absl::StatusOr<std::vector<std::string>> ApplyAutoLayout(JobSpec& job, const std
   r.p2p_latency_ms = figures.p2p_latency_ms;
   r.boundary_bytes_per_seq = int64_t{4} * m->seq() * m->hidden();  // fp32 hidden states
   r.optimizer_ms_per_gb = figures.optimizer_ms_per_gb;
+  r.layer_fixed_forward_ms = figures.layer_fixed_forward_ms;
+  r.layer_fixed_backward_ms = figures.layer_fixed_backward_ms;
   r.shard_optimizer = job.shard_optimizer();
   absl::StatusOr<LayoutChoice> choice = ChooseLayout(r);
   if (!choice.ok()) return Invalid(absl::StrCat("--layout=auto: ", choice.status().message()));

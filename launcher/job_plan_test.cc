@@ -194,6 +194,26 @@ TEST(ApplyAutoLayout, RecordedProfiles_ChooseDeterministicallyAndExplain) {
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("no-such.profile.textproto"));
 }
 
+// From the family's estimate (no recorded profiles) on 8 GPUs: with the assumed fixed cost per layer
+// the choice is not micro-batches of one sequence (the linear model picked 8 stages x 32 of 1).
+TEST(ApplyAutoLayout, EstimateOnEightGpus_AssumesAFixedCostAndAvoidsMicroBatchesOfOne) {
+  JobSpec job;
+  job.set_model("gpt-1.3b");
+  job.set_device("cuda");
+  job.set_workers(8);
+  job.set_layout("auto");
+  std::vector<GpuInfo> gpus(8);
+  for (GpuInfo& g : gpus) g.total_bytes = int64_t{143} * 1000 * 1000 * 1000;
+  absl::StatusOr<std::vector<std::string>> lines = ApplyAutoLayout(job, gpus, 0);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  std::string all;
+  for (const std::string& l : *lines) all += l + "\n";
+  std::cout << all;
+  EXPECT_THAT(all, HasSubstr("gpt-1.3b's estimate"));
+  EXPECT_THAT(all, HasSubstr("assumed fixed"));
+  EXPECT_GT(job.pipeline().global_batch() / (job.pipeline().micro_batches() * job.data_parallel()), 1);
+}
+
 TEST(JobSchedule, ZeroBubbleH1_SplitsTheBackward) {
   absl::StatusOr<Schedule> s = JobSchedule(TinyJob(2, "zb-h1", 4));
   ASSERT_TRUE(s.ok()) << s.status();

@@ -25,6 +25,8 @@ DeviceFigures FiguresFor(bool gpu) {
     f.p2p_latency_ms = 0.02;
     f.replica_latency_ms = 0.05;
     f.optimizer_ms_per_gb = 0.55;
+    f.layer_fixed_forward_ms = 0.02;
+    f.layer_fixed_backward_ms = 0.1;
   } else {
     f.p2p_gbps = f.replica_gbps = 1;
     f.p2p_latency_ms = f.replica_latency_ms = 0.1;
@@ -223,6 +225,16 @@ absl::StatusOr<LayoutChoice> ChooseLayout(const LayoutRequest& r) {
   }
   absl::StatusOr<LayerFit> fit = FitLayerCosts(r.profiles);
   if (!fit.ok()) return fit.status();
+  if (fit->sizes.size() == 1 && r.layer_fixed_forward_ms + r.layer_fixed_backward_ms > 0) {
+    const double b = static_cast<double>(fit->sizes[0]);
+    for (LayerCostModel& l : fit->layers) {
+      l.forward_fixed_ms = std::min(r.layer_fixed_forward_ms, l.forward_per_seq_ms * b);
+      l.forward_per_seq_ms -= l.forward_fixed_ms / b;
+      l.backward_fixed_ms = std::min(r.layer_fixed_backward_ms, l.backward_per_seq_ms * b);
+      l.backward_per_seq_ms -= l.backward_fixed_ms / b;
+    }
+    fit->assumed_fixed_ms = r.layer_fixed_forward_ms + r.layer_fixed_backward_ms;
+  }
   LayoutChoice out;
   out.fit = *fit;
   const int layers = static_cast<int>(fit->layers.size());
@@ -274,6 +286,11 @@ std::string DescribeFit(const LayerFit& fit) {
   for (const LayerCostModel& l : fit.layers) {
     fixed += l.forward_fixed_ms + l.backward_fixed_ms;
     per_seq += l.forward_per_seq_ms + l.backward_per_seq_ms;
+  }
+  if (fit.sizes.size() < 2 && fit.assumed_fixed_ms > 0) {
+    return absl::StrFormat("costs from one size (%d) with an assumed fixed %.2f ms per layer (H200's, fitted to "
+                           "recorded profiles): the whole model %.2f ms fixed + %.2f ms per sequence, forward + backward",
+                           fit.sizes.empty() ? 0 : fit.sizes[0], fit.assumed_fixed_ms, fixed, per_seq);
   }
   if (fit.sizes.size() < 2) {
     return absl::StrFormat("costs linear in the micro-batch (one size profiled, %d): the whole model %.2f ms per "

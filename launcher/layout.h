@@ -41,6 +41,7 @@ struct LayerFit {
   std::vector<LayerCostModel> layers;
   std::vector<int64_t> sizes;            // the micro-batch sizes fitted, ascending
   double worst_relative_error = 0;       // of the fitted per-layer forward + backward at those sizes
+  double assumed_fixed_ms = 0;           // per layer, forward + backward, added to a one-size profile
 };
 absl::StatusOr<LayerFit> FitLayerCosts(const std::vector<LayerProfileAt>& profiles);
 
@@ -63,6 +64,9 @@ struct LayoutRequest {
   int64_t boundary_bytes_per_seq = 0;
   double p2p_gbps = 0;
   double p2p_latency_ms = 0.02;
+  // With profiles at one size only (a family's estimate): a fixed cost added to every layer, the cost
+  // at the profiled size kept (the per-sequence part gives it up). 0: linear through zero.
+  double layer_fixed_forward_ms = 0, layer_fixed_backward_ms = 0;
   // AdamW's step, in ms per GB of param_bytes (the fullest rank's); 0: free.
   double optimizer_ms_per_gb = 0;
   bool shard_optimizer = false;        // ZeRO-1: each replica holds 1/D of the AdamW moments
@@ -122,6 +126,9 @@ struct DeviceFigures {
   double p2p_gbps = 0, p2p_latency_ms = 0;
   double replica_gbps = 0, replica_latency_ms = 0;
   double optimizer_ms_per_gb = 0;
+  // A layer's fixed cost, for planning from an estimate: the recorded gpt-1.3b H200 profiles fitted
+  // (launcher/testdata/gpt-1.3b-h200-fused-mb*): about 0.02 ms forward and 0.1 ms backward per layer.
+  double layer_fixed_forward_ms = 0, layer_fixed_backward_ms = 0;
 };
 DeviceFigures FiguresFor(bool gpu);
 

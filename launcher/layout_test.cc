@@ -240,5 +240,23 @@ TEST(LayoutTest, ChooseLayout_NoLayers_IsInvalidArgument) {
   EXPECT_EQ(ChooseLayout(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A family's estimate (one size) on GPUs: the assumed fixed cost per layer is added, the cost at the
+// estimated size kept; smaller micro-batches cost more per sequence, and the line says it was assumed.
+TEST(LayoutTest, ChooseLayout_OneSizeWithAssumedFixedCost_KeepsTheCostAtThatSize) {
+  LayoutRequest r = RecordedGpt13b(2, kH200, {4});
+  r.layer_fixed_forward_ms = 0.02;
+  r.layer_fixed_backward_ms = 0.1;
+  absl::StatusOr<LayoutChoice> c = ChooseLayout(r);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(DescribeFit(c->fit), HasSubstr("assumed fixed 0.12 ms per layer"));
+  const LayerCostModel& attention = c->fit.layers[1];
+  EXPECT_NEAR(attention.At(4).forward_ms, 0.28, 1e-9);
+  EXPECT_NEAR(attention.At(4).backward_ms, 0.87, 1e-9);
+  EXPECT_NEAR(attention.forward_fixed_ms, 0.02, 1e-12);
+  EXPECT_GT(attention.At(1).forward_ms + attention.At(1).backward_ms, (0.28 + 0.87) / 4);
+  // With it, 32 micro-batches of 1 no longer beat 8 of 4 (without it they do: the test above).
+  EXPECT_LT(Find(*c, 2, "1f1b", 8)->step_ms, Find(*c, 2, "1f1b", 32)->step_ms);
+}
+
 }  // namespace
 }  // namespace stagehand
