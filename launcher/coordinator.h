@@ -89,6 +89,8 @@ struct Partition {
   // Data parallelism: per rank, the ranks that hold its stages, one per replica (empty: one replica).
   std::vector<std::vector<int>> replica_groups;
   double predicted_step_ms = 0;  // the simulated step (with the replicas' all-reduce), for the report
+  std::string predicted_from;    // "profile" (the workers' measurement), "estimate" (the family's), "": none
+  std::vector<double> predicted_rank_bubble;  // per rank, the simulated idle fraction
 };
 // Given every worker's registration (profiles included); an error stops the job with its message.
 using PartitionFn = std::function<absl::StatusOr<Partition>(const std::vector<WorkerState>&)>;

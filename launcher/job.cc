@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/escaping.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -119,6 +120,7 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.data_parallel) spec.set_data_parallel(*r.data_parallel);
   if (r.shard_optimizer) spec.set_shard_optimizer(*r.shard_optimizer);
   if (!r.layout.empty()) spec.set_layout(r.layout);
+  if (!r.layout_profiles.empty()) spec.set_layout_profiles(r.layout_profiles);
   if (r.bucket_mb) spec.set_bucket_mb(*r.bucket_mb);
   if (r.replica_gbps) spec.set_replica_gbps(*r.replica_gbps);
 }
@@ -295,6 +297,9 @@ absl::Status ValidatePipeline(const JobSpec& job) {
   }
   if (!job.layout().empty() && job.layout() != "manual" && job.layout() != "auto") {
     return Invalid(absl::StrCat("--layout=", job.layout(), ": use manual or auto"));
+  }
+  if (!job.layout_profiles().empty() && job.layout() != "auto") {
+    return Invalid("--layout_profiles plans a --layout=auto job: pass --layout=auto, or drop them");
   }
   return absl::OkStatus();
 }
@@ -634,6 +639,13 @@ absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
   if (!spec.resume().empty()) spec.set_resume(UserPath(spec.resume()));
   if (!spec.export_dir().empty()) spec.set_export_dir(UserPath(spec.export_dir()));
   if (!spec.init_from().empty()) spec.set_init_from(UserPath(spec.init_from()));
+  if (!spec.layout_profiles().empty()) {
+    std::vector<std::string> paths;
+    for (absl::string_view p : absl::StrSplit(spec.layout_profiles(), ',', absl::SkipEmpty())) {
+      paths.push_back(UserPath(std::string(p)));
+    }
+    spec.set_layout_profiles(absl::StrJoin(paths, ","));
+  }
   return spec;
 }
 

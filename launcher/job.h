@@ -72,6 +72,7 @@ struct JobRequest {
   std::optional<int> data_parallel;
   std::optional<bool> shard_optimizer;
   std::string layout;             // "manual" or "auto"
+  std::string layout_profiles;    // --layout=auto: recorded LayerProfile files, comma-separated
   std::optional<double> bucket_mb;
   std::optional<double> replica_gbps;
 };

@@ -2,11 +2,14 @@
 #include "launcher/job_plan.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/text_format.h"
 #include "launcher/layout.h"
 #include "launcher/planner.h"
 #include "models/registry.h"
@@ -83,24 +86,59 @@ absl::StatusOr<Plan> MakePlan(const JobSpec& job, const PlanRequest& request) {
   return PlanExplicit(request, *counts);
 }
 
-// The simulator's costs: each stage's forward and backward time from the layers it holds.
-StageCosts CostsOf(const Plan& plan, const std::vector<LayerCost>& layers) {
+// The replicas' all-reduce bandwidth: --replica_gbps, else the device kind's figure (layout.h).
+double ReplicaGbps(const JobSpec& job) {
+  return job.has_replica_gbps() ? job.replica_gbps() : FiguresFor(job.device() == "cuda").replica_gbps;
+}
+
+// The simulator's costs: each stage's forward and backward time from the layers it holds (a split
+// backward's W taken as half of it, as layout.h does), the transfers between stages (a stage's fp32
+// hidden states per micro-batch at the device kind's bandwidth), and AdamW's step for the fullest rank.
+StageCosts CostsOf(const JobSpec& job, const Schedule& schedule, const Plan& plan, const std::vector<LayerCost>& layers) {
+  const DeviceFigures figures = FiguresFor(job.device() == "cuda");
   StageCosts c;
+  c.overlap_communication = job.device() == "cuda";
+  std::vector<int64_t> rank_params(schedule.num_ranks, 0);
   size_t layer = 0;
-  for (int n : plan.layers_per_stage) {
+  for (size_t v = 0; v < plan.layers_per_stage.size(); ++v) {
     double f = 0, b = 0;
-    for (int i = 0; i < n && layer < layers.size(); ++i, ++layer) {
+    int64_t params = 0;
+    for (int i = 0; i < plan.layers_per_stage[v] && layer < layers.size(); ++i, ++layer) {
       f += layers[layer].forward_ms();
       b += layers[layer].backward_ms();
+      params += layers[layer].param_bytes();
     }
     c.forward.push_back(f);
     c.backward.push_back(b);
+    if (v < schedule.stage_rank.size()) rank_params[schedule.stage_rank[v]] += params;
   }
+  const ModelSpec& m = job.model_spec();
+  if (schedule.num_ranks > 1 && figures.p2p_gbps > 0) {
+    const double bytes = 4.0 * static_cast<double>(MicroBatchSize(job)) * m.seq() * m.hidden();
+    c.p2p = figures.p2p_latency_ms + bytes / (figures.p2p_gbps * 1e6);
+  }
+  int64_t fullest = rank_params.empty() ? 0 : *std::max_element(rank_params.begin(), rank_params.end());
+  if (job.shard_optimizer() && job.data_parallel() > 1) fullest /= job.data_parallel();
+  c.optimizer = figures.optimizer_ms_per_gb * static_cast<double>(fullest) / 1e9;
   return c;
 }
 
-std::string Describe(const JobSpec& job, const Plan& plan, const std::vector<LayerCost>& layers, bool profiled,
-                     const SimulationResult& predicted) {
+// One micro-batch's activations on rank `rank`: the layers of every stage it holds.
+int64_t RankActivationBytes(const Plan& plan, const Schedule& schedule, const std::vector<LayerCost>& layers, size_t rank) {
+  int64_t bytes = 0;
+  size_t layer = 0;
+  for (size_t v = 0; v < plan.layers_per_stage.size(); ++v) {
+    for (int i = 0; i < plan.layers_per_stage[v] && layer < layers.size(); ++i, ++layer) {
+      if (v < schedule.stage_rank.size() && schedule.stage_rank[v] == static_cast<int>(rank)) {
+        bytes += layers[layer].activation_bytes();
+      }
+    }
+  }
+  return bytes;
+}
+
+std::string Describe(const JobSpec& job, const Schedule& schedule, const Plan& plan, const std::vector<LayerCost>& layers,
+                     bool profiled, const SimulationResult& predicted) {
   std::string counts;
   for (size_t i = 0; i < plan.layers_per_stage.size(); ++i) {
     absl::StrAppend(&counts, i ? "/" : "", plan.layers_per_stage[i]);
@@ -110,6 +148,20 @@ std::string Describe(const JobSpec& job, const Plan& plan, const std::vector<Lay
   absl::StrAppend(&out, profiled ? " (profiled)" : " (estimated)");
   absl::StrAppend(&out, absl::StrFormat("; predicted step %.1f ms, bubble %.1f%%", predicted.makespan,
                                         100 * predicted.bubble_fraction));
+  // The simulator's memory in flight: per rank, the most micro-batches whose activations it holds at
+  // once (until the backward, or the W of a split one), and what that is in bytes.
+  absl::StrAppend(&out, "; in flight per rank");
+  for (size_t r = 0; r < predicted.peak_activations.size(); ++r) {
+    absl::StrAppend(&out, r ? "/" : " ", predicted.peak_activations[r]);
+  }
+  absl::StrAppend(&out, " micro-batches (");
+  for (size_t r = 0; r < predicted.peak_activations.size(); ++r) {
+    const double bytes = static_cast<double>(predicted.peak_activations[r]) *
+                         static_cast<double>(RankActivationBytes(plan, schedule, layers, r));
+    absl::StrAppend(&out, r ? "/" : "", bytes >= (1 << 30) ? absl::StrFormat("%.2f GiB", bytes / (1 << 30))
+                                                           : absl::StrFormat("%.1f MiB", bytes / (1 << 20)));
+  }
+  absl::StrAppend(&out, " of activations)");
   // Each kind of layer, forward + backward ms per micro-batch (its first one): what the partition was
   // made from. Only a built-in family's kinds are known here.
   const ModelDescription* d = FindBuiltinModel(job.model());
@@ -205,8 +257,8 @@ void AddReplicas(const JobSpec& job, const Schedule& schedule, const Plan& plan,
     for (int i = 0; i < n && layer < costs.size(); ++i, ++layer) bytes += costs[layer].param_bytes() / 4;
     largest = std::max(largest, bytes);
   }
-  const double gbps = job.has_replica_gbps() ? job.replica_gbps() : job.device() == "cuda" ? 100 : 1;
-  const double allreduce = AllReduceMs(largest, d, gbps);
+  const double gbps = ReplicaGbps(job);
+  const double allreduce = FiguresFor(job.device() == "cuda").replica_latency_ms + AllReduceMs(largest, d, gbps);
   if (out.predicted_step_ms > 0) out.predicted_step_ms += allreduce;
   absl::StrAppend(&out.description,
                   absl::StrFormat("; %d replicas (rank = replica x %d + stage), gradients averaged in buckets%s: "
@@ -228,6 +280,38 @@ int64_t LayoutMemory(const JobSpec& job, const std::vector<GpuInfo>& gpus, int64
 
 }  // namespace
 
+namespace {
+
+// --layout_profiles: recorded LayerProfiles (text format), one per micro-batch size, for `layers`
+// pipeline layers. INVALID_ARGUMENT naming the file and what to change.
+absl::StatusOr<std::vector<LayerProfileAt>> ReadLayoutProfiles(const std::string& list, int layers) {
+  std::vector<LayerProfileAt> out;
+  for (absl::string_view path : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    std::ifstream in{std::string(path)};
+    std::stringstream text;
+    text << in.rdbuf();
+    LayerProfile profile;
+    if (!in || !google::protobuf::TextFormat::ParseFromString(text.str(), &profile)) {
+      return Invalid(absl::StrCat("--layout_profiles: ", path, " is not a readable LayerProfile in text format "
+                                  "(protos/job.proto; launcher/testdata/ holds examples)"));
+    }
+    if (profile.layers_size() != layers || profile.micro_batch() < 1) {
+      return Invalid(absl::StrCat("--layout_profiles: ", path, " has ", profile.layers_size(), " layers at micro-batch ",
+                                  profile.micro_batch(), "; this model has ", layers,
+                                  " pipeline layers: profile this model (micro_batch at least 1)"));
+    }
+    LayerProfileAt at;
+    at.micro_batch = profile.micro_batch();
+    for (const LayerCost& c : profile.layers()) {
+      at.layers.push_back({c.forward_ms(), c.backward_ms(), c.param_bytes(), c.activation_bytes()});
+    }
+    out.push_back(std::move(at));
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> ApplyAutoLayout(JobSpec& job, const std::vector<GpuInfo>& gpus,
                                                          int64_t cpu_memory_bytes) {
   PipelineSpec& p = *job.mutable_pipeline();
@@ -243,15 +327,35 @@ absl::StatusOr<std::vector<std::string>> ApplyAutoLayout(JobSpec& job, const std
   if (!m.ok()) return m.status();
   if (!p.has_global_batch()) p.set_global_batch(32);
   LayoutRequest r;
-  r.profile_micro_batch = 1;
-  const LayerProfile estimate = d->Estimate(*m, 1);
-  for (const LayerCost& c : estimate.layers()) {
-    r.layers.push_back({c.forward_ms(), c.backward_ms(), c.param_bytes(), c.activation_bytes()});
+  std::string source;
+  if (!job.layout_profiles().empty()) {
+    absl::StatusOr<std::vector<LayerProfileAt>> profiles = ReadLayoutProfiles(job.layout_profiles(), d->NumLayers(*m));
+    if (!profiles.ok()) return profiles.status();
+    r.profiles = *std::move(profiles);
+    source = absl::StrCat(r.profiles.size(), " recorded profile", r.profiles.size() == 1 ? "" : "s");
+  } else {
+    // At 4 sequences, where the estimate was checked against H200 profiles (2026-11-30 partitions).
+    const LayerProfile estimate = d->Estimate(*m, 4);
+    LayerProfileAt at;
+    at.micro_batch = 4;
+    for (const LayerCost& c : estimate.layers()) {
+      at.layers.push_back({c.forward_ms(), c.backward_ms(), c.param_bytes(), c.activation_bytes()});
+    }
+    r.profiles.push_back(std::move(at));
+    source = absl::StrCat(job.model(), "'s estimate (--layout_profiles=FILES plans from measured ones)");
   }
+  const DeviceFigures figures = FiguresFor(job.device() == "cuda");
   r.workers = job.workers();
   r.global_batch = p.global_batch();
   r.memory_bytes = LayoutMemory(job, gpus, cpu_memory_bytes);
-  r.replica_gbps = job.has_replica_gbps() ? job.replica_gbps() : job.device() == "cuda" ? 100 : 1;
+  r.replica_gbps = ReplicaGbps(job);
+  r.replica_latency_ms = figures.replica_latency_ms;
+  r.p2p_gbps = figures.p2p_gbps;
+  r.p2p_latency_ms = figures.p2p_latency_ms;
+  r.boundary_bytes_per_seq = int64_t{4} * m->seq() * m->hidden();  // fp32 hidden states
+  r.optimizer_ms_per_gb = figures.optimizer_ms_per_gb;
+  r.layer_fixed_forward_ms = figures.layer_fixed_forward_ms;
+  r.layer_fixed_backward_ms = figures.layer_fixed_backward_ms;
   r.shard_optimizer = job.shard_optimizer();
   absl::StatusOr<LayoutChoice> choice = ChooseLayout(r);
   if (!choice.ok()) return Invalid(absl::StrCat("--layout=auto: ", choice.status().message()));
@@ -261,12 +365,14 @@ absl::StatusOr<std::vector<std::string>> ApplyAutoLayout(JobSpec& job, const std
   p.set_schedule(best.schedule);
   p.set_micro_batches(best.micro_batches);
   if (best.replicas < 2) job.set_shard_optimizer(false);
-  std::vector<std::string> lines = {absl::StrFormat(
-      "layout auto: %d candidates simulated from %s's estimate (%d skipped), at %.0f GB/s between replicas; the best:",
-      choice->ranked.size(), job.model(), choice->skipped.size(), r.replica_gbps)};
+  std::vector<std::string> lines = {
+      absl::StrFormat("layout auto: %d candidates simulated from %s (%d skipped), at %.0f GB/s between replicas; %s; "
+                      "the best:",
+                      choice->ranked.size(), source, choice->skipped.size(), r.replica_gbps, DescribeFit(choice->fit))};
   for (size_t i = 0; i < choice->ranked.size() && i < 3; ++i) {
     lines.push_back(absl::StrCat("  ", i + 1, ". ", Describe(choice->ranked[i])));
   }
+  if (std::string why = WhyFirst(*choice); !why.empty()) lines.push_back(absl::StrCat("layout auto: the first is ", why));
   lines.push_back(absl::StrCat("layout auto: running the first; the report compares its predicted step with the measured one"));
   return lines;
 }
@@ -369,11 +475,18 @@ PartitionFn Partitioner(const JobSpec& job) {
     const std::vector<int64_t> memory = StageMemory(*schedule, rank_memory);
     absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, *schedule, *uniform, costs, memory));
     if (!plan.ok()) return plan.status();
-    absl::StatusOr<SimulationResult> predicted = Simulate(*schedule, CostsOf(*plan, costs));
+    absl::StatusOr<SimulationResult> predicted = Simulate(*schedule, CostsOf(job, *schedule, *plan, costs));
     if (!predicted.ok()) return predicted.status();
-    Partition out{plan->layers_per_stage, Describe(job, *plan, costs, profiled, *predicted), {}};
-    // Only a measured profile predicts this run's step (a family's estimate is for its GPUs).
-    out.predicted_step_ms = profiled ? predicted->makespan : 0;
+    Partition out{plan->layers_per_stage, Describe(job, *schedule, *plan, costs, profiled, *predicted), {}};
+    // From the workers' measured profile, else from a built-in family's estimate (made for its GPUs:
+    // the report says which); a user's family without either predicts nothing.
+    out.predicted_from = profiled ? "profile" : FindBuiltinModel(job.model()) != nullptr ? "estimate" : "";
+    if (!out.predicted_from.empty()) {
+      out.predicted_step_ms = predicted->makespan;
+      for (int replica = 0; replica < std::max(1, job.data_parallel()); ++replica) {
+        for (double b : predicted->bubble) out.predicted_rank_bubble.push_back(b);
+      }
+    }
     if (job.data_parallel() > 1) {
       AddReplicas(job, *schedule, *plan, costs, out);
     } else {

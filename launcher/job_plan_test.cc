@@ -5,6 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <utility>
+
 #include "models/registry.h"
 #include "schedule/schedule_proto.h"
 
@@ -91,6 +96,41 @@ TEST(Partitioner, Profiled_GivesEveryRankItsListAndPredictsTheStep) {
   EXPECT_EQ(layers, 10);
   EXPECT_THAT(p->description, HasSubstr("predicted step"));
   EXPECT_THAT(p->description, HasSubstr("layer ms (forward + backward): embedding"));
+  // The simulator's memory in flight, per rank: 1F1B over 2 ranks holds 2 and 1 micro-batches.
+  EXPECT_THAT(p->description, HasSubstr("in flight per rank 2/1 micro-batches ("));
+  EXPECT_EQ(p->predicted_from, "profile");
+  EXPECT_GT(p->predicted_step_ms, 0);
+  ASSERT_EQ(p->predicted_rank_bubble.size(), 2u);
+  for (double b : p->predicted_rank_bubble) EXPECT_TRUE(b > 0 && b < 1) << b;
+}
+
+// Without a measured profile (one stage registers without one) the step is still predicted, from the
+// family's estimate, and the report says so; replicas get their pipeline's per-rank figures.
+TEST(Partitioner, Unprofiled_PredictsFromTheEstimateAndSaysSo) {
+  JobSpec job = TinyJob(1, "1f1b", 4);
+  job.set_workers(2);
+  job.set_data_parallel(2);
+  std::vector<WorkerState> workers(2);
+  for (WorkerState& w : workers) w.profile.add_layers();  // a layer count only, no times
+  absl::StatusOr<Partition> p = Partitioner(job)(workers);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->predicted_from, "estimate");
+  EXPECT_GT(p->predicted_step_ms, 0);
+  EXPECT_EQ(p->predicted_rank_bubble.size(), 2u);
+  EXPECT_THAT(p->description, HasSubstr("(estimated)"));
+  EXPECT_THAT(p->description, HasSubstr("in flight per rank 1 micro-batches"));
+}
+
+// A zero-bubble split holds each micro-batch until its W: rank 0 of zb-h1 on 2 ranks keeps 2, as 1F1B.
+TEST(Partitioner, ZeroBubble_ReportsEachRanksMemoryInFlight) {
+  for (const std::string name : {"zb-h1", "zb-v", "gpipe"}) {
+    SCOPED_TRACE(name);
+    JobSpec job = TinyJob(2, name, 4);
+    if (name == "zb-v") job.mutable_pipeline()->set_stage_chunks(2);
+    absl::StatusOr<Partition> p = Partitioner(job)(Profiled(job, 2));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_THAT(p->description, HasSubstr(name == "gpipe" ? "in flight per rank 4/4 micro-batches" : "in flight per rank "));
+  }
 }
 
 TEST(Partitioner, TwoChunksPerWorker_PartitionsEveryVirtualStage) {
@@ -106,6 +146,72 @@ TEST(Partitioner, TwoChunksPerWorker_PartitionsEveryVirtualStage) {
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_EQ(s->stage_rank, name == "zb-v" ? (std::vector<int>{0, 1, 1, 0}) : (std::vector<int>{0, 1, 0, 1}));
   }
+}
+
+std::string Testdata(const std::string& name) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return std::string(srcdir ? srcdir : ".") + "/stagehand/launcher/testdata/" + name;
+}
+
+// --layout=auto from the recorded gpt-1.3b profiles: the lines say what it planned from, the cost model,
+// the best three and why the first won; the same every time. A file that is not a profile of this model
+// is one line naming it.
+TEST(ApplyAutoLayout, RecordedProfiles_ChooseDeterministicallyAndExplain) {
+  auto plan = [](const std::string& profiles) {
+    JobSpec job;
+    job.set_model("gpt-1.3b");
+    job.set_device("cuda");
+    job.set_workers(2);
+    job.set_layout("auto");
+    job.set_layout_profiles(profiles);
+    std::vector<GpuInfo> gpus(2);
+    for (GpuInfo& g : gpus) g.total_bytes = int64_t{143} * 1000 * 1000 * 1000;
+    absl::StatusOr<std::vector<std::string>> lines = ApplyAutoLayout(job, gpus, 0);
+    return std::make_pair(job, lines);
+  };
+  std::string files;
+  for (int mb : {1, 4, 8, 16}) {
+    files += (files.empty() ? "" : ",") + Testdata("gpt-1.3b-h200-fused-mb" + std::to_string(mb) + ".profile.textproto");
+  }
+  auto [job, lines] = plan(files);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  std::string all;
+  for (const std::string& l : *lines) all += l + "\n";
+  std::cout << all;
+  EXPECT_THAT(all, HasSubstr("from 4 recorded profiles"));
+  EXPECT_THAT(all, HasSubstr("costs fitted to micro-batches of 1, 4, 8, 16"));
+  EXPECT_THAT(all, HasSubstr("  3. "));
+  EXPECT_THAT(all, HasSubstr("the first is "));
+  EXPECT_GE(job.pipeline().global_batch() / (job.pipeline().micro_batches() * job.data_parallel()), 4);
+  auto [again, lines2] = plan(files);
+  ASSERT_TRUE(lines2.ok());
+  EXPECT_EQ(*lines, *lines2);
+  EXPECT_EQ(job.DebugString(), again.DebugString());
+
+  auto [bad, refused] = plan(Testdata("no-such.profile.textproto"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--layout_profiles: "));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("no-such.profile.textproto"));
+}
+
+// From the family's estimate (no recorded profiles) on 8 GPUs: with the assumed fixed cost per layer
+// the choice is not micro-batches of one sequence (the linear model picked 8 stages x 32 of 1).
+TEST(ApplyAutoLayout, EstimateOnEightGpus_AssumesAFixedCostAndAvoidsMicroBatchesOfOne) {
+  JobSpec job;
+  job.set_model("gpt-1.3b");
+  job.set_device("cuda");
+  job.set_workers(8);
+  job.set_layout("auto");
+  std::vector<GpuInfo> gpus(8);
+  for (GpuInfo& g : gpus) g.total_bytes = int64_t{143} * 1000 * 1000 * 1000;
+  absl::StatusOr<std::vector<std::string>> lines = ApplyAutoLayout(job, gpus, 0);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  std::string all;
+  for (const std::string& l : *lines) all += l + "\n";
+  std::cout << all;
+  EXPECT_THAT(all, HasSubstr("gpt-1.3b's estimate"));
+  EXPECT_THAT(all, HasSubstr("assumed fixed"));
+  EXPECT_GT(job.pipeline().global_batch() / (job.pipeline().micro_batches() * job.data_parallel()), 1);
 }
 
 TEST(JobSchedule, ZeroBubbleH1_SplitsTheBackward) {

@@ -44,9 +44,17 @@ std::string SummaryLine(const RunReport& report, const std::vector<ReportStepReq
   }
   std::string out = absl::StrFormat("%s (after %d warm-up steps)\n", line, static_cast<int>(report.warmup_steps()));
   if (report.predicted_step_seconds() > 0 && report.step_seconds() > 0) {
-    absl::StrAppend(&out, absl::StrFormat("stagehand: predicted %.4f s/step, measured %.4f s/step (%+.0f%%)\n",
-                                          report.predicted_step_seconds(), report.step_seconds(),
-                                          100 * (report.step_seconds() / report.predicted_step_seconds() - 1)));
+    std::string line = absl::StrFormat(
+        "stagehand: predicted %.4f s/step (from %s), measured %.4f s/step (%+.0f%%)", report.predicted_step_seconds(),
+        report.predicted_from() == "profile" ? "the measured profile" : "the model's estimate", report.step_seconds(),
+        100 * (report.step_seconds() / report.predicted_step_seconds() - 1));
+    if (HasActionTiming(steps)) {
+      absl::StrAppend(&line, "; bubble per rank predicted");
+      for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.predicted_bubble_fraction()));
+      absl::StrAppend(&line, ", measured");
+      for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
+    }
+    absl::StrAppend(&out, line, "\n");
   }
   return out;
 }
@@ -84,7 +92,13 @@ RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& superv
     if (l.first_step) in.launch_to_first_step_seconds = std::max(in.launch_to_first_step_seconds, absl::ToDoubleSeconds(*l.first_step));
   }
   RunReport report = BuildReport(in);
-  if (std::optional<Partition> p = state.partition()) report.set_predicted_step_seconds(p->predicted_step_ms / 1e3);
+  if (std::optional<Partition> p = state.partition()) {
+    report.set_predicted_step_seconds(p->predicted_step_ms / 1e3);
+    report.set_predicted_from(p->predicted_from);
+    for (int r = 0; r < report.ranks_size() && r < static_cast<int>(p->predicted_rank_bubble.size()); ++r) {
+      report.mutable_ranks(r)->set_predicted_bubble_fraction(p->predicted_rank_bubble[r]);
+    }
+  }
   return report;
 }
 

@@ -171,7 +171,29 @@ TEST(LayoutAuto, TinyOnTwoCpuWorkers_PrintsTheBestThreeAndRunsTheFirst) {
   EXPECT_THAT(r.output, HasSubstr("  1. "));
   EXPECT_THAT(r.output, HasSubstr("  3. "));
   EXPECT_THAT(r.output, HasSubstr("predicted"));
-  EXPECT_THAT(ReadFile(r.run_dir + "/report.json"), HasSubstr("predicted_step_seconds"));
+  EXPECT_THAT(r.output, HasSubstr("the first is "));  // why the first beat the second
+  EXPECT_THAT(r.output, HasSubstr("in flight per rank"));
+  EXPECT_THAT(r.output, testing::ContainsRegex("stagehand: predicted [0-9.]+ s/step \\(from the (measured profile|model's "
+                                               "estimate)\\), measured [0-9.]+ s/step"));
+  const std::string report = ReadFile(r.run_dir + "/report.json");
+  EXPECT_THAT(report, HasSubstr("predicted_step_seconds"));
+  EXPECT_THAT(report, HasSubstr("predicted_from"));
+}
+
+// An explicit layout predicts too: 2 stages of 1F1B, profiled, with each rank's predicted bubble beside
+// the measured one at the end and in report.json.
+TEST(LayoutManual, TwoStages_PredictedAgainstMeasuredPerRank) {
+  setenv("OMP_NUM_THREADS", "1", 1);
+  RunResult r = Launch({"--device=cpu", "--workers=2", "--model=tiny", "--schedule=zb-h1", "--micro_batches=4",
+                        "--steps=3"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, testing::ContainsRegex("in flight per rank 2/[12] micro-batches"));
+  EXPECT_THAT(r.output, testing::ContainsRegex("stagehand: predicted [0-9.]+ s/step \\(from the measured profile\\), "
+                                               "measured [0-9.]+ s/step \\([-+][0-9]+%\\); bubble per rank predicted "
+                                               "[0-9.]+% [0-9.]+%, measured [0-9.]+% [0-9.]+%"));
+  const std::string report = ReadFile(r.run_dir + "/report.json");
+  EXPECT_THAT(report, testing::ContainsRegex("\"predicted_from\": ?\"profile\""));
+  EXPECT_THAT(report, HasSubstr("predicted_bubble_fraction"));
 }
 
 }  // namespace

@@ -310,7 +310,9 @@ void Executor::Backward(const Action& a) {
     grad = next >= 0 ? At(next, a.microbatch).grad_out : s.grad_in;
   }
   if (a.kind == ActionKind::kBackwardInput) {
-    s.grad_out = first ? torch::Tensor() : stage.BackwardInput(s.input, s.output, grad);
+    // The first stage too (its input is tokens: no gradient to give), so that a stage that defers its
+    // weight gradients does the backward's activation work here and only the weight GEMMs at W.
+    s.grad_out = stage.BackwardInput(first ? torch::Tensor() : s.input, s.output, grad);
     s.grad_for_weight = grad;
     return;
   }

@@ -7,6 +7,7 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 
 #include <array>
+#include <atomic>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -18,6 +19,9 @@
 
 namespace stagehand {
 namespace {
+
+// Where Dense backward sends its weight gradients instead of .grad (DeferWeightGrads), or null.
+std::atomic<WeightGradQueue*> deferred_queue{nullptr};
 
 // weight.grad += dy^T x, in the weight's dtype (fp32) whatever the dtype of dy and x. On CUDA one GEMM
 // with bf16 inputs and an fp32 output (beta = 1) does it; elsewhere (CPU tests) a GEMM and an add.
@@ -59,7 +63,13 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     const torch::Tensor dy = grads[0].to(weight_c.scalar_type()).reshape({-1, out});
     torch::Tensor dx, db;
     if (ctx->needs_input_grad(0)) dx = at::mm(dy, weight_c).view(x.sizes());
-    if (ctx->needs_input_grad(1)) AccumulateWeightGrad(weight, dy, x.reshape({-1, in}));
+    if (ctx->needs_input_grad(1)) {
+      if (WeightGradQueue* q = deferred_queue.load(); q != nullptr) {
+        q->Push(weight, dy, x.reshape({-1, in}));  // zero-bubble's W forms it later
+      } else {
+        AccumulateWeightGrad(weight, dy, x.reshape({-1, in}));
+      }
+    }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
       db = dy.sum(0, /*keepdim=*/false, weight.scalar_type());
     }
@@ -101,6 +111,66 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
 };
 
 }  // namespace
+
+void WeightGradQueue::Push(torch::Tensor weight, torch::Tensor dy, torch::Tensor x) {
+  absl::MutexLock lock(&mu_);
+  entries_.push_back({std::move(weight), std::move(dy), std::move(x)});
+}
+
+void WeightGradQueue::Apply() {
+  std::vector<Entry> entries;
+  {
+    absl::MutexLock lock(&mu_);
+    entries.swap(entries_);
+  }
+  torch::NoGradGuard no_grad;
+  for (Entry& e : entries) AccumulateWeightGrad(e.weight, e.dy, e.x);
+}
+
+size_t WeightGradQueue::size() const {
+  absl::MutexLock lock(&mu_);
+  return entries_.size();
+}
+
+int64_t WeightGradQueue::bytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const Entry& e : entries_) n += static_cast<int64_t>(e.dy.nbytes() + e.x.nbytes());
+  return n;
+}
+
+DeferWeightGrads::DeferWeightGrads(WeightGradQueue* queue) : previous_(deferred_queue.exchange(queue)) {}
+
+DeferWeightGrads::~DeferWeightGrads() { deferred_queue.store(previous_); }
+
+torch::Tensor DeferredSplitBackward::BackwardInput(const torch::Tensor& input, const torch::Tensor& output,
+                                                   const torch::Tensor& grad_output) {
+  // A key left by a micro-batch whose W never ran (a failed step) and whose output's address came back
+  // is stale: start afresh.
+  pending_.erase(output.unsafeGetTensorImpl());
+  WeightGradQueue& queue = pending_[output.unsafeGetTensorImpl()];
+  torch::autograd::variable_list grads;
+  if (grad_output.defined()) grads.push_back(grad_output);
+  {
+    DeferWeightGrads route(&queue);
+    torch::autograd::backward({output}, grads);  // every leaf: the input (when it wants one) and parameters
+  }
+  return input.defined() && input.requires_grad() ? input.grad() : torch::Tensor();
+}
+
+bool DeferredSplitBackward::BackwardWeight(const torch::Tensor& output) {
+  auto it = pending_.find(output.unsafeGetTensorImpl());
+  if (it == pending_.end()) return false;
+  it->second.Apply();
+  pending_.erase(it);
+  return true;
+}
+
+int64_t DeferredSplitBackward::pending_bytes() const {
+  int64_t n = 0;
+  for (const auto& [key, queue] : pending_) n += queue.bytes();
+  return n;
+}
 
 at::Generator LayerGenerator(uint64_t seed, int layer, const torch::Device& device) {
   const uint64_t s = seed * 1000003ULL + static_cast<uint64_t>(layer);

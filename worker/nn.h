@@ -10,10 +10,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 
 namespace stagehand {
 
@@ -89,6 +91,62 @@ class DenseImpl : public torch::nn::Module {
   CastCache weight_cast_, bias_cast_;
 };
 TORCH_MODULE(Dense);
+
+// Deferred weight gradients (zero-bubble's W, as Megatron-LM's deferred wgrad and torch.distributed.
+// pipelining's stage_backward_weight): while a DeferWeightGrads scope is alive, every Dense backward in
+// this process computes its input gradient (and its bias's) as usual but queues (weight, dy, x) here
+// instead of adding dy^T x into the weight's .grad; Apply() does those GEMMs later. What a queue holds
+// (x and dy of every linear layer of a micro-batch) is the memory a split backward keeps from I to W.
+class WeightGradQueue {
+ public:
+  void Push(torch::Tensor weight, torch::Tensor dy, torch::Tensor x);  // any thread (autograd's)
+  // weight.grad += dy^T x for each entry, in the order they came (as a full backward adds them), then
+  // empties the queue.
+  void Apply();
+  size_t size() const;
+  int64_t bytes() const;  // of the queued dy and x
+
+ private:
+  struct Entry {
+    torch::Tensor weight, dy, x;
+  };
+  mutable absl::Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+// Routes the process's Dense weight gradients into `queue` while alive (the autograd engine runs a CUDA
+// backward on a device thread of its own, so the route is process-wide, not thread-local). Scopes nest.
+class DeferWeightGrads {
+ public:
+  explicit DeferWeightGrads(WeightGradQueue* queue);
+  ~DeferWeightGrads();
+  DeferWeightGrads(const DeferWeightGrads&) = delete;
+  DeferWeightGrads& operator=(const DeferWeightGrads&) = delete;
+
+ private:
+  WeightGradQueue* previous_;
+};
+
+// A stage's split backward (schedule actions I and W) with deferred weight gradients, for families whose
+// large weights are Dense layers (GPT, Llama). BackwardInput runs the micro-batch's whole backward once:
+// the input's gradient, the cheap parameters' gradients (norms, biases, embeddings) and, queued, every
+// Dense weight's (x, dy), and releases the graph. BackwardWeight forms the queued dy^T x. I + W adds
+// exactly what one full backward adds; W is one GEMM per linear layer and recomputes nothing.
+// Micro-batches are told apart by their output tensor (the engine passes the same one to I and W).
+class DeferredSplitBackward {
+ public:
+  // The gradient w.r.t. `input` (undefined when `input` is: the first stage's tokens).
+  torch::Tensor BackwardInput(const torch::Tensor& input, const torch::Tensor& output,
+                              const torch::Tensor& grad_output);
+  // False when no BackwardInput of `output` is pending (the caller then runs a full backward).
+  bool BackwardWeight(const torch::Tensor& output);
+  // Micro-batches between their I and their W, and the bytes their queues hold.
+  size_t pending() const { return pending_.size(); }
+  int64_t pending_bytes() const;
+
+ private:
+  std::map<const void*, WeightGradQueue> pending_;  // by the output's TensorImpl
+};
 
 // Brings the bf16 copies of every Dense under `root` up to date (before CUDA graphs replay them).
 void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype);

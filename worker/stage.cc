@@ -12,6 +12,12 @@ torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor
                           targets.to(logits.device()).reshape({-1}));
 }
 
+bool DefersWeightGradients(const JobSpec& job) {
+  const auto& options = job.model_spec().options();
+  auto it = options.find("deferred_wgrad");
+  return it == options.end() || it->second != "false";
+}
+
 torch::Tensor Stage::Loss(const torch::Tensor& output, const torch::Tensor& targets) {
   return LanguageModelLoss(output, targets);
 }

@@ -60,12 +60,13 @@ class Stage {
   virtual void Backward(const torch::Tensor& output, const torch::Tensor& grad_output);
   // The zero-bubble split of Backward (schedule actions I and W), for the same (output, grad_output).
   // BackwardInput gives the gradient w.r.t. `input` (the leaf Forward took; undefined on the first
-  // stage, whose input is tokens), accumulates no parameter gradient, and keeps what BackwardWeight
-  // needs. BackwardWeight, later, accumulates the parameters' gradients and releases the graph.
-  // Together they accumulate what Backward does. The defaults are autograd's: the input's gradient
-  // with the graph retained, then a backward restricted to Parameters() (which computes the
-  // activation gradients inside the stage again: correct, not the cheapest; a family may keep each
-  // layer's (input, output gradient) instead and form dy^T x in BackwardWeight).
+  // stage, whose input is tokens: it is called there too) and keeps what BackwardWeight needs;
+  // BackwardWeight, later, accumulates the rest of the parameters' gradients and releases what was
+  // kept. Together they accumulate exactly what Backward does. The defaults are autograd's: the
+  // input's gradient with the graph retained (no parameter gradient), then a backward restricted to
+  // Parameters(), which computes the stage's inner activation gradients a second time (correct, not
+  // cheap). GPT and Llama instead defer only their linear layers' weight GEMMs to W (nn.h's
+  // DeferredSplitBackward; --model_option=deferred_wgrad=false runs these defaults).
   virtual torch::Tensor BackwardInput(const torch::Tensor& input, const torch::Tensor& output,
                                       const torch::Tensor& grad_output);
   virtual void BackwardWeight(const torch::Tensor& output, const torch::Tensor& grad_output);
@@ -80,6 +81,10 @@ class Stage {
   // without running the code that refreshes it. Called before capturing and before every replayed step.
   virtual void PrepareForGraphs() {}
 };
+
+// Whether a family's split backward defers its weight gradients (DeferredSplitBackward): the model
+// option deferred_wgrad, on unless "false".
+bool DefersWeightGradients(const JobSpec& job);
 
 // Mean token cross-entropy in fp32. logits [B, S, V], targets [B, S] int64.
 torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor& targets);

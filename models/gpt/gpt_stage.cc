@@ -179,7 +179,8 @@ std::shared_ptr<PipelineLayerImpl> MakeLayer(const GptConfig& config, int layer,
 class GptPipelineStage final : public Stage {
  public:
   GptPipelineStage(const GptConfig& config, const StageOptions& o)
-      : config_(config), first_layer_(o.first_layer), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()) {
+      : config_(config), first_layer_(o.first_layer), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()),
+        defer_wgrad_(DefersWeightGradients(*o.job)) {
     module_->to(o.device);
   }
   TensorSpec Input(int64_t batch) const override {
@@ -207,10 +208,22 @@ class GptPipelineStage final : public Stage {
   void SetTraining(bool training) override { module_->train(training); }
   void PrepareForGraphs() override { module_->RefreshCasts(); }
 
+  // Zero-bubble's I and W: the linear layers' weight GEMMs deferred to W (nn.h), unless turned off.
+  torch::Tensor BackwardInput(const torch::Tensor& input, const torch::Tensor& output,
+                              const torch::Tensor& grad_output) override {
+    return defer_wgrad_ ? split_.BackwardInput(input, output, grad_output)
+                        : Stage::BackwardInput(input, output, grad_output);
+  }
+  void BackwardWeight(const torch::Tensor& output, const torch::Tensor& grad_output) override {
+    if (!defer_wgrad_ || !split_.BackwardWeight(output)) Stage::BackwardWeight(output, grad_output);
+  }
+
  private:
   GptConfig config_;
   int first_layer_;
   GptStage module_;
+  bool defer_wgrad_;
+  DeferredSplitBackward split_;
 };
 
 class GptFamily final : public ModelFamily {

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -22,11 +23,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "models/gpt/gpt_description.h"
 #include "worker/stage.h"
 #include "worker/data.h"
 #include "worker/fused_kernels.h"
 #include "worker/nn.h"
+#include "worker/split_backward_check.h"
 #include "worker/stage.h"
 
 namespace stagehand {
@@ -344,6 +347,50 @@ TEST(GptStage, SplitBackward_InputThenWeightGradients_MatchTheWholeBackward) {
     for (size_t i = 0; i < want.size(); ++i) {
       ASSERT_TRUE(got[i].grad().defined()) << "parameter " << i;
       EXPECT_TRUE(torch::allclose(got[i].grad(), want[i], 1e-6, 1e-7)) << "parameter " << i;
+    }
+  }
+}
+
+// The family's stages (as the worker builds them) defer their linear layers' weight GEMMs from I to W:
+// after I those weights' gradients are untouched, and I + W is the whole backward to the bit. With
+// --model_option=deferred_wgrad=false they take the Stage interface's defaults, also exact.
+TEST(GptFamily, SplitBackward_DeferredWeightGradients_IPlusWIsTheWholeBackwardExactly) {
+  absl::StatusOr<ModelSpec> spec = GptDescription().Resolve("tiny", {});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const GptConfig c = GptConfigFromSpec(*spec);
+  const int n = c.pipeline_layers();
+  auto linear_weight = [](const std::string& name) {
+    for (const char* w : {".qkv.weight", ".proj.weight", ".fc1.weight", ".fc2.weight", ".lm_head.weight"}) {
+      if (name.size() > strlen(w) && name.compare(name.size() - strlen(w), strlen(w), w) == 0) return true;
+    }
+    return false;
+  };
+  torch::manual_seed(3);
+  const torch::Tensor hidden = torch::randn({2, c.seq, c.hidden});
+  const torch::Tensor grad_out = torch::randn({2, c.seq, c.hidden});
+  const torch::Tensor tokens = Tokens(c, 2, 4), targets = Tokens(c, 2, 5);
+  for (const bool defer : {true, false}) {
+    JobSpec job;
+    job.set_device("cpu");
+    *job.mutable_model_spec() = *spec;
+    if (!defer) (*job.mutable_model_spec()->mutable_options())["deferred_wgrad"] = "false";
+    // The first stage (tokens in), a middle one (given its output's gradient), the last (a loss).
+    for (auto [first, last] : std::vector<std::pair<int, int>>{{0, 3}, {1, n - 1}, {2, n}}) {
+      SCOPED_TRACE(absl::StrCat(defer ? "deferred" : "defaults", " [", first, ", ", last, ")"));
+      auto make = [&, first = first, last = last]() {
+        StageOptions o;
+        o.job = &job;
+        o.first_layer = first;
+        o.last_layer = last;
+        o.num_layers = n;
+        o.seed = 7;
+        absl::StatusOr<std::unique_ptr<Stage>> stage = MakeGptFamily()->MakeStage(o);
+        EXPECT_TRUE(stage.ok()) << stage.status();
+        return std::move(*stage);
+      };
+      ExpectSplitBackwardIsTheWholeBackward(
+          make, first == 0 ? tokens : hidden, last == n ? torch::Tensor() : grad_out,
+          [&](const torch::Tensor& logits) { return LanguageModelLoss(logits, targets); }, linear_weight);
     }
   }
 }

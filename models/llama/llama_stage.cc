@@ -264,7 +264,8 @@ std::shared_ptr<PipelineLayerImpl> MakeLayer(const LlamaConfig& config, int laye
 class LlamaPipelineStage final : public Stage {
  public:
   LlamaPipelineStage(const LlamaConfig& config, const StageOptions& o)
-      : config_(config), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()) {
+      : config_(config), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()),
+        defer_wgrad_(DefersWeightGradients(*o.job)) {
     module_->to(o.device);
   }
   TensorSpec Input(int64_t batch) const override {
@@ -285,9 +286,21 @@ class LlamaPipelineStage final : public Stage {
   void SetTraining(bool training) override { module_->train(training); }
   void PrepareForGraphs() override { module_->RefreshCasts(); }
 
+  // Zero-bubble's I and W: the linear layers' weight GEMMs deferred to W (nn.h), unless turned off.
+  torch::Tensor BackwardInput(const torch::Tensor& input, const torch::Tensor& output,
+                              const torch::Tensor& grad_output) override {
+    return defer_wgrad_ ? split_.BackwardInput(input, output, grad_output)
+                        : Stage::BackwardInput(input, output, grad_output);
+  }
+  void BackwardWeight(const torch::Tensor& output, const torch::Tensor& grad_output) override {
+    if (!defer_wgrad_ || !split_.BackwardWeight(output)) Stage::BackwardWeight(output, grad_output);
+  }
+
  private:
   LlamaConfig config_;
   LlamaStage module_;
+  bool defer_wgrad_;
+  DeferredSplitBackward split_;
 };
 
 // Sizes the layers cannot be built with: Resolve rejects them, but a stage may be asked for with a

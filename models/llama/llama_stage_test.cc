@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "models/llama/llama_description.h"
 #include "worker/data.h"
 #include "worker/fused_kernels.h"
 #include "worker/nn.h"
+#include "worker/split_backward_check.h"
 #include "worker/stage.h"
 
 namespace stagehand {
@@ -333,6 +335,32 @@ TEST(LlamaStage, Forward_WrongInput_ThrowsC10Error) {
   EXPECT_THROW(rest->Forward(Tokens(m, 2, 1)), c10::Error);                          // tokens for hidden states
   std::unique_ptr<Stage> attention = MakeStage(job, 1, 2);
   EXPECT_THROW(attention->Forward(torch::zeros({2, m.seq() + 1, m.hidden()})), c10::Error);  // past the tables
+}
+
+// The family's stages defer their linear layers' weight GEMMs from I to W: after I those weights'
+// gradients are untouched, and I + W is the whole backward to the bit (deferred_wgrad=false too).
+TEST(LlamaFamily, SplitBackward_DeferredWeightGradients_IPlusWIsTheWholeBackwardExactly) {
+  const int n = NumLayers(TinyJob());
+  const ModelSpec m = TinyJob().model_spec();
+  auto linear_weight = [](const std::string& name) {
+    return absl::EndsWith(name, "_proj.weight") || absl::EndsWith(name, "lm_head.weight");
+  };
+  torch::manual_seed(3);
+  const torch::Tensor hidden = torch::randn({2, m.seq(), m.hidden()});
+  const torch::Tensor grad_out = torch::randn({2, m.seq(), m.hidden()});
+  const torch::Tensor tokens = torch::randint(m.vocab(), {2, m.seq()}, torch::kInt64);
+  const torch::Tensor targets = torch::randint(m.vocab(), {2, m.seq()}, torch::kInt64);
+  for (const bool defer : {true, false}) {
+    JobSpec job = TinyJob();
+    if (!defer) (*job.mutable_model_spec()->mutable_options())["deferred_wgrad"] = "false";
+    for (auto [first, last] : std::vector<std::pair<int, int>>{{0, 3}, {1, n - 1}, {2, n}}) {
+      SCOPED_TRACE(absl::StrCat(defer ? "deferred" : "defaults", " [", first, ", ", last, ")"));
+      auto make = [&, first = first, last = last]() { return MakeStage(job, first, last); };
+      ExpectSplitBackwardIsTheWholeBackward(
+          make, first == 0 ? tokens : hidden, last == n ? torch::Tensor() : grad_out,
+          [&](const torch::Tensor& logits) { return LanguageModelLoss(logits, targets); }, linear_weight);
+    }
+  }
 }
 
 TEST(LlamaFamily, MakeStage_BadLayerRange_IsInvalidArgument) {
