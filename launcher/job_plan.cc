@@ -11,6 +11,7 @@
 #include "launcher/planner.h"
 #include "models/registry.h"
 #include "schedule/schedule_proto.h"
+#include "telemetry/clock_model.h"
 
 namespace stagehand {
 namespace {
@@ -83,20 +84,92 @@ absl::StatusOr<Plan> MakePlan(const JobSpec& job, const PlanRequest& request) {
   return PlanExplicit(request, *counts);
 }
 
-// The simulator's costs: each stage's forward and backward time from the layers it holds.
-StageCosts CostsOf(const Plan& plan, const std::vector<LayerCost>& layers) {
+// The simulator's costs: each stage's forward and backward time from the layers it holds, at its
+// device's speed (`speed` empty: 1 each).
+StageCosts CostsOf(const Plan& plan, const std::vector<LayerCost>& layers, const std::vector<double>& speed = {}) {
   StageCosts c;
   size_t layer = 0;
-  for (int n : plan.layers_per_stage) {
+  for (size_t s = 0; s < plan.layers_per_stage.size(); ++s) {
     double f = 0, b = 0;
-    for (int i = 0; i < n && layer < layers.size(); ++i, ++layer) {
+    for (int i = 0; i < plan.layers_per_stage[s] && layer < layers.size(); ++i, ++layer) {
       f += layers[layer].forward_ms();
       b += layers[layer].backward_ms();
     }
-    c.forward.push_back(f);
-    c.backward.push_back(b);
+    const double v = s < speed.size() ? speed[s] : 1.0;
+    c.forward.push_back(f / v);
+    c.backward.push_back(b / v);
   }
   return c;
+}
+
+// Whether the partition weighs the GPUs' clocks (job.proto's partition_clocks): GPU jobs with telemetry.
+bool WeighsClocks(const JobSpec& job) {
+  return job.device() == "cuda" && (!job.has_telemetry() || job.telemetry()) &&
+         (!job.has_partition_clocks() || job.partition_clocks());
+}
+
+// Each rank's clocks (telemetry/clock_model.h): its profile's, and its clock under load now.
+ClockWeights RankClocks(const JobSpec& job, const std::vector<WorkerState>& workers) {
+  if (!WeighsClocks(job)) {
+    ClockWeights blind = WeighClocks({});
+    blind.profile_scale.assign(workers.size(), 1.0);
+    blind.speed.assign(workers.size(), 1.0);
+    blind.load_mhz.assign(workers.size(), 0.0);
+    blind.why_not = "--partition_clocks=false or --telemetry=false";
+    return blind;
+  }
+  std::vector<RankClock> clocks;
+  for (const WorkerState& w : workers) clocks.push_back({w.profile.clock(), w.load_clock});
+  return WeighClocks(clocks);
+}
+
+// Each (virtual) stage's speed: its pipeline rank's, the slowest of its replicas (they meet at the
+// gradients' all-reduce, so the slowest sets the pace). Empty when the clocks are not weighed.
+std::vector<double> StageSpeeds(const JobSpec& job, const Schedule& schedule, const ClockWeights& w) {
+  if (!w.applied) return {};
+  const int d = std::max(1, job.data_parallel());
+  std::vector<double> out;
+  for (int rank : schedule.stage_rank) {
+    double v = 1.0;
+    for (int replica = 0; replica < d; ++replica) {
+      const size_t r = static_cast<size_t>(replica * schedule.num_ranks + rank);
+      if (r < w.speed.size()) v = std::min(v, w.speed[r]);
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+// The clocks in the plan line: what each rank was weighed at, or why not (GPU jobs only).
+std::string ClockText(const JobSpec& job, const ClockWeights& w) {
+  if (job.device() != "cuda") return "";
+  if (!w.applied) return absl::StrCat("; clock-blind: ", w.why_not);
+  std::string out = "; SM clocks under load (time ~ 1/clock):";
+  for (size_t r = 0; r < w.load_mhz.size(); ++r) {
+    absl::StrAppend(&out, absl::StrFormat("%s rank %d %.0f MHz", r ? "," : "", r, w.load_mhz[r]));
+  }
+  return out;
+}
+
+// Per rank: the simulated compute per step (its pipeline rank's at the stage's speed, rescaled to its
+// own where a faster replica shares the stage) and the clock it was weighed at.
+void FillRankPredictions(const JobSpec& job, const Schedule& schedule, const SimulationResult& predicted,
+                         const std::vector<double>& stage_speed, const ClockWeights& w, Partition& out) {
+  const int d = std::max(1, job.data_parallel());
+  for (int r = 0; r < schedule.num_ranks * d; ++r) {
+    const int pr = r % schedule.num_ranks;
+    double busy = pr < static_cast<int>(predicted.busy.size()) ? predicted.busy[pr] : 0;
+    if (!stage_speed.empty() && r < static_cast<int>(w.speed.size())) {
+      for (int s = 0; s < schedule.num_stages; ++s) {
+        if (schedule.stage_rank[s] == pr) {
+          busy = busy * stage_speed[s] / w.speed[r];
+          break;
+        }
+      }
+    }
+    out.predicted_compute_ms.push_back(busy);
+    out.planned_sm_mhz.push_back(r < static_cast<int>(w.load_mhz.size()) ? w.load_mhz[r] : 0);
+  }
 }
 
 std::string Describe(const JobSpec& job, const Plan& plan, const std::vector<LayerCost>& layers, bool profiled,
@@ -127,17 +200,23 @@ std::string Describe(const JobSpec& job, const Plan& plan, const std::vector<Lay
   return out;
 }
 
-// The mean of the workers' profiles; a built-in family's estimate when none profiled; equal costs for a
-// user's family that reported only its layer count.
-std::vector<LayerCost> Costs(const JobSpec& job, const std::vector<WorkerState>& workers, bool* profiled) {
+// The mean of the workers' profiles, each rescaled by `scale` (its clock over the reference clock:
+// 1 when clock-blind) to the reference clock; a built-in family's estimate when none profiled; equal
+// costs for a user's family that reported only its layer count.
+std::vector<LayerCost> Costs(const JobSpec& job, const std::vector<WorkerState>& workers,
+                             const std::vector<double>& scale, bool* profiled) {
   std::vector<LayerCost> mean(workers[0].profile.layers().begin(), workers[0].profile.layers().end());
   *profiled = !mean.empty() && (mean[0].forward_ms() > 0 || mean[0].backward_ms() > 0);
   if (*profiled) {
+    for (LayerCost& c : mean) {
+      c.set_forward_ms(c.forward_ms() * scale[0]);
+      c.set_backward_ms(c.backward_ms() * scale[0]);
+    }
     for (size_t w = 1; w < workers.size(); ++w) {
       for (int i = 0; i < static_cast<int>(mean.size()) && i < workers[w].profile.layers_size(); ++i) {
         const LayerCost& c = workers[w].profile.layers(i);
-        mean[i].set_forward_ms(mean[i].forward_ms() + c.forward_ms());
-        mean[i].set_backward_ms(mean[i].backward_ms() + c.backward_ms());
+        mean[i].set_forward_ms(mean[i].forward_ms() + c.forward_ms() * scale[w]);
+        mean[i].set_backward_ms(mean[i].backward_ms() + c.backward_ms() * scale[w]);
       }
     }
     for (LayerCost& c : mean) {
@@ -355,7 +434,8 @@ PartitionFn Partitioner(const JobSpec& job) {
     absl::StatusOr<Schedule> schedule = JobSchedule(job);
     if (!schedule.ok()) return schedule.status();
     bool profiled = false;
-    const std::vector<LayerCost> costs = Costs(job, workers, &profiled);
+    const ClockWeights clocks = RankClocks(job, workers);
+    const std::vector<LayerCost> costs = Costs(job, workers, clocks.profile_scale, &profiled);
     if (static_cast<int>(costs.size()) < schedule->num_stages) {
       return Invalid(absl::StrCat(schedule->num_stages, " stages but the model has only ", costs.size(),
                                   " pipeline layers; use fewer stages"));
@@ -367,13 +447,17 @@ PartitionFn Partitioner(const JobSpec& job) {
       for (const WorkerState& w : workers) rank_memory.push_back(w.device.free_bytes() * 9 / 10);
     }
     const std::vector<int64_t> memory = StageMemory(*schedule, rank_memory);
-    absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, *schedule, *uniform, costs, memory));
+    PlanRequest request = MakePlanRequest(job, *schedule, *uniform, costs, memory);
+    request.stage_speed = StageSpeeds(job, *schedule, clocks);  // empty when clock-blind: as before
+    absl::StatusOr<Plan> plan = MakePlan(job, request);
     if (!plan.ok()) return plan.status();
-    absl::StatusOr<SimulationResult> predicted = Simulate(*schedule, CostsOf(*plan, costs));
+    absl::StatusOr<SimulationResult> predicted = Simulate(*schedule, CostsOf(*plan, costs, request.stage_speed));
     if (!predicted.ok()) return predicted.status();
-    Partition out{plan->layers_per_stage, Describe(job, *plan, costs, profiled, *predicted), {}};
+    Partition out{plan->layers_per_stage,
+                  absl::StrCat(Describe(job, *plan, costs, profiled, *predicted), ClockText(job, clocks)), {}};
     // Only a measured profile predicts this run's step (a family's estimate is for its GPUs).
     out.predicted_step_ms = profiled ? predicted->makespan : 0;
+    if (profiled) FillRankPredictions(job, *schedule, *predicted, request.stage_speed, clocks, out);
     if (job.data_parallel() > 1) {
       AddReplicas(job, *schedule, *plan, costs, out);
     } else {
