@@ -202,7 +202,7 @@ TEST(Partitioner, EqualClocks_GiveTheClockBlindPartitionExactly) {
   EXPECT_EQ(weighed->layers_per_stage, blind->layers_per_stage);
   EXPECT_EQ(weighed->predicted_step_ms, blind->predicted_step_ms);
   EXPECT_EQ(weighed->predicted_compute_ms, blind->predicted_compute_ms);
-  EXPECT_THAT(weighed->description, HasSubstr("SM clocks under load (time ~ 1/clock): rank 0 1834 MHz"));
+  EXPECT_THAT(weighed->description, HasSubstr("SM clocks (each GPU's last run, time ~ 1/clock): rank 0 1834 MHz, rank 1 1834 MHz"));
   EXPECT_THAT(blind->description, HasSubstr("clock-blind: --partition_clocks=false"));
   EXPECT_EQ(blind->planned_sm_mhz, (std::vector<double>{0, 0}));
 }

@@ -45,7 +45,8 @@ std::vector<double> StageSpeeds(const JobSpec& job, const Schedule& schedule, co
 std::string ClockText(const JobSpec& job, const ClockWeights& w) {
   if (job.device() != "cuda") return "";
   if (!w.applied) return absl::StrCat("; clock-blind: ", w.why_not);
-  std::string out = "; SM clocks under load (time ~ 1/clock):";
+  std::string out = absl::StrCat("; SM clocks (", w.source == "last run" ? "each GPU's last run" : "the profiles",
+                                 ", time ~ 1/clock):");
   for (size_t r = 0; r < w.load_mhz.size(); ++r) {
     absl::StrAppend(&out, absl::StrFormat("%s rank %d %.0f MHz", r ? "," : "", r, w.load_mhz[r]));
   }

@@ -25,7 +25,8 @@ ClockWeights RankClocks(const JobSpec& job, const std::vector<WorkerState>& work
 // gradients' all-reduce, so the slowest sets the pace). Empty when the clocks are not weighed.
 std::vector<double> StageSpeeds(const JobSpec& job, const Schedule& schedule, const ClockWeights& w);
 
-// For the plan line of GPU jobs: "; SM clocks under load (time ~ 1/clock): rank 0 1752 MHz, ..." or
+// For the plan line of GPU jobs: "; SM clocks (each GPU's last run, time ~ 1/clock): rank 0 1752 MHz,
+// rank 1 1841 MHz" (or "(the profiles, ...)") or
 // "; clock-blind: <why>"; "" for CPU jobs.
 std::string ClockText(const JobSpec& job, const ClockWeights& w);
 

@@ -37,6 +37,13 @@ TEST(BusyClock, NoBusySample_IsUnknown) {
   EXPECT_EQ(BusyClock({}, "profile").samples(), 0);
 }
 
+TEST(BusyClock, ShortBurstsOnly_TakesTheSamplesWithAnyUtilization) {
+  // A profile's bursts: no sample saw the GPU busy half the time.
+  const LoadClock c = BusyClock({Sample(1980, 12), Sample(1960, 30), Sample(405, 0)}, "profile");
+  EXPECT_EQ(c.samples(), 2);
+  EXPECT_DOUBLE_EQ(c.sm_mhz(), 1970);
+}
+
 TEST(CombineClocks, WeightedBySamples) {
   const LoadClock c = CombineClocks(Clock(1700, 1), Clock(1800, 3));
   EXPECT_EQ(c.samples(), 4);
@@ -72,12 +79,35 @@ TEST(WeighClocks, CachedProfile_RescaledToThisRunsClock) {
   EXPECT_DOUBLE_EQ(w.speed[0], 0.9);
 }
 
+TEST(WeighClocks, BurstProfilesAndSustainedLastRuns_SpeedsFromTheLastRuns) {
+  const ClockWeights w = WeighClocks({{Clock(1980), Clock(1656)}, {Clock(1980), Clock(1750)}});
+  ASSERT_TRUE(w.applied);
+  EXPECT_EQ(w.source, "last run");
+  EXPECT_EQ(w.profile_scale, std::vector<double>({1.0, 1.0}));
+  EXPECT_DOUBLE_EQ(w.speed[0], 1656.0 / 1750);
+  EXPECT_EQ(w.speed[1], 1.0);
+}
+
+TEST(WeighClocks, OneRankWithoutLastRun_SpeedsFromTheProfilesOfAll) {
+  // Mixing one GPU's sustained clock with another's burst clock would misjudge both.
+  const ClockWeights w = WeighClocks({{Clock(1960), Clock(1656)}, {Clock(1980), LoadClock()}});
+  ASSERT_TRUE(w.applied);
+  EXPECT_EQ(w.source, "profile");
+  EXPECT_DOUBLE_EQ(w.speed[0], 1960.0 / 1980);
+  EXPECT_DOUBLE_EQ(w.load_mhz[0], 1960);
+}
+
 TEST(WeighClocks, RankWithoutClock_ClockBlind) {
-  const ClockWeights w = WeighClocks({{Clock(1800), Clock(1800)}, {LoadClock(), LoadClock()}});
+  ClockWeights w = WeighClocks({{Clock(1800), Clock(1800)}, {LoadClock(), LoadClock()}});
   EXPECT_FALSE(w.applied);
   EXPECT_NE(w.why_not.find("rank 1"), std::string::npos) << w.why_not;
   EXPECT_EQ(w.speed, std::vector<double>({1.0, 1.0}));
   EXPECT_EQ(w.load_mhz, std::vector<double>({0.0, 0.0}));
+  // Last runs' clocks for every rank suffice, with the profiles left as measured.
+  w = WeighClocks({{LoadClock(), Clock(1620)}, {Clock(1800), Clock(1800)}});
+  ASSERT_TRUE(w.applied);
+  EXPECT_EQ(w.profile_scale, std::vector<double>({1.0, 1.0}));
+  EXPECT_DOUBLE_EQ(w.speed[0], 0.9);
 }
 
 }  // namespace

@@ -71,7 +71,8 @@ std::unique_ptr<TelemetrySampler> StartTelemetry(const JobSpec& job, const std::
   return std::make_unique<TelemetrySampler>(*std::move(monitor));
 }
 
-// What a worker registers with: its layer profile, and its GPU's SM clock under load (unset: unknown).
+// What a worker registers with: its layer profile, and its GPU's sustained SM clock under load in its
+// last run of this job (unset: none recorded).
 struct RegisteredProfile {
   LayerProfile profile;
   LoadClock load_clock;
@@ -80,8 +81,9 @@ struct RegisteredProfile {
 // The profile this worker registers with: measured (ProfileModel) only where the planner has a
 // partition to choose, and then read from the cache when an earlier run on this kind of device
 // measured the same model at the same micro-batch. GPU jobs with telemetry sample the GPU while the
-// profile runs: its clock goes with the costs (and into the cache with them), and is the GPU's clock
-// under load; with a cached profile that is this GPU's last run's, where one was recorded.
+// profile runs: its clock goes with the costs (and into the cache with them). The profile's bursts run
+// at boost clocks; what the GPU sustains under the job's load is its last run's clock, kept beside
+// the cache (KeepRunClock), sent with either profile where there is one.
 absl::StatusOr<RegisteredProfile> WorkerProfile(const JobSpec& job, const DeviceInfo& device) {
   const absl::Time start = absl::Now();
   if (!ProfileChoosesPartition(job) && !(job.pipeline().partition() == "auto" && job.profile_single_stage())) {
@@ -115,7 +117,11 @@ absl::StatusOr<RegisteredProfile> WorkerProfile(const JobSpec& job, const Device
   if (cached) {
     if (absl::Status s = WriteCachedProfile(dir, key, *p); !s.ok()) LOG(WARNING) << "profile cache: " << s.message();
   }
-  return RegisteredProfile{*p, p->clock()};
+  RegisteredProfile out{*std::move(p), {}};
+  if (cached) {
+    if (std::optional<LoadClock> c = ReadGpuClock(dir, key, device.uuid())) out.load_clock = *c;
+  }
+  return out;
 }
 
 absl::StatusOr<std::string> ReadSecret() {

@@ -2,7 +2,8 @@
 # Issue 19 on one GPU, through the bundle (tools/bundle //launcher:launcher //worker:worker; carry
 # dist/): gpt-1.3b, one stage, profiled (--profile_single_stage=true) so that the plan has a prediction.
 # Run "fresh" measures the profile with the GPU sampled meanwhile (its SM clock goes with the costs);
-# run "cached" reads that profile from the cache and this GPU's clock under load from run "fresh".
+# run "cached" reads that profile from the cache and this GPU's clock under load from run "fresh"
+# (kept beside the cache at the end of each run).
 # Prints the plan line, the end-of-run GPU lines (predicted against measured per rank) and
 # report.json's per-rank figures, then a short table. One GPU cannot show a clock-aware re-partition:
 # there is one rank, whose speed is the reference (1.0). About 30 s on one H200.
@@ -22,7 +23,10 @@ for name in fresh cached; do
   cp "$runs/$name/report.json" "$out/$name.report.json" 2>/dev/null || true
   cat "$runs/$name/rank0.log" >>"$out/$name.log" 2>/dev/null || true
 done
-ls -la "$XDG_CACHE_HOME/stagehand/profiles" >"$out/cache_listing.txt" 2>&1 || true
+{ ls -la "$XDG_CACHE_HOME/stagehand/profiles"
+  for f in "$XDG_CACHE_HOME"/stagehand/profiles/*.textproto; do  # the clocks, and each profile's head
+    echo "== $f"; grep -E '^#|sm_mhz|samples|source|power_capped' "$f" | cut -c1-200
+  done; } >"$out/cache_listing.txt" 2>&1 || true
 python3 - "$out" "$fail" <<'PY'
 import json, os, sys
 out, fail = sys.argv[1], int(sys.argv[2])
@@ -51,5 +55,6 @@ print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for n, p, m, pl, sm, cap, s in rows:
     d = f"{100 * (m / p - 1):+.1f}%" if p > 0 else "n/a"
     print(f"| {n} | {p:.1f} | {m:.1f} | {d} | {pl:.0f} | {sm:.0f} | {100 * cap:.0f}% | {s:.4f} |")
+print(open(os.path.join(out, "cache_listing.txt")).read())
 sys.exit(fail)
 PY
