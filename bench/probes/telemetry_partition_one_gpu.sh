@@ -37,7 +37,7 @@ for name in ("fresh", "cached"):
     text = open(log).read()
     print(f"--- {name}")
     for line in text.splitlines():
-        if ("SM clocks under load" in line or "clock-blind" in line or "profile:" in line or "GPU clock under load" in line
+        if ("SM clocks (" in line or "clock-blind" in line or "profile:" in line or "GPU clock under load" in line
                 or line.startswith(("stagehand: GPU:", "stagehand: predicted"))):
             print(line[:400])
     ok_line = "stagehand: GPU: rank 0: predicted" in text
