@@ -283,6 +283,7 @@ absl::Status CoordinatorState::RecordRegistration(const RegisterRequest& request
   slot.device = request.device();
   slot.profile = request.profile();
   slot.health = request.health();
+  slot.load_clock = request.load_clock();
   slot.registered_at = now;
   slot.last_heartbeat = now;
   slot.last_progress = now;

@@ -46,6 +46,7 @@ struct WorkerState {
   std::map<int, absl::Time> milestones;              // Milestone -> worker clock time
   LayerProfile profile;                              // GPT jobs: the model's costs on its device
   GpuHealth health;                                  // GPU jobs: its GPU's pre-flight readings
+  LoadClock load_clock;                              // GPU jobs with telemetry: its SM clock under load
   bool finished = false;
   bool ok = false;
   bool failed_before_stop = false;  // reported a failure while the job still ran: a candidate root cause
@@ -91,6 +92,10 @@ struct Partition {
   double predicted_step_ms = 0;  // the simulated step (with the replicas' all-reduce), for the report
   std::string predicted_from;    // "profile" (the workers' measurement), "estimate" (the family's), "": none
   std::vector<double> predicted_rank_bubble;  // per rank, the simulated idle fraction
+  // Per rank, from a measured profile (else empty): the simulated compute (forward + backward) per step,
+  // and the SM clock under load the partition weighed the rank at (0: clock-blind).
+  std::vector<double> predicted_compute_ms;
+  std::vector<double> planned_sm_mhz;
 };
 // Given every worker's registration (profiles included); an error stops the job with its message.
 using PartitionFn = std::function<absl::StatusOr<Partition>(const std::vector<WorkerState>&)>;

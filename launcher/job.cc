@@ -48,6 +48,7 @@ void ApplyDefaults(JobSpec& spec) {
   if (!spec.has_init_on_device()) spec.set_init_on_device(true);
   if (!spec.has_profile_cache()) spec.set_profile_cache(true);
   if (!spec.has_profile_single_stage()) spec.set_profile_single_stage(false);
+  if (!spec.has_partition_clocks()) spec.set_partition_clocks(true);
   Timeouts& t = *spec.mutable_timeouts();
   if (!t.has_register_ms()) t.set_register_ms(60000);
   if (!t.has_heartbeat_interval_ms()) t.set_heartbeat_interval_ms(kDefaultHeartbeatIntervalMs);  // liveness.h
@@ -117,6 +118,7 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.init_on_device) spec.set_init_on_device(*r.init_on_device);
   if (r.profile_cache) spec.set_profile_cache(*r.profile_cache);
   if (r.profile_single_stage) spec.set_profile_single_stage(*r.profile_single_stage);
+  if (r.partition_clocks) spec.set_partition_clocks(*r.partition_clocks);
   if (r.data_parallel) spec.set_data_parallel(*r.data_parallel);
   if (r.shard_optimizer) spec.set_shard_optimizer(*r.shard_optimizer);
   if (!r.layout.empty()) spec.set_layout(r.layout);

@@ -68,6 +68,7 @@ struct JobRequest {
   std::optional<bool> init_on_device;
   std::optional<bool> profile_cache;
   std::optional<bool> profile_single_stage;
+  std::optional<bool> partition_clocks;  // --partition_clocks: the partition weighs GPU clocks
   // Data parallelism and the layout (launcher/layout.h).
   std::optional<int> data_parallel;
   std::optional<bool> shard_optimizer;

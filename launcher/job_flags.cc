@@ -79,6 +79,10 @@ ABSL_FLAG(bool, profile_cache, true,
           "$XDG_CACHE_HOME/stagehand/profiles (default ~/.cache/...); false: measure it every run");
 ABSL_FLAG(bool, profile_single_stage, false,
           "profile the model's layers even when the job has one stage and so no partition to choose");
+ABSL_FLAG(bool, partition_clocks, true,
+          "--partition=auto on GPUs with telemetry weighs each GPU's SM clock under load (time ~ 1/clock): a GPU "
+          "that runs slower gets less work; the end of the run puts each rank's predicted compute beside the "
+          "measured (false: every rank priced at the mean profile)");
 ABSL_FLAG(int, data_parallel, -1,
           "replicas of the pipeline (workers = --pipeline_stages x this; default: workers / stages); each "
           "stage's gradients are averaged over its replicas in buckets, beside the last backward");
@@ -186,6 +190,7 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.init_on_device = Given(p, "init_on_device", FLAGS_init_on_device);
   j.profile_cache = Given(p, "profile_cache", FLAGS_profile_cache);
   j.profile_single_stage = Given(p, "profile_single_stage", FLAGS_profile_single_stage);
+  j.partition_clocks = Given(p, "partition_clocks", FLAGS_partition_clocks);
   j.data_parallel = Given(p, "data_parallel", FLAGS_data_parallel);
   j.shard_optimizer = Given(p, "shard_optimizer", FLAGS_shard_optimizer);
   j.layout = absl::GetFlag(FLAGS_layout);

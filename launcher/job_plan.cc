@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/text_format.h"
 #include "launcher/layout.h"
+#include "launcher/plan_clocks.h"
 #include "launcher/planner.h"
 #include "models/registry.h"
 #include "schedule/schedule_proto.h"
@@ -94,7 +95,9 @@ double ReplicaGbps(const JobSpec& job) {
 // The simulator's costs: each stage's forward and backward time from the layers it holds (a split
 // backward's W taken as half of it, as layout.h does), the transfers between stages (a stage's fp32
 // hidden states per micro-batch at the device kind's bandwidth), and AdamW's step for the fullest rank.
-StageCosts CostsOf(const JobSpec& job, const Schedule& schedule, const Plan& plan, const std::vector<LayerCost>& layers) {
+// Each stage's compute is at its device's speed (`speed` empty: 1 each).
+StageCosts CostsOf(const JobSpec& job, const Schedule& schedule, const Plan& plan, const std::vector<LayerCost>& layers,
+                   const std::vector<double>& speed = {}) {
   const DeviceFigures figures = FiguresFor(job.device() == "cuda");
   StageCosts c;
   c.overlap_communication = job.device() == "cuda";
@@ -108,8 +111,9 @@ StageCosts CostsOf(const JobSpec& job, const Schedule& schedule, const Plan& pla
       b += layers[layer].backward_ms();
       params += layers[layer].param_bytes();
     }
-    c.forward.push_back(f);
-    c.backward.push_back(b);
+    const double speed_v = v < speed.size() ? speed[v] : 1.0;
+    c.forward.push_back(f / speed_v);
+    c.backward.push_back(b / speed_v);
     if (v < schedule.stage_rank.size()) rank_params[schedule.stage_rank[v]] += params;
   }
   const ModelSpec& m = job.model_spec();
@@ -179,17 +183,23 @@ std::string Describe(const JobSpec& job, const Schedule& schedule, const Plan& p
   return out;
 }
 
-// The mean of the workers' profiles; a built-in family's estimate when none profiled; equal costs for a
-// user's family that reported only its layer count.
-std::vector<LayerCost> Costs(const JobSpec& job, const std::vector<WorkerState>& workers, bool* profiled) {
+// The mean of the workers' profiles, each rescaled by `scale` (its clock over the reference clock:
+// 1 when clock-blind) to the reference clock; a built-in family's estimate when none profiled; equal
+// costs for a user's family that reported only its layer count.
+std::vector<LayerCost> Costs(const JobSpec& job, const std::vector<WorkerState>& workers,
+                             const std::vector<double>& scale, bool* profiled) {
   std::vector<LayerCost> mean(workers[0].profile.layers().begin(), workers[0].profile.layers().end());
   *profiled = !mean.empty() && (mean[0].forward_ms() > 0 || mean[0].backward_ms() > 0);
   if (*profiled) {
+    for (LayerCost& c : mean) {
+      c.set_forward_ms(c.forward_ms() * scale[0]);
+      c.set_backward_ms(c.backward_ms() * scale[0]);
+    }
     for (size_t w = 1; w < workers.size(); ++w) {
       for (int i = 0; i < static_cast<int>(mean.size()) && i < workers[w].profile.layers_size(); ++i) {
         const LayerCost& c = workers[w].profile.layers(i);
-        mean[i].set_forward_ms(mean[i].forward_ms() + c.forward_ms());
-        mean[i].set_backward_ms(mean[i].backward_ms() + c.backward_ms());
+        mean[i].set_forward_ms(mean[i].forward_ms() + c.forward_ms() * scale[w]);
+        mean[i].set_backward_ms(mean[i].backward_ms() + c.backward_ms() * scale[w]);
       }
     }
     for (LayerCost& c : mean) {
@@ -461,7 +471,8 @@ PartitionFn Partitioner(const JobSpec& job) {
     absl::StatusOr<Schedule> schedule = JobSchedule(job);
     if (!schedule.ok()) return schedule.status();
     bool profiled = false;
-    const std::vector<LayerCost> costs = Costs(job, workers, &profiled);
+    const ClockWeights clocks = RankClocks(job, workers);
+    const std::vector<LayerCost> costs = Costs(job, workers, clocks.profile_scale, &profiled);
     if (static_cast<int>(costs.size()) < schedule->num_stages) {
       return Invalid(absl::StrCat(schedule->num_stages, " stages but the model has only ", costs.size(),
                                   " pipeline layers; use fewer stages"));
@@ -473,11 +484,15 @@ PartitionFn Partitioner(const JobSpec& job) {
       for (const WorkerState& w : workers) rank_memory.push_back(w.device.free_bytes() * 9 / 10);
     }
     const std::vector<int64_t> memory = StageMemory(*schedule, rank_memory);
-    absl::StatusOr<Plan> plan = MakePlan(job, MakePlanRequest(job, *schedule, *uniform, costs, memory));
+    PlanRequest request = MakePlanRequest(job, *schedule, *uniform, costs, memory);
+    request.stage_speed = StageSpeeds(job, *schedule, clocks);  // empty when clock-blind: as before
+    absl::StatusOr<Plan> plan = MakePlan(job, request);
     if (!plan.ok()) return plan.status();
-    absl::StatusOr<SimulationResult> predicted = Simulate(*schedule, CostsOf(job, *schedule, *plan, costs));
+    absl::StatusOr<SimulationResult> predicted =
+        Simulate(*schedule, CostsOf(job, *schedule, *plan, costs, request.stage_speed));
     if (!predicted.ok()) return predicted.status();
-    Partition out{plan->layers_per_stage, Describe(job, *schedule, *plan, costs, profiled, *predicted), {}};
+    Partition out{plan->layers_per_stage,
+                  absl::StrCat(Describe(job, *schedule, *plan, costs, profiled, *predicted), ClockText(job, clocks)), {}};
     // From the workers' measured profile, else from a built-in family's estimate (made for its GPUs:
     // the report says which); a user's family without either predicts nothing.
     out.predicted_from = profiled ? "profile" : FindBuiltinModel(job.model()) != nullptr ? "estimate" : "";
@@ -487,6 +502,7 @@ PartitionFn Partitioner(const JobSpec& job) {
         for (double b : predicted->bubble) out.predicted_rank_bubble.push_back(b);
       }
     }
+    if (profiled) FillRankPredictions(job, *schedule, *predicted, request.stage_speed, clocks, out);
     if (job.data_parallel() > 1) {
       AddReplicas(job, *schedule, *plan, costs, out);
     } else {

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_join.h"
 #include "models/registry.h"
 #include "schedule/schedule_proto.h"
 
@@ -244,6 +245,120 @@ TEST(FailureGrid, MarksTheFailedActionInTheWholeSchedule) {
   ASSERT_TRUE(grid.ok()) << grid.status();
   EXPECT_THAT(*grid, HasSubstr("[1B0]"));
   EXPECT_THAT(*grid, HasSubstr("0F0"));  // rank 0's row is there too
+}
+
+// --- The clock-aware partition (issue 19): fake GPUs whose profiles carry their SM clocks. ---
+
+JobSpec GpuJob(int stages) {
+  JobSpec job;
+  job.set_model("gpt-1.3b");
+  job.set_device("cuda");
+  job.set_workers(stages);
+  *job.mutable_model_spec() = *FindBuiltinModel("gpt-1.3b")->Resolve("gpt-1.3b", {});
+  PipelineSpec& p = *job.mutable_pipeline();
+  p.set_stages(stages);
+  p.set_schedule("1f1b");
+  p.set_micro_batches(8);
+  p.set_global_batch(32);
+  p.set_partition("auto");
+  return job;
+}
+
+LoadClock Clock(double mhz, const std::string& source = "profile") {
+  LoadClock c;
+  c.set_sm_mhz(mhz);
+  c.set_samples(20);
+  c.set_source(source);
+  return c;
+}
+
+// A worker per entry of `profile_mhz`: its profile is the estimate at `reference_mhz` measured at that
+// clock (time ~ 1/clock) when `fresh`, else the same profile for all (a cache's, measured at
+// reference_mhz); its clock under load is `load_mhz`.
+std::vector<WorkerState> GpuWorkers(const JobSpec& job, const std::vector<double>& load_mhz, bool fresh,
+                                    double reference_mhz = 1800) {
+  std::vector<WorkerState> out(load_mhz.size());
+  const LayerProfile estimate = FindBuiltinModel("gpt-1.3b")->Estimate(job.model_spec(), 4);
+  for (size_t r = 0; r < out.size(); ++r) {
+    WorkerState& w = out[r];
+    w.device.set_free_bytes(int64_t{140} << 30);
+    w.profile = estimate;
+    const double measured_at = fresh ? load_mhz[r] : reference_mhz;
+    for (LayerCost& c : *w.profile.mutable_layers()) {
+      c.set_forward_ms(c.forward_ms() * reference_mhz / measured_at);
+      c.set_backward_ms(c.backward_ms() * reference_mhz / measured_at);
+    }
+    *w.profile.mutable_clock() = Clock(measured_at);
+    w.load_clock = Clock(load_mhz[r], fresh ? "profile" : "last run");
+  }
+  return out;
+}
+
+std::string Counts(const Partition& p) {
+  return absl::StrJoin(p.layers_per_stage, "/");
+}
+
+TEST(Partitioner, EqualClocks_GiveTheClockBlindPartitionExactly) {
+  JobSpec job = GpuJob(2);
+  const std::vector<WorkerState> workers = GpuWorkers(job, {1834.5, 1834.5}, /*fresh=*/true);
+  absl::StatusOr<Partition> weighed = Partitioner(job)(workers);
+  job.set_partition_clocks(false);
+  absl::StatusOr<Partition> blind = Partitioner(job)(workers);
+  ASSERT_TRUE(weighed.ok() && blind.ok()) << weighed.status() << blind.status();
+  EXPECT_EQ(weighed->layers_per_stage, blind->layers_per_stage);
+  EXPECT_EQ(weighed->predicted_step_ms, blind->predicted_step_ms);
+  EXPECT_EQ(weighed->predicted_compute_ms, blind->predicted_compute_ms);
+  EXPECT_THAT(weighed->description, HasSubstr("SM clocks (each GPU's last run, time ~ 1/clock): rank 0 1834 MHz, rank 1 1834 MHz"));
+  EXPECT_THAT(blind->description, HasSubstr("clock-blind: --partition_clocks=false"));
+  EXPECT_EQ(blind->planned_sm_mhz, (std::vector<double>{0, 0}));
+}
+
+// Rank 0 at 90% of rank 1's clock: it gets less work, and the step predicted at those speeds beats the
+// clock-blind split's at the same speeds (run as an explicit partition, priced at the clocks).
+void ExpectSlowRankGetsLess(const std::vector<WorkerState>& workers) {
+  JobSpec job = GpuJob(2);
+  absl::StatusOr<Partition> weighed = Partitioner(job)(workers);
+  ASSERT_TRUE(weighed.ok()) << weighed.status();
+  JobSpec blind_job = job;
+  blind_job.set_partition_clocks(false);
+  absl::StatusOr<Partition> blind = Partitioner(blind_job)(workers);
+  ASSERT_TRUE(blind.ok()) << blind.status();
+  EXPECT_LT(weighed->layers_per_stage[0], blind->layers_per_stage[0])
+      << Counts(*weighed) << " vs " << Counts(*blind);
+  job.mutable_pipeline()->set_partition(Counts(*blind).replace(Counts(*blind).find('/'), 1, ","));
+  absl::StatusOr<Partition> blind_at_speed = Partitioner(job)(workers);
+  ASSERT_TRUE(blind_at_speed.ok()) << blind_at_speed.status();
+  EXPECT_LT(weighed->predicted_step_ms, blind_at_speed->predicted_step_ms);
+  EXPECT_EQ(weighed->planned_sm_mhz, (std::vector<double>{1620, 1800}));
+  ASSERT_EQ(weighed->predicted_compute_ms.size(), 2u);
+  EXPECT_GT(weighed->predicted_compute_ms[0], 0);
+}
+
+TEST(Partitioner, RankAtNinetyPercentClock_FreshProfiles_GetsLessWork) {
+  ExpectSlowRankGetsLess(GpuWorkers(GpuJob(2), {1620, 1800}, /*fresh=*/true));
+}
+
+TEST(Partitioner, RankAtNinetyPercentClock_OneCachedProfile_GetsLessWork) {
+  ExpectSlowRankGetsLess(GpuWorkers(GpuJob(2), {1620, 1800}, /*fresh=*/false));
+}
+
+TEST(Partitioner, RankWithoutClock_IsClockBlindAndSaysWhy) {
+  const JobSpec job = GpuJob(2);
+  std::vector<WorkerState> workers = GpuWorkers(job, {1620, 1800}, /*fresh=*/false);
+  workers[1].profile.clear_clock();
+  workers[1].load_clock.Clear();
+  absl::StatusOr<Partition> p = Partitioner(job)(workers);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->description, HasSubstr("clock-blind: rank 1 measured its profile without an SM clock reading"));
+  EXPECT_EQ(p->planned_sm_mhz, (std::vector<double>{0, 0}));
+}
+
+TEST(Partitioner, CpuJob_DescriptionSaysNothingOfClocks) {
+  const JobSpec job = TinyJob(2, "1f1b", 4);
+  absl::StatusOr<Partition> p = Partitioner(job)(Profiled(job, 2));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->description, ::testing::Not(HasSubstr("clock")));
+  EXPECT_EQ(p->predicted_compute_ms.size(), 2u);
 }
 
 }  // namespace

@@ -91,6 +91,10 @@ RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& superv
   for (const RankLedger& l : supervisor.Ledger()) {
     if (l.first_step) in.launch_to_first_step_seconds = std::max(in.launch_to_first_step_seconds, absl::ToDoubleSeconds(*l.first_step));
   }
+  if (std::optional<Partition> p = state.partition()) {
+    in.predicted_compute_ms = p->predicted_compute_ms;
+    in.planned_sm_mhz = p->planned_sm_mhz;
+  }
   RunReport report = BuildReport(in);
   if (std::optional<Partition> p = state.partition()) {
     report.set_predicted_step_seconds(p->predicted_step_ms / 1e3);
@@ -396,6 +400,7 @@ JobRunEnd JobRun::Finish(int first_signal) {
   const JobSpec& spec = state_.job();  // several hosts: the whole job's
   if (IsModelJob(state_.job()) && end.report.step_seconds() > 0) listener_->Text(SummaryLine(end.report, state_.Steps(), gpu));
   if (const std::string line = GpuSummaryLine(end.report); !line.empty()) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
+  for (const std::string& line : PredictedVsMeasuredLines(end.report)) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
   if (code == kExitSuccess && !spec.export_dir().empty()) {
     listener_->Text(absl::StrCat("stagehand: weights exported to ", spec.export_dir(), "\n"));
   } else if (!spec.export_dir().empty()) {

@@ -62,7 +62,16 @@ absl::Status ValidateRequest(const PlanRequest& r) {
         "in_flight lists %d entries but there are %d stages; give one per stage, or none for 1 each",
         r.in_flight.size(), r.stages));
   }
+  if (!r.stage_speed.empty() && static_cast<int>(r.stage_speed.size()) != r.stages) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stage_speed lists %d entries but there are %d stages; give one per stage, or none for 1 each",
+        r.stage_speed.size(), r.stages));
+  }
   for (int s = 0; s < r.stages; ++s) {
+    if (!r.stage_speed.empty() && !(r.stage_speed[s] > 0 && std::isfinite(r.stage_speed[s]))) {
+      return absl::InvalidArgumentError(absl::StrFormat("stage %d has speed %g; every speed must be > 0", s,
+                                                        r.stage_speed[s]));
+    }
     if (!r.memory_bytes.empty() && r.memory_bytes[s] < 0) {
       return absl::InvalidArgumentError(absl::StrFormat("stage %d has negative memory_bytes", s));
     }
@@ -92,15 +101,17 @@ class CostModel {
 
   int layers() const { return static_cast<int>(r_.layers.size()); }
   int stages() const { return r_.stages; }
-  double Ms(int begin, int end) const { return ms_[end] - ms_[begin]; }
+  // At stage s's speed; a speed of exactly 1 divides exactly, so unweighted plans are unchanged.
+  double Ms(int s, int begin, int end) const { return (ms_[end] - ms_[begin]) / Speed(s); }
   // Summed layer by layer: the reported time then matches a hand sum, free of prefix-sum rounding.
-  double ExactMs(int begin, int end) const {
+  double ExactMs(int s, int begin, int end) const {
     double ms = 0;
     for (int i = begin; i < end; ++i) {
       ms += r_.layers[i].forward_ms + (r_.forward_only ? 0 : r_.layers[i].backward_ms);
     }
-    return ms;
+    return ms / Speed(s);
   }
+  double Speed(int s) const { return r_.stage_speed.empty() ? 1.0 : r_.stage_speed[s]; }
 
   int64_t Bytes(int s, int begin, int end) const {
     int64_t params = params_[end] - params_[begin];
@@ -171,7 +182,7 @@ Plan Price(const CostModel& m, const std::vector<int>& counts) {
   int begin = 0;
   for (int s = 0; s < static_cast<int>(counts.size()); ++s) {
     const int end = begin + counts[s];
-    plan.stage_ms.push_back(m.ExactMs(begin, end));
+    plan.stage_ms.push_back(m.ExactMs(s, begin, end));
     plan.stage_bytes.push_back(m.Bytes(s, begin, end));
     plan.bottleneck_ms = std::max(plan.bottleneck_ms, plan.stage_ms.back());
     begin = end;
@@ -250,7 +261,7 @@ absl::Status ValidateCounts(const PlanRequest& r, const std::vector<int>& counts
 absl::StatusOr<Plan> PlanBalanced(const PlanRequest& request) {
   if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
   const CostModel m(request);
-  const StageCost time = [&m](int s, int b, int e) { return m.Fits(s, b, e) ? m.Ms(b, e) : kInf; };
+  const StageCost time = [&m](int s, int b, int e) { return m.Fits(s, b, e) ? m.Ms(s, b, e) : kInf; };
   const auto best = SuffixMinMax(m.stages(), m.layers(), time);
   if (best[0][0] == kInf) return ExplainNoFit(m);
   return Price(m, Reconstruct(best, time));

@@ -27,11 +27,14 @@ struct PlanRequest {
   // for GPipe all of them; the planner takes this vector as given (one entry per stage).
   std::vector<int> in_flight;
   bool forward_only = false;              // inference: forward time only, no gradients or optimizer state
+  // Each stage's device speed relative to the one the layer costs are for (1: as fast; 0.9: a GPU at
+  // 90% of the clock takes 1/0.9 of the time), so that a slower GPU gets less work. Empty: 1 each.
+  std::vector<double> stage_speed;
 };
 
 struct Plan {
   std::vector<int> layers_per_stage;      // sums to layers.size(); every entry >= 1
-  std::vector<double> stage_ms;           // forward (+ backward) time of each stage
+  std::vector<double> stage_ms;           // forward (+ backward) time of each stage, at its device's speed
   std::vector<int64_t> stage_bytes;       // memory estimate of each stage
   double bottleneck_ms = 0;               // the slowest stage
 };

@@ -422,3 +422,69 @@ TEST(PlannerTest, PlanExplicit_OverMemory_IsResourceExhausted) {
 
 }  // namespace
 }  // namespace stagehand
+
+namespace stagehand {
+namespace {
+
+// --- Clock-aware partitions: each stage's device speed (telemetry/clock_model.h, time ~ 1/clock). ---
+
+TEST(PlannerTest, PlanBalanced_EqualSpeeds_ExactlyTheUnweightedPlan) {
+  std::mt19937 rng(19);
+  for (int i = 0; i < 50; ++i) {
+    const int layers = Uniform(rng, 2, 30);
+    PlanRequest r = RandomRequest(rng, layers, Uniform(rng, 1, std::min(layers, 5)), i % 2 == 0);
+    absl::StatusOr<Plan> blind = PlanBalanced(r);
+    r.stage_speed.assign(r.stages, 1.0);
+    absl::StatusOr<Plan> weighted = PlanBalanced(r);
+    ASSERT_EQ(blind.ok(), weighted.ok());
+    if (!blind.ok()) continue;
+    EXPECT_EQ(weighted->layers_per_stage, blind->layers_per_stage);
+    EXPECT_EQ(weighted->stage_ms, blind->stage_ms);  // bit for bit
+    EXPECT_EQ(weighted->bottleneck_ms, blind->bottleneck_ms);
+  }
+}
+
+TEST(PlannerTest, PlanBalanced_StageAtNinetyPercent_GetsLessWorkAndABetterBottleneck) {
+  PlanRequest r = Request(ReferenceModel(), 2);
+  const absl::StatusOr<Plan> blind = PlanBalanced(r);
+  ASSERT_TRUE(blind.ok()) << blind.status();
+  r.stage_speed = {0.9, 1.0};
+  const absl::StatusOr<Plan> weighted = PlanBalanced(r);
+  ASSERT_TRUE(weighted.ok()) << weighted.status();
+  EXPECT_LT(weighted->layers_per_stage[0], blind->layers_per_stage[0]);
+  // The clock-blind split, priced at the same speeds, is slower than the clock-aware one.
+  const absl::StatusOr<Plan> blind_at_speed = PlanExplicit(r, blind->layers_per_stage);
+  ASSERT_TRUE(blind_at_speed.ok());
+  EXPECT_LT(weighted->bottleneck_ms, blind_at_speed->bottleneck_ms);
+  // Stage 0's time is its layers' time over its speed.
+  EXPECT_NEAR(weighted->stage_ms[0], StageMs(r, 0, weighted->layers_per_stage[0]) / 0.9, kTol);
+}
+
+TEST(PlannerTest, PlanBalanced_RandomSpeeds_MatchesBruteForce) {
+  std::mt19937 rng(1919);
+  for (int i = 0; i < 100; ++i) {
+    const int layers = Uniform(rng, 2, 9);
+    PlanRequest r = RandomRequest(rng, layers, Uniform(rng, 1, std::min(layers, 4)), /*limited=*/false);
+    std::uniform_real_distribution<double> speed(0.7, 1.0);
+    for (int s = 0; s < r.stages; ++s) r.stage_speed.push_back(speed(rng));
+    const absl::StatusOr<Plan> plan = PlanBalanced(r);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::optional<std::vector<int>> expected =
+        BruteForceBest(r, [&r](int s, int b, int e) { return StageMs(r, b, e) / r.stage_speed[s]; });
+    ASSERT_TRUE(expected.has_value());
+    EXPECT_NEAR(plan->bottleneck_ms,
+                Worst(*expected, [&r](int s, int b, int e) { return StageMs(r, b, e) / r.stage_speed[s]; }), 1e-9);
+  }
+}
+
+TEST(PlannerTest, PlanBalanced_BadSpeeds_AreInvalidArgument) {
+  PlanRequest r = Request(ReferenceModel(), 2);
+  r.stage_speed = {1.0};
+  EXPECT_THAT(PlanBalanced(r).status().message(), HasSubstr("stage_speed lists 1 entries but there are 2 stages"));
+  r.stage_speed = {1.0, 0.0};
+  EXPECT_THAT(PlanBalanced(r).status().message(), HasSubstr("stage 1 has speed 0"));
+  EXPECT_EQ(PlanUniform(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace stagehand

@@ -192,6 +192,10 @@ RankReport BuildRank(int rank, const Reports& all, const Reports& timed, const R
   if (rank < static_cast<int>(input.health.size()) && !input.health[rank].uuid().empty()) {
     *out.mutable_health() = input.health[rank];
   }
+  if (rank < static_cast<int>(input.predicted_compute_ms.size())) {
+    out.set_predicted_compute_ms(input.predicted_compute_ms[rank]);
+  }
+  if (rank < static_cast<int>(input.planned_sm_mhz.size())) out.set_planned_sm_mhz(input.planned_sm_mhz[rank]);
   return out;
 }
 
@@ -454,6 +458,34 @@ std::string GpuSummaryLine(const RunReport& report) {
   absl::StrAppend(&line, absl::StrFormat("; %.0f W mean of %.0f W, %.0f C max", t.power_w_mean(), t.power_limit_w(),
                                          t.temperature_c_max()));
   return line;
+}
+
+std::vector<std::string> PredictedVsMeasuredLines(const RunReport& report) {
+  std::vector<const RankReport*> gpus;
+  for (const RankReport& r : report.ranks()) {
+    if (r.has_telemetry() && r.telemetry().sm_mhz_mean() > 0) gpus.push_back(&r);
+  }
+  std::vector<std::string> lines;
+  for (const RankReport* r : gpus) {
+    const double measured = r->forward_ms() + r->backward_ms();
+    if (r->predicted_compute_ms() <= 0 || measured <= 0) continue;
+    std::string line = absl::StrFormat(
+        "rank %d: predicted %.1f ms, measured %.1f ms (%+.1f%%) of forward + backward per step, SM clock %.0f MHz mean",
+        r->rank(), r->predicted_compute_ms(), measured, 100 * (measured / r->predicted_compute_ms() - 1),
+        r->telemetry().sm_mhz_mean());
+    const RankReport* fastest = nullptr;
+    for (const RankReport* o : gpus) {
+      if (o != r && (fastest == nullptr || o->telemetry().sm_mhz_mean() > fastest->telemetry().sm_mhz_mean())) fastest = o;
+    }
+    if (fastest != nullptr) {
+      absl::StrAppend(&line, absl::StrFormat(" vs rank %d's %.0f MHz", fastest->rank(), fastest->telemetry().sm_mhz_mean()));
+    }
+    absl::StrAppend(&line, r->planned_sm_mhz() > 0
+                               ? absl::StrFormat(" (the partition weighed it at %.0f MHz)", r->planned_sm_mhz())
+                               : std::string(" (clock-blind partition)"));
+    lines.push_back(std::move(line));
+  }
+  return lines;
 }
 
 absl::StatusOr<std::string> ReportJson(const RunReport& report) {

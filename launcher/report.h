@@ -30,6 +30,10 @@ struct ReportInput {
   int64_t warmup_steps = 0;              // steps left out of the means (min(3, steps - 1) by default)
   double launch_to_first_step_seconds = 0;
   std::vector<GpuHealth> health;         // per rank: its GPU's pre-flight readings (empty for CPU runs)
+  // Per rank, from the partition (empty: no measured profile): its predicted compute per step and the
+  // SM clock the partition weighed it at (0: clock-blind).
+  std::vector<double> predicted_compute_ms;
+  std::vector<double> planned_sm_mhz;
 };
 
 // Aggregates: steps done (every rank reported them), step time (the rank holding the loss, else the slowest rank), tokens/s, TFLOP/s, MFU,
@@ -60,6 +64,13 @@ const std::vector<std::string>& GpuCounterNames();
 //   "rank 0 is the slowest: power-capped 38% of the time, SM clock 1752 MHz mean vs rank 1's 1841 MHz"
 // "" when no rank reported telemetry.
 std::string GpuSummaryLine(const RunReport& report);
+
+// Below it, one line per GPU rank with a prediction and measured compute: the plan's compute per step
+// (forward + backward) beside the measured, and the clock it ran at against the partition's:
+//   "rank 0: predicted 412.0 ms, measured 421.0 ms (+2.2%) of forward + backward per step, SM clock
+//    1752 MHz mean vs rank 1's 1841 MHz (the partition weighed it at 1760 MHz)"
+// Empty for CPU runs, without timing or without a measured profile.
+std::vector<std::string> PredictedVsMeasuredLines(const RunReport& report);
 
 }  // namespace stagehand
 

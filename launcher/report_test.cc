@@ -603,5 +603,42 @@ TEST(GpuSummaryLine, NoTiming_LowestClockIsTheSlowest) {
   *report.add_ranks() = GpuRank(1, 0, 1700, 0.5);
   EXPECT_THAT(GpuSummaryLine(report), HasSubstr("rank 1 is the slowest: power-capped 50% of the time"));
 }
+
+TEST(PredictedVsMeasuredLines, TwoRanks_EachBesideItsMeasuredComputeAndClock) {
+  RunReport report;
+  *report.add_ranks() = GpuRank(0, 421, 1752, 0.38);
+  report.mutable_ranks(0)->set_predicted_compute_ms(412);
+  report.mutable_ranks(0)->set_planned_sm_mhz(1760);
+  *report.add_ranks() = GpuRank(1, 400, 1841, 0);
+  report.mutable_ranks(1)->set_predicted_compute_ms(410);
+  EXPECT_THAT(PredictedVsMeasuredLines(report),
+              testing::ElementsAre("rank 0: predicted 412.0 ms, measured 421.0 ms (+2.2%) of forward + backward per step, SM "
+                          "clock 1752 MHz mean vs rank 1's 1841 MHz (the partition weighed it at 1760 MHz)",
+                          "rank 1: predicted 410.0 ms, measured 400.0 ms (-2.4%) of forward + backward per step, SM "
+                          "clock 1841 MHz mean vs rank 0's 1752 MHz (clock-blind partition)"));
+}
+
+TEST(PredictedVsMeasuredLines, NoPredictionOrNoTiming_NoLine) {
+  RunReport report;
+  *report.add_ranks() = GpuRank(0, 421, 1752, 0);  // no prediction (a one-stage job without a profile)
+  *report.add_ranks() = GpuRank(1, 0, 1841, 0);    // timing off
+  report.mutable_ranks(1)->set_predicted_compute_ms(410);
+  EXPECT_TRUE(PredictedVsMeasuredLines(report).empty());
+}
+
+TEST(BuildReport, PartitionPredictions_PerRankInReportJson) {
+  ReportInput in = TwoRankRun();
+  in.predicted_compute_ms = {12.5, 11.25};
+  in.planned_sm_mhz = {0, 0};
+  const RunReport r = BuildReport(in);
+  ASSERT_EQ(r.ranks_size(), 2);
+  EXPECT_DOUBLE_EQ(r.ranks(0).predicted_compute_ms(), 12.5);
+  EXPECT_DOUBLE_EQ(r.ranks(1).predicted_compute_ms(), 11.25);
+  const absl::StatusOr<std::string> json = ReportJson(r);
+  ASSERT_TRUE(json.ok());
+  EXPECT_THAT(*json, HasSubstr("\"predicted_compute_ms\": 12.5"));
+  EXPECT_TRUE(PredictedVsMeasuredLines(r).empty());  // CPU ranks: no GPU line
+}
+
 }  // namespace
 }  // namespace stagehand

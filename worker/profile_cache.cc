@@ -22,7 +22,8 @@ namespace stagehand {
 namespace {
 
 // Bumped whenever ProfileModel measures differently, so that old files are not reused.
-constexpr char kMethodVersion[] = "profile-v1";
+// v2: the profile carries the SM clock it was measured at (LayerProfile.clock).
+constexpr char kMethodVersion[] = "profile-v2";
 
 uint64_t Fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ULL;
@@ -73,7 +74,11 @@ std::string DefaultProfileCacheDir() {
   return "";
 }
 
-std::optional<LayerProfile> ReadCachedProfile(const std::string& dir, const std::string& key) {
+namespace {
+
+// The message stored under `key` (the file's first line names it), or nullopt.
+template <typename Message>
+std::optional<Message> ReadKeyed(const std::string& dir, const std::string& key) {
   if (dir.empty()) return std::nullopt;
   std::ifstream in(PathFor(dir, key));
   if (!in) return std::nullopt;
@@ -81,18 +86,16 @@ std::optional<LayerProfile> ReadCachedProfile(const std::string& dir, const std:
   if (!std::getline(in, first) || first != absl::StrCat("# ", key)) return std::nullopt;  // another key's
   std::stringstream rest;
   rest << in.rdbuf();
-  LayerProfile profile;
-  if (!google::protobuf::TextFormat::ParseFromString(rest.str(), &profile) || profile.layers_size() == 0) {
-    return std::nullopt;
-  }
-  return profile;
+  Message m;
+  if (!google::protobuf::TextFormat::ParseFromString(rest.str(), &m)) return std::nullopt;
+  return m;
 }
 
-absl::Status WriteCachedProfile(const std::string& dir, const std::string& key, const LayerProfile& profile) {
+absl::Status WriteKeyed(const std::string& dir, const std::string& key, const google::protobuf::Message& m) {
   if (dir.empty()) return absl::FailedPreconditionError("no cache directory: neither XDG_CACHE_HOME nor HOME is set");
   if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
   std::string text;
-  google::protobuf::TextFormat::PrintToString(profile, &text);
+  google::protobuf::TextFormat::PrintToString(m, &text);
   const std::string path = PathFor(dir, key);
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   {
@@ -106,6 +109,31 @@ absl::Status WriteCachedProfile(const std::string& dir, const std::string& key, 
     return absl::InternalError(absl::StrCat("rename ", tmp, " to ", path, ": ", error));
   }
   return absl::OkStatus();
+}
+
+std::string ClockKey(const std::string& key, const std::string& uuid) { return absl::StrCat(key, " clock gpu=", uuid); }
+
+}  // namespace
+
+std::optional<LayerProfile> ReadCachedProfile(const std::string& dir, const std::string& key) {
+  std::optional<LayerProfile> profile = ReadKeyed<LayerProfile>(dir, key);
+  if (!profile || profile->layers_size() == 0) return std::nullopt;
+  return profile;
+}
+
+absl::Status WriteCachedProfile(const std::string& dir, const std::string& key, const LayerProfile& profile) {
+  return WriteKeyed(dir, key, profile);
+}
+
+std::optional<LoadClock> ReadGpuClock(const std::string& dir, const std::string& key, const std::string& uuid) {
+  std::optional<LoadClock> clock = ReadKeyed<LoadClock>(dir, ClockKey(key, uuid));
+  if (!clock || clock->samples() <= 0 || !(clock->sm_mhz() > 0)) return std::nullopt;
+  return clock;
+}
+
+absl::Status WriteGpuClock(const std::string& dir, const std::string& key, const std::string& uuid,
+                           const LoadClock& clock) {
+  return WriteKeyed(dir, ClockKey(key, uuid), clock);
 }
 
 }  // namespace stagehand

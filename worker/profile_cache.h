@@ -30,6 +30,13 @@ std::optional<LayerProfile> ReadCachedProfile(const std::string& dir, const std:
 // so a concurrent reader sees the old file or the new one). An error says what failed; the job goes on.
 absl::Status WriteCachedProfile(const std::string& dir, const std::string& key, const LayerProfile& profile);
 
+// This GPU's SM clock under load in its last run of a job with the same `key` (the clock-aware
+// partition's speed for a rank whose profile came from the cache, measured on another GPU or at
+// another time), kept beside the profiles, one small file per (key, GPU uuid). nullopt: none.
+std::optional<LoadClock> ReadGpuClock(const std::string& dir, const std::string& key, const std::string& uuid);
+absl::Status WriteGpuClock(const std::string& dir, const std::string& key, const std::string& uuid,
+                           const LoadClock& clock);
+
 }  // namespace stagehand
 
 #endif  // STAGEHAND_WORKER_PROFILE_CACHE_H_

@@ -98,5 +98,38 @@ TEST(ProfileCache, FileOfAnotherKey_IsNotRead) {
   EXPECT_FALSE(ReadCachedProfile("", key).has_value());
 }
 
+TEST(ProfileCache, ProfileWithItsClock_RoundTrips) {
+  const std::string dir = TempDir() + "/d";
+  LayerProfile p;
+  p.add_layers()->set_forward_ms(1);
+  p.mutable_clock()->set_sm_mhz(1755.5);
+  p.mutable_clock()->set_samples(12);
+  const std::string key = ProfileCacheKey(OneStageJob(), H200());
+  ASSERT_TRUE(WriteCachedProfile(dir, key, p).ok());
+  std::optional<LayerProfile> back = ReadCachedProfile(dir, key);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_DOUBLE_EQ(back->clock().sm_mhz(), 1755.5);
+}
+
+TEST(GpuClock, PerGpuAndKey_RoundTripsBesideTheProfile) {
+  const std::string dir = TempDir() + "/e";
+  const std::string key = ProfileCacheKey(OneStageJob(), H200());
+  LoadClock c;
+  c.set_sm_mhz(1802.25);
+  c.set_samples(40);
+  c.set_source("last run");
+  EXPECT_FALSE(ReadGpuClock(dir, key, "GPU-a").has_value());
+  ASSERT_TRUE(WriteGpuClock(dir, key, "GPU-a", c).ok());
+  std::optional<LoadClock> back = ReadGpuClock(dir, key, "GPU-a");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->SerializeAsString(), c.SerializeAsString());
+  EXPECT_FALSE(ReadGpuClock(dir, key, "GPU-b").has_value());          // another GPU
+  EXPECT_FALSE(ReadGpuClock(dir, key + " x", "GPU-a").has_value());   // another job's sizes
+  EXPECT_FALSE(ReadCachedProfile(dir, key).has_value());              // not a profile
+  c.set_samples(0);                                                   // an unknown clock is not kept as one
+  ASSERT_TRUE(WriteGpuClock(dir, key, "GPU-a", c).ok());
+  EXPECT_FALSE(ReadGpuClock(dir, key, "GPU-a").has_value());
+}
+
 }  // namespace
 }  // namespace stagehand

@@ -20,11 +20,13 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/host.h"
 #include "common/logging.h"
 #include "common/worker_contract.h"
 #include "models/model_description.h"
+#include "telemetry/clock_model.h"
 #include "telemetry/nvml_monitor.h"
 #include "telemetry/sampler.h"
 #include "worker/agent.h"
@@ -57,13 +59,37 @@ namespace {
 
 
 
+// GPU jobs sample their GPU unless the job says telemetry: false. A GPU NVML cannot read (no driver
+// library, an old driver) runs without telemetry, with one line in the log.
+std::unique_ptr<TelemetrySampler> StartTelemetry(const JobSpec& job, const std::string& uuid) {
+  if (job.device() != "cuda" || (job.has_telemetry() && !job.telemetry())) return nullptr;
+  absl::StatusOr<std::unique_ptr<GpuMonitor>> monitor = OpenNvmlMonitor(uuid);
+  if (!monitor.ok()) {
+    LOG(WARNING) << "no GPU telemetry: " << monitor.status().message();
+    return nullptr;
+  }
+  return std::make_unique<TelemetrySampler>(*std::move(monitor));
+}
+
+// What a worker registers with: its layer profile, and its GPU's sustained SM clock under load in its
+// last run of this job (unset: none recorded).
+struct RegisteredProfile {
+  LayerProfile profile;
+  LoadClock load_clock;
+};
+
 // The profile this worker registers with: measured (ProfileModel) only where the planner has a
 // partition to choose, and then read from the cache when an earlier run on this kind of device
-// measured the same model at the same micro-batch.
-absl::StatusOr<LayerProfile> WorkerProfile(const JobSpec& job, const DeviceInfo& device) {
+// measured the same model at the same micro-batch. GPU jobs with telemetry sample the GPU while the
+// profile runs: its clock goes with the costs (and into the cache with them). The profile's bursts run
+// at boost clocks; what the GPU sustains under the job's load is its last run's clock, kept beside
+// the cache (KeepRunClock), sent with either profile where there is one.
+absl::StatusOr<RegisteredProfile> WorkerProfile(const JobSpec& job, const DeviceInfo& device) {
   const absl::Time start = absl::Now();
   if (!ProfileChoosesPartition(job) && !(job.pipeline().partition() == "auto" && job.profile_single_stage())) {
-    return DescribeLayers(job);
+    absl::StatusOr<LayerProfile> layers = DescribeLayers(job);
+    if (!layers.ok()) return layers.status();
+    return RegisteredProfile{*std::move(layers), {}};
   }
   const bool cached = !job.has_profile_cache() || job.profile_cache();
   const std::string dir = cached ? DefaultProfileCacheDir() : "";
@@ -71,16 +97,31 @@ absl::StatusOr<LayerProfile> WorkerProfile(const JobSpec& job, const DeviceInfo&
   if (cached) {
     if (std::optional<LayerProfile> p = ReadCachedProfile(dir, key)) {
       LOG(INFO) << "profile: from the cache in " << dir << " (--profile_cache=false measures it again)";
-      return *std::move(p);
+      RegisteredProfile out{*std::move(p), {}};
+      if (std::optional<LoadClock> c = ReadGpuClock(dir, key, device.uuid())) out.load_clock = *c;
+      return out;
     }
   }
+  std::unique_ptr<TelemetrySampler> sampler = StartTelemetry(job, device.uuid());
   absl::StatusOr<LayerProfile> p = ProfileModel(job);
-  if (!p.ok()) return p;
-  LOG(INFO) << "profile: measured in " << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)));
+  if (!p.ok()) return p.status();
+  if (sampler) {
+    const StepTelemetry t = sampler->TakeStep();
+    *p->mutable_clock() = BusyClock({t.raw().begin(), t.raw().end()}, "profile");
+    sampler.reset();
+  }
+  LOG(INFO) << "profile: measured in " << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))
+            << (p->clock().samples() > 0 ? absl::StrFormat(" at %.0f MHz SM clock (%d samples under load)",
+                                                           p->clock().sm_mhz(), p->clock().samples())
+                                         : std::string());
   if (cached) {
     if (absl::Status s = WriteCachedProfile(dir, key, *p); !s.ok()) LOG(WARNING) << "profile cache: " << s.message();
   }
-  return p;
+  RegisteredProfile out{*std::move(p), {}};
+  if (cached) {
+    if (std::optional<LoadClock> c = ReadGpuClock(dir, key, device.uuid())) out.load_clock = *c;
+  }
+  return out;
 }
 
 absl::StatusOr<std::string> ReadSecret() {
@@ -138,6 +179,10 @@ struct Run {
   std::unique_ptr<Agent> agent;  // heartbeats and watches for the stop while the job runs
   std::string gpu_uuid;          // GPU jobs: this worker's GPU, for NVML
   std::unique_ptr<TelemetrySampler> sampler;  // GPU jobs with telemetry: samples on its own thread
+  // The GPU's clock under load over the steps after the first, kept in the profile cache under this
+  // key for the next run's clock-aware partition ("" : not kept).
+  std::string clock_dir, clock_key;
+  LoadClock run_clock;
 };
 
 void ReportMilestone(const Run& run, Milestone milestone, absl::Time when) {
@@ -158,18 +203,6 @@ ReportStepRequest StepRequest(const Run& run, int64_t step) {
   return r;
 }
 
-// GPU jobs sample their GPU unless the job says telemetry: false. A GPU NVML cannot read (no driver
-// library, an old driver) runs without telemetry, with one line in the log.
-std::unique_ptr<TelemetrySampler> StartTelemetry(const JobSpec& job, const std::string& uuid) {
-  if (job.device() != "cuda" || (job.has_telemetry() && !job.telemetry())) return nullptr;
-  absl::StatusOr<std::unique_ptr<GpuMonitor>> monitor = OpenNvmlMonitor(uuid);
-  if (!monitor.ok()) {
-    LOG(WARNING) << "no GPU telemetry: " << monitor.status().message();
-    return nullptr;
-  }
-  return std::make_unique<TelemetrySampler>(*std::move(monitor));
-}
-
 absl::Status RunModel(Run& run, Transport* transport) {
   const Assignment& a = run.assignment;
   LOG(INFO) << "stage " << a.stage() << " of " << a.num_stages() << ": pipeline layers [" << a.first_layer() << ", "
@@ -180,6 +213,11 @@ absl::Status RunModel(Run& run, Transport* transport) {
     first = false;
     run.agent->SetSteps(r.step + 1);
     ReportStepRequest req = StepRequest(run, r.step);
+    // Step 0 captures CUDA graphs and warms up: not the clock the run sustains.
+    if (r.step > 0 && req.has_telemetry()) {
+      const auto& raw = req.telemetry().raw();
+      run.run_clock = CombineClocks(run.run_clock, BusyClock({raw.begin(), raw.end()}, "last run"));
+    }
     req.set_has_loss(r.has_loss);
     req.set_loss(r.loss);
     req.set_step_seconds(r.seconds);
@@ -188,6 +226,17 @@ absl::Status RunModel(Run& run, Transport* transport) {
     *req.mutable_timing() = r.timing;
     return run.client->ReportStep(req);
   }, PipelineContext{run.client, run.incarnation});
+}
+
+// After a model run that went well: its clock under load, for the next run's partition.
+void KeepRunClock(const Run& run, const absl::Status& status) {
+  if (!status.ok() || run.clock_key.empty() || run.run_clock.samples() <= 0) return;
+  if (absl::Status s = WriteGpuClock(run.clock_dir, run.clock_key, run.gpu_uuid, run.run_clock); !s.ok()) {
+    LOG(WARNING) << "profile cache: " << s.message();
+    return;
+  }
+  LOG(INFO) << absl::StrFormat("GPU clock under load this run: %.0f MHz (%d samples), kept for the next partition",
+                               run.run_clock.sm_mhz(), run.run_clock.samples());
 }
 
 absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) {
@@ -200,6 +249,7 @@ absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) 
     run.sampler = StartTelemetry(a.job(), run.gpu_uuid);
     absl::Status s = RunModel(run, nullptr);
     run.sampler.reset();
+    KeepRunClock(run, s);
     return s;
   }
   absl::StatusOr<std::unique_ptr<Transport>> transport = MakeTransport(a, client, secret);
@@ -217,6 +267,7 @@ absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) 
   });
   run.agent->SetTransport(nullptr);
   run.sampler.reset();
+  if (IsModelJob(a.job())) KeepRunClock(run, s);
   return s;
 }
 
@@ -248,7 +299,7 @@ int Main() {
   std::optional<GpuHealth> health;
   if (cuda && device.ok() && job->job().health() != "off") health = ReadGpuHealth(device->uuid());
   // The planner partitions by what every worker measured on its own device.
-  absl::StatusOr<LayerProfile> profile = LayerProfile();
+  absl::StatusOr<RegisteredProfile> profile = RegisteredProfile();
   if (device.ok() && IsModelJob(job->job())) {
     profile = WorkerProfile(job->job(), *device);
     if (!profile.ok()) {
@@ -265,7 +316,10 @@ int Main() {
   req.set_host(HostName());
   req.set_pid(getpid());
   if (device.ok()) *req.mutable_device() = *device;
-  if (profile.ok()) *req.mutable_profile() = *profile;
+  if (profile.ok()) {
+    *req.mutable_profile() = profile->profile;
+    if (profile->load_clock.samples() > 0) *req.mutable_load_clock() = profile->load_clock;
+  }
   if (health) *req.mutable_health() = *health;
   absl::StatusOr<Assignment> assignment = client.Register(req, absl::InfiniteDuration());
   if (!assignment.ok()) {
@@ -276,6 +330,10 @@ int Main() {
   }
   Run run{&client, *assignment, req.incarnation(), nullptr, device.ok() ? device->uuid() : "", nullptr};
   if (const std::string dir = absl::GetFlag(FLAGS_run_dir); !dir.empty()) run.assignment.mutable_job()->set_run_dir(dir);
+  if (cuda && device.ok() && IsModelJob(job->job()) && (!job->job().has_profile_cache() || job->job().profile_cache())) {
+    run.clock_dir = DefaultProfileCacheDir();
+    if (!run.clock_dir.empty()) run.clock_key = ProfileCacheKey(job->job(), *device);
+  }
   run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
                                       assignment->job().timeouts());
   absl::Status status = device.ok() ? RunJob(run, cuda_ready, *secret) : device.status();
