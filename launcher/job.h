@@ -72,6 +72,11 @@ struct JobRequest {
   std::string layout;             // "manual" or "auto"
   std::optional<double> bucket_mb;
   std::optional<double> replica_gbps;
+  // Evaluation on a held-out split of the token file, and the SIGTERM checkpoint's wait.
+  std::optional<double> val_fraction;
+  std::optional<int64_t> eval_every;
+  std::optional<int> eval_batches;
+  std::optional<int64_t> term_checkpoint_timeout_ms;
 };
 
 struct ResolvedJob {
