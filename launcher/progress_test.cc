@@ -79,7 +79,7 @@ TEST(PrintStep, Evaluation_ValLossPerplexityAndTokensSeen) {
   job.set_workers(2);
   job.set_steps(10);
   std::string text;
-  Progress p(/*bar=*/false, [&text](absl::string_view t) { text.append(t); });
+  Progress p(/*bar=*/false, [&text](absl::string_view t) { text.append(t.data(), t.size()); });
   ReportStepRequest r;
   r.set_step(3);
   r.set_rank(1);
@@ -99,7 +99,7 @@ TEST(PrintStep, EveryRanksParameters_PrintedOnceWithTheTotal) {
   job.set_workers(2);
   job.set_steps(10);
   std::string text;
-  Progress p(/*bar=*/false, [&text](absl::string_view t) { text.append(t); });
+  Progress p(/*bar=*/false, [&text](absl::string_view t) { text.append(t.data(), t.size()); });
   ReportStepRequest r;
   r.set_rank(0);
   r.set_parameters(1500000);

@@ -135,8 +135,8 @@ TEST(Restart, WorkerKilledAfterStep6_RestartsFromCheckpointAndLossesEqualUninter
     EXPECT_TRUE(n == 2 || n == 4) << "step " << step << ": " << n << " rows\n" << csv;
     if (n == 4 && first_repeated < 0) first_repeated = step;
     if (n == 4) {  // once by each incarnation, on both ranks
-      EXPECT_EQ(by_incarnation[{step, 1}], 2) << "step " << step << "\n" << csv;
-      EXPECT_EQ(by_incarnation[{step, 2}], 2) << "step " << step << "\n" << csv;
+      EXPECT_EQ(by_incarnation[std::make_pair(step, 1)], 2) << "step " << step << "\n" << csv;
+      EXPECT_EQ(by_incarnation[std::make_pair(step, 2)], 2) << "step " << step << "\n" << csv;
     }
   }
   // None repeated: the kill landed after the last step, and the restart resumed the final checkpoint.
