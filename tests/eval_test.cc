@@ -175,9 +175,9 @@ TEST(Eval, TwoStages_ValLossEqualsOneProcessAndFalls) {
   const std::string total = one.output.substr(at, one.output.find(' ', at + 24) - at);
   EXPECT_NE(two.output.find(total + " ("), std::string::npos) << total << "\n" << two.output;
   const std::string report = ReadFile(two.run_dir + "/report.json");
-  EXPECT_NE(report.find("\"valLoss\""), std::string::npos) << report;
-  EXPECT_NE(report.find("\"valPerplexity\""), std::string::npos) << report;
-  EXPECT_NE(report.find("\"tokensSeen\": \"6144\""), std::string::npos) << report;
+  EXPECT_NE(report.find("\"has_val_loss\": true"), std::string::npos) << report;
+  EXPECT_NE(report.find("\"val_perplexity\""), std::string::npos) << report;
+  EXPECT_NE(report.find("\"tokens_seen\": \"6144\""), std::string::npos) << report;
   EXPECT_NE(report.find("\"parameters\""), std::string::npos) << report;
 }
 
@@ -243,8 +243,17 @@ TEST(Eval, BadFlags_RefusedWithOneLineBeforeAnythingStarts) {
 // step -> loss of the rows that carry one.
 std::map<int, double> Losses(const std::string& run_dir) { return Column(run_dir, "loss", /*steps_done=*/false); }
 
+// The SIGTERM tests' job: steps of 64 sequences (about 0.1 s on two CPU workers), so that the
+// signal lands well before the last step.
+std::vector<std::string> TermJob(int steps = 12) {
+  std::vector<std::string> flags = Job(2, steps);
+  flags.push_back("--global_batch=64");
+  flags.push_back("--micro_batches=8");
+  return flags;
+}
+
 const RunResult& Uninterrupted() {
-  static const RunResult* r = new RunResult(Launch(Job(2), "reference"));
+  static const RunResult* r = new RunResult(Launch(TermJob(), "reference"));
   return *r;
 }
 
@@ -270,10 +279,8 @@ TEST(TermCheckpoint, SigtermMidRun_CheckpointsExits75AndResumeGivesTheUninterrup
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
   const std::map<int, double> want = Losses(reference.run_dir);
   ASSERT_EQ(want.size(), 12u);
-  // Steps slowed to ~100 ms by the CPU workers' share (--seq 32, 4 micro-batches are fast): the
-  // signal must land before the last step. A checkpoint only at the end otherwise.
-  std::vector<std::string> flags = Job(2);
-  flags.push_back("--checkpoint_every=1000");
+  std::vector<std::string> flags = TermJob();
+  flags.push_back("--checkpoint_every=1000");  // otherwise only at the end
   const std::string dir = TmpPath("term");
   const pid_t launcher = Start(flags, dir);
   ASSERT_TRUE(AwaitOutput(dir, "step 3/12")) << ReadFile(dir + ".out");
@@ -294,10 +301,10 @@ TEST(TermCheckpoint, SigtermMidRun_CheckpointsExits75AndResumeGivesTheUninterrup
   EXPECT_TRUE(Exists(absl::StrCat(dir, "/checkpoints/", name, "/rank0.safetensors")));
   EXPECT_TRUE(Exists(absl::StrCat(dir, "/checkpoints/", name, "/rank1.safetensors")));
   const std::string report = ReadFile(dir + "/report.json");
-  EXPECT_NE(report.find("\"exitCode\": 75"), std::string::npos) << report;
-  EXPECT_NE(report.find(absl::StrCat("\"termCheckpointStep\": \"", step, "\"")), std::string::npos) << report;
+  EXPECT_NE(report.find("\"exit_code\": 75"), std::string::npos) << report;
+  EXPECT_NE(report.find(absl::StrCat("\"term_checkpoint_step\": \"", step, "\"")), std::string::npos) << report;
 
-  std::vector<std::string> again = Job(2);
+  std::vector<std::string> again = TermJob();
   again.push_back("--resume=" + dir);
   const RunResult resumed = Launch(again, "resumed");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
@@ -311,7 +318,7 @@ TEST(TermCheckpoint, SigtermMidRun_CheckpointsExits75AndResumeGivesTheUninterrup
 }
 
 TEST(TermCheckpoint, TimeoutZero_SigtermStopsAtOnceWith143) {
-  std::vector<std::string> flags = Job(2, 1000);
+  std::vector<std::string> flags = TermJob(1000);
   flags.push_back("--checkpoint_every=1000");
   flags.push_back("--term_checkpoint_timeout_ms=0");
   const std::string dir = TmpPath("term0");
@@ -327,7 +334,7 @@ TEST(TermCheckpoint, TimeoutZero_SigtermStopsAtOnceWith143) {
 }
 
 TEST(TermCheckpoint, SecondSigterm_KillsAtOnce) {
-  std::vector<std::string> flags = Job(2, 1000);
+  std::vector<std::string> flags = TermJob(1000);
   flags.push_back("--checkpoint_every=1000");
   const std::string dir = TmpPath("term2");
   const pid_t launcher = Start(flags, dir);
