@@ -568,6 +568,20 @@ absl::Status CoordinatorState::ReportStep(const ReportStepRequest& request) {
   return absl::OkStatus();
 }
 
+int64_t CoordinatorState::RequestCheckpointAndStop() {
+  absl::MutexLock lock(&mu_);
+  if (checkpoint_and_stop_at_ > 0) return checkpoint_and_stop_at_;
+  int64_t done = 0;
+  for (const WorkerState& w : workers_) done = std::max(done, w.steps_done);
+  checkpoint_and_stop_at_ = done + 1;
+  return checkpoint_and_stop_at_;
+}
+
+int64_t CoordinatorState::checkpoint_and_stop_at() const {
+  absl::MutexLock lock(&mu_);
+  return checkpoint_and_stop_at_;
+}
+
 absl::Status CoordinatorState::Finish(const FinishRequest& request) {
   Completions completions;  // before the lock: runs once it is released
   absl::MutexLock lock(&mu_);

@@ -170,6 +170,12 @@ class CoordinatorState {
   absl::Status ReportMilestone(const ReportMilestoneRequest& request);
   // A repeat of the same (rank, incarnation, step) is recorded once: retries are safe.
   absl::Status ReportStep(const ReportStepRequest& request);
+  // SIGTERM with checkpoints on (job_run.h): from now on every step report is answered with a step
+  // count T above any rank's steps done so far; each rank writes a checkpoint at the first step
+  // boundary at or past T (the same one on every rank: none passed T without hearing it) and ends.
+  // Returns T; a second call returns the first's T.
+  int64_t RequestCheckpointAndStop();
+  int64_t checkpoint_and_stop_at() const;  // 0 until requested
   absl::Status Finish(const FinishRequest& request);
 
   // Moves the job to stopping: waiters complete (WaitForStop with the reason and `origin`, the
@@ -312,6 +318,7 @@ class CoordinatorState {
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, BarrierArrivals> barriers_ ABSL_GUARDED_BY(mu_);
   std::vector<ReportStepRequest> steps_ ABSL_GUARDED_BY(mu_);
+  int64_t checkpoint_and_stop_at_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<std::tuple<int, int64_t, int64_t>> step_keys_ ABSL_GUARDED_BY(mu_);  // rank, inc., step
   std::optional<std::string> stop_reason_ ABSL_GUARDED_BY(mu_);
   std::string stop_origin_ ABSL_GUARDED_BY(mu_);

@@ -172,9 +172,12 @@ CoordinatorService::Reactor* CoordinatorService::ReportMilestone(Context* contex
 }
 
 CoordinatorService::Reactor* CoordinatorService::ReportStep(Context* context, const ReportStepRequest* request,
-                                                            ReportStepResponse*) {
+                                                            ReportStepResponse* response) {
   STAGEHAND_AUTHENTICATE(context);
-  return Finished(context, state_->ReportStep(*request));
+  absl::Status s = state_->ReportStep(*request);
+  // Read after the report is recorded: a request made in between counts this step (coordinator.h).
+  if (s.ok()) response->set_checkpoint_and_stop_at(state_->checkpoint_and_stop_at());
+  return Finished(context, s);
 }
 
 CoordinatorService::Reactor* CoordinatorService::Finish(Context* context, const FinishRequest* request,

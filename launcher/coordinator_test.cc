@@ -544,6 +544,27 @@ TEST_F(CoordinatorTest, ReportMilestone_UnspecifiedUnknownOrBadRank_IsInvalidArg
   EXPECT_TRUE(state->Workers()[0].milestones.empty());
 }
 
+// The SIGTERM checkpoint's step: past every rank's reported steps, so none has passed it unheard.
+TEST_F(CoordinatorTest, RequestCheckpointAndStop_IsPastEveryRanksStepsAndStays) {
+  auto state = MakeState(2);
+  RegisterAllOk(*state, 2);
+  EXPECT_EQ(state->checkpoint_and_stop_at(), 0);
+  ReportStepRequest r;
+  r.set_rank(0);
+  r.set_incarnation(1);
+  r.set_step(6);  // rank 0 has done 7 steps, rank 1 five
+  ASSERT_TRUE(state->ReportStep(r).ok());
+  r.set_rank(1);
+  r.set_step(4);
+  ASSERT_TRUE(state->ReportStep(r).ok());
+  EXPECT_EQ(state->RequestCheckpointAndStop(), 8);
+  EXPECT_EQ(state->checkpoint_and_stop_at(), 8);
+  r.set_rank(0);
+  r.set_step(7);
+  ASSERT_TRUE(state->ReportStep(r).ok());
+  EXPECT_EQ(state->RequestCheckpointAndStop(), 8);  // asked again: the first answer holds
+}
+
 TEST_F(CoordinatorTest, ReportStep_Appends_AndAdvancesProgressWhenStepsGrow) {
   auto state = MakeState(2);
   RegisterAllOk(*state, 2);

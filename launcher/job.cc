@@ -125,6 +125,10 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (!r.layout_profiles.empty()) spec.set_layout_profiles(r.layout_profiles);
   if (r.bucket_mb) spec.set_bucket_mb(*r.bucket_mb);
   if (r.replica_gbps) spec.set_replica_gbps(*r.replica_gbps);
+  if (r.val_fraction) spec.set_val_fraction(*r.val_fraction);
+  if (r.eval_every) spec.set_eval_every(*r.eval_every);
+  if (r.eval_batches) spec.set_eval_batches(*r.eval_batches);
+  if (r.term_checkpoint_timeout_ms) spec.set_term_checkpoint_timeout_ms(*r.term_checkpoint_timeout_ms);
 }
 
 // One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.
@@ -191,6 +195,10 @@ std::vector<Ranged> RangedFields(const JobRequest& r, const JobSpec& s) {
        1, 64},
       {"data_parallel", "data_parallel", s.has_data_parallel(), r.data_parallel.has_value(), s.data_parallel(), 1,
        kMaxWorkers},
+      {"eval_every", "eval_every", s.has_eval_every(), r.eval_every.has_value(), s.eval_every(), 1, 1000000000},
+      {"eval_batches", "eval_batches", s.has_eval_batches(), r.eval_batches.has_value(), s.eval_batches(), 1, 1000000},
+      {"term_checkpoint_timeout_ms", "term_checkpoint_timeout_ms", s.has_term_checkpoint_timeout_ms(),
+       r.term_checkpoint_timeout_ms.has_value(), s.term_checkpoint_timeout_ms(), 0, kDayMs},
   };
 }
 
@@ -260,7 +268,64 @@ absl::Status ValidateRanges(const JobRequest& r, const JobSpec& spec) {
       !s.ok()) {
     return s;
   }
+  if (spec.has_val_fraction() && !(std::isfinite(spec.val_fraction()) && spec.val_fraction() >= 0 &&
+                                    spec.val_fraction() < 1)) {
+    return Invalid(r.val_fraction ? absl::StrCat("--val_fraction=", spec.val_fraction(),
+                                                 ": out of range; pass --val_fraction=F with 0 <= F < 1")
+                                  : absl::StrCat("--job=", r.job_file, ": val_fraction: ", spec.val_fraction(),
+                                                 " is out of range; write val_fraction: F with 0 <= F < 1"));
+  }
   if (!spec.name().empty()) return CheckName(spec.name());
+  return absl::OkStatus();
+}
+
+// The validation split (worker/data.h): a token file's end, held out of a model's training, large
+// enough for one global batch, its forward part of the schedule free of deadlock; the evaluation
+// flags only with a split. Fills eval_every and eval_batches.
+absl::Status ResolveEval(JobSpec& spec) {
+  const bool split = spec.val_fraction() > 0;
+  if (!split) {
+    if (spec.has_eval_every() || spec.has_eval_batches()) {
+      return Invalid(absl::StrCat("--", spec.has_eval_every() ? "eval_every" : "eval_batches",
+                                  " evaluates a validation split, and the job has none: pass --val_fraction=F "
+                                  "(0 < F < 1) with --data=FILE, or drop it"));
+    }
+    return absl::OkStatus();
+  }
+  if (!IsModelJob(spec) || spec.pipeline().inference()) {
+    return Invalid("--val_fraction evaluates a model during training: drop it (or --inference)");
+  }
+  if (spec.data().empty() || spec.data() == "synthetic") {
+    return Invalid("--val_fraction holds out the end of a token file, and the synthetic corpus has none: pass "
+                   "--data=FILE or drop --val_fraction");
+  }
+  if (spec.data_parallel() > 1) {
+    return Invalid("--val_fraction with --data_parallel is not supported yet: drop one of them");
+  }
+  struct stat st;
+  if (stat(spec.data().c_str(), &st) != 0) return Invalid(absl::StrCat("--data=", spec.data(), ": ", std::strerror(errno)));
+  const int64_t tokens = st.st_size / 2, seq = spec.model_spec().seq(), batch = spec.pipeline().global_batch();
+  const int64_t sequences = static_cast<int64_t>(std::floor(static_cast<double>(tokens) * spec.val_fraction())) / (seq + 1);
+  if (sequences < batch) {
+    const double need = std::ceil(1000.0 * static_cast<double>(batch * (seq + 1)) / static_cast<double>(tokens)) / 1000;
+    return Invalid(absl::StrCat("--val_fraction=", spec.val_fraction(), " holds ", sequences, " whole sequences of seq + 1 = ",
+                                seq + 1, " tokens of --data's ", tokens, " tokens, fewer than one evaluation batch (",
+                                "--global_batch=", batch, "); pass --val_fraction=", need, " or more",
+                                need < 1 ? "" : " (the file is too small: use a larger one)"));
+  }
+  if (tokens - sequences * (seq + 1) < seq + 1) {
+    return Invalid(absl::StrCat("--val_fraction=", spec.val_fraction(), " leaves fewer than seq + 1 = ", seq + 1,
+                                " tokens of --data to train on; pass a smaller --val_fraction"));
+  }
+  if (!spec.has_eval_every()) spec.set_eval_every(std::max<int64_t>(1, spec.steps() / 10));
+  if (!spec.has_eval_batches()) spec.set_eval_batches(4);
+  absl::StatusOr<Schedule> schedule = JobSchedule(spec);
+  if (!schedule.ok()) return schedule.status();  // refused again, with its message, by the model's check
+  const Schedule forward = ForwardPart(*schedule);
+  if (absl::StatusOr<SimulationResult> sim = Simulate(forward, UniformCosts(forward.num_stages)); !sim.ok()) {
+    return Invalid(absl::StrCat("--val_fraction: the forward part of the ", schedule->name,
+                                " schedule (its evaluation) cannot run: ", sim.status().message()));
+  }
   return absl::OkStatus();
 }
 
@@ -691,6 +756,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
       if (absl::Status s = CheckTokenFile(data, m.seq(), m.vocab()); !s.ok()) return s;
     }
   }
+  if (absl::Status s = ResolveEval(out.spec); !s.ok()) return s;
   if (!out.spec.resume().empty()) {
     if (absl::Status s = ResolveResume(request, steps_given, out); !s.ok()) return s;
   }

@@ -76,6 +76,11 @@ struct JobRequest {
   std::string layout_profiles;    // --layout=auto: recorded LayerProfile files, comma-separated
   std::optional<double> bucket_mb;
   std::optional<double> replica_gbps;
+  // Evaluation on a held-out split of the token file, and the SIGTERM checkpoint's wait.
+  std::optional<double> val_fraction;
+  std::optional<int64_t> eval_every;
+  std::optional<int> eval_batches;
+  std::optional<int64_t> term_checkpoint_timeout_ms;
 };
 
 struct ResolvedJob {

@@ -120,6 +120,16 @@ ABSL_FLAG(int64_t, lr_decay_steps, -1, "GPT: the step the cosine decay reaches -
 ABSL_FLAG(double, min_lr, -1, "GPT: the learning rate's floor, 0 <= X <= 10 (default --lr / 10 with a schedule)");
 ABSL_FLAG(double, weight_decay, -1, "GPT: AdamW's decoupled weight decay, 0 <= X <= 10 (default 0.1)");
 ABSL_FLAG(double, grad_clip, -1, "GPT: clip the global gradient norm (across all stages) to X > 0 (default: no clipping)");
+ABSL_FLAG(double, val_fraction, -1,
+          "hold out the last F of --data (0 <= F < 1, rounded down to whole sequences of --seq + 1 tokens) and never "
+          "train on it; evaluated every --eval_every steps and at the end: val_loss and ppl in the progress lines, "
+          "steps.csv and report.json (default 0: none)");
+ABSL_FLAG(int64_t, eval_every, -1, "with --val_fraction: evaluate every N steps and at the end (default: --steps / 10)");
+ABSL_FLAG(int, eval_batches, -1,
+          "with --val_fraction: global batches of the split per evaluation, the same ones each time (default 4)");
+ABSL_FLAG(int64_t, term_checkpoint_timeout_ms, -1,
+          "with --checkpoint_every: on SIGTERM/SIGHUP every rank writes a checkpoint at the next step boundary and "
+          "the launcher waits this long for it, then exits 75 (default 120000; 0: stop at once, no checkpoint)");
 
 namespace stagehand {
 namespace {
@@ -197,6 +207,10 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.layout_profiles = absl::GetFlag(FLAGS_layout_profiles);
   j.bucket_mb = Given(p, "bucket_mb", FLAGS_bucket_mb);
   j.replica_gbps = Given(p, "replica_gbps", FLAGS_replica_gbps);
+  j.val_fraction = Given(p, "val_fraction", FLAGS_val_fraction);
+  j.eval_every = Given(p, "eval_every", FLAGS_eval_every);
+  j.eval_batches = Given(p, "eval_batches", FLAGS_eval_batches);
+  j.term_checkpoint_timeout_ms = Given(p, "term_checkpoint_timeout_ms", FLAGS_term_checkpoint_timeout_ms);
   return j;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/text_format.h"
 #include "launcher/health_gate.h"
+#include "common/checkpoint.h"
 #include "common/host.h"
 #include "launcher/job_plan.h"
 #include "launcher/run_dir.h"
@@ -244,7 +245,8 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
   Files& files = *run->files_;
   files.Error(WriteFileAtomically(o.run_dir + "/job.textproto", text));
   if (!files.any_error()) {
-    files.Error(files.steps().Open(o.run_dir + "/steps.csv", spec.device() == "cuda" && spec.telemetry()));
+    files.Error(files.steps().Open(o.run_dir + "/steps.csv", spec.device() == "cuda" && spec.telemetry(),
+                                   spec.val_fraction() > 0, spec.max_restarts() > 0));
   }
   if (files.any_error()) {
     exit_code = kExitWriteFailed;
@@ -331,6 +333,16 @@ bool JobRun::StartWorld() {
   return true;
 }
 
+// The step of the checkpoint a SIGTERM asked for, once complete (its manifest written): the run's
+// newest, at or past the step asked for and short of the end (0: none).
+int64_t JobRun::TermCheckpointStep() const {
+  if (term_at_ == 0) return 0;
+  absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(options_.run_dir);
+  if (!found.ok()) return 0;
+  const int64_t step = found->manifest.step();
+  return step >= term_at_ && step < state_.job().steps() ? step : 0;
+}
+
 const std::string& JobRun::coordinator_address() const {
   static const std::string* none = new std::string;
   return server_ != nullptr ? server_->address() : *none;
@@ -344,8 +356,33 @@ int64_t JobRun::steps_done() const {
   return done;
 }
 
+bool JobRun::CheckpointAndStop(int signal) {
+  const JobSpec& job = state_.job();
+  const int64_t timeout_ms =
+      job.has_term_checkpoint_timeout_ms() ? job.term_checkpoint_timeout_ms() : kDefaultTermCheckpointMs;
+  if (supervisor_ == nullptr || !supervisor_->running() || term_at_ > 0 || !IsModelJob(job) ||
+      job.pipeline().inference() || !job.has_checkpoint_every() || timeout_ms <= 0) {
+    return false;
+  }
+  supervisor_->PreventRestarts();
+  term_signal_ = signal;
+  term_at_ = state_.RequestCheckpointAndStop();
+  term_deadline_ = absl::Now() + absl::Milliseconds(timeout_ms);
+  listener_->Text(absl::StrFormat("stagehand: %s: every rank writes a checkpoint after step %d, then the run stops "
+                                  "(waiting up to %s; again to stop at once)\n",
+                                  SignalText(signal), term_at_, absl::FormatDuration(absl::Milliseconds(timeout_ms))));
+  return true;
+}
+
 bool JobRun::Tick() {
   if (supervisor_ == nullptr && !StartWorld()) return false;  // several hosts: the agents are joining
+  if (term_at_ > 0 && !term_timed_out_ && absl::Now() > term_deadline_) {
+    term_timed_out_ = true;
+    listener_->Text(absl::StrFormat("stagehand: %s: no checkpoint after step %d within the timeout "
+                                    "(--term_checkpoint_timeout_ms); stopping the workers\n",
+                                    SignalText(term_signal_), term_at_));
+    supervisor_->Interrupt(term_signal_, /*force=*/false);
+  }
   const bool over = supervisor_->Tick();
   progress_.Update(state_);
   files_->AppendNew(state_, *supervisor_);
@@ -372,10 +409,19 @@ JobRunEnd JobRun::Finish(int first_signal) {
   files.Error(WriteFileAtomically(run_dir() + "/trace.json", ChromeTrace(state_.Steps(), state_.job().workers())));
   // The verdict: a failed write of the results comes first (exit 5: the run directory is not what
   // the run did), then the supervisor's.
+  const int64_t term_step = TermCheckpointStep();
   auto verdict = [&]() -> std::pair<int, std::string> {
     std::string cause = supervisor_->root_cause();
-    if (first_signal == SIGHUP && supervisor_->exit_code() == 128 + SIGTERM) cause = "interrupted by SIGHUP (handled as SIGTERM)";
-    if (!files.any_error()) return {supervisor_->exit_code(), cause};
+    int code = supervisor_->exit_code();
+    if (first_signal == SIGHUP && code == 128 + SIGTERM) cause = "interrupted by SIGHUP (handled as SIGTERM)";
+    if (term_at_ > 0 && (code == kExitSuccess || code == 128 + term_signal_) && term_step > 0) {
+      code = kExitCheckpointedOnTerm;
+      cause = absl::StrCat("stopped by ", SignalText(first_signal), " after a checkpoint at step ", term_step);
+    } else if (term_at_ > 0 && code == kExitSuccess && steps_done() < state_.job().steps()) {
+      code = 128 + term_signal_;  // the workers ended early but no checkpoint is whole
+      cause = absl::StrCat("interrupted by ", SignalText(first_signal), "; no complete checkpoint after step ", term_at_);
+    }
+    if (!files.any_error()) return {code, cause};
     std::string text = Message(files.first_error());
     // The workers' own failure, if one came before ours stopped them, is worth keeping.
     if (supervisor_->exit_code() != kExitSuccess &&
@@ -387,6 +433,7 @@ JobRunEnd JobRun::Finish(int first_signal) {
   auto [code, cause] = verdict();
   JobRunEnd end;
   end.report = BuildRunReport(state_, *supervisor_, options_.peak_tflops_per_device, code, cause);
+  if (code == kExitCheckpointedOnTerm) end.report.set_term_checkpoint_step(term_step);
   // report.json last, so that it records whether the others were written.
   if (absl::StatusOr<std::string> json = ReportJson(end.report); json.ok()) {
     files.Error(WriteFileAtomically(run_dir() + "/report.json", *json));
@@ -409,6 +456,9 @@ JobRunEnd JobRun::Finish(int first_signal) {
   if (code == kExitSuccess) {
     listener_->Text(absl::StrFormat("stagehand: done: %d workers, %d steps in %.2f s; run directory %s\n", spec.workers(),
                                     spec.steps(), absl::ToDoubleSeconds(elapsed), run_dir()));
+  } else if (code == kExitCheckpointedOnTerm) {
+    listener_->Text(absl::StrFormat("stagehand: stopped (exit %d): %s of %d; continue with --resume=%s\n", code,
+                                    end.report.root_cause(), spec.steps(), run_dir()));
   } else {
     if (std::string grids = FailedActions(state_); !grids.empty()) listener_->Text(grids);
     listener_->Text(absl::StrFormat("stagehand: FAILED (exit %d): %s; %d of %d steps done; run directory %s\n", code,

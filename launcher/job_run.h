@@ -29,6 +29,11 @@ namespace stagehand {
 // The run's results could not be written (a full disk, an I/O error, permissions): the run was
 // stopped, and what is in the run directory is whole but not everything. Beside supervisor.h's codes.
 inline constexpr int kExitWriteFailed = 5;
+// SIGTERM (or SIGHUP) with checkpoints on: every rank wrote a checkpoint at one step and the run
+// stopped there; --resume=RUN_DIR continues it (EX_TEMPFAIL of sysexits.h: try again).
+inline constexpr int kExitCheckpointedOnTerm = 75;
+// How long a SIGTERM checkpoint may take when the job does not say (term_checkpoint_timeout_ms).
+inline constexpr int64_t kDefaultTermCheckpointMs = 120000;
 
 // Where a run's output goes.
 class JobListener {
@@ -81,6 +86,12 @@ class JobRun {
   // SIGINT or SIGTERM: the first stops gracefully (coordinator stop, SIGTERM, SIGKILL after the
   // grace period); `force` kills every worker at once.
   void Interrupt(int signal, bool force);
+  // The first SIGTERM of a training job that writes checkpoints (and term_checkpoint_timeout_ms is
+  // not 0): every rank writes a checkpoint at the next step boundary (CoordinatorState::
+  // RequestCheckpointAndStop) and ends; if they are not all gone within the timeout, the run is
+  // interrupted as by Interrupt(signal). Prints its line; false (nothing done, nothing printed) when
+  // the job has no checkpoints or is not running, so the caller interrupts instead.
+  bool CheckpointAndStop(int signal);
   // Once Tick() returned true: the reports, then the closing lines. `first_signal` is the first
   // signal taken (0: none; SIGHUP is named in the root cause).
   JobRunEnd Finish(int first_signal);
@@ -97,6 +108,7 @@ class JobRun {
   // Several hosts: true once the world is fixed (or refused) and the supervisor exists.
   bool StartWorld();
   void FailBeforeWorld(int exit_code, const std::string& why);
+  int64_t TermCheckpointStep() const;
 
   const JobRunOptions options_;
   ProcessSpawner* const spawner_;
@@ -106,6 +118,11 @@ class JobRun {
   std::unique_ptr<Files> files_;
   std::unique_ptr<Supervisor> supervisor_;
   Progress progress_;
+  // A SIGTERM checkpoint asked for: its step (0: none), the signal, when to give up waiting.
+  int64_t term_at_ = 0;
+  int term_signal_ = 0;
+  absl::Time term_deadline_;
+  bool term_timed_out_ = false;
 };
 
 // The line a foreground run prints when a signal arrives (the `interrupts`-th).

@@ -81,8 +81,8 @@ class StdoutListener : public JobListener {
 };
 
 // Runs the job until every worker is gone, feeding it signals. SIGHUP (the terminal went away) is
-// handled as SIGTERM: a graceful stop whose results are written, exit 143. Returns the first signal
-// taken, 0 for none.
+// handled as SIGTERM: a graceful stop whose results are written, exit 143; with checkpoints on, a
+// checkpoint first (JobRun::CheckpointAndStop, exit 75). Returns the first signal taken, 0 for none.
 int Supervise(JobRun& run, JobListener& out) {
   sigset_t set;
   sigemptyset(&set);
@@ -99,6 +99,9 @@ int Supervise(JobRun& run, JobListener& out) {
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
       ++interrupts;
       if (first_signal == 0) first_signal = sig;
+      // The first SIGTERM (a preemption, a kill) of a job with checkpoints asks for one first; SIGINT
+      // (Ctrl-C) and a second signal stop as always.
+      if (interrupts == 1 && sig != SIGINT && run.CheckpointAndStop(SIGTERM)) continue;
       out.Text(InterruptLine(sig, interrupts));
       run.Interrupt(sig == SIGINT ? SIGINT : SIGTERM, interrupts > 1);
     }

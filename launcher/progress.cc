@@ -33,7 +33,38 @@ void Progress::Update(const CoordinatorState& state) {
   for (const ReportStepRequest& r : steps) PrintStep(r, job);
 }
 
+namespace {
+
+// 1234567 -> "1.23M", as the parameter and token counts are read.
+std::string Count(int64_t n) {
+  const double v = static_cast<double>(n);
+  if (v >= 1e9) return absl::StrFormat("%.2fB", v / 1e9);
+  if (v >= 1e6) return absl::StrFormat("%.2fM", v / 1e6);
+  if (v >= 1e3) return absl::StrFormat("%.1fk", v / 1e3);
+  return absl::StrCat(n);
+}
+
+}  // namespace
+
 void Progress::PrintStep(const ReportStepRequest& r, const JobSpec& job) {
+  if (IsModelJob(job) && !parameters_printed_ && r.parameters() > 0 && r.rank() >= 0 && r.rank() < job.workers()) {
+    parameters_.resize(job.workers(), 0);
+    parameters_[r.rank()] = r.parameters();
+    if (std::all_of(parameters_.begin(), parameters_.end(), [](int64_t p) { return p > 0; })) {
+      parameters_printed_ = true;
+      int64_t total = 0;
+      std::string each;
+      for (size_t k = 0; k < parameters_.size(); ++k) {
+        total += parameters_[k];
+        absl::StrAppend(&each, k ? ", " : "", "rank ", k, " ", Count(parameters_[k]));
+      }
+      // Replicas hold the same parameters: the model's count is one replica's.
+      const int replicas = std::max(1, job.data_parallel());
+      if (bar_ && drawn_) write_("\n");
+      write_(absl::StrFormat("stagehand: parameters: %d (%s)%s: %s\n", total / replicas, Count(total / replicas),
+                             replicas > 1 ? absl::StrCat(" per replica, ", replicas, " replicas") : "", each));
+    }
+  }
   if (!IsModelJob(job)) {
     if (r.rank() == job.workers() - 1) PrintAllReduceStep(r, job);  // one row a step
   } else if (r.has_loss() || (job.pipeline().inference() && r.rank() == job.workers() - 1)) {
@@ -83,6 +114,10 @@ void Progress::PrintModelStep(const ReportStepRequest& r, const JobSpec& job) {
     for (double s : recent_seconds_) sum += s;
     const double eta = sum / recent_seconds_.size() * std::max<int64_t>(0, job.steps() - r.step() - 1);
     absl::StrAppend(&text, absl::StrFormat("  ETA %.0f s", eta));
+  }
+  if (!job.pipeline().inference()) absl::StrAppend(&text, "  seen ", Count((r.step() + 1) * r.tokens()), " tokens");
+  if (r.has_val_loss()) {
+    absl::StrAppend(&text, absl::StrFormat("  val_loss %.4f  ppl %.2f", r.val_loss(), std::exp(r.val_loss())));
   }
   if (!bar_) {
     write_(absl::StrCat("stagehand: ", text, "\n"));

@@ -1,6 +1,7 @@
 // What a foreground run prints while it goes, from the workers' step reports: for a model, a line per
 // step (or one bar redrawn in place on a terminal) with the loss, step time, tokens/s and, from the
-// second step on, an ETA from the mean of the last steps; for the
+// second step on, an ETA from the mean of the last steps, the tokens seen, and after an evaluation
+// the validation loss and perplexity; once every rank has reported, the parameter count; for the
 // checked all-reduce, nccl-tests' columns (size, count, type, time, algbw, busbw, #wrong) and its
 // average bus bandwidth at the end.
 #ifndef STAGEHAND_LAUNCHER_PROGRESS_H_
@@ -11,6 +12,7 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -57,6 +59,9 @@ class Progress {
   // The last steps' times, for the ETA. Step 0 is left out: it includes the first allocations and
   // the transport's warm-up, and a run's length estimated from it was ten times off.
   std::deque<double> recent_seconds_;
+  // Each rank's parameter count from its first report; printed once every rank's is in.
+  std::vector<int64_t> parameters_;
+  bool parameters_printed_ = false;
 };
 
 }  // namespace stagehand

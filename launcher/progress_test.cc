@@ -73,5 +73,46 @@ TEST(PrintStep, LaterSteps_EtaFromTheirMeanNotTheFirstStep) {
   EXPECT_NE(text.find("step 3/100  loss 5.0000  0.300 s  333 tokens/s  ETA 19 s"), std::string::npos) << text;
 }
 
+TEST(PrintStep, Evaluation_ValLossPerplexityAndTokensSeen) {
+  JobSpec job;
+  job.set_model("tiny");
+  job.set_workers(2);
+  job.set_steps(10);
+  std::string text;
+  Progress p(/*bar=*/false, [&text](absl::string_view t) { text.append(t.data(), t.size()); });
+  ReportStepRequest r;
+  r.set_step(3);
+  r.set_rank(1);
+  r.set_has_loss(true);
+  r.set_loss(2.5);
+  r.set_step_seconds(0.5);
+  r.set_tokens(2048);
+  r.set_has_val_loss(true);
+  r.set_val_loss(2.0);
+  p.PrintStep(r, job);
+  EXPECT_NE(text.find("seen 8.2k tokens  val_loss 2.0000  ppl 7.39"), std::string::npos) << text;
+}
+
+TEST(PrintStep, EveryRanksParameters_PrintedOnceWithTheTotal) {
+  JobSpec job;
+  job.set_model("tiny");
+  job.set_workers(2);
+  job.set_steps(10);
+  std::string text;
+  Progress p(/*bar=*/false, [&text](absl::string_view t) { text.append(t.data(), t.size()); });
+  ReportStepRequest r;
+  r.set_rank(0);
+  r.set_parameters(1500000);
+  p.PrintStep(r, job);
+  EXPECT_EQ(text.find("parameters"), std::string::npos) << "printed before rank 1's count came: " << text;
+  r.set_rank(1);
+  r.set_parameters(2000000);
+  p.PrintStep(r, job);
+  r.set_step(1);
+  p.PrintStep(r, job);
+  EXPECT_NE(text.find("stagehand: parameters: 3500000 (3.50M): rank 0 1.50M, rank 1 2.00M\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("parameters"), text.rfind("parameters")) << text;
+}
+
 }  // namespace
 }  // namespace stagehand

@@ -106,6 +106,26 @@ void FillLosses(const Reports& all, const JobSpec& job, RunReport& report) {
   }
 }
 
+// The last evaluation (the latest step that carries a validation loss) and the training tokens of
+// the steps done: (last step + 1) x the tokens of a step, so a resumed run counts its checkpoint's.
+void FillEvalAndCounts(const Reports& all, RunReport& report) {
+  const ReportStepRequest* eval = nullptr;
+  int64_t last_step = -1, tokens = 0;
+  for (const auto& [key, r] : all) {
+    if (r->has_val_loss() && (eval == nullptr || r->step() > eval->step())) eval = r;
+    if (r->step() > last_step) last_step = r->step(), tokens = r->tokens();
+  }
+  if (eval != nullptr) {
+    report.set_has_val_loss(true);
+    report.set_val_loss(eval->val_loss());
+    report.set_val_perplexity(std::exp(eval->val_loss()));
+    report.set_val_step(eval->step() + 1);
+  }
+  if (!report.job().pipeline().inference() && report.steps_done() > 0) {
+    report.set_tokens_seen((last_step + 1) * tokens);
+  }
+}
+
 // Sums of one rank's timed steps; the means divide by the steps that carried timing, so a run with
 // timing off on some steps is not diluted by zeros.
 struct RankSums {
@@ -416,7 +436,16 @@ RunReport BuildReport(const ReportInput& input) {
   report.set_steps_done(StepsDone(all, ranks));
   FillThroughput(timed, input, ranks, report);
   FillLosses(all, input.job, report);
+  FillEvalAndCounts(all, report);
   for (int rank = 0; rank < ranks; ++rank) *report.add_ranks() = BuildRank(rank, all, timed, input);
+  int64_t parameters = 0;
+  for (RankReport& r : *report.mutable_ranks()) {
+    for (const auto& [key, step] : all) {
+      if (key.first == r.rank() && step->parameters() > 0) r.set_parameters(step->parameters());
+    }
+    parameters += r.parameters();
+  }
+  report.set_parameters(parameters / std::max(1, input.job.data_parallel()));  // one replica's
   return report;
 }
 

@@ -153,6 +153,33 @@ TEST(StepFlops, AllreduceModel_IsZero) {
   EXPECT_EQ(StepFlops(job), 0);
 }
 
+TEST(BuildReport, Evaluations_LastValLossAndTokensSeenAndParameters) {
+  ReportInput in = TwoRankRun();
+  for (ReportStepRequest& r : in.steps) {
+    r.set_parameters(r.rank() == 0 ? 1000 : 1500);
+    if (r.rank() == 1 && (r.step() == 1 || r.step() == 3)) {
+      r.set_has_val_loss(true);
+      r.set_val_loss(r.step() == 1 ? 3.0 : 2.0);
+    }
+  }
+  const RunReport report = BuildReport(in);
+  EXPECT_TRUE(report.has_val_loss());
+  EXPECT_DOUBLE_EQ(report.val_loss(), 2.0);  // after step 3, the latest
+  EXPECT_NEAR(report.val_perplexity(), std::exp(2.0), 1e-12);
+  EXPECT_EQ(report.val_step(), 4);
+  EXPECT_EQ(report.tokens_seen(), 5 * kTokens);
+  EXPECT_EQ(report.parameters(), 2500);
+  ASSERT_EQ(report.ranks_size(), 2);
+  EXPECT_EQ(report.ranks(0).parameters(), 1000);
+  EXPECT_EQ(report.ranks(1).parameters(), 1500);
+}
+
+TEST(BuildReport, NoEvaluation_HasNoValLoss) {
+  const RunReport report = BuildReport(TwoRankRun());
+  EXPECT_FALSE(report.has_val_loss());
+  EXPECT_EQ(report.val_perplexity(), 0);
+}
+
 TEST(BuildReport, TwoRanks_CopiesJobAndRunFields) {
   const ReportInput in = TwoRankRun();
   const RunReport r = BuildReport(in);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -270,13 +271,16 @@ StepsCsv::~StepsCsv() {
   if (fd_ >= 0) close(fd_);
 }
 
-absl::Status StepsCsv::Open(const std::string& path, bool gpu_columns) {
+absl::Status StepsCsv::Open(const std::string& path, bool gpu_columns, bool eval_columns, bool incarnation_column) {
   path_ = path;
   gpu_columns_ = gpu_columns;
+  eval_columns_ = eval_columns;
+  incarnation_column_ = incarnation_column;
   fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) return error_ = WriteError(path, errno);
   return Write(absl::StrCat("step,rank,loss,seconds,tokens,peak_memory_bytes", gpu_columns ? "," : "",
-                            gpu_columns ? kGpuStepColumns : "", "\n"));
+                            gpu_columns ? kGpuStepColumns : "", eval_columns ? ",val_loss,val_ppl" : "",
+                            incarnation_column ? ",incarnation" : "", "\n"));
 }
 
 absl::Status StepsCsv::Write(absl::string_view text) {
@@ -295,7 +299,7 @@ absl::Status StepsCsv::Write(absl::string_view text) {
 absl::Status StepsCsv::Append(const std::vector<ReportStepRequest>& steps) {
   if (steps.empty()) return error_;
   std::string text;
-  for (const ReportStepRequest& r : steps) text += StepsCsvRow(r, gpu_columns_);
+  for (const ReportStepRequest& r : steps) text += StepsCsvRow(r, gpu_columns_, eval_columns_, incarnation_column_);
   return Write(text);
 }
 
@@ -322,10 +326,17 @@ std::string GpuCells(const ReportStepRequest& r) {
 
 }  // namespace
 
-std::string StepsCsvRow(const ReportStepRequest& r, bool gpu_columns) {
+std::string StepsCsvRow(const ReportStepRequest& r, bool gpu_columns, bool eval_columns, bool incarnation_column) {
+  std::string eval;
+  if (eval_columns && r.has_val_loss()) {
+    eval = absl::StrFormat(",%.9g,%.9g", r.val_loss(), std::exp(r.val_loss()));
+  } else if (eval_columns) {
+    eval = ",,";
+  }
   return absl::StrCat(r.step(), ",", r.rank(), ",", r.has_loss() ? absl::StrFormat("%.9g", r.loss()) : "", ",",
                       absl::StrFormat("%.6f", r.step_seconds()), ",", r.tokens(), ",", r.peak_memory_bytes(),
-                      gpu_columns ? "," : "", gpu_columns ? GpuCells(r) : "", "\n");
+                      gpu_columns ? "," : "", gpu_columns ? GpuCells(r) : "", eval,
+                      incarnation_column ? absl::StrCat(",", r.incarnation()) : "", "\n");
 }
 
 absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, bool gpu, const std::string& path) {

@@ -44,7 +44,10 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 
 // steps.csv: step, rank, loss (on the rank that computes it), seconds, tokens, peak memory, and for GPU
 // runs with telemetry the GPU's columns (kGpuStepColumns: clocks, power, temperature, throttling, the
-// step's mean and worst); one row per step report, appended (with write(2), no user-space buffer) as reports arrive, so a launcher
+// step's mean and worst), then for jobs with a validation split val_loss and val_ppl (on the rank
+// holding the last stage, after the steps it evaluated; empty elsewhere), then for jobs that may
+// restart (--max_restarts) the worker's incarnation (1, 2, ...: a step a restart ran again appears
+// once more, with the newer incarnation); one row per step report, appended (with write(2), no user-space buffer) as reports arrive, so a launcher
 // killed with SIGKILL leaves every step reported so far. A row is whole or absent: a write that fails
 // part-way is cut back to the last whole row. After a failure every call returns the same error.
 class StepsCsv {
@@ -56,7 +59,9 @@ class StepsCsv {
 
   // Creates (truncates) the file and writes the header; `gpu_columns` adds the GPU telemetry columns
   // (a CPU run has none at all).
-  absl::Status Open(const std::string& path, bool gpu_columns = false);
+  // `eval_columns` adds val_loss and val_ppl, `incarnation_column` the incarnation (after the others).
+  absl::Status Open(const std::string& path, bool gpu_columns = false, bool eval_columns = false,
+                    bool incarnation_column = false);
   absl::Status Append(const std::vector<ReportStepRequest>& steps);
   // fsync and close; the file stays as written.
   absl::Status Close();
@@ -69,6 +74,8 @@ class StepsCsv {
   int fd_ = -1;
   off_t size_ = 0;  // bytes of whole rows (and the header) written
   bool gpu_columns_ = false;
+  bool eval_columns_ = false;
+  bool incarnation_column_ = false;
   absl::Status error_;
 };
 
@@ -82,7 +89,8 @@ inline constexpr char kGpuStepColumns[] =
 
 // One steps.csv row (with its newline); `gpu_columns` as the file was opened (empty cells for a report
 // without telemetry).
-std::string StepsCsvRow(const ReportStepRequest& r, bool gpu_columns = false);
+std::string StepsCsvRow(const ReportStepRequest& r, bool gpu_columns = false, bool eval_columns = false,
+                        bool incarnation_column = false);
 
 // startup_ledger.tsv at `path` (seconds from launch to each milestone, per rank), written atomically,
 // and the same table printed on stdout. `gpu`: a CPU run has no CUDA context and no NCCL communicator,

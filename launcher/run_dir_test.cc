@@ -121,6 +121,26 @@ TEST(StepsCsv, GpuColumns_HeaderAndCells) {
   }
 }
 
+TEST(StepsCsv, EvalAndIncarnationColumns_AfterTheOthersOnlyWhenAsked) {
+  const std::string path = NewDir("steps_eval") + "/steps.csv";
+  StepsCsv csv;
+  ASSERT_TRUE(csv.Open(path, /*gpu_columns=*/false, /*eval_columns=*/true, /*incarnation_column=*/true).ok());
+  ReportStepRequest evaluated = Step(3, 1);
+  evaluated.set_has_loss(true);
+  evaluated.set_loss(2.5);
+  evaluated.set_has_val_loss(true);
+  evaluated.set_val_loss(2.0);
+  evaluated.set_incarnation(2);
+  ReportStepRequest plain = Step(3, 0);
+  plain.set_incarnation(1);
+  ASSERT_TRUE(csv.Append({evaluated, plain}).ok());
+  ASSERT_TRUE(csv.Close().ok());
+  EXPECT_EQ(ReadFile(path),
+            "step,rank,loss,seconds,tokens,peak_memory_bytes,val_loss,val_ppl,incarnation\n"
+            "3,1,2.5,0.250000,64,0,2,7.3890561,2\n"
+            "3,0,,0.250000,64,0,,,1\n");
+}
+
 TEST(StepsCsv, FullDisk_EveryRowWholeAndLaterAppendsFail) {
   ScopedTmpfs fs(NewDir("steps_full"), "256k");
   if (!fs.ok()) GTEST_SKIP() << fs.why();

@@ -313,7 +313,7 @@ void Supervisor::Escalate() {
 // restarts are left.
 bool Supervisor::ShouldRestart() const {
   const Incident* i = RootIncident();
-  return interrupt_signal_ == 0 && i != nullptr && i->kind != Kind::kLaunch &&
+  return interrupt_signal_ == 0 && !restarts_prevented_ && i != nullptr && i->kind != Kind::kLaunch &&
          restarts_ < state_->job().max_restarts();
 }
 

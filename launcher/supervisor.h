@@ -68,6 +68,10 @@ class Supervisor {
 
   // SIGINT or SIGTERM: the first stops gracefully; a second (force) kills every worker at once.
   void Interrupt(int signal, bool force);
+  // The run is to end after a checkpoint (SIGTERM, job_run.h): a failure from now on is not restarted.
+  void PreventRestarts() { restarts_prevented_ = true; }
+  // Workers are running and nothing is stopping them (not stopping, not between restarts).
+  bool running() const { return !stopping_ && !waiting_restart_; }
   // The run ended before any worker was spawned (several hosts: a node never joined, the job does
   // not fit the world): the verdict is `exit_code` with `why`.
   void Fail(int exit_code, const std::string& why);
@@ -135,6 +139,7 @@ class Supervisor {
   int restarts_ = 0;
   int64_t incarnation_ = 1;
   bool waiting_restart_ = false;
+  bool restarts_prevented_ = false;
   absl::Time restart_at_;
   absl::Time attempt_start_;    // this incarnation's launch (its registration deadline counts from it)
 };

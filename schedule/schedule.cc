@@ -1747,4 +1747,19 @@ std::string Grid(const Schedule& schedule, int mark_rank, int mark_index) {
   return out;
 }
 
+Schedule ForwardPart(const Schedule& lowered) {
+  Schedule out = lowered;
+  out.forward_only = true;
+  for (std::vector<Action>& list : out.ranks) {
+    std::vector<Action> kept;
+    for (const Action& a : list) {
+      if (a.kind == ActionKind::kForward || a.kind == ActionKind::kSendForward || a.kind == ActionKind::kRecvForward) {
+        kept.push_back(a);
+      }
+    }
+    list = std::move(kept);
+  }
+  return out;
+}
+
 }  // namespace stagehand

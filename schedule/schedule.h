@@ -76,6 +76,13 @@ absl::StatusOr<Schedule> GenerateZeroBubbleH1(int ranks, int microbatches);
 // on rank p-1 as a local handoff). Any m >= 1.
 absl::StatusOr<Schedule> GenerateZeroBubbleV(int ranks, int microbatches);
 
+// The forward part of a lowered training list, for evaluation through the same placement: each rank
+// keeps its forwards and their sends and receives (F, SEND_F, RECV_F), in order, and drops every
+// backward, its transfers and OPT; forward_only is set. A transfer's partner is dropped or kept with
+// it, so the kept transfers come in the same relative order on both ends (the launcher simulates the
+// result before a job with evaluation starts).
+Schedule ForwardPart(const Schedule& lowered);
+
 // The one lowering pass (torch's _add_send_recv): before each compute action, the receive of its
 // input from another rank; after it, the send of its output (chunks are set from stage_rank). Then
 // a later receive from the peer of a send is moved up into the send's group when the peer runs the

@@ -118,16 +118,26 @@ TEST(Restart, WorkerKilledAfterStep6_RestartsFromCheckpointAndLossesEqualUninter
   // The steps from the restart's checkpoint (a multiple of 4, or the end; which one depends on how
   // far the run got before the kill landed) to the kill were run twice, by both ranks: four rows
   // each, the first of them a checkpoint's step. Every other step has two rows.
+  // --max_restarts adds the incarnation column: a repeated step's rows say which incarnation ran them.
   const std::string csv = ReadFile(dir + "/steps.csv");
+  ASSERT_EQ(csv.substr(0, csv.find('\n')), "step,rank,loss,seconds,tokens,peak_memory_bytes,incarnation") << csv;
   std::map<int, int> rows;
+  std::map<std::pair<int, int>, int> by_incarnation;  // (step, incarnation) -> rows
   for (absl::string_view line : absl::StrSplit(csv, '\n')) {
-    int step = 0;
-    if (absl::SimpleAtoi(line.substr(0, line.find(',')), &step)) ++rows[step];
+    int step = 0, incarnation = 0;
+    if (!absl::SimpleAtoi(line.substr(0, line.find(',')), &step)) continue;
+    ++rows[step];
+    ASSERT_TRUE(absl::SimpleAtoi(line.substr(line.rfind(',') + 1), &incarnation)) << line;
+    ++by_incarnation[{step, incarnation}];
   }
   int first_repeated = -1;
   for (const auto& [step, n] : rows) {
     EXPECT_TRUE(n == 2 || n == 4) << "step " << step << ": " << n << " rows\n" << csv;
     if (n == 4 && first_repeated < 0) first_repeated = step;
+    if (n == 4) {  // once by each incarnation, on both ranks
+      EXPECT_EQ(by_incarnation[std::make_pair(step, 1)], 2) << "step " << step << "\n" << csv;
+      EXPECT_EQ(by_incarnation[std::make_pair(step, 2)], 2) << "step " << step << "\n" << csv;
+    }
   }
   // None repeated: the kill landed after the last step, and the restart resumed the final checkpoint.
   if (first_repeated >= 0) EXPECT_EQ(first_repeated % 4, 0) << csv;

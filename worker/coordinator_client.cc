@@ -58,9 +58,12 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return Call(&Coordinator::Stub::ReportMilestone, "ReportMilestone", request, &response, kShortCall);
   }
 
-  absl::Status ReportStep(const ReportStepRequest& request) override {
+  absl::StatusOr<ReportStepResponse> ReportStep(const ReportStepRequest& request) override {
     ReportStepResponse response;
-    return Call(&Coordinator::Stub::ReportStep, "ReportStep", request, &response, kShortCall);
+    if (absl::Status s = Call(&Coordinator::Stub::ReportStep, "ReportStep", request, &response, kShortCall); !s.ok()) {
+      return s;
+    }
+    return response;
   }
 
   absl::Status Finish(const FinishRequest& request) override {

@@ -32,7 +32,8 @@ class CoordinatorClient : public KeyValueStore {
   virtual absl::StatusOr<WaitForStopResponse> WaitForStop(const WaitForStopRequest& request) = 0;
   virtual void CancelWaitForStop() = 0;
   virtual absl::Status ReportMilestone(const ReportMilestoneRequest& request) = 0;
-  virtual absl::Status ReportStep(const ReportStepRequest& request) = 0;
+  // The answer may ask for a checkpoint and the end of the run (ReportStepResponse).
+  virtual absl::StatusOr<ReportStepResponse> ReportStep(const ReportStepRequest& request) = 0;
   virtual absl::Status Finish(const FinishRequest& request) = 0;
   // Waits up to request.timeout_ms for every rank to enter the barrier.
   virtual absl::Status Barrier(const BarrierRequest& request) = 0;

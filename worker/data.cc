@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <utility>
@@ -86,6 +87,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are read a
 
 class TokenFile : public TokenSource {
  public:
+  // Windows are drawn from the first `count` tokens (the training part); `mapped_bytes` is the whole file's.
   TokenFile(const uint16_t* tokens, size_t count, size_t mapped_bytes, int64_t seq, uint64_t seed)
       : tokens_(tokens), count_(count), mapped_bytes_(mapped_bytes), seq_(seq), seed_(seed) {}
   ~TokenFile() override { munmap(const_cast<uint16_t*>(tokens_), mapped_bytes_); }
@@ -111,6 +113,34 @@ class TokenFile : public TokenSource {
   uint64_t seed_;
 };
 
+// The held-out sequences at the end of a token file (ValidationSplit).
+class ValidationFile : public TokenSource {
+ public:
+  ValidationFile(const uint16_t* tokens, size_t mapped_bytes, ValidationSplit split, int64_t seq)
+      : tokens_(tokens), mapped_bytes_(mapped_bytes), split_(split), seq_(seq) {}
+  ~ValidationFile() override { munmap(const_cast<uint16_t*>(tokens_), mapped_bytes_); }
+  ValidationFile(const ValidationFile&) = delete;
+  ValidationFile& operator=(const ValidationFile&) = delete;
+
+  at::Tensor Batch(int64_t, int64_t index, int64_t batch) const override {
+    TORCH_CHECK(batch >= 0 && index >= 0, "batch and index must be >= 0, got ", batch, " and ", index);
+    auto out = at::empty({batch, seq_ + 1}, at::kLong);
+    int64_t* p = out.data_ptr<int64_t>();
+    for (int64_t row = 0; row < batch; ++row) {
+      const int64_t j = (index * batch + row) % split_.sequences;
+      const uint16_t* sequence = tokens_ + split_.start + j * (seq_ + 1);
+      for (int64_t t = 0; t <= seq_; ++t) *p++ = sequence[t];
+    }
+    return out;
+  }
+
+ private:
+  const uint16_t* tokens_;
+  size_t mapped_bytes_;
+  ValidationSplit split_;
+  int64_t seq_;
+};
+
 // Only the first tokens are checked against the vocabulary: reading a whole multi-GB file at startup
 // would cost seconds, and a file written for another tokenizer shows itself in its first megabytes.
 constexpr size_t kTokensChecked = size_t{4} << 20;  // 8 MiB
@@ -133,8 +163,23 @@ std::unique_ptr<TokenSource> MakeSyntheticCorpus(int64_t vocab, int64_t seq, uin
   return std::make_unique<SyntheticCorpus>(vocab, seq, seed);
 }
 
-absl::StatusOr<std::unique_ptr<TokenSource>> OpenTokenFile(const std::string& path, int64_t vocab, int64_t seq,
-                                                           uint64_t seed) {
+ValidationSplit SplitOf(int64_t tokens, int64_t seq, double val_fraction) {
+  ValidationSplit v;
+  v.tokens = tokens;
+  if (val_fraction > 0) v.sequences = static_cast<int64_t>(std::floor(static_cast<double>(tokens) * val_fraction)) / (seq + 1);
+  v.start = tokens - v.sequences * (seq + 1);
+  return v;
+}
+
+namespace {
+
+// A token file mapped read-only and checked; the caller owns the mapping (munmap of `bytes`).
+struct MappedTokens {
+  const uint16_t* tokens = nullptr;
+  size_t count = 0, bytes = 0;
+};
+
+absl::StatusOr<MappedTokens> MapTokenFile(const std::string& path, int64_t vocab, int64_t seq) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot open token file ", path, ": ", std::strerror(errno),
@@ -164,7 +209,38 @@ absl::StatusOr<std::unique_ptr<TokenSource>> OpenTokenFile(const std::string& pa
     munmap(mapped, bytes);
     return s;
   }
-  return std::unique_ptr<TokenSource>(std::make_unique<TokenFile>(tokens, count, bytes, seq, seed));
+  return MappedTokens{tokens, count, bytes};
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TokenSource>> OpenTokenFile(const std::string& path, int64_t vocab, int64_t seq,
+                                                           uint64_t seed, double val_fraction) {
+  absl::StatusOr<MappedTokens> m = MapTokenFile(path, vocab, seq);
+  if (!m.ok()) return m.status();
+  const ValidationSplit split = SplitOf(static_cast<int64_t>(m->count), seq, val_fraction);
+  if (split.start < seq + 1) {
+    munmap(const_cast<uint16_t*>(m->tokens), m->bytes);
+    return absl::FailedPreconditionError(absl::StrCat("token file ", path, ": --val_fraction=", val_fraction,
+                                                      " leaves ", split.start, " tokens to train on, fewer than seq + 1 = ",
+                                                      seq + 1, "; pass a smaller --val_fraction"));
+  }
+  return std::unique_ptr<TokenSource>(
+      std::make_unique<TokenFile>(m->tokens, static_cast<size_t>(split.start), m->bytes, seq, seed));
+}
+
+absl::StatusOr<std::unique_ptr<TokenSource>> OpenValidationSplit(const std::string& path, int64_t vocab, int64_t seq,
+                                                                 double val_fraction) {
+  absl::StatusOr<MappedTokens> m = MapTokenFile(path, vocab, seq);
+  if (!m.ok()) return m.status();
+  const ValidationSplit split = SplitOf(static_cast<int64_t>(m->count), seq, val_fraction);
+  if (split.sequences < 1) {
+    munmap(const_cast<uint16_t*>(m->tokens), m->bytes);
+    return absl::FailedPreconditionError(absl::StrCat("token file ", path, ": --val_fraction=", val_fraction,
+                                                      " holds no whole sequence of seq + 1 = ", seq + 1,
+                                                      " tokens; pass a larger --val_fraction"));
+  }
+  return std::unique_ptr<TokenSource>(std::make_unique<ValidationFile>(m->tokens, m->bytes, split, seq));
 }
 
 }  // namespace stagehand

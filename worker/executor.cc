@@ -106,7 +106,8 @@ std::unique_ptr<GraphSlot> CaptureSlot(Stage& stage, int64_t batch, int64_t seq,
 
 Executor::Executor(ExecutorOptions options, std::vector<std::unique_ptr<Stage>> chunks, const TokenSource* data,
                    Transport* transport, Streams* streams)
-    : o_(std::move(options)), actions_(o_.schedule.ranks[o_.rank]), chunks_(std::move(chunks)), data_(data),
+    : o_(std::move(options)), actions_(o_.schedule.ranks[o_.rank]),
+      eval_actions_(ForwardPart(o_.schedule).ranks[o_.rank]), running_(&actions_), chunks_(std::move(chunks)), data_(data),
       transport_(transport), streams_(streams), m_(o_.schedule.num_microbatches),
       training_(!o_.schedule.forward_only), timer_(o_.timing, streams) {
   for (int s = 0; s < o_.schedule.num_stages; ++s) {
@@ -214,12 +215,12 @@ torch::Tensor Executor::Tokens(int mb, bool targets) {
 
 // The step's tokens go to the device in one asynchronous copy at the start of the step: a copy per
 // micro-batch from pageable memory would stall the host until the GPU drained, every micro-batch.
-void Executor::LoadBatch() {
+void Executor::LoadBatch(const TokenSource& from, int64_t step, int64_t index, bool targets) {
   bool needs = false;
-  for (size_t c = 0; c < chunks_.size(); ++c) needs |= First(c) || (Last(c) && (training_ || o_.inference_loss));
+  for (size_t c = 0; c < chunks_.size(); ++c) needs |= First(c) || (Last(c) && targets);
   if (!needs) return;
   const int64_t rows = m_ * o_.micro_batch;
-  torch::Tensor batch = data_->Batch(step_, 0, rows * o_.replicas);
+  torch::Tensor batch = from.Batch(step, index, rows * o_.replicas);
   if (o_.replicas > 1) batch = batch.slice(0, o_.replica * rows, (o_.replica + 1) * rows).contiguous();
   batch_ = o_.device.is_cuda() ? batch.pin_memory().to(o_.device, /*non_blocking=*/true) : batch;
 }
@@ -236,7 +237,9 @@ void Executor::Forward(const Action& a) {
   Slot& s = At(a.chunk, a.microbatch);
   Stage& stage = *chunks_[a.chunk];
   const bool first = First(a.chunk), last = Last(a.chunk);
-  if (captured_) {
+  // The loss: training, evaluation, and inference of a model with weights (o_.inference_loss).
+  const bool grad = training_ && !evaluating_, loss = last && (training_ || evaluating_ || o_.inference_loss);
+  if (captured_ && !evaluating_) {
     GraphSlot& g = *graph_slots_[graph_slot_of_[a.microbatch]];
     {
       torch::NoGradGuard no_grad;  // the slot's input is a leaf that requires grad
@@ -249,8 +252,8 @@ void Executor::Forward(const Action& a) {
       s.act_out.copy_(g.output.detach());  // the slot's next replay overwrites its output
       s.output = s.act_out;
     } else if (training_) {
-      torch::Tensor loss = g.output.detach();
-      loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss : loss.clone();
+      torch::Tensor l = g.output.detach();
+      loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l.clone();
     } else if (o_.inference_loss) {
       torch::NoGradGuard no_grad;
       AddInferenceLoss(stage, g.output, a.microbatch);
@@ -263,20 +266,18 @@ void Executor::Forward(const Action& a) {
   } else {
     const int prev = LocalChunk(chunk_stage_, a.stage - 1);
     input = (prev >= 0 ? At(prev, a.microbatch).output : s.act_in).detach();
-    if (training_) input.requires_grad_(true);
+    if (grad) input.requires_grad_(true);
   }
   std::optional<torch::NoGradGuard> no_grad;
-  if (!training_) no_grad.emplace();
+  if (!grad) no_grad.emplace();
   torch::Tensor out = stage.Forward(input);
-  if (last && training_) {
-    torch::Tensor loss = stage.Loss(out, Tokens(a.microbatch, true)) / m_;
-    loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss.detach() : loss.detach();
-    out = loss;
-  } else if (last && o_.inference_loss) {
-    AddInferenceLoss(stage, out, a.microbatch);
+  if (loss) {
+    torch::Tensor l = stage.Loss(out, Tokens(a.microbatch, true)) / m_;
+    loss_sum_ = loss_sum_.defined() ? loss_sum_ + l.detach() : l.detach();
+    out = l;
   }
-  s.input = input;
-  s.output = last && !training_ ? torch::Tensor() : out;  // inference: the logits are not kept
+  s.input = evaluating_ ? torch::Tensor() : input;
+  s.output = last && !grad ? torch::Tensor() : out;  // inference and evaluation: the logits are not kept
 }
 
 void Executor::AddInferenceLoss(Stage& stage, const torch::Tensor& logits, int mb) {
@@ -378,7 +379,7 @@ absl::Status Executor::Communicate(const std::vector<Action>& group) {
     if (x.kind == ActionKind::kRecvForward) s.act_ready = done;
     if (x.kind == ActionKind::kRecvBackward) s.grad_ready = done;
     if (x.kind == ActionKind::kSendBackward) s.grad_out = torch::Tensor();
-    if (x.kind == ActionKind::kSendForward && !training_) s.output = torch::Tensor();  // no backward needs it
+    if (x.kind == ActionKind::kSendForward && (!training_ || evaluating_)) s.output = torch::Tensor();  // no backward needs it
   }
   return absl::OkStatus();
 }
@@ -439,10 +440,11 @@ absl::Status Executor::ClipGradients() {
 
 // Runs actions_[i] (and the rest of its group), advancing i past them.
 absl::Status Executor::Run(size_t& i) {
-  const Action& x = actions_[i];
+  const std::vector<Action>& actions = *running_;
+  const Action& x = actions[i];
   if (IsCommunication(x.kind)) {
     std::vector<Action> group{x};
-    while (x.group >= 0 && i + 1 < actions_.size() && actions_[i + 1].group == x.group) group.push_back(actions_[++i]);
+    while (x.group >= 0 && i + 1 < actions.size() && actions[i + 1].group == x.group) group.push_back(actions[++i]);
     ++i;
     return Communicate(group);
   }
@@ -467,7 +469,7 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step) {
   std::optional<c10::cuda::CUDAStreamGuard> guard;  // every kernel of the step on the compute stream
   if (streams_->cuda()) guard.emplace(streams_->compute());
   timer_.BeginStep();
-  LoadBatch();
+  LoadBatch(*data_, step_, 0, training_ || o_.inference_loss);
   if (graphs_) {
     for (auto& c : chunks_) c->PrepareForGraphs();  // the optimizer's update, into what the graphs read
     if (!captured_ && steps_run_ >= 1) {
@@ -517,6 +519,45 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step) {
     r.peak_memory_bytes = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[aggregate].peak;
   }
   return r;
+}
+
+absl::StatusOr<std::optional<double>> Executor::Evaluate(const TokenSource& val, int batches) {
+  std::optional<c10::cuda::CUDAStreamGuard> guard;
+  if (streams_->cuda()) guard.emplace(streams_->compute());
+  evaluating_ = true;
+  running_ = &eval_actions_;
+  for (auto& c : chunks_) c->SetTraining(false);
+  timer_.BeginStep();  // the next step's BeginStep drops what evaluation recorded
+  torch::Tensor total;
+  absl::Status status;
+  for (int b = 0; b < batches && status.ok(); ++b) {
+    loss_sum_ = torch::Tensor();
+    LoadBatch(val, 0, b, /*targets=*/true);
+    streams_->CommAfterCompute();  // receive buffers are free once the previous compute is done
+    for (size_t i = 0; i < eval_actions_.size();) {
+      const size_t at = i;
+      try {
+        status = Run(i);
+      } catch (const c10::Error& e) {
+        status = absl::InternalError(absl::StrCat("LibTorch: ", e.what_without_backtrace()));
+      }
+      if (!status.ok()) {
+        status = absl::Status(status.code(), absl::StrCat("rank ", o_.rank, ", ", ToString(eval_actions_[at]),
+                                                          " (evaluation batch ", b, "): ", status.message()));
+        break;
+      }
+    }
+    if (status.ok() && loss_sum_.defined()) total = total.defined() ? total + loss_sum_ : loss_sum_;
+  }
+  streams_->Synchronize();
+  for (auto& c : chunks_) c->SetTraining(training_);
+  evaluating_ = false;
+  running_ = &actions_;
+  loss_sum_ = torch::Tensor();
+  for (Slot& s : slots_) s.input = s.output = torch::Tensor();
+  if (!status.ok()) return status;
+  if (!total.defined()) return std::optional<double>();
+  return std::optional<double>(total.item<double>() / batches);
 }
 
 }  // namespace stagehand

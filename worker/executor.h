@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,11 @@ struct StepResult {
   int64_t tokens = 0;     // tokens through the whole pipeline this step (all its replicas)
   int64_t peak_memory_bytes = 0;
   StepTiming timing;      // where the step's time went on this rank (actions empty when timing is off)
+  // Filled by the pipeline's loop (pipeline.cc), not by Step: an evaluation after this step, and the
+  // parameters of this rank's stages.
+  bool has_val_loss = false;
+  double val_loss = 0;
+  int64_t parameters = 0;
 };
 
 struct ExecutorOptions {
@@ -104,6 +110,13 @@ class Executor {
   absl::StatusOr<StepResult> Step(int64_t step);
   int failed_action() const { return failed_action_; }
 
+  // Evaluation between steps: `batches` global batches of `val` (batch b is val.Batch(0, b, ...))
+  // forward only, without gradients, through the forward part of this rank's list (ForwardPart, the
+  // same placement and transfers). Every rank of the pipeline calls it at the same step boundary.
+  // The rank holding the last stage gets the mean token loss over the batches (each micro-batch's
+  // mean loss, averaged: micro-batches hold equal tokens); the others nullopt.
+  absl::StatusOr<std::optional<double>> Evaluate(const TokenSource& val, int batches);
+
   std::vector<torch::Tensor> Parameters() const;
   // The chunks' parameters by the model's names (independent of the partition), in Parameters() order.
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const;
@@ -133,13 +146,16 @@ class Executor {
   void AddInferenceLoss(Stage& stage, const torch::Tensor& logits, int mb);
   void Capture();
   torch::Tensor Tokens(int mb, bool targets);
-  void LoadBatch();
+  void LoadBatch(const TokenSource& from, int64_t step, int64_t index, bool targets);
   Slot& At(int chunk, int mb);
   bool First(int chunk) const;
   bool Last(int chunk) const;
 
   const ExecutorOptions o_;
   const std::vector<Action>& actions_;
+  const std::vector<Action> eval_actions_;    // ForwardPart of the list
+  const std::vector<Action>* running_;        // actions_, or eval_actions_ while evaluating
+  bool evaluating_ = false;
   std::vector<std::unique_ptr<Stage>> chunks_;
   std::vector<int> chunk_stage_;  // chunk -> virtual stage
   const TokenSource* data_;

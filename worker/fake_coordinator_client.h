@@ -124,10 +124,10 @@ class FakeCoordinatorClient : public CoordinatorClient {
     milestones_.push_back(request);
     return absl::OkStatus();
   }
-  absl::Status ReportStep(const ReportStepRequest& request) override {
+  absl::StatusOr<ReportStepResponse> ReportStep(const ReportStepRequest& request) override {
     absl::MutexLock lock(&mu_);
     steps_.push_back(request);
-    return absl::OkStatus();
+    return ReportStepResponse();
   }
   absl::Status Finish(const FinishRequest& request) override {
     absl::MutexLock lock(&mu_);

@@ -58,7 +58,19 @@ absl::StatusOr<JobSpec> Resolved(const ModelFamily& family, JobSpec job) {
 absl::StatusOr<std::unique_ptr<TokenSource>> MakeData(const JobSpec& job) {
   const ModelSpec& m = job.model_spec();
   if (job.data().empty() || job.data() == "synthetic") return MakeSyntheticCorpus(m.vocab(), m.seq(), job.seed());
-  return OpenTokenFile(job.data(), m.vocab(), m.seq(), job.seed());
+  return OpenTokenFile(job.data(), m.vocab(), m.seq(), job.seed(), job.val_fraction());
+}
+
+// The held-out split, when the job evaluates (the launcher refuses a split without a token file).
+absl::StatusOr<std::unique_ptr<TokenSource>> MakeValidationData(const JobSpec& job) {
+  if (!(job.val_fraction() > 0)) return std::unique_ptr<TokenSource>();
+  const ModelSpec& m = job.model_spec();
+  return OpenValidationSplit(job.data(), m.vocab(), m.seq(), job.val_fraction());
+}
+
+bool EvalDue(const JobSpec& job, int64_t steps_done) {
+  const int64_t every = job.eval_every() > 0 ? job.eval_every() : std::max<int64_t>(1, job.steps() / 10);
+  return steps_done % every == 0 || steps_done == job.steps();
 }
 
 absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const ModelFamily& family, const JobSpec& job, int first,
@@ -158,6 +170,8 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   if (!schedule.ok()) return schedule.status();
   absl::StatusOr<std::unique_ptr<TokenSource>> data = MakeData(job);
   if (!data.ok()) return data.status();
+  absl::StatusOr<std::unique_ptr<TokenSource>> val = MakeValidationData(job);
+  if (!val.ok()) return val.status();
   const double data_s = SecondsSince(start);
   absl::StatusOr<std::vector<std::unique_ptr<Stage>>> chunks = MakeChunks(**family, a, *schedule);
   if (!chunks.ok()) return chunks.status();
@@ -200,6 +214,12 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   std::optional<CheckpointWriter> writer;
   if (job.has_checkpoint_every() && !job.pipeline().inference()) writer.emplace(WriterOptions(a, context));
   const LrSchedule lr = LrScheduleOf(job);
+  int64_t parameters = 0;
+  for (const torch::Tensor& p : executor.Parameters()) parameters += p.numel();
+  LOG(INFO) << "parameters: " << parameters << " in this rank's " << executor.chunk_stages().size()
+            << (executor.chunk_stages().size() == 1 ? " stage" : " stages");
+  const int eval_batches = job.eval_batches() > 0 ? job.eval_batches() : 4;
+  int64_t stop_at = 0;  // the launcher's SIGTERM: a checkpoint after this many steps, then the end
   for (int64_t step = first_step; step < job.steps(); ++step) {
     executor.SetLearningRate(LearningRate(lr, step));
     absl::StatusOr<StepResult> r = executor.Step(step);
@@ -214,12 +234,30 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
           << (job.device() == "cuda" && (!job.has_init_on_device() || job.init_on_device()) ? "the device" : "the CPU")
           << "), step 0 " << r->seconds << " s; " << SecondsSince(start) << " s since the assignment";
     }
-    if (absl::Status s = on_step(*r); !s.ok()) return s;
-    if (writer && CheckpointDue(job, step + 1)) {
+    const int64_t done = step + 1;
+    // Every rank evaluates after the same steps (the forward part of its list exchanges activations).
+    if (*val != nullptr && !job.pipeline().inference() && EvalDue(job, done)) {
+      absl::StatusOr<std::optional<double>> loss = executor.Evaluate(**val, eval_batches);
+      if (!loss.ok()) return loss.status();
+      if (loss->has_value()) {
+        r->has_val_loss = true;
+        r->val_loss = **loss;
+      }
+    }
+    r->parameters = parameters;
+    absl::StatusOr<StepAnswer> answer = on_step(*r);
+    if (!answer.ok()) return answer.status();
+    if (answer->checkpoint_and_stop_at > 0 && stop_at == 0) {
+      stop_at = answer->checkpoint_and_stop_at;
+      LOG(INFO) << "the launcher asks for a checkpoint after step " << stop_at << ", then the end (SIGTERM)";
+    }
+    const bool stop_here = stop_at > 0 && done >= stop_at;
+    if (writer && (CheckpointDue(job, done) || stop_here)) {
       std::optional<c10::cuda::CUDAStreamGuard> guard;  // the copies queue behind the step's optimizer
       if (streams.cuda()) guard.emplace(streams.compute());
-      if (absl::Status s = writer->Save(step + 1, executor); !s.ok()) return s;
+      if (absl::Status s = writer->Save(done, executor); !s.ok()) return s;
     }
+    if (stop_here) break;
   }
   if (writer) {
     if (absl::Status s = writer->Finish(); !s.ok()) return s;

@@ -14,7 +14,12 @@
 
 namespace stagehand {
 
-using PipelineStepCallback = std::function<absl::Status(const StepResult&)>;
+// What the coordinator answered a step's report: 0, or the step count after which every rank writes
+// a checkpoint and ends its run (the launcher got SIGTERM; ReportStepResponse).
+struct StepAnswer {
+  int64_t checkpoint_and_stop_at = 0;
+};
+using PipelineStepCallback = std::function<absl::StatusOr<StepAnswer>(const StepResult&)>;
 
 // The payload of a RunPipeline error that failed at an action: the action's index in the rank's list,
 // in decimal. The worker reports it to the coordinator, which prints the grid.
@@ -33,7 +38,10 @@ struct PipelineContext {
 };
 
 // Runs job.steps() steps of the assignment's schedule (from the checkpoint's step when resuming),
-// writing checkpoints every job.checkpoint_every() steps and at the end.
+// writing checkpoints every job.checkpoint_every() steps and at the end; with job.val_fraction(),
+// evaluates job.eval_batches() held-out batches every job.eval_every() steps and at the end (the
+// loss goes with that step's report). When a step's answer asks for it, writes a checkpoint after
+// that many steps and returns OK there, short of job.steps().
 absl::Status RunPipeline(const Assignment& assignment, Transport* transport, const PipelineStepCallback& on_step,
                          const PipelineContext& context = {});
 

@@ -224,7 +224,12 @@ absl::Status RunModel(Run& run, Transport* transport) {
     req.set_tokens(r.tokens);
     req.set_peak_memory_bytes(r.peak_memory_bytes);
     *req.mutable_timing() = r.timing;
-    return run.client->ReportStep(req);
+    req.set_has_val_loss(r.has_val_loss);
+    req.set_val_loss(r.val_loss);
+    req.set_parameters(r.parameters);
+    absl::StatusOr<ReportStepResponse> answer = run.client->ReportStep(req);
+    if (!answer.ok()) return absl::StatusOr<StepAnswer>(answer.status());
+    return absl::StatusOr<StepAnswer>(StepAnswer{answer->checkpoint_and_stop_at()});
   }, PipelineContext{run.client, run.incarnation});
 }
 
@@ -263,7 +268,7 @@ absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) 
     run.agent->SetSteps(step + 1);
     ReportStepRequest r = StepRequest(run, step);
     r.set_step_seconds(secs);
-    return client.ReportStep(r);
+    return client.ReportStep(r).status();
   });
   run.agent->SetTransport(nullptr);
   run.sampler.reset();
