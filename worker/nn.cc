@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/attention_kernels.h"
+#include "worker/fused_backward_kernels.h"
 #include "worker/fused_kernels.h"
 
 namespace stagehand {
@@ -75,7 +76,8 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
  public:
   // x: contiguous and 16-byte aligned (NormForGemm checks).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
+                               const torch::Tensor& weight, const torch::Tensor& bias, double eps,
+                               bool fused_backward) {
     const int64_t cols = x.size(-1), rows = x.numel() / cols;
     std::vector<int64_t> stats_shape(x.sizes().begin(), x.sizes().end() - 1);
     stats_shape.push_back(1);  // the shape at::native_layer_norm gives its mean and rstd
@@ -87,16 +89,21 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
                                           static_cast<float>(eps), at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(e == cudaSuccess, "LayerNormToBf16: ", cudaGetErrorString(e));
     ctx->save_for_backward({x, weight, bias, mean, rstd});
+    ctx->saved_data["fused_backward"] = fused_backward;
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list s = ctx->get_saved_variables();
     const torch::Tensor &x = s[0], &weight = s[1], &bias = s[2], &mean = s[3], &rstd = s[4];
+    if (ctx->saved_data["fused_backward"].toBool()) {
+      std::vector<torch::Tensor> fused = NormBackwardFromBf16(grads[0], x, weight, mean, rstd);
+      if (!fused.empty()) return {fused[0], fused[1], fused[2], torch::Tensor(), torch::Tensor()};
+    }
     auto [dx, dweight, dbias] = at::native_layer_norm_backward(
         grads[0].to(torch::kFloat32), x, {x.size(-1)}, mean, rstd, weight, bias,
         {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
-    return {dx, dweight, dbias, torch::Tensor()};
+    return {dx, dweight, dbias, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -110,9 +117,33 @@ at::Generator LayerGenerator(uint64_t seed, int layer, const torch::Device& devi
   return gen;
 }
 
+std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const torch::Tensor& x,
+                                                const torch::Tensor& weight, const torch::Tensor& mean,
+                                                const torch::Tensor& rstd) {
+  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  if (!dy.defined() || !dy.is_cuda() || dy.scalar_type() != torch::kBFloat16 || !dy.is_contiguous() ||
+      dy.sizes() != x.sizes() || !aligned(dy) || x.scalar_type() != torch::kFloat32 || !x.is_contiguous() ||
+      !aligned(x) || weight.scalar_type() != torch::kFloat32 || !weight.is_contiguous() || !aligned(weight) ||
+      !rstd.is_contiguous() || (mean.defined() && !mean.is_contiguous()) || !NormBackwardSupports(cols)) {
+    return {};
+  }
+  const int64_t parts = NormBackwardPartials(rows);
+  torch::Tensor dx = torch::empty_like(x);
+  torch::Tensor dgamma = torch::empty({parts, cols}, x.options());
+  torch::Tensor dbeta = mean.defined() ? torch::empty({parts, cols}, x.options()) : torch::Tensor();
+  const cudaError_t e =
+      NormBackward(reinterpret_cast<const uint16_t*>(dy.data_ptr<at::BFloat16>()), x.data_ptr<float>(),
+                   weight.data_ptr<float>(), mean.defined() ? mean.data_ptr<float>() : nullptr, rstd.data_ptr<float>(),
+                   dx.data_ptr<float>(), dgamma.data_ptr<float>(), mean.defined() ? dbeta.data_ptr<float>() : nullptr,
+                   rows, cols, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "NormBackward: ", cudaGetErrorString(e));
+  return {dx, dgamma.sum(0), mean.defined() ? dbeta.sum(0) : torch::Tensor()};
+}
+
 // ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16
 // that the GEMM would make; otherwise (CPU, fp32, inputs the kernel does not take) the LayerNorm module.
-torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused) {
+torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused, bool fused_backward) {
   auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
   const bool fuse = fused && x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && aligned(x) &&
                     at::autocast::is_autocast_enabled(at::kCUDA) &&
@@ -120,7 +151,7 @@ torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool
                     ln->bias.defined() && ln->weight.scalar_type() == torch::kFloat32 && aligned(ln->weight) &&
                     aligned(ln->bias) && LayerNormToBf16Supports(x.size(-1));
   if (!fuse) return ln(x);
-  return LayerNormToBf16Function::apply(x, ln->weight, ln->bias, ln->options.eps());
+  return LayerNormToBf16Function::apply(x, ln->weight, ln->bias, ln->options.eps(), fused_backward);
 }
 
 torch::Tensor DenseImpl::forward(const torch::Tensor& x) {

@@ -95,7 +95,18 @@ void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype);
 
 // ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16
 // that the GEMM would make; otherwise (CPU, fp32, inputs the kernel does not take) the LayerNorm module.
-torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused);
+// With `fused_backward` its backward takes the bf16 gradient as it comes (NormBackwardFromBf16) instead of
+// upcasting it and running ATen's LayerNorm backward (--model_option=fused_norm_backward=false: ATen's).
+torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused, bool fused_backward = true);
+
+// The backward of a LayerNorm (mean defined) or RMSNorm (mean undefined) of fp32 rows x [..., cols] with
+// an fp32 weight, from the bf16 gradient dy of its output, in one kernel (fused_backward_kernels.h):
+// {dx (fp32), dweight, dbias (undefined for RMSNorm)}; mean and rstd are the forward's, one per row.
+// Empty when the kernel does not take the inputs (dy not bf16, contiguous and aligned on CUDA, a row
+// length LayerNormToBf16 does not take): the caller then runs its own backward.
+std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const torch::Tensor& x,
+                                                const torch::Tensor& weight, const torch::Tensor& mean,
+                                                const torch::Tensor& rstd);
 
 // bf16 autocast on CUDA for one forward, restoring what was there before. Like Python's
 // torch.autocast, the cache of cast weights is dropped when the outermost region ends: a cached bf16

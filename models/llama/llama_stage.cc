@@ -58,7 +58,7 @@ class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Func
  public:
   // x: contiguous and 16-byte aligned, weight fp32 aligned (FusedRmsNormApplies checks).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, double eps) {
+                               const torch::Tensor& weight, double eps, bool fused_backward) {
     const int64_t cols = x.size(-1), rows = x.numel() / cols;
     std::vector<int64_t> stats_shape(x.sizes().begin(), x.sizes().end() - 1);
     stats_shape.push_back(1);
@@ -69,12 +69,17 @@ class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Func
                                         rows, cols, static_cast<float>(eps), at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(e == cudaSuccess, "RmsNormToBf16: ", cudaGetErrorString(e));
     ctx->save_for_backward({x, weight, rstd});
+    ctx->saved_data["fused_backward"] = fused_backward;
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list s = ctx->get_saved_variables();
     const torch::Tensor &x = s[0], &weight = s[1], &rstd = s[2];
+    if (ctx->saved_data["fused_backward"].toBool()) {
+      std::vector<torch::Tensor> fused = NormBackwardFromBf16(grads[0], x, weight, torch::Tensor(), rstd);
+      if (!fused.empty()) return {fused[0], fused[1], torch::Tensor(), torch::Tensor()};
+    }
     const torch::Tensor dy = grads[0].to(torch::kFloat32);
     torch::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) {
@@ -82,7 +87,7 @@ class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Func
       dx = rstd * g - x * rstd.pow(3) * (g * x).mean(-1, /*keepdim=*/true);
     }
     if (ctx->needs_input_grad(1)) dw = (dy * x * rstd).reshape({-1, x.size(-1)}).sum(0);
-    return {dx, dw, torch::Tensor()};
+    return {dx, dw, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -100,11 +105,12 @@ bool FusedRmsNormApplies(const torch::Tensor& x, const torch::Tensor& w) {
 // from one kernel instead (RmsNormToBf16Function): every RMSNorm here feeds a GEMM.
 class RmsNormImpl : public torch::nn::Module {
  public:
-  RmsNormImpl(int64_t hidden, double eps, bool fused) : eps_(eps), fused_(fused) {
+  RmsNormImpl(int64_t hidden, double eps, bool fused, bool fused_backward)
+      : eps_(eps), fused_(fused), fused_backward_(fused_backward) {
     weight = register_parameter("weight", torch::ones({hidden}));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    if (fused_ && FusedRmsNormApplies(x, weight)) return RmsNormToBf16Function::apply(x, weight, eps_);
+    if (fused_ && FusedRmsNormApplies(x, weight)) return RmsNormToBf16Function::apply(x, weight, eps_, fused_backward_);
     const at::ScalarType dtype = at::promote_types(x.scalar_type(), torch::kFloat32);
     const torch::Tensor xf = x.to(dtype);
     return xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight.to(dtype);
@@ -113,7 +119,7 @@ class RmsNormImpl : public torch::nn::Module {
 
  private:
   double eps_;
-  bool fused_;
+  bool fused_, fused_backward_;
 };
 TORCH_MODULE(RmsNorm);
 
@@ -158,7 +164,7 @@ class AttentionImpl : public PipelineLayerImpl {
   AttentionImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : layer_(layer), hidden_(c.hidden), heads_(c.heads), kv_heads_(c.kv_heads), head_dim_(c.head_dim()),
         seq_(c.seq) {
-    norm_ = register_module("input_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
+    norm_ = register_module("input_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
     q_ = register_module("q_proj", Dense(c.hidden, c.heads * head_dim_, false, device));
     k_ = register_module("k_proj", Dense(c.hidden, c.kv_heads * head_dim_, false, device));
     v_ = register_module("v_proj", Dense(c.hidden, c.kv_heads * head_dim_, false, device));
@@ -202,7 +208,7 @@ class AttentionImpl : public PipelineLayerImpl {
 class MlpImpl : public PipelineLayerImpl {
  public:
   MlpImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device) : layer_(layer), hidden_(c.hidden) {
-    norm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
+    norm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
     gate_ = register_module("gate_proj", Dense(c.hidden, c.ffn_hidden, false, device));
     up_ = register_module("up_proj", Dense(c.hidden, c.ffn_hidden, false, device));
     down_ = register_module("down_proj", Dense(c.ffn_hidden, c.hidden, false, device));
@@ -232,7 +238,7 @@ class MlpImpl : public PipelineLayerImpl {
 class HeadImpl : public PipelineLayerImpl {
  public:
   HeadImpl(const LlamaConfig& c, uint64_t seed, const torch::Device& device) : hidden_(c.hidden) {
-    norm_ = register_module("norm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
+    norm_ = register_module("norm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
     lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false, device));
     at::Generator gen = LayerGenerator(seed, c.pipeline_layers() - 1, device);
     lm_head_->InitWeight(0.02, gen);
@@ -276,6 +282,9 @@ class LlamaPipelineStage final : public Stage {
     return {{batch, config_.seq, config_.hidden}, torch::kFloat32};
   }
   torch::Tensor Forward(const torch::Tensor& input) override { return module_->forward(input); }
+  torch::Tensor Loss(const torch::Tensor& output, const torch::Tensor& targets) override {
+    return config_.fused_cross_entropy ? FusedLanguageModelLoss(output, targets) : LanguageModelLoss(output, targets);
+  }
   std::vector<torch::Tensor> Parameters() override {
     std::vector<torch::Tensor> out;
     for (auto& [name, p] : module_->NamedParametersHf()) out.push_back(p);
@@ -350,6 +359,13 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& m) {
   c.norm_eps = m.norm_eps();
   c.bf16_autocast = !m.fp32();
   c.fused_rmsnorm = !m.has_fused_layernorm() || m.fused_layernorm();  // unset: fused
+  // Model options that turn a mechanism off: unset or anything but "false" leaves it on.
+  auto on = [&](const char* name) {
+    auto option = m.options().find(name);
+    return option == m.options().end() || option->second != "false";
+  };
+  c.fused_norm_backward = on("fused_norm_backward");
+  c.fused_cross_entropy = on("fused_cross_entropy");
   return c;
 }
 
