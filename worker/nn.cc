@@ -180,6 +180,22 @@ void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype) {
   }
 }
 
+void LowerDenseWeights(torch::nn::Module& root, at::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  for (const auto& module : root.modules(/*include_self=*/false)) {
+    auto* dense = dynamic_cast<DenseImpl*>(module.get());
+    if (dense == nullptr || !dense->weight.is_cuda()) continue;
+    dense->weight.set_data(dense->weight.detach().to(dtype));
+    if (dense->bias.defined()) dense->bias.set_data(dense->bias.detach().to(dtype));
+  }
+}
+
+bool LowersDenseWeights(const JobSpec& job, const torch::Device& device, bool bf16_autocast) {
+  auto option = job.model_spec().options().find("inference_bf16_weights");
+  const bool on = option == job.model_spec().options().end() || option->second != "false";
+  return on && device.is_cuda() && bf16_autocast && job.pipeline().inference() && !job.save_params();
+}
+
 absl::Status SelectAttentionKernel(const std::string& kernel) {
   using B = at::SDPBackend;
   using Order = std::array<B, at::num_sdp_backends>;

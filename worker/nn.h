@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "protos/job.pb.h"
 
 namespace stagehand {
 
@@ -92,6 +93,18 @@ TORCH_MODULE(Dense);
 
 // Brings the bf16 copies of every Dense under `root` up to date (before CUDA graphs replay them).
 void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype);
+
+// For inference under autocast: the weight and bias of every CUDA Dense under `root` become `dtype`
+// tensors in place of the fp32 ones (set_data: the same parameters, now in the compute dtype), so that
+// the forward uses them as they are and holds no fp32 master beside its cast copy (gpt-1.3b: 7.8 GB of
+// weights become 2.6). The outputs are the same: the forward cast them to `dtype` anyway. Nothing may
+// train them afterwards; what reads them (a checkpoint's restore copies into them) sees `dtype`.
+void LowerDenseWeights(torch::nn::Module& root, at::ScalarType dtype);
+
+// Whether a stage should LowerDenseWeights: an inference job (forward only) under bf16 autocast on
+// CUDA that does not save its parameters (they would come out in bf16), and the model option
+// inference_bf16_weights not "false".
+bool LowersDenseWeights(const JobSpec& job, const torch::Device& device, bool bf16_autocast);
 
 // ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16
 // that the GEMM would make; otherwise (CPU, fp32, inputs the kernel does not take) the LayerNorm module.

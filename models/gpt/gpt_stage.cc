@@ -184,6 +184,9 @@ class GptPipelineStage final : public Stage {
   GptPipelineStage(const GptConfig& config, const StageOptions& o)
       : config_(config), first_layer_(o.first_layer), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()) {
     module_->to(o.device);
+    if (o.job != nullptr && LowersDenseWeights(*o.job, o.device, config.bf16_autocast)) {
+      LowerDenseWeights(*module_, at::kBFloat16);
+    }
   }
   TensorSpec Input(int64_t batch) const override {
     if (module_->has_embedding()) return {{batch, config_.seq}, torch::kInt64};

@@ -954,5 +954,51 @@ TEST(FusedKernelsCuda, CrossEntropy_MatchesTorchsOnUpcastLogits) {
   }
 }
 
+// When an inference stage keeps only bf16 weights: inference on CUDA under autocast, no saved
+// parameters, the option not "false".
+TEST(LowersDenseWeights, OnlyForInferenceUnderAutocastOnCuda) {
+  JobSpec job;
+  job.mutable_pipeline()->set_inference(true);
+  const torch::Device cuda(torch::kCUDA, 0), cpu(torch::kCPU);
+  EXPECT_TRUE(LowersDenseWeights(job, cuda, true));
+  EXPECT_FALSE(LowersDenseWeights(job, cpu, true));
+  EXPECT_FALSE(LowersDenseWeights(job, cuda, false));
+  JobSpec saves = job;
+  saves.set_save_params(true);
+  EXPECT_FALSE(LowersDenseWeights(saves, cuda, true));
+  JobSpec off = job;
+  (*off.mutable_model_spec()->mutable_options())["inference_bf16_weights"] = "false";
+  EXPECT_FALSE(LowersDenseWeights(off, cuda, true));
+  JobSpec training = job;
+  training.mutable_pipeline()->set_inference(false);
+  EXPECT_FALSE(LowersDenseWeights(training, cuda, true));
+}
+
+// The lowered weights give the very logits the fp32 ones did (the forward cast them to bf16 anyway),
+// and every linear layer's weight is bf16 afterwards.
+TEST(GptStageCuda, LowerDenseWeights_SameLogitsInBf16) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  GptConfig c = Tiny();
+  c.bf16_autocast = true;
+  c.hidden = 128;
+  torch::Tensor tokens = Tokens(c, 4, 1).cuda();
+  GptStage model(c, 0, c.pipeline_layers(), 1);
+  model->to(torch::kCUDA);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor before = model(tokens).clone();
+  LowerDenseWeights(*model, at::kBFloat16);
+  const torch::Tensor after = model(tokens);
+  EXPECT_TRUE(torch::equal(before, after));
+  int lowered = 0;
+  for (const auto& item : model->named_parameters()) {
+    const bool dense = item.key().find("ln") == std::string::npos && item.key().find("layers.0.") != 0;
+    if (dense) {
+      EXPECT_EQ(item.value().scalar_type(), torch::kBFloat16) << item.key();
+      ++lowered;
+    }
+  }
+  EXPECT_GT(lowered, 0);
+}
+
 }  // namespace
 }  // namespace stagehand

@@ -272,6 +272,9 @@ class LlamaPipelineStage final : public Stage {
   LlamaPipelineStage(const LlamaConfig& config, const StageOptions& o)
       : config_(config), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()) {
     module_->to(o.device);
+    if (o.job != nullptr && LowersDenseWeights(*o.job, o.device, config.bf16_autocast)) {
+      LowerDenseWeights(*module_, at::kBFloat16);
+    }
   }
   TensorSpec Input(int64_t batch) const override {
     if (module_->has_embedding()) return {{batch, config_.seq}, torch::kInt64};
