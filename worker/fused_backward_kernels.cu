@@ -53,7 +53,8 @@ __device__ __forceinline__ void BlockPartial(float4* shared, const float4 (&acc)
 template <int kVecs, bool kCentered>
 __global__ void __launch_bounds__(kWarp * kNormWarps)
     NormBackwardKernel(const uint2* __restrict__ dy, const float4* __restrict__ x, const float4* __restrict__ gamma,
-                       const float* __restrict__ mean, const float* __restrict__ rstd, float4* __restrict__ dx,
+                       const float* __restrict__ mean, const float* __restrict__ rstd,
+                       const float4* __restrict__ residual, float4* __restrict__ dx,
                        float4* __restrict__ partial_dgamma, float4* __restrict__ partial_dbeta, int64_t rows) {
   constexpr int kCols = kVecs * 4 * kWarp, kCols4 = kCols / 4;
   extern __shared__ float4 shared[];  // [kNormWarps][kCols4]
@@ -89,6 +90,7 @@ __global__ void __launch_bounds__(kWarp * kNormWarps)
     const float mean_g = kCentered ? WarpSum(sum_g) / kCols : 0.f;
     const float mean_gx = WarpSum(sum_gx) / kCols;
     float4* dxr = dx + row * kCols4;
+    const float4* rr = residual == nullptr ? nullptr : residual + row * kCols4;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       const int k = i * kWarp + lane;
@@ -98,6 +100,13 @@ __global__ void __launch_bounds__(kWarp * kNormWarps)
       out.y = rs * (d.y * g.y - mean_g - (v.y - mu) * rs * mean_gx);
       out.z = rs * (d.z * g.z - mean_g - (v.z - mu) * rs * mean_gx);
       out.w = rs * (d.w * g.w - mean_g - (v.w - mu) * rs * mean_gx);
+      if (rr != nullptr) {
+        const float4 r = rr[k];
+        out.x += r.x;
+        out.y += r.y;
+        out.z += r.z;
+        out.w += r.w;
+      }
       dxr[k] = out;
     }
   }
@@ -115,7 +124,8 @@ int SmCount() {
 
 template <int kVecs, bool kCentered>
 cudaError_t LaunchNormBackward(const uint16_t* dy, const float* x, const float* gamma, const float* mean,
-                               const float* rstd, float* dx, float* pg, float* pb, int64_t rows, cudaStream_t stream) {
+                               const float* rstd, const float* residual, float* dx, float* pg, float* pb, int64_t rows,
+                               cudaStream_t stream) {
   constexpr int kCols = kVecs * 128;
   const size_t shared = sizeof(float) * kNormWarps * kCols;
   auto kernel = NormBackwardKernel<kVecs, kCentered>;
@@ -126,19 +136,20 @@ cudaError_t LaunchNormBackward(const uint16_t* dy, const float* x, const float* 
   const int64_t blocks = NormBackwardPartials(rows);
   kernel<<<static_cast<unsigned int>(blocks), kWarp * kNormWarps, shared, stream>>>(
       reinterpret_cast<const uint2*>(dy), reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma),
-      mean, rstd, reinterpret_cast<float4*>(dx), reinterpret_cast<float4*>(pg), reinterpret_cast<float4*>(pb), rows);
+      mean, rstd, reinterpret_cast<const float4*>(residual), reinterpret_cast<float4*>(dx), reinterpret_cast<float4*>(pg), reinterpret_cast<float4*>(pb), rows);
   return cudaGetLastError();
 }
 
 template <int kVecs>
 cudaError_t DispatchNormBackward(int vecs, const uint16_t* dy, const float* x, const float* gamma, const float* mean,
-                                 const float* rstd, float* dx, float* pg, float* pb, int64_t rows, cudaStream_t stream) {
+                                 const float* rstd, const float* res, float* dx, float* pg, float* pb, int64_t rows,
+                                 cudaStream_t stream) {
   if (vecs == kVecs) {
-    return mean != nullptr ? LaunchNormBackward<kVecs, true>(dy, x, gamma, mean, rstd, dx, pg, pb, rows, stream)
-                           : LaunchNormBackward<kVecs, false>(dy, x, gamma, mean, rstd, dx, pg, pb, rows, stream);
+    return mean != nullptr ? LaunchNormBackward<kVecs, true>(dy, x, gamma, mean, rstd, res, dx, pg, pb, rows, stream)
+                           : LaunchNormBackward<kVecs, false>(dy, x, gamma, mean, rstd, res, dx, pg, pb, rows, stream);
   }
   if constexpr (kVecs < 32) {
-    return DispatchNormBackward<kVecs + 1>(vecs, dy, x, gamma, mean, rstd, dx, pg, pb, rows, stream);
+    return DispatchNormBackward<kVecs + 1>(vecs, dy, x, gamma, mean, rstd, res, dx, pg, pb, rows, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -267,14 +278,15 @@ int64_t NormBackwardPartials(int64_t rows) {
 }
 
 cudaError_t NormBackward(const uint16_t* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
-                         float* dx, float* partial_dgamma, float* partial_dbeta, int64_t rows, int64_t cols,
-                         cudaStream_t stream) {
+                         const float* residual, float* dx, float* partial_dgamma, float* partial_dbeta, int64_t rows,
+                         int64_t cols, cudaStream_t stream) {
   if (!NormBackwardSupports(cols) || rows < 0) return cudaErrorInvalidValue;
   if (!Aligned(dy, 8) || !Aligned(x, 16) || !Aligned(gamma, 16) || !Aligned(dx, 16) || !Aligned(partial_dgamma, 16)) {
     return cudaErrorInvalidValue;
   }
   if (mean != nullptr && (partial_dbeta == nullptr || !Aligned(partial_dbeta, 16))) return cudaErrorInvalidValue;
-  return DispatchNormBackward<1>(static_cast<int>(cols / 128), dy, x, gamma, mean, rstd, dx, partial_dgamma,
+  if (residual != nullptr && !Aligned(residual, 16)) return cudaErrorInvalidValue;
+  return DispatchNormBackward<1>(static_cast<int>(cols / 128), dy, x, gamma, mean, rstd, residual, dx, partial_dgamma,
                                  partial_dbeta, rows, stream);
 }
 

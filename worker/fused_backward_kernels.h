@@ -23,14 +23,16 @@ int64_t NormBackwardPartials(int64_t rows);
 //   LayerNorm (mean != nullptr): xhat = (x - mean) rstd, g = dy gamma,
 //     dx = rstd (g - mean(g) - xhat mean(g xhat));
 //   RMSNorm (mean == nullptr): xhat = x rstd, dx = rstd (g - xhat mean(g xhat)).
-// dx: [rows, cols] fp32. partial_dgamma[p, c] (and partial_dbeta, LayerNorm only; may be null) hold the
+// dx: [rows, cols] fp32, plus `residual` [rows, cols] fp32 where given (not null, 16-byte aligned): the
+// gradient that reaches x around the norm (the residual stream's), added in the same pass instead of
+// autograd's separate add. partial_dgamma[p, c] (and partial_dbeta, LayerNorm only; may be null) hold the
 // sums of dy xhat (and dy) over disjoint sets of rows, p < NormBackwardPartials(rows): their sum over p
 // is dgamma (dbeta). The summation order is fixed, so the results are deterministic. x, gamma, dy and
 // dx 16-byte aligned, dy 8-byte at least (four bf16 at a time). cudaErrorInvalidValue for a row length
 // it does not take or a misaligned pointer, else the launch's error.
 cudaError_t NormBackward(const uint16_t* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
-                         float* dx, float* partial_dgamma, float* partial_dbeta, int64_t rows, int64_t cols,
-                         cudaStream_t stream);
+                         const float* residual, float* dx, float* partial_dgamma, float* partial_dbeta, int64_t rows,
+                         int64_t cols, cudaStream_t stream);
 
 // Token cross-entropy over bf16 logits [rows, vocab] (contiguous), targets [rows] int64:
 // row_loss[r] = logsumexp(logits[r]) - logits[r, targets[r]], in fp32 (the value of an fp32 upcast and

@@ -114,7 +114,7 @@ bool Aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
 
 }  // namespace
 
-cudaError_t Rotary(const uint16_t* x, const float* cos, const float* sin, uint16_t* y, int64_t batch, int64_t seq,
+cudaError_t RotaryBf16(const uint16_t* x, const float* cos, const float* sin, uint16_t* y, int64_t batch, int64_t seq,
                    int64_t heads, int64_t dim, bool backward, cudaStream_t stream) {
   if (dim <= 0 || dim % 2 != 0 || batch < 0 || seq <= 0 || heads <= 0) return cudaErrorInvalidValue;
   const int64_t pairs = batch * seq * heads * (dim / 2);

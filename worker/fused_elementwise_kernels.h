@@ -20,7 +20,7 @@ namespace stagehand {
 // With `backward` it computes the transpose instead (dy in x's place, dx in y's):
 //   dx[j] = dy[j] cos[p, j] + dy[j + h] sin[p, j + h],  dx[j + h] = dy[j + h] cos[p, j + h] - dy[j] sin[p, j].
 // cudaErrorInvalidValue for an odd dim or 2^31 pairs (x.numel() / 2) or more, else the launch's error.
-cudaError_t Rotary(const uint16_t* x, const float* cos, const float* sin, uint16_t* y, int64_t batch, int64_t seq,
+cudaError_t RotaryBf16(const uint16_t* x, const float* cos, const float* sin, uint16_t* y, int64_t batch, int64_t seq,
                    int64_t heads, int64_t dim, bool backward, cudaStream_t stream);
 
 // SwiGLU: y = silu(gate) up, elementwise over n bf16 values, in fp32 and rounded once.

@@ -86,7 +86,7 @@ class AttentionImpl : public PipelineLayerImpl {
  public:
   AttentionImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : hidden_(c.hidden), heads_(c.heads), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
-        fused_qkv_grad_(c.fused_qkv_grad) {
+        fused_qkv_grad_(c.fused_qkv_grad), fused_residual_grad_(c.fused_residual_grad) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     qkv_ = register_module("qkv", Dense(c.hidden, 3 * c.hidden, true, device));
     proj_ = register_module("proj", Dense(c.hidden, c.hidden, true, device));
@@ -102,7 +102,8 @@ class AttentionImpl : public PipelineLayerImpl {
     // [B, S, 3H] -> [3, B, NH, S, H/NH]: q, k, v as nanoGPT splits them.
     // unbind, not three selects: select's backward would zero-fill a full-size gradient for each of q, k, v
     // and add them up (about 10% of a gpt-1.3b step on an H200).
-    const torch::Tensor projected = qkv_(NormForGemm(ln1_, x, fused_layernorm_, fused_norm_backward_));
+    auto [normed, skip] = NormForGemmWithSkip(ln1_, x, fused_layernorm_, fused_norm_backward_, fused_residual_grad_);
+    const torch::Tensor projected = qkv_(normed);
     std::vector<torch::Tensor> qkv;
     if (fused_qkv_grad_ && torch::GradMode::is_enabled() && projected.requires_grad()) {
       qkv = SplitHeadsFunction::apply(projected, heads_);
@@ -111,12 +112,12 @@ class AttentionImpl : public PipelineLayerImpl {
     }
     auto att = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true);
     // Under autocast the branch comes out bf16; adding it to the fp32 stream keeps it fp32.
-    return x + proj_(att.transpose(1, 2).reshape({b, s, hidden_}));
+    return skip + proj_(att.transpose(1, 2).reshape({b, s, hidden_}));
   }
 
  private:
   int64_t hidden_, heads_;
-  bool fused_layernorm_, fused_norm_backward_, fused_qkv_grad_;
+  bool fused_layernorm_, fused_norm_backward_, fused_qkv_grad_, fused_residual_grad_;
   torch::nn::LayerNorm ln1_{nullptr};
   Dense qkv_{nullptr}, proj_{nullptr};
 };
@@ -124,7 +125,8 @@ class AttentionImpl : public PipelineLayerImpl {
 class MlpImpl : public PipelineLayerImpl {
  public:
   MlpImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
-      : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward) {
+      : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
+        fused_residual_grad_(c.fused_residual_grad) {
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true, device));
     fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true, device));
@@ -135,12 +137,14 @@ class MlpImpl : public PipelineLayerImpl {
   torch::Tensor forward(const torch::Tensor& x) override {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "an MLP layer takes hidden states [B, S, ", hidden_, "], got ",
                 x.sizes());
-    return x + fc2_(at::gelu(fc1_(NormForGemm(ln2_, x, fused_layernorm_, fused_norm_backward_))));  // exact (erf) GELU, as torch's default
+    auto [normed, skip] = NormForGemmWithSkip(ln2_, x, fused_layernorm_, fused_norm_backward_, fused_residual_grad_);
+    return skip + fc2_(at::gelu(fc1_(normed)));  // exact (erf) GELU, as torch's default
   }
 
  private:
   int64_t hidden_;
   bool fused_layernorm_, fused_norm_backward_;
+  bool fused_residual_grad_;
   torch::nn::LayerNorm ln2_{nullptr};
   Dense fc1_{nullptr}, fc2_{nullptr};
 };
@@ -258,6 +262,7 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   c.fused_qkv_grad = on("fused_qkv_grad");
   c.fused_norm_backward = on("fused_norm_backward");
   c.fused_cross_entropy = on("fused_cross_entropy");
+  c.fused_residual_grad = on("fused_residual_grad");
   return c;
 }
 

@@ -36,6 +36,9 @@ struct GptConfig {
   // The loss over the bf16 logits without an fp32 copy (FusedLanguageModelLoss in worker/stage.h;
   // --model_option=fused_cross_entropy=false: the fp32 upcast and torch's cross_entropy).
   bool fused_cross_entropy = true;
+  // The residual stream's gradient is added to each norm's dx inside the fused norm backward
+  // (NormForGemmWithSkip; --model_option=fused_residual_grad=false: autograd's add).
+  bool fused_residual_grad = true;
 
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }
 };

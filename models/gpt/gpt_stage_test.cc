@@ -922,7 +922,7 @@ TEST(FusedKernelsCuda, NormBackward_MatchesAten) {
   EXPECT_TRUE(NormBackwardFromBf16(x.to(torch::kBFloat16), x, w, torch::Tensor(), r).empty());
   torch::Tensor x2 = torch::randn({4, 128}, f32), w2 = torch::ones({128}, f32);
   EXPECT_TRUE(NormBackwardFromBf16(x2, x2, w2, torch::Tensor(), r).empty());  // an fp32 gradient
-  EXPECT_EQ(NormBackward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 100, nullptr),
+  EXPECT_EQ(NormBackward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 100, nullptr),
             cudaErrorInvalidValue);
 }
 
