@@ -11,7 +11,8 @@
 
 namespace stagehand {
 
-// Whether NormBackward takes rows of `cols` elements: a multiple of 128, at most 4096 (as the forward).
+// Whether NormBackward takes rows of `cols` elements: 128 times 1, 2, 4, 6, 8, 12, 16, 24 or 32 (the
+// lengths compiled; the callers fall back to ATen for others).
 bool NormBackwardSupports(int64_t cols);
 
 // How many rows of partial weight (and bias) gradients NormBackward writes for `rows` rows: the caller
