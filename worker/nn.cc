@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/attention_kernels.h"
+#include "worker/fused_backward_kernels.h"
 #include "worker/fused_kernels.h"
 
 namespace stagehand {
@@ -84,8 +85,11 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
 class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16Function> {
  public:
   // x: contiguous and 16-byte aligned (NormForGemm checks).
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
+  // With `skip`, x comes back as a second output (the residual stream's path around the norm), so that
+  // its gradient reaches this backward and is added to dx in the fused kernel's pass.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const torch::Tensor& weight, const torch::Tensor& bias, double eps,
+                                                bool fused_backward, bool skip) {
     const int64_t cols = x.size(-1), rows = x.numel() / cols;
     std::vector<int64_t> stats_shape(x.sizes().begin(), x.sizes().end() - 1);
     stats_shape.push_back(1);  // the shape at::native_layer_norm gives its mean and rstd
@@ -97,16 +101,24 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
                                           static_cast<float>(eps), at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(e == cudaSuccess, "LayerNormToBf16: ", cudaGetErrorString(e));
     ctx->save_for_backward({x, weight, bias, mean, rstd});
-    return y;
+    ctx->saved_data["fused_backward"] = fused_backward;
+    if (skip) return {y, x};
+    return {y};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list s = ctx->get_saved_variables();
     const torch::Tensor &x = s[0], &weight = s[1], &bias = s[2], &mean = s[3], &rstd = s[4];
+    const torch::Tensor skip_grad = grads.size() > 1 ? grads[1] : torch::Tensor();
+    if (ctx->saved_data["fused_backward"].toBool()) {
+      std::vector<torch::Tensor> fused = NormBackwardFromBf16(grads[0], x, weight, mean, rstd, skip_grad);
+      if (!fused.empty()) return {fused[0], fused[1], fused[2], torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
     auto [dx, dweight, dbias] = at::native_layer_norm_backward(
         grads[0].to(torch::kFloat32), x, {x.size(-1)}, mean, rstd, weight, bias,
         {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
-    return {dx, dweight, dbias, torch::Tensor()};
+    if (skip_grad.defined() && dx.defined()) dx = dx + skip_grad;
+    return {dx, dweight, dbias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -180,17 +192,58 @@ at::Generator LayerGenerator(uint64_t seed, int layer, const torch::Device& devi
   return gen;
 }
 
+std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const torch::Tensor& x,
+                                                const torch::Tensor& weight, const torch::Tensor& mean,
+                                                const torch::Tensor& rstd, const torch::Tensor& residual) {
+  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  if (!dy.defined() || !dy.is_cuda() || dy.scalar_type() != torch::kBFloat16 || !dy.is_contiguous() ||
+      dy.sizes() != x.sizes() || !aligned(dy) || x.scalar_type() != torch::kFloat32 || !x.is_contiguous() ||
+      !aligned(x) || weight.scalar_type() != torch::kFloat32 || !weight.is_contiguous() || !aligned(weight) ||
+      !rstd.is_contiguous() || (mean.defined() && !mean.is_contiguous()) || !NormBackwardSupports(cols) ||
+      (residual.defined() && (residual.scalar_type() != torch::kFloat32 || !residual.is_contiguous() ||
+                              residual.sizes() != x.sizes() || !aligned(residual)))) {
+    return {};
+  }
+  const int64_t parts = NormBackwardPartials(rows);
+  torch::Tensor dx = torch::empty_like(x);
+  torch::Tensor dgamma = torch::empty({parts, cols}, x.options());
+  torch::Tensor dbeta = mean.defined() ? torch::empty({parts, cols}, x.options()) : torch::Tensor();
+  const cudaError_t e =
+      NormBackward(reinterpret_cast<const uint16_t*>(dy.data_ptr<at::BFloat16>()), x.data_ptr<float>(),
+                   weight.data_ptr<float>(), mean.defined() ? mean.data_ptr<float>() : nullptr, rstd.data_ptr<float>(),
+                   residual.defined() ? residual.data_ptr<float>() : nullptr, dx.data_ptr<float>(), dgamma.data_ptr<float>(), mean.defined() ? dbeta.data_ptr<float>() : nullptr,
+                   rows, cols, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "NormBackward: ", cudaGetErrorString(e));
+  return {dx, dgamma.sum(0), mean.defined() ? dbeta.sum(0) : torch::Tensor()};
+}
+
 // ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16
 // that the GEMM would make; otherwise (CPU, fp32, inputs the kernel does not take) the LayerNorm module.
-torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused) {
+// Whether the fused LayerNorm takes x (else the module runs).
+bool FusesLayerNorm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused) {
   auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
   const bool fuse = fused && x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && aligned(x) &&
                     at::autocast::is_autocast_enabled(at::kCUDA) &&
                     at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && ln->weight.defined() &&
                     ln->bias.defined() && ln->weight.scalar_type() == torch::kFloat32 && aligned(ln->weight) &&
                     aligned(ln->bias) && LayerNormToBf16Supports(x.size(-1));
-  if (!fuse) return ln(x);
-  return LayerNormToBf16Function::apply(x, ln->weight, ln->bias, ln->options.eps());
+  return fuse;
+}
+
+torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused, bool fused_backward) {
+  if (!FusesLayerNorm(ln, x, fused)) return ln(x);
+  return LayerNormToBf16Function::apply(x, ln->weight, ln->bias, ln->options.eps(), fused_backward, false)[0];
+}
+
+std::pair<torch::Tensor, torch::Tensor> NormForGemmWithSkip(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                                                            bool fused, bool fused_backward, bool fused_skip) {
+  if (!fused_skip || !fused_backward || !torch::GradMode::is_enabled() || !FusesLayerNorm(ln, x, fused)) {
+    return {NormForGemm(ln, x, fused, fused_backward), x};
+  }
+  torch::autograd::variable_list out =
+      LayerNormToBf16Function::apply(x, ln->weight, ln->bias, ln->options.eps(), fused_backward, true);
+  return {out[0], out[1]};
 }
 
 torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
@@ -217,6 +270,22 @@ void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype) {
     auto* dense = dynamic_cast<DenseImpl*>(module.get());
     if (dense != nullptr && dense->weight.is_cuda()) dense->RefreshCasts(dtype);
   }
+}
+
+void LowerDenseWeights(torch::nn::Module& root, at::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  for (const auto& module : root.modules(/*include_self=*/false)) {
+    auto* dense = dynamic_cast<DenseImpl*>(module.get());
+    if (dense == nullptr || !dense->weight.is_cuda()) continue;
+    dense->weight.set_data(dense->weight.detach().to(dtype));
+    if (dense->bias.defined()) dense->bias.set_data(dense->bias.detach().to(dtype));
+  }
+}
+
+bool LowersDenseWeights(const JobSpec& job, const torch::Device& device, bool bf16_autocast) {
+  auto option = job.model_spec().options().find("inference_bf16_weights");
+  const bool on = option == job.model_spec().options().end() || option->second != "false";
+  return on && device.is_cuda() && bf16_autocast && job.pipeline().inference() && !job.save_params();
 }
 
 absl::Status SelectAttentionKernel(const std::string& kernel) {

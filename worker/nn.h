@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "protos/job.pb.h"
 
 namespace stagehand {
 
@@ -151,9 +152,41 @@ class DeferredSplitBackward {
 // Brings the bf16 copies of every Dense under `root` up to date (before CUDA graphs replay them).
 void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype);
 
+// For inference under autocast: the weight and bias of every CUDA Dense under `root` become `dtype`
+// tensors in place of the fp32 ones (set_data: the same parameters, now in the compute dtype), so that
+// the forward uses them as they are and holds no fp32 master beside its cast copy (gpt-1.3b: 7.8 GB of
+// weights become 2.6). The outputs are the same: the forward cast them to `dtype` anyway. Nothing may
+// train them afterwards; what reads them (a checkpoint's restore copies into them) sees `dtype`.
+void LowerDenseWeights(torch::nn::Module& root, at::ScalarType dtype);
+
+// Whether a stage should LowerDenseWeights: an inference job (forward only) under bf16 autocast on
+// CUDA that does not save its parameters (they would come out in bf16), and the model option
+// inference_bf16_weights not "false".
+bool LowersDenseWeights(const JobSpec& job, const torch::Device& device, bool bf16_autocast);
+
 // ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16
 // that the GEMM would make; otherwise (CPU, fp32, inputs the kernel does not take) the LayerNorm module.
-torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused);
+// With `fused_backward` its backward takes the bf16 gradient as it comes (NormBackwardFromBf16) instead of
+// upcasting it and running ATen's LayerNorm backward (--model_option=fused_norm_backward=false: ATen's).
+torch::Tensor NormForGemm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused, bool fused_backward = true);
+
+// {ln(x), x} for a residual block x + f(ln(x)) that adds f to the second: with `fused_skip` (and the
+// fused forward and backward) the second is x passed through the norm's autograd function, so that the
+// residual stream's gradient is added to the norm's dx in the fused backward's pass rather than by
+// autograd's separate fp32 add (--model_option=fused_residual_grad=false: {ln(x), x} as they are).
+std::pair<torch::Tensor, torch::Tensor> NormForGemmWithSkip(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                                                            bool fused, bool fused_backward, bool fused_skip);
+
+// The backward of a LayerNorm (mean defined) or RMSNorm (mean undefined) of fp32 rows x [..., cols] with
+// an fp32 weight, from the bf16 gradient dy of its output, in one kernel (fused_backward_kernels.h):
+// {dx (fp32), dweight, dbias (undefined for RMSNorm)}; mean and rstd are the forward's, one per row.
+// `residual` (fp32, x's shape; may be undefined) is added to dx in the same pass.
+// Empty when the kernel does not take the inputs (dy not bf16, contiguous and aligned on CUDA, a row
+// length LayerNormToBf16 does not take): the caller then runs its own backward.
+std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const torch::Tensor& x,
+                                                const torch::Tensor& weight, const torch::Tensor& mean,
+                                                const torch::Tensor& rstd,
+                                                const torch::Tensor& residual = torch::Tensor());
 
 // bf16 autocast on CUDA for one forward, restoring what was there before. Like Python's
 // torch.autocast, the cache of cast weights is dropped when the outermost region ends: a cached bf16

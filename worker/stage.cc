@@ -1,6 +1,10 @@
 // The Stage interface's defaults (see stage.h). LibTorch translation unit.
 #include "worker/stage.h"
 
+#include <ATen/cuda/CUDAContext.h>
+
+#include "worker/fused_backward_kernels.h"
+
 namespace stagehand {
 
 namespace F = torch::nn::functional;
@@ -16,6 +20,56 @@ bool DefersWeightGradients(const JobSpec& job) {
   const auto& options = job.model_spec().options();
   auto it = options.find("deferred_wgrad");
   return it == options.end() || it->second != "false";
+}
+
+namespace {
+
+constexpr int64_t kIgnoreIndex = -100;  // torch's cross_entropy default
+
+// logits [N, V] bf16 contiguous on CUDA, targets [N] int64 on the same device.
+class FusedCrossEntropyFunction : public torch::autograd::Function<FusedCrossEntropyFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets) {
+    const int64_t rows = logits.size(0), vocab = logits.size(1);
+    torch::Tensor row_loss = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
+    torch::Tensor lse = torch::empty({rows}, row_loss.options());
+    const cudaError_t e = CrossEntropyForward(reinterpret_cast<const uint16_t*>(logits.data_ptr<at::BFloat16>()),
+                                              targets.data_ptr<int64_t>(), row_loss.data_ptr<float>(),
+                                              lse.data_ptr<float>(), rows, vocab, kIgnoreIndex,
+                                              at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "CrossEntropyForward: ", cudaGetErrorString(e));
+    // The mean over the tokens that count, as cross_entropy's: on the device, nothing waits for the host.
+    const torch::Tensor count = targets.ne(kIgnoreIndex).sum().to(torch::kFloat32);
+    ctx->save_for_backward({logits, targets, lse, count});
+    return row_loss.sum() / count;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list s = ctx->get_saved_variables();
+    const torch::Tensor &logits = s[0], &targets = s[1], &lse = s[2], &count = s[3];
+    const torch::Tensor scale = (grads[0].to(torch::kFloat32) / count).contiguous();
+    torch::Tensor dlogits = torch::empty_like(logits);
+    const cudaError_t e = CrossEntropyBackward(
+        reinterpret_cast<const uint16_t*>(logits.data_ptr<at::BFloat16>()), targets.data_ptr<int64_t>(),
+        lse.data_ptr<float>(), scale.data_ptr<float>(), reinterpret_cast<uint16_t*>(dlogits.data_ptr<at::BFloat16>()),
+        logits.size(0), logits.size(1), kIgnoreIndex, at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "CrossEntropyBackward: ", cudaGetErrorString(e));
+    return {dlogits, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor FusedLanguageModelLoss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (!logits.is_cuda() || logits.scalar_type() != torch::kBFloat16 || logits.dim() < 2) {
+    return LanguageModelLoss(logits, targets);
+  }
+  const torch::Tensor flat = logits.reshape({-1, logits.size(-1)}).contiguous();
+  const torch::Tensor t = targets.to(logits.device(), torch::kInt64).reshape({-1}).contiguous();
+  TORCH_CHECK(t.size(0) == flat.size(0), "the loss takes one target per token: ", flat.size(0), " tokens, ",
+              t.size(0), " targets");
+  return FusedCrossEntropyFunction::apply(flat, t);
 }
 
 torch::Tensor Stage::Loss(const torch::Tensor& output, const torch::Tensor& targets) {

@@ -89,6 +89,14 @@ bool DefersWeightGradients(const JobSpec& job);
 // Mean token cross-entropy in fp32. logits [B, S, V], targets [B, S] int64.
 torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor& targets);
 
+// The same loss over bf16 logits on CUDA without an fp32 copy of them (fused_backward_kernels.h): the
+// log-sum-exp per token in one pass in the forward, the bf16 gradient in one pass in the backward, where
+// LanguageModelLoss upcasts the logits, keeps an fp32 log-softmax for its backward and writes an fp32
+// gradient that the cast's backward rounds to bf16 again. The same value (fp32 arithmetic, another
+// summation order) and the same gradient up to that rounding. Other inputs (fp32 logits, the CPU): the
+// same as LanguageModelLoss.
+torch::Tensor FusedLanguageModelLoss(const torch::Tensor& logits, const torch::Tensor& targets);
+
 }  // namespace stagehand
 
 #endif  // STAGEHAND_WORKER_STAGE_H_

@@ -85,7 +85,8 @@ class EmbeddingImpl : public PipelineLayerImpl {
 class AttentionImpl : public PipelineLayerImpl {
  public:
   AttentionImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
-      : hidden_(c.hidden), heads_(c.heads), fused_layernorm_(c.fused_layernorm), fused_qkv_grad_(c.fused_qkv_grad) {
+      : hidden_(c.hidden), heads_(c.heads), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
+        fused_qkv_grad_(c.fused_qkv_grad), fused_residual_grad_(c.fused_residual_grad) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     qkv_ = register_module("qkv", Dense(c.hidden, 3 * c.hidden, true, device));
     proj_ = register_module("proj", Dense(c.hidden, c.hidden, true, device));
@@ -101,7 +102,8 @@ class AttentionImpl : public PipelineLayerImpl {
     // [B, S, 3H] -> [3, B, NH, S, H/NH]: q, k, v as nanoGPT splits them.
     // unbind, not three selects: select's backward would zero-fill a full-size gradient for each of q, k, v
     // and add them up (about 10% of a gpt-1.3b step on an H200).
-    const torch::Tensor projected = qkv_(NormForGemm(ln1_, x, fused_layernorm_));
+    auto [normed, skip] = NormForGemmWithSkip(ln1_, x, fused_layernorm_, fused_norm_backward_, fused_residual_grad_);
+    const torch::Tensor projected = qkv_(normed);
     std::vector<torch::Tensor> qkv;
     if (fused_qkv_grad_ && torch::GradMode::is_enabled() && projected.requires_grad()) {
       qkv = SplitHeadsFunction::apply(projected, heads_);
@@ -110,19 +112,21 @@ class AttentionImpl : public PipelineLayerImpl {
     }
     auto att = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true);
     // Under autocast the branch comes out bf16; adding it to the fp32 stream keeps it fp32.
-    return x + proj_(att.transpose(1, 2).reshape({b, s, hidden_}));
+    return skip + proj_(att.transpose(1, 2).reshape({b, s, hidden_}));
   }
 
  private:
   int64_t hidden_, heads_;
-  bool fused_layernorm_, fused_qkv_grad_;
+  bool fused_layernorm_, fused_norm_backward_, fused_qkv_grad_, fused_residual_grad_;
   torch::nn::LayerNorm ln1_{nullptr};
   Dense qkv_{nullptr}, proj_{nullptr};
 };
 
 class MlpImpl : public PipelineLayerImpl {
  public:
-  MlpImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device) : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm) {
+  MlpImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
+      : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
+        fused_residual_grad_(c.fused_residual_grad) {
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true, device));
     fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true, device));
@@ -133,19 +137,22 @@ class MlpImpl : public PipelineLayerImpl {
   torch::Tensor forward(const torch::Tensor& x) override {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "an MLP layer takes hidden states [B, S, ", hidden_, "], got ",
                 x.sizes());
-    return x + fc2_(at::gelu(fc1_(NormForGemm(ln2_, x, fused_layernorm_))));  // exact (erf) GELU, as torch's default
+    auto [normed, skip] = NormForGemmWithSkip(ln2_, x, fused_layernorm_, fused_norm_backward_, fused_residual_grad_);
+    return skip + fc2_(at::gelu(fc1_(normed)));  // exact (erf) GELU, as torch's default
   }
 
  private:
   int64_t hidden_;
-  bool fused_layernorm_;
+  bool fused_layernorm_, fused_norm_backward_;
+  bool fused_residual_grad_;
   torch::nn::LayerNorm ln2_{nullptr};
   Dense fc1_{nullptr}, fc2_{nullptr};
 };
 
 class HeadImpl : public PipelineLayerImpl {
  public:
-  HeadImpl(const GptConfig& c, uint64_t seed, const torch::Device& device) : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm) {
+  HeadImpl(const GptConfig& c, uint64_t seed, const torch::Device& device)
+      : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward) {
     ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false, device));
     at::Generator gen = LayerGenerator(seed, c.pipeline_layers() - 1, device);
@@ -154,12 +161,12 @@ class HeadImpl : public PipelineLayerImpl {
   torch::Tensor forward(const torch::Tensor& x) override {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "the head takes hidden states [B, S, ", hidden_, "], got ",
                 x.sizes());
-    return lm_head_(NormForGemm(ln_f_, x, fused_layernorm_));
+    return lm_head_(NormForGemm(ln_f_, x, fused_layernorm_, fused_norm_backward_));
   }
 
  private:
   int64_t hidden_;
-  bool fused_layernorm_;
+  bool fused_layernorm_, fused_norm_backward_;
   torch::nn::LayerNorm ln_f_{nullptr};
   Dense lm_head_{nullptr};
 };
@@ -182,6 +189,9 @@ class GptPipelineStage final : public Stage {
       : config_(config), first_layer_(o.first_layer), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()),
         defer_wgrad_(DefersWeightGradients(*o.job)) {
     module_->to(o.device);
+    if (o.job != nullptr && LowersDenseWeights(*o.job, o.device, config.bf16_autocast)) {
+      LowerDenseWeights(*module_, at::kBFloat16);
+    }
   }
   TensorSpec Input(int64_t batch) const override {
     if (module_->has_embedding()) return {{batch, config_.seq}, torch::kInt64};
@@ -192,6 +202,9 @@ class GptPipelineStage final : public Stage {
     return {{batch, config_.seq, config_.hidden}, torch::kFloat32};
   }
   torch::Tensor Forward(const torch::Tensor& input) override { return module_->forward(input); }
+  torch::Tensor Loss(const torch::Tensor& output, const torch::Tensor& targets) override {
+    return config_.fused_cross_entropy ? FusedLanguageModelLoss(output, targets) : LanguageModelLoss(output, targets);
+  }
   std::vector<torch::Tensor> Parameters() override { return module_->parameters(); }
   // "layers.<pipeline layer>.<name>": the module's list counts from the stage's first layer, the
   // names count from the model's, so that checkpoints match them across partitions.
@@ -254,8 +267,15 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   c.seq = g.seq();
   c.bf16_autocast = !g.fp32();
   c.fused_layernorm = !g.has_fused_layernorm() || g.fused_layernorm();  // unset: fused
-  auto option = g.options().find("fused_qkv_grad");
-  c.fused_qkv_grad = option == g.options().end() || option->second != "false";  // unset: fused
+  // Model options that turn a mechanism off: unset or anything but "false" leaves it on.
+  auto on = [&](const char* name) {
+    auto option = g.options().find(name);
+    return option == g.options().end() || option->second != "false";
+  };
+  c.fused_qkv_grad = on("fused_qkv_grad");
+  c.fused_norm_backward = on("fused_norm_backward");
+  c.fused_cross_entropy = on("fused_cross_entropy");
+  c.fused_residual_grad = on("fused_residual_grad");
   return c;
 }
 

@@ -30,6 +30,15 @@ struct GptConfig {
   // The attention's q, k, v gradients are written into the qkv projection's gradient in one pass
   // (--model_option=fused_qkv_grad=false: autograd's unbind and permute backward, two passes).
   bool fused_qkv_grad = true;
+  // The norms' backward takes their bf16 output gradient in one kernel (worker/fused_backward_kernels.h)
+  // instead of an fp32 upcast and ATen's backward (--model_option=fused_norm_backward=false: ATen's).
+  bool fused_norm_backward = true;
+  // The loss over the bf16 logits without an fp32 copy (FusedLanguageModelLoss in worker/stage.h;
+  // --model_option=fused_cross_entropy=false: the fp32 upcast and torch's cross_entropy).
+  bool fused_cross_entropy = true;
+  // The residual stream's gradient is added to each norm's dx inside the fused norm backward
+  // (NormForGemmWithSkip; --model_option=fused_residual_grad=false: autograd's add).
+  bool fused_residual_grad = true;
 
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }
 };

@@ -27,6 +27,7 @@
 #include "models/gpt/gpt_description.h"
 #include "worker/stage.h"
 #include "worker/data.h"
+#include "worker/fused_backward_kernels.h"
 #include "worker/fused_kernels.h"
 #include "worker/nn.h"
 #include "worker/split_backward_check.h"
@@ -895,6 +896,155 @@ TEST(GptStageCuda, DISABLED_ReferenceModel_OneGpuStep) {
   std::cout << "gpt-1.3b: " << CountParameters(*model) << " parameters, CPU init " << init_s << " s, step "
             << step_s << " s (" << 32 * c->seq / step_s << " tokens/s), mean loss " << loss_sum.item<double>() / 8
             << ", peak allocated " << peak_gib << " GiB\n";
+}
+
+// The model options that turn this round's mechanisms off: unset is on, "false" is off.
+TEST(GptConfig, ModelOptions_FalseTurnsFusedMechanismsOff) {
+  ModelSpec spec;
+  GptConfig on = GptConfigFromSpec(spec);
+  EXPECT_TRUE(on.fused_norm_backward);
+  EXPECT_TRUE(on.fused_cross_entropy);
+  (*spec.mutable_options())["fused_norm_backward"] = "false";
+  (*spec.mutable_options())["fused_cross_entropy"] = "false";
+  GptConfig off = GptConfigFromSpec(spec);
+  EXPECT_FALSE(off.fused_norm_backward);
+  EXPECT_FALSE(off.fused_cross_entropy);
+  EXPECT_TRUE(off.fused_qkv_grad);
+}
+
+// On the CPU (and for fp32 logits) the fused loss is the plain one, gradients included.
+TEST(FusedLoss, Cpu_IsLanguageModelLoss) {
+  torch::manual_seed(3);
+  torch::Tensor logits = torch::randn({2, 5, 11}, torch::requires_grad());
+  torch::Tensor targets = torch::randint(0, 11, {2, 5}, torch::kInt64);
+  torch::Tensor a = FusedLanguageModelLoss(logits, targets);
+  torch::Tensor ga = torch::autograd::grad({a}, {logits})[0];
+  torch::Tensor b = LanguageModelLoss(logits, targets);
+  torch::Tensor gb = torch::autograd::grad({b}, {logits})[0];
+  EXPECT_EQ(a.item<float>(), b.item<float>());
+  EXPECT_TRUE(torch::equal(ga, gb));
+}
+
+// The fused norm backward (LayerNorm and RMSNorm) from a bf16 gradient against ATen's backward of the
+// upcast gradient (LayerNorm) and the formula in double (RMSNorm): fp32 arithmetic in another order,
+// so within 1e-4 relative; rows that do not fill a block or the grid; row lengths it refuses.
+TEST(FusedKernelsCuda, NormBackward_MatchesAten) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA);
+  auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return ((a.to(torch::kFloat64) - b.to(torch::kFloat64)).norm() / b.to(torch::kFloat64).norm()).item<double>();
+  };
+  for (int64_t cols : {128, 2048, 4096}) {
+    for (int64_t rows : {1, 1001, 8192}) {
+      SCOPED_TRACE(testing::Message() << rows << " x " << cols);
+      torch::Tensor x = torch::randn({rows, cols}, f32) * 3 + 1;
+      torch::Tensor gamma = torch::randn({cols}, f32), beta = torch::randn({cols}, f32);
+      torch::Tensor dy = torch::randn({rows, cols}, f32).to(torch::kBFloat16);
+      auto [y, mean, rstd] = at::native_layer_norm(x, {cols}, gamma, beta, 1e-5);
+      std::vector<torch::Tensor> got = NormBackwardFromBf16(dy, x, gamma, mean, rstd);
+      ASSERT_EQ(got.size(), 3u);
+      auto [dx, dgamma, dbeta] =
+          at::native_layer_norm_backward(dy.to(torch::kFloat32), x, {cols}, mean, rstd, gamma, beta, {true, true, true});
+      EXPECT_LT(rel(got[0], dx), 1e-4);
+      EXPECT_LT(rel(got[1], dgamma), 1e-4);
+      EXPECT_LT(rel(got[2], dbeta), 1e-4);
+      EXPECT_TRUE(got[0].isfinite().all().item<bool>());
+
+      // RMSNorm: y = x rstd w.
+      const torch::Tensor xd = x.to(torch::kFloat64), dyd = dy.to(torch::kFloat64), wd = gamma.to(torch::kFloat64);
+      const torch::Tensor rstd_d = torch::rsqrt(xd.pow(2).mean(-1, true) + 1e-5);
+      const torch::Tensor g = dyd * wd;
+      const torch::Tensor dx_ref = rstd_d * g - xd * rstd_d.pow(3) * (g * xd).mean(-1, true);
+      const torch::Tensor dw_ref = (dyd * xd * rstd_d).sum(0);
+      std::vector<torch::Tensor> rms =
+          NormBackwardFromBf16(dy, x, gamma, torch::Tensor(), rstd_d.to(torch::kFloat32).contiguous());
+      ASSERT_EQ(rms.size(), 3u);
+      EXPECT_LT(rel(rms[0], dx_ref), 1e-4);
+      EXPECT_LT(rel(rms[1], dw_ref), 1e-4);
+      EXPECT_FALSE(rms[2].defined());
+    }
+  }
+  // What the kernel does not take comes back empty, for the caller's own backward.
+  torch::Tensor x = torch::randn({4, 100}, f32), w = torch::ones({100}, f32), r = torch::ones({4, 1}, f32);
+  EXPECT_TRUE(NormBackwardFromBf16(x.to(torch::kBFloat16), x, w, torch::Tensor(), r).empty());
+  torch::Tensor x2 = torch::randn({4, 128}, f32), w2 = torch::ones({128}, f32);
+  EXPECT_TRUE(NormBackwardFromBf16(x2, x2, w2, torch::Tensor(), r).empty());  // an fp32 gradient
+  EXPECT_EQ(NormBackward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 100, nullptr),
+            cudaErrorInvalidValue);
+}
+
+// The fused cross-entropy against torch's on the upcast logits: the loss within 1e-5 relative, the
+// gradient (of 0.25 x the loss, so the incoming gradient counts) within a bf16 rounding of torch's fp32
+// one, ignored targets (-100) out of the mean; vocabularies of 8k (vectors) and not (one at a time).
+TEST(FusedKernelsCuda, CrossEntropy_MatchesTorchsOnUpcastLogits) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  for (int64_t vocab : {32768, 32000, 1001}) {
+    SCOPED_TRACE(vocab);
+    const int64_t b = 3, s = 67;
+    torch::Tensor base = (torch::randn({b, s, vocab}, cuda) * 4).to(torch::kBFloat16);
+    torch::Tensor targets = torch::randint(0, vocab, {b, s}, cuda.dtype(torch::kInt64));
+    targets.index_put_({0, torch::indexing::Slice(0, 5)}, -100);
+    torch::Tensor fused_in = base.clone().requires_grad_(true), ref_in = base.clone().requires_grad_(true);
+    torch::Tensor loss = FusedLanguageModelLoss(fused_in, targets);
+    torch::Tensor ref = LanguageModelLoss(ref_in, targets);
+    EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>()));
+    (loss * 0.25).backward();
+    // The reference gradient in fp32 (the cast's backward would round it to bf16).
+    torch::Tensor ref_f32 = base.to(torch::kFloat32).requires_grad_(true);
+    (LanguageModelLoss(ref_f32, targets) * 0.25).backward();
+    const torch::Tensor got = fused_in.grad().to(torch::kFloat32), want = ref_f32.grad();
+    ASSERT_EQ(fused_in.grad().scalar_type(), torch::kBFloat16);
+    const torch::Tensor off = (got - want).abs() > want.abs() * std::ldexp(1.0, -7) + 1e-9;
+    EXPECT_EQ(off.sum().item<int64_t>(), 0);
+    EXPECT_EQ(got.index({0, torch::indexing::Slice(0, 5)}).abs().max().item<float>(), 0.f);  // ignored rows
+  }
+}
+
+// When an inference stage keeps only bf16 weights: inference on CUDA under autocast, no saved
+// parameters, the option not "false".
+TEST(LowersDenseWeights, OnlyForInferenceUnderAutocastOnCuda) {
+  JobSpec job;
+  job.mutable_pipeline()->set_inference(true);
+  const torch::Device cuda(torch::kCUDA, 0), cpu(torch::kCPU);
+  EXPECT_TRUE(LowersDenseWeights(job, cuda, true));
+  EXPECT_FALSE(LowersDenseWeights(job, cpu, true));
+  EXPECT_FALSE(LowersDenseWeights(job, cuda, false));
+  JobSpec saves = job;
+  saves.set_save_params(true);
+  EXPECT_FALSE(LowersDenseWeights(saves, cuda, true));
+  JobSpec off = job;
+  (*off.mutable_model_spec()->mutable_options())["inference_bf16_weights"] = "false";
+  EXPECT_FALSE(LowersDenseWeights(off, cuda, true));
+  JobSpec training = job;
+  training.mutable_pipeline()->set_inference(false);
+  EXPECT_FALSE(LowersDenseWeights(training, cuda, true));
+}
+
+// The lowered weights give the very logits the fp32 ones did (the forward cast them to bf16 anyway),
+// and every linear layer's weight is bf16 afterwards.
+TEST(GptStageCuda, LowerDenseWeights_SameLogitsInBf16) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  GptConfig c = Tiny();
+  c.bf16_autocast = true;
+  c.hidden = 128;
+  torch::Tensor tokens = Tokens(c, 4, 1).cuda();
+  GptStage model(c, 0, c.pipeline_layers(), 1);
+  model->to(torch::kCUDA);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor before = model(tokens).clone();
+  LowerDenseWeights(*model, at::kBFloat16);
+  const torch::Tensor after = model(tokens);
+  EXPECT_TRUE(torch::equal(before, after));
+  int lowered = 0;
+  for (const auto& item : model->named_parameters()) {
+    const bool dense = item.key().find("ln") == std::string::npos && item.key().find("layers.0.") != 0;
+    if (dense) {
+      EXPECT_EQ(item.value().scalar_type(), torch::kBFloat16) << item.key();
+      ++lowered;
+    }
+  }
+  EXPECT_GT(lowered, 0);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/llama/llama_description.h"
+#include "worker/fused_elementwise_kernels.h"
 #include "worker/fused_kernels.h"
 #include "worker/nn.h"
 #include "worker/stage.h"
@@ -49,6 +50,85 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const Rotary& r) {
   return (x * cos + rotated * sin).to(x.scalar_type());
 }
 
+// Rotary embeddings in one kernel each way (fused_elementwise_kernels.h): x [B, S, heads, d] bf16, the
+// projection's output as it lies; the result has the same layout (the caller transposes the view).
+// Eager ApplyRotary makes an fp32 x cos, a bf16 rotate_half(x), an fp32 product and sum and a cast, and
+// as many passes again in the backward.
+class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& cos, const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return Run(x, cos, sin, /*backward=*/false);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list s = ctx->get_saved_variables();
+    return {Run(grads[0].to(torch::kBFloat16).contiguous(), s[0], s[1], /*backward=*/true), torch::Tensor(),
+            torch::Tensor()};
+  }
+  static torch::Tensor Run(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool backward) {
+    torch::Tensor y = torch::empty_like(x, torch::MemoryFormat::Contiguous);
+    const cudaError_t e = RotaryBf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), cos.data_ptr<float>(),
+                                 sin.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), x.size(0),
+                                 x.size(1), x.size(2), x.size(3), backward, at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "RotaryBf16: ", cudaGetErrorString(e));
+    return y;
+  }
+};
+
+// x [B, S, heads, d] (the projection's output viewed by heads) -> [B, heads, S, d] with rotary
+// embeddings: the fused kernel where it applies (bf16, contiguous, CUDA, 2^31 pairs at most), else ATen.
+torch::Tensor RotaryHeads(const torch::Tensor& x, const Rotary& r, bool fused) {
+  if (fused && x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.numel() / 2 < (int64_t{1} << 31) &&
+      r.cos.is_cuda() && r.cos.scalar_type() == torch::kFloat32 && r.cos.is_contiguous() && r.sin.is_contiguous() &&
+      r.cos.size(0) >= x.size(1) && r.cos.size(1) == x.size(3)) {
+    return RotaryFunction::apply(x, r.cos, r.sin).transpose(1, 2);
+  }
+  return ApplyRotary(x.transpose(1, 2), r);
+}
+
+// silu(gate) up in one kernel each way (fused_elementwise_kernels.h), for bf16 inputs of one shape on
+// CUDA; eager runs silu, a product, and three kernels in the backward, and keeps three tensors for it
+// where this keeps the two inputs.
+class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gate,
+                               const torch::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    torch::Tensor y = torch::empty_like(gate);
+    const cudaError_t e = SwiGluForward(reinterpret_cast<const uint16_t*>(gate.data_ptr<at::BFloat16>()),
+                                        reinterpret_cast<const uint16_t*>(up.data_ptr<at::BFloat16>()),
+                                        reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), gate.numel(),
+                                        at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "SwiGluForward: ", cudaGetErrorString(e));
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list s = ctx->get_saved_variables();
+    const torch::Tensor &gate = s[0], &up = s[1];
+    const torch::Tensor dy = grads[0].to(torch::kBFloat16).contiguous();
+    torch::Tensor dgate = torch::empty_like(gate), dup = torch::empty_like(up);
+    const cudaError_t e = SwiGluBackward(reinterpret_cast<const uint16_t*>(gate.data_ptr<at::BFloat16>()),
+                                         reinterpret_cast<const uint16_t*>(up.data_ptr<at::BFloat16>()),
+                                         reinterpret_cast<const uint16_t*>(dy.data_ptr<at::BFloat16>()),
+                                         reinterpret_cast<uint16_t*>(dgate.data_ptr<at::BFloat16>()),
+                                         reinterpret_cast<uint16_t*>(dup.data_ptr<at::BFloat16>()), gate.numel(),
+                                         at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "SwiGluBackward: ", cudaGetErrorString(e));
+    return {dgate, dup};
+  }
+};
+
+torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up, bool fused) {
+  if (fused && gate.is_cuda() && gate.scalar_type() == torch::kBFloat16 && up.scalar_type() == torch::kBFloat16 &&
+      gate.sizes() == up.sizes() && gate.is_contiguous() && up.is_contiguous()) {
+    return SwiGluFunction::apply(gate, up);
+  }
+  return at::silu(gate) * up;
+}
+
 // RMSNorm of an fp32 input to a bf16 output in one kernel (fused_kernels.h): what bf16 autocast computes
 // for an RMSNorm that feeds a GEMM (the norm in fp32, then the GEMM's cast), without the fp32 output's
 // round trip through memory. The backward is in ATen ops on the fp32 input, with the incoming bf16
@@ -57,8 +137,10 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const Rotary& r) {
 class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Function> {
  public:
   // x: contiguous and 16-byte aligned, weight fp32 aligned (FusedRmsNormApplies checks).
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, double eps) {
+  // With `skip`, x comes back as a second output (see LayerNormToBf16Function in worker/nn.cc).
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const torch::Tensor& weight, double eps, bool fused_backward,
+                                                bool skip) {
     const int64_t cols = x.size(-1), rows = x.numel() / cols;
     std::vector<int64_t> stats_shape(x.sizes().begin(), x.sizes().end() - 1);
     stats_shape.push_back(1);
@@ -69,12 +151,19 @@ class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Func
                                         rows, cols, static_cast<float>(eps), at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(e == cudaSuccess, "RmsNormToBf16: ", cudaGetErrorString(e));
     ctx->save_for_backward({x, weight, rstd});
-    return y;
+    ctx->saved_data["fused_backward"] = fused_backward;
+    if (skip) return {y, x};
+    return {y};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list s = ctx->get_saved_variables();
     const torch::Tensor &x = s[0], &weight = s[1], &rstd = s[2];
+    const torch::Tensor skip_grad = grads.size() > 1 ? grads[1] : torch::Tensor();
+    if (ctx->saved_data["fused_backward"].toBool()) {
+      std::vector<torch::Tensor> fused = NormBackwardFromBf16(grads[0], x, weight, torch::Tensor(), rstd, skip_grad);
+      if (!fused.empty()) return {fused[0], fused[1], torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
     const torch::Tensor dy = grads[0].to(torch::kFloat32);
     torch::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) {
@@ -82,7 +171,8 @@ class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Func
       dx = rstd * g - x * rstd.pow(3) * (g * x).mean(-1, /*keepdim=*/true);
     }
     if (ctx->needs_input_grad(1)) dw = (dy * x * rstd).reshape({-1, x.size(-1)}).sum(0);
-    return {dx, dw, torch::Tensor()};
+    if (skip_grad.defined() && dx.defined()) dx = dx + skip_grad;
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -100,20 +190,33 @@ bool FusedRmsNormApplies(const torch::Tensor& x, const torch::Tensor& w) {
 // from one kernel instead (RmsNormToBf16Function): every RMSNorm here feeds a GEMM.
 class RmsNormImpl : public torch::nn::Module {
  public:
-  RmsNormImpl(int64_t hidden, double eps, bool fused) : eps_(eps), fused_(fused) {
+  RmsNormImpl(int64_t hidden, double eps, bool fused, bool fused_backward)
+      : eps_(eps), fused_(fused), fused_backward_(fused_backward) {
     weight = register_parameter("weight", torch::ones({hidden}));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    if (fused_ && FusedRmsNormApplies(x, weight)) return RmsNormToBf16Function::apply(x, weight, eps_);
+    if (fused_ && FusedRmsNormApplies(x, weight)) {
+      return RmsNormToBf16Function::apply(x, weight, eps_, fused_backward_, false)[0];
+    }
     const at::ScalarType dtype = at::promote_types(x.scalar_type(), torch::kFloat32);
     const torch::Tensor xf = x.to(dtype);
     return xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight.to(dtype);
+  }
+  // {norm(x), x} for a residual block x + f(norm(x)): with `fused_skip` (and the fused forward and
+  // backward) x passes through the norm's function, whose fused backward adds the residual stream's
+  // gradient to dx in its own pass.
+  std::pair<torch::Tensor, torch::Tensor> ForwardWithSkip(const torch::Tensor& x, bool fused_skip) {
+    if (!fused_skip || !fused_ || !fused_backward_ || !torch::GradMode::is_enabled() || !FusedRmsNormApplies(x, weight)) {
+      return {forward(x), x};
+    }
+    torch::autograd::variable_list out = RmsNormToBf16Function::apply(x, weight, eps_, fused_backward_, true);
+    return {out[0], out[1]};
   }
   torch::Tensor weight;
 
  private:
   double eps_;
-  bool fused_;
+  bool fused_, fused_backward_;
 };
 TORCH_MODULE(RmsNorm);
 
@@ -157,8 +260,8 @@ class AttentionImpl : public PipelineLayerImpl {
  public:
   AttentionImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : layer_(layer), hidden_(c.hidden), heads_(c.heads), kv_heads_(c.kv_heads), head_dim_(c.head_dim()),
-        seq_(c.seq) {
-    norm_ = register_module("input_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
+        seq_(c.seq), fused_rotary_(c.fused_rotary), fused_residual_grad_(c.fused_residual_grad) {
+    norm_ = register_module("input_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
     q_ = register_module("q_proj", Dense(c.hidden, c.heads * head_dim_, false, device));
     k_ = register_module("k_proj", Dense(c.hidden, c.kv_heads * head_dim_, false, device));
     v_ = register_module("v_proj", Dense(c.hidden, c.kv_heads * head_dim_, false, device));
@@ -170,17 +273,17 @@ class AttentionImpl : public PipelineLayerImpl {
     CheckHidden(x, hidden_, "an attention layer");
     const int64_t b = x.size(0), s = x.size(1);
     TORCH_CHECK(s <= seq_, "sequences of at most ", seq_, " tokens (the rotary tables' length), got ", s);
-    const torch::Tensor n = norm_(x);
-    auto heads = [&](Dense& proj, int64_t count) { return proj(n).view({b, s, count, head_dim_}).transpose(1, 2); };
-    const torch::Tensor q = ApplyRotary(heads(q_, heads_), rotary);
-    const torch::Tensor k = ApplyRotary(heads(k_, kv_heads_), rotary);
-    const torch::Tensor v = heads(v_, kv_heads_);
+    auto [n, skip] = norm_->ForwardWithSkip(x, fused_residual_grad_);
+    auto heads = [&](Dense& proj, int64_t count) { return proj(n).view({b, s, count, head_dim_}); };
+    const torch::Tensor q = RotaryHeads(heads(q_, heads_), rotary, fused_rotary_);
+    const torch::Tensor k = RotaryHeads(heads(k_, kv_heads_), rotary, fused_rotary_);
+    const torch::Tensor v = heads(v_, kv_heads_).transpose(1, 2);
     // enable_gqa: query head j reads key/value head j / (heads / kv_heads), as Hugging Face's repeat_kv,
     // without materialising the repeated keys and values where the kernel takes them as they are.
     const torch::Tensor att = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
                                                                /*scale=*/std::nullopt, /*enable_gqa=*/true);
     // Under autocast the branch comes out bf16; adding it to the fp32 stream keeps the stream fp32.
-    return x + o_(att.transpose(1, 2).reshape({b, s, heads_ * head_dim_}));
+    return skip + o_(att.transpose(1, 2).reshape({b, s, heads_ * head_dim_}));
   }
   Named NamedParametersHf() override {
     const std::string p = BlockPrefix(layer_);
@@ -194,6 +297,7 @@ class AttentionImpl : public PipelineLayerImpl {
  private:
   int layer_;
   int64_t hidden_, heads_, kv_heads_, head_dim_, seq_;
+  bool fused_rotary_, fused_residual_grad_;
   RmsNorm norm_{nullptr};
   Dense q_{nullptr}, k_{nullptr}, v_{nullptr}, o_{nullptr};
 };
@@ -201,8 +305,9 @@ class AttentionImpl : public PipelineLayerImpl {
 // x + down(silu(gate(n)) * up(n)), n = RMSNorm(x).
 class MlpImpl : public PipelineLayerImpl {
  public:
-  MlpImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device) : layer_(layer), hidden_(c.hidden) {
-    norm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
+  MlpImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device)
+      : layer_(layer), hidden_(c.hidden), fused_swiglu_(c.fused_swiglu), fused_residual_grad_(c.fused_residual_grad) {
+    norm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
     gate_ = register_module("gate_proj", Dense(c.hidden, c.ffn_hidden, false, device));
     up_ = register_module("up_proj", Dense(c.hidden, c.ffn_hidden, false, device));
     down_ = register_module("down_proj", Dense(c.ffn_hidden, c.hidden, false, device));
@@ -211,8 +316,8 @@ class MlpImpl : public PipelineLayerImpl {
   }
   torch::Tensor forward(const torch::Tensor& x, const Rotary&) override {
     CheckHidden(x, hidden_, "an MLP layer");
-    const torch::Tensor n = norm_(x);
-    return x + down_(at::silu(gate_(n)) * up_(n));
+    auto [n, skip] = norm_->ForwardWithSkip(x, fused_residual_grad_);
+    return skip + down_(SwiGlu(gate_(n), up_(n), fused_swiglu_));
   }
   Named NamedParametersHf() override {
     const std::string p = BlockPrefix(layer_);
@@ -225,6 +330,7 @@ class MlpImpl : public PipelineLayerImpl {
  private:
   int layer_;
   int64_t hidden_;
+  bool fused_swiglu_, fused_residual_grad_;
   RmsNorm norm_{nullptr};
   Dense gate_{nullptr}, up_{nullptr}, down_{nullptr};
 };
@@ -232,7 +338,7 @@ class MlpImpl : public PipelineLayerImpl {
 class HeadImpl : public PipelineLayerImpl {
  public:
   HeadImpl(const LlamaConfig& c, uint64_t seed, const torch::Device& device) : hidden_(c.hidden) {
-    norm_ = register_module("norm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm));
+    norm_ = register_module("norm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
     lm_head_ = register_module("lm_head", Dense(c.hidden, c.vocab, false, device));
     at::Generator gen = LayerGenerator(seed, c.pipeline_layers() - 1, device);
     lm_head_->InitWeight(0.02, gen);
@@ -267,6 +373,9 @@ class LlamaPipelineStage final : public Stage {
       : config_(config), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()),
         defer_wgrad_(DefersWeightGradients(*o.job)) {
     module_->to(o.device);
+    if (o.job != nullptr && LowersDenseWeights(*o.job, o.device, config.bf16_autocast)) {
+      LowerDenseWeights(*module_, at::kBFloat16);
+    }
   }
   TensorSpec Input(int64_t batch) const override {
     if (module_->has_embedding()) return {{batch, config_.seq}, torch::kInt64};
@@ -277,6 +386,9 @@ class LlamaPipelineStage final : public Stage {
     return {{batch, config_.seq, config_.hidden}, torch::kFloat32};
   }
   torch::Tensor Forward(const torch::Tensor& input) override { return module_->forward(input); }
+  torch::Tensor Loss(const torch::Tensor& output, const torch::Tensor& targets) override {
+    return config_.fused_cross_entropy ? FusedLanguageModelLoss(output, targets) : LanguageModelLoss(output, targets);
+  }
   std::vector<torch::Tensor> Parameters() override {
     std::vector<torch::Tensor> out;
     for (auto& [name, p] : module_->NamedParametersHf()) out.push_back(p);
@@ -363,6 +475,16 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& m) {
   c.norm_eps = m.norm_eps();
   c.bf16_autocast = !m.fp32();
   c.fused_rmsnorm = !m.has_fused_layernorm() || m.fused_layernorm();  // unset: fused
+  // Model options that turn a mechanism off: unset or anything but "false" leaves it on.
+  auto on = [&](const char* name) {
+    auto option = m.options().find(name);
+    return option == m.options().end() || option->second != "false";
+  };
+  c.fused_norm_backward = on("fused_norm_backward");
+  c.fused_cross_entropy = on("fused_cross_entropy");
+  c.fused_rotary = on("fused_rotary");
+  c.fused_swiglu = on("fused_swiglu");
+  c.fused_residual_grad = on("fused_residual_grad");
   return c;
 }
 

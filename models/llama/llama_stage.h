@@ -34,6 +34,19 @@ struct LlamaConfig {
   // (worker/fused_kernels.h) instead of ATen's fp32 ops and a cast; rows of a multiple of 128 up to
   // 4096 elements, else the ATen path. false: spec.fused_layernorm() is false.
   bool fused_rmsnorm = true;
+  // The norms' backward takes their bf16 output gradient in one kernel (worker/fused_backward_kernels.h)
+  // instead of an fp32 upcast and ATen's backward (--model_option=fused_norm_backward=false: ATen's).
+  bool fused_norm_backward = true;
+  // The loss over the bf16 logits without an fp32 copy (FusedLanguageModelLoss in worker/stage.h;
+  // --model_option=fused_cross_entropy=false: the fp32 upcast and torch's cross_entropy).
+  bool fused_cross_entropy = true;
+  // The residual stream's gradient is added to each norm's dx inside the fused norm backward
+  // (--model_option=fused_residual_grad=false: autograd's add).
+  bool fused_residual_grad = true;
+  // Rotary embeddings and SwiGLU in one bf16 kernel each way (worker/fused_elementwise_kernels.h;
+  // --model_option=fused_rotary=false / fused_swiglu=false: the ATen ops).
+  bool fused_rotary = true;
+  bool fused_swiglu = true;
 
   int64_t head_dim() const { return hidden / heads; }
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }

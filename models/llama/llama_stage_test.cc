@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "models/llama/llama_description.h"
 #include "worker/data.h"
+#include "worker/fused_elementwise_kernels.h"
 #include "worker/fused_kernels.h"
 #include "worker/nn.h"
 #include "worker/split_backward_check.h"
@@ -456,6 +457,103 @@ TEST(LlamaStageCuda, FusedRmsNorm_MatchesUnfusedForwardAndGradients) {
     ASSERT_TRUE(ga.defined() && gb.defined()) << pa[i].first;
     EXPECT_LT(((ga - gb).norm() / gb.norm()).item<double>(), 3e-2) << pa[i].first;
   }
+}
+
+// The rotary kernel against Hugging Face's formula in fp32 (x cos + rotate_half(x) sin), forward and,
+// through autograd on the fp32 formula, backward: within a bf16 rounding (relative 1e-2 of the norm).
+TEST(LlamaStageCuda, RotaryKernel_MatchesFormulaForwardAndBackward) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t b = 2, s = 37, heads = 3, d = 64, half = d / 2;
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA);
+  const torch::Tensor angles = torch::rand({s, half}, f32) * 10;
+  const torch::Tensor cos = torch::cat({angles.cos(), angles.cos()}, -1).contiguous();
+  const torch::Tensor sin = torch::cat({angles.sin(), angles.sin()}, -1).contiguous();
+  const torch::Tensor x = torch::randn({b, s, heads, d}, f32).to(torch::kBFloat16);
+  const torch::Tensor dy = torch::randn({b, s, heads, d}, f32).to(torch::kBFloat16);
+  torch::Tensor xr = x.to(torch::kFloat32).requires_grad_(true);
+  const torch::Tensor c4 = cos.view({1, s, 1, d}), s4 = sin.view({1, s, 1, d});
+  const torch::Tensor rotated = torch::cat({-xr.narrow(-1, half, half), xr.narrow(-1, 0, half)}, -1);
+  const torch::Tensor want = xr * c4 + rotated * s4;
+  want.backward(dy.to(torch::kFloat32));
+  auto rel = [](const torch::Tensor& a, const torch::Tensor& r) {
+    return ((a.to(torch::kFloat32) - r).norm() / r.norm()).item<double>();
+  };
+  for (bool backward : {false, true}) {
+    SCOPED_TRACE(backward);
+    torch::Tensor y = torch::full({b, s, heads, d}, std::nan(""), f32.dtype(torch::kBFloat16));
+    const torch::Tensor& in = backward ? dy : x;
+    ASSERT_EQ(RotaryBf16(reinterpret_cast<const uint16_t*>(in.data_ptr<at::BFloat16>()), cos.data_ptr<float>(),
+                     sin.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), b, s, heads, d,
+                     backward, at::cuda::getCurrentCUDAStream()),
+              cudaSuccess);
+    EXPECT_TRUE(y.isfinite().all().item<bool>());
+    EXPECT_LT(rel(y, backward ? xr.grad() : want.detach()), 1e-2);
+  }
+  EXPECT_EQ(RotaryBf16(nullptr, nullptr, nullptr, nullptr, 1, 1, 1, 3, false, nullptr), cudaErrorInvalidValue);
+}
+
+// The SwiGLU kernels against silu(g) u in fp32 and its autograd gradients: within a bf16 rounding.
+TEST(LlamaStageCuda, SwiGluKernels_MatchFp32Autograd) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA);
+  for (int64_t n : {1001, 4096 * 3}) {  // one at a time, and pairs
+    SCOPED_TRACE(n);
+    const torch::Tensor g = (torch::randn({n}, f32) * 3).to(torch::kBFloat16), u = torch::randn({n}, f32).to(torch::kBFloat16);
+    const torch::Tensor dy = torch::randn({n}, f32).to(torch::kBFloat16);
+    torch::Tensor gr = g.to(torch::kFloat32).requires_grad_(true), ur = u.to(torch::kFloat32).requires_grad_(true);
+    const torch::Tensor want = at::silu(gr) * ur;
+    want.backward(dy.to(torch::kFloat32));
+    torch::Tensor y = torch::full({n}, std::nan(""), f32.dtype(torch::kBFloat16)), dg = torch::empty_like(y), du = torch::empty_like(y);
+    auto p = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
+    ASSERT_EQ(SwiGluForward(p(g), p(u), p(y), n, at::cuda::getCurrentCUDAStream()), cudaSuccess);
+    ASSERT_EQ(SwiGluBackward(p(g), p(u), p(dy), p(dg), p(du), n, at::cuda::getCurrentCUDAStream()), cudaSuccess);
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& r) {
+      return ((a.to(torch::kFloat32) - r).norm() / r.norm()).item<double>();
+    };
+    EXPECT_LT(rel(y, want.detach()), 1e-2);
+    EXPECT_LT(rel(dg, gr.grad()), 1e-2);
+    EXPECT_LT(rel(du, ur.grad()), 1e-2);
+  }
+}
+
+// The whole model with the fused rotary, SwiGLU, norm backward and loss against all four off:
+// logits and every gradient within bf16 tolerance.
+TEST(LlamaStageCuda, FusedElementwise_MatchesUnfusedForwardAndGradients) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  LlamaConfig c = LlamaConfigFromSpec(TinyJob().model_spec());
+  c.hidden = 128;
+  c.ffn_hidden = 352;
+  c.layers = 2;
+  c.bf16_autocast = true;
+  LlamaStage fused(c, 0, c.pipeline_layers(), kSeed);
+  c.fused_rotary = c.fused_swiglu = c.fused_norm_backward = c.fused_cross_entropy = false;
+  LlamaStage unfused(c, 0, c.pipeline_layers(), kSeed);
+  fused->to(torch::kCUDA);
+  unfused->to(torch::kCUDA);
+  const torch::Tensor batch = MakeSyntheticCorpus(c.vocab, c.seq, 3)->Batch(0, 0, 4).to(torch::kCUDA);
+  const torch::Tensor in = batch.slice(1, 0, c.seq), targets = batch.slice(1, 1, c.seq + 1);
+  const torch::Tensor a = fused->forward(in), b = unfused->forward(in);
+  EXPECT_LT(MaxRelativeError(a.to(torch::kFloat32), b.to(torch::kFloat32)), 2e-2);
+  FusedLanguageModelLoss(a, targets).backward();
+  LanguageModelLoss(b, targets).backward();
+  const auto pa = fused->NamedParametersHf(), pb = unfused->NamedParametersHf();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const torch::Tensor ga = pa[i].second.grad(), gb = pb[i].second.grad();
+    ASSERT_TRUE(ga.defined() && gb.defined()) << pa[i].first;
+    EXPECT_LT(((ga - gb).norm() / gb.norm()).item<double>(), 3e-2) << pa[i].first;
+  }
+}
+
+// The model options that turn this round's mechanisms off: unset is on, "false" is off.
+TEST(LlamaConfig, ModelOptions_FalseTurnsFusedMechanismsOff) {
+  ModelSpec spec = TinyJob().model_spec();
+  const LlamaConfig on = LlamaConfigFromSpec(spec);
+  EXPECT_TRUE(on.fused_rotary && on.fused_swiglu && on.fused_norm_backward && on.fused_cross_entropy);
+  for (const char* name : {"fused_rotary", "fused_swiglu", "fused_norm_backward", "fused_cross_entropy"}) {
+    (*spec.mutable_options())[name] = "false";
+  }
+  const LlamaConfig off = LlamaConfigFromSpec(spec);
+  EXPECT_FALSE(off.fused_rotary || off.fused_swiglu || off.fused_norm_backward || off.fused_cross_entropy);
 }
 
 }  // namespace

@@ -21,6 +21,8 @@ same() { same_with cuda_graphs 1e-4 "$@"; }
 same_with() {
   local flag=$1 tol=$2 name=$3 gpus=$4
   shift 4
+  # PIPELINE_CHECK_ONLY=REGEX runs only the cases whose name or flag matches it (one probe's cases).
+  [[ "$name $flag" =~ ${PIPELINE_CHECK_ONLY:-} ]] || return
   for g in true false; do
     $run launcher --gpus="$gpus" "${common[@]}" --$flag=$g --overwrite --run_dir="$out/$name.$g" "$@" >"$out/$name.$g.log" 2>&1 ||
       { check "$name, --$flag=$g, exits 0" false; tail -n 5 "$out/$name.$g.log"; return; }
@@ -48,6 +50,28 @@ same_with init_on_device 1e-2 init_1gpu 1 --pipeline_stages=1 --micro_batches=4
 same_with init_on_device 1e-2 llama_init_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
 # The GPT's q, k, v gradients written in one pass: copies only, so the losses agree to rounding.
 same_with model_option=fused_qkv_grad 1e-4 qkv_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4
+# The norms' backward from the bf16 gradient in one kernel, and the loss without fp32 logits: fp32
+# arithmetic in another order (and the loss's gradient rounded to bf16 once, as the cast did), so the
+# losses agree well within bf16 tolerance (1e-3 relative over 6 steps).
+same_with model_option=fused_norm_backward 1e-3 fused_norm_backward_1gpu 1 --pipeline_stages=1 --micro_batches=4
+same_with model_option=fused_norm_backward 1e-3 llama_fused_norm_backward_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+same_with model_option=fused_cross_entropy 1e-3 fused_cross_entropy_1gpu 1 --pipeline_stages=1 --micro_batches=4
+same_with model_option=fused_cross_entropy 1e-3 llama_fused_cross_entropy_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+# The residual stream's gradient added inside the norm backward (an add moved: rounding only); Llama's
+# rotary embeddings and SwiGLU in one kernel each way (fp32 arithmetic rounded to bf16 once, where
+# eager rounds silu(gate) before the product): within bf16 tolerance.
+same_with model_option=fused_residual_grad 1e-3 fused_residual_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4
+same_with model_option=fused_residual_grad 1e-3 llama_fused_residual_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+same_with model_option=fused_rotary 1e-3 llama_fused_rotary_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+same_with model_option=fused_swiglu 1e-3 llama_fused_swiglu_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+# Inference with bf16 weights only (no fp32 masters): both finish (inference reports no loss; the
+# logits' equality is GptStageCuda.LowerDenseWeights_SameLogitsInBf16).
+for g in true false; do
+  [[ "inference_bf16_weights_$g" =~ ${PIPELINE_CHECK_ONLY:-} ]] || continue
+  $run launcher --gpus=1 "${common[@]}" --pipeline_stages=1 --inference --global_batch=64 --micro_batches=4 \
+    --model_option=inference_bf16_weights=$g --overwrite --run_dir="$out/infer_bf16.$g" >"$out/infer_bf16.$g.log" 2>&1
+  check "inference, 1 GPU, --model_option=inference_bf16_weights=$g, exits 0" "[ $? -eq 0 ]"
+done
 if [ "$gpus" -lt 2 ]; then
   echo "SKIP  the 2-GPU cases: $gpus GPU visible"
   exit $fail
