@@ -488,8 +488,8 @@ PartitionFn Partitioner(const JobSpec& job) {
     request.stage_speed = StageSpeeds(job, *schedule, clocks);  // empty when clock-blind: as before
     absl::StatusOr<Plan> plan = MakePlan(job, request);
     if (!plan.ok()) return plan.status();
-    absl::StatusOr<SimulationResult> predicted =
-        Simulate(*schedule, CostsOf(job, *schedule, *plan, costs, request.stage_speed));
+    const StageCosts stage_costs = CostsOf(job, *schedule, *plan, costs, request.stage_speed);
+    absl::StatusOr<SimulationResult> predicted = Simulate(*schedule, stage_costs);
     if (!predicted.ok()) return predicted.status();
     Partition out{plan->layers_per_stage,
                   absl::StrCat(Describe(job, *schedule, *plan, costs, profiled, *predicted), ClockText(job, clocks)), {}};
@@ -502,7 +502,7 @@ PartitionFn Partitioner(const JobSpec& job) {
         for (double b : predicted->bubble) out.predicted_rank_bubble.push_back(b);
       }
     }
-    if (profiled) FillRankPredictions(job, *schedule, *predicted, request.stage_speed, clocks, out);
+    if (profiled) FillRankPredictions(job, *schedule, *predicted, request.stage_speed, clocks, out, stage_costs.optimizer);
     if (job.data_parallel() > 1) {
       AddReplicas(job, *schedule, *plan, costs, out);
     } else {

@@ -448,10 +448,10 @@ JobRunEnd JobRun::Finish(int first_signal) {
   if (IsModelJob(state_.job()) && end.report.step_seconds() > 0) listener_->Text(SummaryLine(end.report, state_.Steps(), gpu));
   if (const std::string line = GpuSummaryLine(end.report); !line.empty()) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
   for (const std::string& line : PredictedVsMeasuredLines(end.report)) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
-  if (code == kExitSuccess && !spec.export_dir().empty()) {
-    listener_->Text(absl::StrCat("stagehand: weights exported to ", spec.export_dir(), "\n"));
-  } else if (!spec.export_dir().empty()) {
+  if (!spec.export_dir().empty()) {
+    // Also after a success: an earlier incarnation's partial export (a restart) is never left behind.
     RemovePartialExports(spec.export_dir(), state_.job_id());
+    if (code == kExitSuccess) listener_->Text(absl::StrCat("stagehand: weights exported to ", spec.export_dir(), "\n"));
   }
   if (code == kExitSuccess) {
     listener_->Text(absl::StrFormat("stagehand: done: %d workers, %d steps in %.2f s; run directory %s\n", spec.workers(),

@@ -54,11 +54,12 @@ std::string ClockText(const JobSpec& job, const ClockWeights& w) {
 }
 
 void FillRankPredictions(const JobSpec& job, const Schedule& schedule, const SimulationResult& predicted,
-                         const std::vector<double>& stage_speed, const ClockWeights& w, Partition& out) {
+                         const std::vector<double>& stage_speed, const ClockWeights& w, Partition& out,
+                         double optimizer_ms) {
   const int d = std::max(1, job.data_parallel());
   for (int r = 0; r < schedule.num_ranks * d; ++r) {
     const int pr = r % schedule.num_ranks;
-    double busy = pr < static_cast<int>(predicted.busy.size()) ? predicted.busy[pr] : 0;
+    double busy = pr < static_cast<int>(predicted.busy.size()) ? std::max(0.0, predicted.busy[pr] - optimizer_ms) : 0;
     if (!stage_speed.empty() && r < static_cast<int>(w.speed.size())) {
       for (int s = 0; s < schedule.num_stages; ++s) {
         if (schedule.stage_rank[s] == pr) {

@@ -32,8 +32,10 @@ std::string ClockText(const JobSpec& job, const ClockWeights& w);
 
 // Per rank (every replica's too): the simulated compute per step at its own speed, and the clock it
 // was weighed at (0 when clock-blind), into out.predicted_compute_ms and out.planned_sm_mhz.
+// `optimizer_ms`: the simulated optimizer step, which is not compute measured as forward + backward.
 void FillRankPredictions(const JobSpec& job, const Schedule& schedule, const SimulationResult& predicted,
-                         const std::vector<double>& stage_speed, const ClockWeights& w, Partition& out);
+                         const std::vector<double>& stage_speed, const ClockWeights& w, Partition& out,
+                         double optimizer_ms = 0);
 
 }  // namespace stagehand
 

@@ -282,6 +282,9 @@ TEST(TermCheckpoint, SigtermMidRun_CheckpointsExits75AndResumeGivesTheUninterrup
   std::vector<std::string> flags = TermJob();
   flags.push_back("--checkpoint_every=1000");  // otherwise only at the end
   const std::string dir = TmpPath("term");
+  // The run stops early to be resumed: its weights are not final, so nothing is exported yet.
+  const std::string export_dir = dir + ".export";
+  flags.push_back("--export_dir=" + export_dir);
   const pid_t launcher = Start(flags, dir);
   ASSERT_TRUE(AwaitOutput(dir, "step 3/12")) << ReadFile(dir + ".out");
   ASSERT_EQ(kill(launcher, SIGTERM), 0);
@@ -303,11 +306,16 @@ TEST(TermCheckpoint, SigtermMidRun_CheckpointsExits75AndResumeGivesTheUninterrup
   const std::string report = ReadFile(dir + "/report.json");
   EXPECT_NE(report.find("\"exit_code\": 75"), std::string::npos) << report;
   EXPECT_NE(report.find(absl::StrCat("\"term_checkpoint_step\": \"", step, "\"")), std::string::npos) << report;
+  EXPECT_FALSE(Exists(export_dir)) << "a run stopped for a SIGTERM checkpoint exported its unfinished weights";
+  EXPECT_NE(std::system(absl::StrCat("ls -d ", export_dir, ".partial-* >/dev/null 2>&1").c_str()), 0)
+      << "a temporary export directory was left";
 
   std::vector<std::string> again = TermJob();
   again.push_back("--resume=" + dir);
+  again.push_back("--export_dir=" + export_dir);  // the command the launcher's line suggests
   const RunResult resumed = Launch(again, "resumed");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(Exists(export_dir + "/config.json")) << resumed.output;
   std::map<int, double> got = first;
   for (const auto& [s, loss] : Losses(resumed.run_dir)) {
     EXPECT_GE(s, step);

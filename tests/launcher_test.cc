@@ -271,6 +271,24 @@ TEST(Launcher, Sigterm_GracefulStop_Exits143) {
   ExpectNothingLeft(job, std::chrono::milliseconds(500));
 }
 
+// Slurm signals every process of a step: a worker ignores a SIGTERM that is not its launcher's (the
+// launcher decides), and still ends on the launcher's own.
+TEST(Launcher, WorkerGetsAForeignSigterm_IgnoresIt_LaunchersSigtermStillEndsIt) {
+  Launcher l(CpuJob(2, 10000000));
+  std::string job = l.JobId();
+  ASSERT_TRUE(l.WaitForWorkersUp(2, std::chrono::seconds(30))) << l.output();
+  int victim = WorkerPid(job, 1);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGTERM), 0);
+  EXPECT_FALSE(WaitFor([&] { return kill(victim, 0) != 0; }, std::chrono::milliseconds(1500)))
+      << "the worker died of a SIGTERM that was not its launcher's";
+  EXPECT_EQ(l.Wait(std::chrono::milliseconds(1)), -1) << l.output();  // still running
+  kill(l.pid(), SIGTERM);
+  EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 143) << l.output();
+  EXPECT_NE(l.output().find("ignoring a SIGTERM not sent by the launcher"), std::string::npos) << l.output();
+  ExpectNothingLeft(job, std::chrono::milliseconds(500));
+}
+
 TEST(Launcher, HungWorker_Sigstop_CaughtByHeartbeatTimeout) {
   std::vector<std::string> args = CpuJob(2, 10000000);
   args.push_back("--heartbeat_timeout_ms=1000");

@@ -265,6 +265,17 @@ TEST(Refusals, SlurmWithNodeFlagsOrOutsideAJob_Exit2SayingWhatToDo) {
   EXPECT_TRUE(absl::StrContains(out, "SLURM_JOB_ID is not set; run it under srun")) << out;
 }
 
+TEST(Refusals, CheckpointsOrExportOnSeveralNodes_Exit2NamingTheFlag) {
+  std::string out;
+  for (const char* flag : {"--checkpoint_every=2", "--export_dir=/tmp/never-written-export"}) {
+    EXPECT_EQ(RunLauncher({"--device=cpu", "--workers=1", "--nodes=2", "--model=tiny", flag,
+                           "--run_dir=" + Unique("ckpt")}, &out), 2)
+        << out;
+    const std::string name = std::string(flag).substr(0, std::string(flag).find('='));
+    EXPECT_TRUE(absl::StrContains(out, name + " with --nodes=2: checkpoints and exports")) << out;
+  }
+}
+
 TEST(Refusals, JobFlagOnAnAgent_Exit2) {
   std::string out;
   EXPECT_EQ(RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=127.0.0.1:29500", "--model=tiny"}, &out), 2)

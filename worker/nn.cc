@@ -285,7 +285,9 @@ void LowerDenseWeights(torch::nn::Module& root, at::ScalarType dtype) {
 bool LowersDenseWeights(const JobSpec& job, const torch::Device& device, bool bf16_autocast) {
   auto option = job.model_spec().options().find("inference_bf16_weights");
   const bool on = option == job.model_spec().options().end() || option->second != "false";
-  return on && device.is_cuda() && bf16_autocast && job.pipeline().inference() && !job.save_params();
+  // Not when the weights are written out (--save_params, --export_dir): those keep fp32.
+  return on && device.is_cuda() && bf16_autocast && job.pipeline().inference() && !job.save_params() &&
+         job.export_dir().empty();
 }
 
 absl::Status SelectAttentionKernel(const std::string& kernel) {

@@ -220,6 +220,7 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
             << (executor.chunk_stages().size() == 1 ? " stage" : " stages");
   const int eval_batches = job.eval_batches() > 0 ? job.eval_batches() : 4;
   int64_t stop_at = 0;  // the launcher's SIGTERM: a checkpoint after this many steps, then the end
+  bool stopped_early = false;  // stopped at stop_at, before the last step
   for (int64_t step = first_step; step < job.steps(); ++step) {
     executor.SetLearningRate(LearningRate(lr, step));
     absl::StatusOr<StepResult> r = executor.Step(step);
@@ -257,11 +258,17 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
       if (streams.cuda()) guard.emplace(streams.compute());
       if (absl::Status s = writer->Save(done, executor); !s.ok()) return s;
     }
-    if (stop_here) break;
+    if (stop_here) {
+      stopped_early = done < job.steps();
+      break;
+    }
   }
   if (writer) {
     if (absl::Status s = writer->Finish(); !s.ok()) return s;
   }
+  // Stopped early for a SIGTERM checkpoint: the run is to be resumed, so its weights are not final:
+  // no export under the final name, no --save_params.
+  if (stopped_early) return absl::OkStatus();
   if (!job.export_dir().empty()) {
     if (absl::Status s = WriteExport(WriterOptions(a, context), executor); !s.ok()) return s;
   }

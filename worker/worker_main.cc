@@ -5,6 +5,7 @@
 //
 // Exit codes: 0 done; 1 failed (reported to the coordinator); 3 stopped by the coordinator;
 // 4 lost the coordinator.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -363,7 +364,31 @@ int Main() {
 
 }  // namespace
 
+// A SIGTERM that is not from this worker's parent (the launcher, or the agent on another host) is
+// ignored: Slurm sends one to every process of a step on scancel, preemption or a time limit, and the
+// launcher, which gets it too, decides whether the workers first write a checkpoint (it tells them
+// through the coordinator). The parent's SIGTERM ends the worker as before; SIGKILL always does.
+void OnSigterm(int, siginfo_t* info, void*) {
+  if (info != nullptr && info->si_pid == getppid()) {
+    signal(SIGTERM, SIG_DFL);
+    raise(SIGTERM);  // pending until this handler returns, then the default action
+    return;
+  }
+  static const char kLine[] = "stagehand worker: ignoring a SIGTERM not sent by the launcher (it decides when the workers stop)\n";
+  (void)!write(STDERR_FILENO, kLine, sizeof kLine - 1);
+}
+
+void IgnoreForeignSigterm() {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = OnSigterm;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
 int WorkerMain(int argc, char** argv) {
+  IgnoreForeignSigterm();
   absl::SetProgramUsageMessage("stagehand worker: started by the launcher, one per GPU");
   absl::ParseCommandLine(argc, argv);
   return Main();
