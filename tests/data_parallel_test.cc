@@ -26,25 +26,9 @@ using ::stagehand::testing::ReadFile;
 using ::stagehand::testing::Runfile;
 using ::testing::HasSubstr;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-  std::string run_dir;
-};
+using ::stagehand::testing::RunResult;
 
-RunResult Launch(const std::vector<std::string>& flags) {
-  static int counter = 0;
-  RunResult r;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  r.run_dir = absl::StrCat(tmp ? tmp : "/tmp", "/dp_", getpid(), "_", counter++);
-  std::string cmd = Runfile("launcher/launcher");
-  for (const std::string& f : flags) absl::StrAppend(&cmd, " ", f);
-  absl::StrAppend(&cmd, " --run_dir=", r.run_dir, " > ", r.run_dir, ".out 2>&1");
-  const int status = std::system(cmd.c_str());
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.output = ReadFile(r.run_dir + ".out");
-  return r;
-}
+RunResult Launch(const std::vector<std::string>& flags) { return ::stagehand::testing::Launch(flags, "dp"); }
 
 // 16 sequences per step in micro-batches of 4 however the workers are laid out: 4 micro-batches in one
 // process, 2 per replica with 2 replicas.

@@ -29,25 +29,9 @@ namespace {
 using ::stagehand::testing::ReadFile;
 using ::stagehand::testing::Runfile;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-  std::string run_dir;
-};
+using ::stagehand::testing::RunResult;
 
-RunResult Launch(const std::vector<std::string>& flags) {
-  static int counter = 0;
-  RunResult r;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  r.run_dir = absl::StrCat(tmp ? tmp : "/tmp", "/pipeline_", getpid(), "_", counter++);
-  std::string cmd = Runfile("launcher/launcher");
-  for (const std::string& f : flags) absl::StrAppend(&cmd, " ", f);
-  absl::StrAppend(&cmd, " --run_dir=", r.run_dir, " > ", r.run_dir, ".out 2>&1");
-  int status = std::system(cmd.c_str());
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.output = ReadFile(r.run_dir + ".out");
-  return r;
-}
+RunResult Launch(const std::vector<std::string>& flags) { return ::stagehand::testing::Launch(flags, "pipeline"); }
 
 std::vector<std::string> TinyJob(int stages, const std::string& schedule, int steps = 3,
                                  const std::string& model = "tiny") {
@@ -56,18 +40,7 @@ std::vector<std::string> TinyJob(int stages, const std::string& schedule, int st
           "--lr=0.003",           "--partition=uniform", "--save_params", "--seed=7"};
 }
 
-// step -> loss, from steps.csv (the loss comes from the rank holding the head).
-std::map<int, double> Losses(const std::string& run_dir) {
-  std::map<int, double> out;
-  std::vector<std::string> lines = absl::StrSplit(ReadFile(run_dir + "/steps.csv"), '\n', absl::SkipEmpty());
-  for (size_t i = 1; i < lines.size(); ++i) {
-    std::vector<std::string> f = absl::StrSplit(lines[i], ',');
-    double loss;
-    int step;
-    if (f.size() > 2 && !f[2].empty() && absl::SimpleAtoi(f[0], &step) && absl::SimpleAtod(f[2], &loss)) out[step] = loss;
-  }
-  return out;
-}
+using ::stagehand::testing::Losses;
 
 std::vector<torch::Tensor> Params(const std::string& run_dir, int ranks) {
   std::vector<torch::Tensor> all;

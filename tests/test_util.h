@@ -1,5 +1,5 @@
-// Helpers shared by the multi-process tests: runfile paths, whole-file reads, and a small tmpfs for
-// full-disk tests.
+// Helpers shared by the multi-process tests: runfile paths, whole-file reads, a launcher run and its
+// losses, and a small tmpfs for full-disk tests.
 #ifndef STAGEHAND_TESTS_TEST_UTIL_H_
 #define STAGEHAND_TESTS_TEST_UTIL_H_
 
@@ -7,14 +7,17 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace stagehand::testing {
 
@@ -30,6 +33,52 @@ inline std::string ReadFile(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;   // what the launcher printed, stdout and stderr
+  std::string run_dir;
+};
+
+// Runs the real launcher with `flags` and --run_dir=<TEST_TMPDIR>/<prefix>_<pid>_<n> (a new one each
+// call), its output into <run_dir>.out, and waits for it.
+inline RunResult Launch(const std::vector<std::string>& flags, const std::string& prefix) {
+  static int counter = 0;
+  RunResult r;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  r.run_dir = std::string(tmp ? tmp : "/tmp") + "/" + prefix + "_" + std::to_string(getpid()) + "_" +
+              std::to_string(counter++);
+  std::string cmd = Runfile("launcher/launcher");
+  for (const std::string& f : flags) cmd += " " + f;
+  cmd += " --run_dir=" + r.run_dir + " > " + r.run_dir + ".out 2>&1";
+  const int status = std::system(cmd.c_str());
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.output = ReadFile(r.run_dir + ".out");
+  return r;
+}
+
+// step -> loss, from a run's steps.csv (the loss comes from the rank holding the head; steps without
+// one are left out).
+inline std::map<int, double> Losses(const std::string& run_dir) {
+  std::map<int, double> out;
+  std::istringstream csv(ReadFile(run_dir + "/steps.csv"));
+  std::string line;
+  int loss_column = -1;
+  for (bool header = true; std::getline(csv, line); header = false) {
+    std::vector<std::string> f;
+    std::istringstream fields(line);
+    for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
+    if (header) {
+      for (size_t i = 0; i < f.size(); ++i) {
+        if (f[i] == "loss") loss_column = static_cast<int>(i);
+      }
+      continue;
+    }
+    if (loss_column < 0 || static_cast<int>(f.size()) <= loss_column || f[loss_column].empty() || f[0].empty()) continue;
+    out[std::stoi(f[0])] = std::stod(f[loss_column]);
+  }
+  return out;
 }
 
 // A tmpfs mounted at `dir` for the life of the object (size like "256k", options like "ro"), so a
