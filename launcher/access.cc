@@ -109,26 +109,6 @@ std::string FreeAdminName(const std::vector<TokenRecord>& tokens) {
 
 }  // namespace
 
-std::string RoleName(control::Role role) {
-  switch (role) {
-    case control::ROLE_VIEW:
-      return "view";
-    case control::ROLE_SUBMIT:
-      return "submit";
-    case control::ROLE_ADMIN:
-      return "admin";
-    default:
-      return "unspecified";
-  }
-}
-
-absl::StatusOr<control::Role> ParseRole(absl::string_view name) {
-  for (control::Role role : {control::ROLE_VIEW, control::ROLE_SUBMIT, control::ROLE_ADMIN}) {
-    if (name == RoleName(role)) return role;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown role '", name, "'; pass view, submit or admin"));
-}
-
 absl::Status ValidateName(absl::string_view name, absl::string_view what) {
   const bool chars_ok = std::all_of(name.begin(), name.end(), [](char c) {
     return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';

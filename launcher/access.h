@@ -16,17 +16,13 @@
 #include "launcher/auth_token.h"
 #include "launcher/job_service.h"
 #include "launcher/job_store.h"
+#include "launcher/roles.h"  // RoleName, ParseRole (the server names roles in its refusals)
 #include "protos/control.pb.h"
 
 namespace stagehand {
 
 // What a call does, as far as roles go. kMint covers revoking too: both are the admin's.
 enum class Verb { kView, kSubmit, kCancel, kMint };
-
-// "view", "submit", "admin"; "unspecified" for anything else.
-std::string RoleName(control::Role role);
-// INVALID_ARGUMENT naming the three roles.
-absl::StatusOr<control::Role> ParseRole(absl::string_view name);
 
 // Token names and submission ids: [A-Za-z0-9._-]{1,64}, so that they are safe in a path, a log line
 // and a shell. INVALID_ARGUMENT naming `what` ("token name").

@@ -22,6 +22,7 @@
 #include "launcher/auth_token.h"
 #include "launcher/control_client.h"
 #include "launcher/job_flags.h"
+#include "launcher/roles.h"
 #include "launcher/run_dir.h"
 
 ABSL_FLAG(std::string, server, "", "HOST:PORT of `launcher --serve` (default: $STAGEHAND_SERVER)");
@@ -256,20 +257,11 @@ int Fetch(ControlClient& client, const std::string& id, const std::string& path)
   return 0;
 }
 
-absl::StatusOr<control::Role> ParseRole(const std::string& role) {
-  if (role == "view") return control::ROLE_VIEW;
-  if (role == "submit") return control::ROLE_SUBMIT;
-  if (role == "admin") return control::ROLE_ADMIN;
-  return absl::InvalidArgumentError(absl::StrCat("--role=", role, ": pass --role=view, --role=submit or --role=admin"));
-}
-
-const char* RoleText(control::Role role) {
-  switch (role) {
-    case control::ROLE_VIEW: return "view";
-    case control::ROLE_SUBMIT: return "submit";
-    case control::ROLE_ADMIN: return "admin";
-    default: return "none";
-  }
+// --role's value, with the flag named in the refusal.
+absl::StatusOr<control::Role> RoleFlag(const std::string& role) {
+  absl::StatusOr<control::Role> r = ParseRole(role);
+  if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("--role=", role, ": pass --role=view, --role=submit or --role=admin"));
+  return r;
 }
 
 std::string FormatMillis(int64_t ms) {
@@ -282,7 +274,7 @@ int Token(ControlClient& client, const std::vector<std::string>& args) {
     if (!tokens.ok()) return Fail(tokens.status());
     std::printf("%-24s %-7s %-19s  %s\n", "NAME", "ROLE", "CREATED", "REVOKED");
     for (const control::TokenInfo& t : *tokens) {
-      std::printf("%-24s %-7s %-19s  %s\n", t.name().c_str(), RoleText(t.role()),
+      std::printf("%-24s %-7s %-19s  %s\n", t.name().c_str(), RoleName(t.role()).c_str(),
                   FormatMillis(t.created_time_ms()).c_str(), FormatMillis(t.revoked_time_ms()).c_str());
     }
     return 0;
@@ -296,7 +288,7 @@ int Token(ControlClient& client, const std::vector<std::string>& args) {
     std::printf("revoked %s\n", args[2].c_str());
     return 0;
   }
-  absl::StatusOr<control::Role> role = ParseRole(absl::GetFlag(FLAGS_role));
+  absl::StatusOr<control::Role> role = RoleFlag(absl::GetFlag(FLAGS_role));
   if (!role.ok()) return Fail(role.status());
   absl::StatusOr<std::string> token = client.Mint(args[2], *role);
   if (!token.ok()) return Fail(token.status());

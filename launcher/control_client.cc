@@ -87,6 +87,33 @@ class AtomicFile {
   bool opened_ = false, committed_ = false;
 };
 
+// The reconnect budget of a followed stream (a watch, a followed log): watch_retries attempts within
+// watch_retry_window, started over by a stream that delivered, with a doubling backoff between them.
+class Reconnects {
+ public:
+  explicit Reconnects(const ControlClientOptions& o) : o_(o), start_(absl::Now()), backoff_(o.initial_backoff) {}
+  // After a stream that ended short: false when the budget is spent, else true after the backoff.
+  bool Again(bool progressed) {
+    if (progressed) {
+      retries_ = 0;
+      start_ = absl::Now();
+      backoff_ = o_.initial_backoff;
+    }
+    if (++retries_ > o_.watch_retries || absl::Now() - start_ > o_.watch_retry_window) return false;
+    absl::SleepFor(backoff_);
+    backoff_ = std::min(backoff_ * 2, o_.max_backoff);
+    return true;
+  }
+  int made() const { return retries_ - 1; }  // the reconnects made before the budget ran out
+  absl::Duration elapsed() const { return absl::Now() - start_; }
+
+ private:
+  const ControlClientOptions& o_;
+  absl::Time start_;
+  absl::Duration backoff_;
+  int retries_ = 0;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Create(const ControlClientOptions& options) {
@@ -177,9 +204,7 @@ absl::StatusOr<control::JobInfo> ControlClient::Watch(const std::string& id, boo
   request.set_id(id);
   request.set_no_lines(no_lines);
   int64_t last_seq = after_seq;
-  int retries = 0;
-  absl::Time window_start = absl::Now();
-  absl::Duration backoff = options_.initial_backoff;
+  Reconnects reconnects(options_);
   for (;;) {
     bool progressed = false;
     std::optional<control::JobInfo> final_state;
@@ -192,19 +217,12 @@ absl::StatusOr<control::JobInfo> ControlClient::Watch(const std::string& id, boo
     } else if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
       return Explain(s);
     }
-    if (progressed) {  // a stream that delivered: the budget starts over
-      retries = 0;
-      window_start = absl::Now();
-      backoff = options_.initial_backoff;
-    }
-    if (++retries > options_.watch_retries || absl::Now() - window_start > options_.watch_retry_window) {
+    if (!reconnects.Again(progressed)) {
       absl::Status e = s.ok() ? absl::UnavailableError("the stream ended without the job's final state") : Explain(s);
-      return absl::UnavailableError(absl::StrCat(e.message(), "; gave up after ", retries - 1, " reconnects in ",
-                                                 absl::FormatDuration(absl::Now() - window_start),
+      return absl::UnavailableError(absl::StrCat(e.message(), "; gave up after ", reconnects.made(), " reconnects in ",
+                                                 absl::FormatDuration(reconnects.elapsed()),
                                                  "; resume with `client watch ", id, "` later"));
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }
 
@@ -214,9 +232,7 @@ absl::Status ControlClient::Logs(const std::string& id, int rank, int64_t offset
   request.set_id(id);
   request.set_rank(rank);
   request.set_follow(follow);
-  int retries = 0;
-  absl::Time window_start = absl::Now();
-  absl::Duration backoff = options_.initial_backoff;
+  Reconnects reconnects(options_);
   for (;;) {
     request.set_offset(offset);
     std::unique_ptr<grpc::ClientContext> context = Context(false);
@@ -229,20 +245,13 @@ absl::Status ControlClient::Logs(const std::string& id, int rank, int64_t offset
       on_data(chunk.data());
     }
     grpc::Status s = reader->Finish();
-    // Only a followed log is worth reconnecting for; the same budget as Watch's.
+    // Only a followed log is worth reconnecting for.
     if (s.ok() || !follow || s.error_code() != grpc::StatusCode::UNAVAILABLE) return Explain(s);
-    if (progressed) {
-      retries = 0;
-      window_start = absl::Now();
-      backoff = options_.initial_backoff;
-    }
-    if (++retries > options_.watch_retries || absl::Now() - window_start > options_.watch_retry_window) {
-      return absl::UnavailableError(absl::StrCat(Explain(s).message(), "; gave up after ", retries - 1,
+    if (!reconnects.Again(progressed)) {
+      return absl::UnavailableError(absl::StrCat(Explain(s).message(), "; gave up after ", reconnects.made(),
                                                  " reconnects; resume with `client logs ", id, " --rank=", rank,
                                                  " --offset=", offset, " --follow`"));
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }
 
