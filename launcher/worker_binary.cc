@@ -57,8 +57,10 @@ std::vector<std::string> WorkerEnvironmentFrom(const std::vector<std::string>& l
   if (!omp_given) env.push_back(absl::StrCat("OMP_NUM_THREADS=", std::max(1, cores / std::max(1, workers))));
   for (const std::string& entry : launcher_env) {
     absl::string_view v(entry);
-    // Set per worker by the supervisor, or forced below.
-    if (absl::StartsWith(v, "CUDA_VISIBLE_DEVICES=") || absl::StartsWith(v, "STAGEHAND_") ||
+    // Set per worker by the supervisor, or forced below. The developer's kernel trace
+    // (STAGEHAND_KERNEL_TRACE*, docs/profiling.md) passes through.
+    if (absl::StartsWith(v, "CUDA_VISIBLE_DEVICES=") ||
+        (absl::StartsWith(v, "STAGEHAND_") && !absl::StartsWith(v, "STAGEHAND_KERNEL_TRACE")) ||
         absl::StartsWith(v, "NCCL_NVLS_ENABLE=") || absl::StartsWith(v, "TORCH_SYMM_MEM_DISABLE_MULTICAST=") ||
         absl::StartsWith(v, "NVSHMEM_DISABLE_NVLS=")) {
       continue;

@@ -41,6 +41,13 @@ TEST(WorkerEnvironmentFromTest, PerWorkerAndForcedVariables_AreNotTakenFromTheLa
   EXPECT_THAT(env, Contains("NVSHMEM_DISABLE_NVLS=1"));
 }
 
+TEST(WorkerEnvironmentFromTest, KernelTraceVariables_PassThrough) {
+  const std::vector<std::string> env =
+      WorkerEnvironmentFrom({"STAGEHAND_KERNEL_TRACE=/tmp/t", "STAGEHAND_KERNEL_TRACE_STEP=3"}, 1, 8);
+  EXPECT_THAT(env, Contains("STAGEHAND_KERNEL_TRACE=/tmp/t"));
+  EXPECT_THAT(env, Contains("STAGEHAND_KERNEL_TRACE_STEP=3"));
+}
+
 TEST(WorkerEnvironmentFromTest, OmpThreads_SharedOutAmongWorkers_UnlessGiven) {
   EXPECT_THAT(WorkerEnvironmentFrom({}, 4, 16), Contains("OMP_NUM_THREADS=4"));
   EXPECT_THAT(WorkerEnvironmentFrom({}, 8, 2), Contains("OMP_NUM_THREADS=1"));

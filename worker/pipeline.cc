@@ -6,10 +6,12 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <optional>
 
@@ -30,6 +32,34 @@
 
 namespace stagehand {
 namespace {
+
+// A developer's kernel trace (docs/profiling.md): with STAGEHAND_KERNEL_TRACE=PREFIX in a worker's
+// environment, step STAGEHAND_KERNEL_TRACE_STEP (default 5) of rank R runs under the Kineto profiler
+// (CUPTI: every kernel, also those a CUDA graph replays) and its Chrome trace goes to PREFIX.rankR.json.
+class KernelTrace {
+ public:
+  KernelTrace(int rank, int64_t step) {
+    const char* prefix = std::getenv("STAGEHAND_KERNEL_TRACE");
+    if (prefix == nullptr || *prefix == '\0') return;
+    const char* at = std::getenv("STAGEHAND_KERNEL_TRACE_STEP");
+    if (step != (at != nullptr && *at != '\0' ? std::atoll(at) : 5)) return;
+    path_ = absl::StrCat(prefix, ".rank", rank, ".json");
+    namespace prof = torch::profiler::impl;
+    const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+    const std::set<prof::ActivityType> activities{prof::ActivityType::CPU, prof::ActivityType::CUDA};
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+  }
+  ~KernelTrace() {
+    if (path_.empty()) return;
+    if (torch::cuda::is_available()) torch::cuda::synchronize();
+    torch::autograd::profiler::disableProfiler()->save(path_);
+    LOG(INFO) << "kernel trace of this step: " << path_;
+  }
+
+ private:
+  std::string path_;
+};
 
 torch::Device DeviceOf(const JobSpec& job) {
   return job.device() == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
@@ -223,7 +253,11 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   bool stopped_early = false;  // stopped at stop_at, before the last step
   for (int64_t step = first_step; step < job.steps(); ++step) {
     executor.SetLearningRate(LearningRate(lr, step));
-    absl::StatusOr<StepResult> r = executor.Step(step);
+    absl::StatusOr<StepResult> r;
+    {
+      KernelTrace trace(a.rank(), step);
+      r = executor.Step(step);
+    }
     if (!r.ok()) {
       absl::Status s = r.status();
       if (executor.failed_action() >= 0) s.SetPayload(kFailedActionPayload, absl::Cord(absl::StrCat(executor.failed_action())));

@@ -432,6 +432,13 @@ def main(argv=None):
         show(a.warmup + i)
     sync()
     step_s = (time.perf_counter() - t0) / a.steps
+    if os.environ.get("PEER_KERNEL_TRACE") and not distributed:
+        # A developer's kernel trace of one more step (bench/probes/trace_summary.py reads it).
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+            sync()
+        prof.export_chrome_trace(os.environ["PEER_KERNEL_TRACE"])
 
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else -1.0
     loss_t = torch.tensor([float("nan") if last_loss[0] is None else float(last_loss[0])],
