@@ -141,3 +141,49 @@ libtorch_repository = repository_rule(
     local = True,
     doc = "LibTorch from the pinned torch wheel in the project's .venv, or from LIBTORCH_DIR.",
 )
+
+_CUTLASS_VERSION = "4.2.0.0"
+
+def _find_cutlass(rctx):
+    explicit = rctx.os.environ.get("CUTLASS_DIR", "")
+    if explicit:
+        return explicit
+    workspace_root = rctx.path(Label("//:WORKSPACE")).dirname
+    lib_dir = rctx.path("%s/.venv/lib" % workspace_root)
+    if lib_dir.exists:
+        for py in lib_dir.readdir():
+            site = "%s/site-packages" % py
+            if rctx.path("%s/cutlass_library/source/include" % site).exists:
+                if not rctx.path("%s/nvidia_cutlass-%s.dist-info" % (site, _CUTLASS_VERSION)).exists:
+                    fail("\n\n.venv's nvidia-cutlass is not %s: %s\n" % (_CUTLASS_VERSION, _SETUP_HINT))
+                return "%s/cutlass_library/source" % site
+    fail("\n\nCUTLASS not found: no nvidia-cutlass in %s/.venv and CUTLASS_DIR is unset; %s " % (workspace_root, _SETUP_HINT) +
+         "(it installs nvidia-cutlass==%s, headers only, into .venv), or set CUTLASS_DIR to a CUTLASS source tree " % _CUTLASS_VERSION +
+         "holding include/ and tools/util/include/.\n")
+
+def _cutlass_impl(rctx):
+    source = _find_cutlass(rctx)
+    _check_files(rctx, [source + "/include/cutlass/cutlass.h", source + "/include/cute/tensor.hpp",
+                        source + "/tools/util/include/cutlass/util/packed_stride.hpp"],
+                 "nvidia-cutlass==%s (pip, --no-deps)" % _CUTLASS_VERSION)
+    rctx.symlink(source + "/include", "include")
+    rctx.symlink(source + "/tools/util/include", "util_include")
+    rctx.file("WORKSPACE", 'workspace(name = "%s")\n' % rctx.name)
+    # For the nvcc genrules (worker/BUILD.bazel): include paths relative to the execution root.
+    rctx.file("defs.bzl", 'CUTLASS_INCLUDES = "-Iexternal/{0}/include -Iexternal/{0}/util_include"\n'.format(rctx.name))
+    rctx.file("BUILD.bazel", """
+package(default_visibility = ["//visibility:public"])
+
+# CUTLASS 3.x / CuTe headers, header-only: a genrule's srcs, so that nvcc sees them in its sandbox.
+filegroup(
+    name = "headers",
+    srcs = glob(["include/cute/**", "include/cutlass/**", "util_include/cutlass/**"]),
+)
+""")
+
+cutlass_repository = repository_rule(
+    implementation = _cutlass_impl,
+    environ = ["CUTLASS_DIR"],
+    local = True,
+    doc = "CUTLASS's C++ headers from the pinned nvidia-cutlass wheel in the project's .venv, or from CUTLASS_DIR.",
+)

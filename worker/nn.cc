@@ -17,6 +17,8 @@
 #include "models/attention_kernels.h"
 #include "worker/fused_backward_kernels.h"
 #include "worker/fused_kernels.h"
+#include "worker/gelu_kernels.h"
+#include "worker/gemm_gelu.h"
 
 namespace stagehand {
 namespace {
@@ -122,6 +124,98 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
   }
 };
 
+
+// Whether the one-GEMM forward (gemm_gelu.h) takes x [.., in] W[out, in] and b [out]: bf16, contiguous
+// and aligned on an sm_90 GPU, in shapes its TMA loads take.
+bool GemmGeluTakes(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  auto bf16 = [&](const torch::Tensor& t) {
+    return t.is_cuda() && t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && aligned(t);
+  };
+  if (!bf16(x) || !bf16(w) || !bf16(b) || w.dim() != 2 || x.size(-1) != w.size(1) || b.numel() != w.size(0)) {
+    return false;
+  }
+  return x.numel() > 0 && GemmGeluSupports(x.numel() / x.size(-1), w.size(0), w.size(1)) && GemmGeluAvailable();
+}
+
+// {gelu(x W^T + b), x W^T + b (only with keep_h)} in the compute dtype: one CUTLASS GEMM where it takes
+// the inputs and `gemm` allows, else at::linear and at::gelu.
+std::pair<torch::Tensor, torch::Tensor> LinearGeluForward(const torch::Tensor& x, const torch::Tensor& w,
+                                                          const torch::Tensor& b, bool keep_h, bool gemm) {
+  if (gemm && GemmGeluTakes(x, w, b)) {
+    const int64_t n = w.size(0), k = w.size(1), m = x.numel() / k;
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = n;
+    torch::Tensor a = torch::empty(shape, x.options());
+    torch::Tensor h = keep_h ? torch::empty(shape, x.options()) : torch::Tensor();
+    auto bits = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
+    const cudaError_t e = GemmBiasGelu(bits(x), bits(w), bits(b), bits(a), keep_h ? bits(h) : nullptr, m, n, k,
+                                       at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "GemmBiasGelu: ", cudaGetErrorString(e));
+    return {a, h};
+  }
+  torch::Tensor h = at::linear(x, w, b);
+  torch::Tensor a = at::gelu(h);
+  return {a, keep_h ? h : torch::Tensor()};
+}
+
+// {dh = da * gelu'(h), db = the column sums of dh in `db_dtype`} for da and h [rows, cols]: one kernel
+// (gelu_kernels.h) for bf16 on CUDA, then a sum over its few partial rows; else ATen's.
+std::pair<torch::Tensor, torch::Tensor> GeluBackwardWithBias(const torch::Tensor& da, const torch::Tensor& h,
+                                                             at::ScalarType db_dtype) {
+  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  auto takes = [&](const torch::Tensor& t) {
+    return t.is_cuda() && t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && aligned(t);
+  };
+  const int64_t rows = h.size(0), cols = h.size(1);
+  if (takes(da) && takes(h) && da.sizes() == h.sizes() && GeluBackwardSupports(cols)) {
+    torch::Tensor dh = torch::empty_like(h);
+    torch::Tensor partial = torch::empty({GeluBackwardPartials(rows), cols}, h.options().dtype(torch::kFloat32));
+    auto bits = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
+    const cudaError_t e = GeluBackwardBias(bits(da), bits(h), bits(dh), partial.data_ptr<float>(), rows, cols,
+                                           at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "GeluBackwardBias: ", cudaGetErrorString(e));
+    return {dh, partial.sum(0, /*keepdim=*/false, db_dtype)};
+  }
+  torch::Tensor dh = at::gelu_backward(da, h);
+  return {dh, dh.sum(0, /*keepdim=*/false, db_dtype)};
+}
+
+// gelu(x W^T + b) with x, W and b in the compute dtype (LinearFunction's arguments, a bias required),
+// saving the pre-activation h instead of leaving it to a separate GELU node. The backward forms dh and
+// the bias gradient in one pass (GeluBackwardWithBias), then dx and the weight gradient as
+// LinearFunction does, the weight's through the same (weight, dy, x) accumulation or deferred queue.
+class LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& weight_c,
+                               const torch::Tensor& bias_c, bool gemm) {
+    auto [a, h] = LinearGeluForward(x, weight_c, bias_c, /*keep_h=*/true, gemm);
+    ctx->save_for_backward({x, weight_c, h});
+    ctx->saved_data["weight"] = weight;
+    return a;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight_c = saved[1], &h = saved[2];
+    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const int64_t out = weight_c.size(0), in = weight_c.size(1);
+    const torch::Tensor da = grads[0].to(weight_c.scalar_type()).contiguous().view({-1, out});
+    auto [dy, db] = GeluBackwardWithBias(da, h.view({-1, out}), weight.scalar_type());
+    torch::Tensor dx;
+    if (ctx->needs_input_grad(0)) dx = at::mm(dy, weight_c).view(x.sizes());
+    if (ctx->needs_input_grad(1)) {
+      if (WeightGradQueue* q = deferred_queue.load(); q != nullptr) {
+        q->Push(weight, dy, x.reshape({-1, in}));  // zero-bubble's W forms it later
+      } else {
+        AccumulateWeightGrad(weight, dy, x.reshape({-1, in}));
+      }
+    }
+    if (!ctx->needs_input_grad(2)) db = torch::Tensor();
+    return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
 }  // namespace
 
 void WeightGradQueue::Push(torch::Tensor weight, torch::Tensor dy, torch::Tensor x) {
@@ -288,6 +382,20 @@ bool LowersDenseWeights(const JobSpec& job, const torch::Device& device, bool bf
   // Not when the weights are written out (--save_params, --export_dir): those keep fp32.
   return on && device.is_cuda() && bf16_autocast && job.pipeline().inference() && !job.save_params() &&
          job.export_dir().empty();
+}
+
+torch::Tensor DenseImpl::ForwardGelu(const torch::Tensor& x, bool fused, bool gemm) {
+  if (!fused || !bias.defined()) return at::gelu(forward(x));
+  const c10::DeviceType device = x.device().type();
+  const bool autocast = at::autocast::is_autocast_enabled(device);
+  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
+  const torch::Tensor& w = dtype == weight.scalar_type() ? weight : weight_cast_.Get(weight, dtype);
+  const torch::Tensor& b = dtype == bias.scalar_type() ? bias : bias_cast_.Get(bias, dtype);
+  const torch::Tensor xc = x.scalar_type() == dtype ? x : x.to(dtype);
+  if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || weight.requires_grad() || bias.requires_grad())) {
+    return LinearGeluForward(xc, w, b, /*keep_h=*/false, gemm).first;
+  }
+  return LinearGeluFunction::apply(xc, weight, bias, w, b, gemm);
 }
 
 absl::Status SelectAttentionKernel(const std::string& kernel) {

@@ -80,6 +80,14 @@ class DenseImpl : public torch::nn::Module {
     weight.normal_(0.0, std, gen);
   }
   torch::Tensor forward(const torch::Tensor& x);
+  // gelu(forward(x)) with the exact (erf) GELU, as at::gelu. With `fused` (and a bias) one autograd
+  // function whose backward computes the GELU's gradient and the bias's in one kernel (gelu_kernels.h)
+  // before the same dx and weight gradient as forward's (deferred W included); under bf16 autocast on an
+  // sm_90 GPU the forward is one GEMM whose epilogue adds the bias and applies the GELU (gemm_gelu.h).
+  // Otherwise (CPU, fp32, shapes the kernels do not take) the same values from ATen's kernels
+  // (--model_option=fused_gelu=false: at::gelu(forward(x)) as it stood). `gemm` false keeps the fused
+  // backward but runs the forward as at::linear and at::gelu (--model_option=fused_gelu_gemm=false).
+  torch::Tensor ForwardGelu(const torch::Tensor& x, bool fused, bool gemm = true);
   // Brings the cast copies up to date now rather than at the next forward.
   void RefreshCasts(at::ScalarType dtype) {
     weight_cast_.Get(weight, dtype);

@@ -126,7 +126,7 @@ class MlpImpl : public PipelineLayerImpl {
  public:
   MlpImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
-        fused_residual_grad_(c.fused_residual_grad) {
+        fused_residual_grad_(c.fused_residual_grad), fused_gelu_(c.fused_gelu), fused_gelu_gemm_(c.fused_gelu_gemm) {
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true, device));
     fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true, device));
@@ -138,13 +138,14 @@ class MlpImpl : public PipelineLayerImpl {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "an MLP layer takes hidden states [B, S, ", hidden_, "], got ",
                 x.sizes());
     auto [normed, skip] = NormForGemmWithSkip(ln2_, x, fused_layernorm_, fused_norm_backward_, fused_residual_grad_);
-    return skip + fc2_(at::gelu(fc1_(normed)));  // exact (erf) GELU, as torch's default
+    return skip + fc2_(fc1_->ForwardGelu(normed, fused_gelu_, fused_gelu_gemm_));  // exact (erf) GELU, as torch's default
   }
 
  private:
   int64_t hidden_;
   bool fused_layernorm_, fused_norm_backward_;
   bool fused_residual_grad_;
+  bool fused_gelu_, fused_gelu_gemm_;
   torch::nn::LayerNorm ln2_{nullptr};
   Dense fc1_{nullptr}, fc2_{nullptr};
 };
@@ -276,6 +277,8 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   c.fused_norm_backward = on("fused_norm_backward");
   c.fused_cross_entropy = on("fused_cross_entropy");
   c.fused_residual_grad = on("fused_residual_grad");
+  c.fused_gelu = on("fused_gelu");
+  c.fused_gelu_gemm = on("fused_gelu_gemm");
   return c;
 }
 

@@ -39,6 +39,12 @@ struct GptConfig {
   // The residual stream's gradient is added to each norm's dx inside the fused norm backward
   // (NormForGemmWithSkip; --model_option=fused_residual_grad=false: autograd's add).
   bool fused_residual_grad = true;
+  // The MLP's fc1 and GELU as one autograd function (DenseImpl::ForwardGelu): the GELU's backward and
+  // fc1's bias gradient in one kernel, and under bf16 autocast on an sm_90 GPU the forward as one GEMM
+  // with the bias and GELU in its epilogue (--model_option=fused_gelu=false: at::gelu(fc1(x)));
+  // fused_gelu_gemm=false keeps the fused backward with at::linear + at::gelu forward.
+  bool fused_gelu = true;
+  bool fused_gelu_gemm = true;
 
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }
 };

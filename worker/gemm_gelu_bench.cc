@@ -1,0 +1,120 @@
+// Microbenchmark (GPU only): the fused fc1 + bias + GELU GEMM's tile configurations (gemm_gelu.h) and the
+// fused GELU + bias-gradient backward (gelu_kernels.h) against cuBLAS (at::linear) + ATen's GELU, on
+// gpt-1.3b's MLP shapes. CUDA events, fixed columns, the ratio to ATen's time last.
+// Usage: gemm_gelu_bench [iterations]
+#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime_api.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include "worker/gelu_kernels.h"
+#include "worker/gemm_gelu.h"
+
+namespace {
+
+uint16_t* Bits(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// Mean milliseconds per call over `iters` calls after 3 warm-up calls.
+double TimeMs(const std::function<void()>& f, int iters) {
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  for (int i = 0; i < 3; ++i) f();
+  cudaEvent_t start, stop;
+  Check(cudaEventCreate(&start), "event");
+  Check(cudaEventCreate(&stop), "event");
+  Check(cudaEventRecord(start, stream), "record");
+  for (int i = 0; i < iters; ++i) f();
+  Check(cudaEventRecord(stop, stream), "record");
+  Check(cudaEventSynchronize(stop), "sync");
+  float ms = 0;
+  Check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / iters;
+}
+
+void Row(const char* kind, int64_t m, int64_t n, int64_t k, const std::string& what, double ms, double base_ms,
+         double max_err) {
+  const double tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12;
+  std::printf("%-9s %6lld %6lld %6lld  %-34s %9.3f %8.1f %8.3f %10.2e\n", kind, static_cast<long long>(m),
+              static_cast<long long>(n), static_cast<long long>(k), what.c_str(), ms, tflops, base_ms / ms, max_err);
+}
+
+void Forward(int64_t m, int64_t n, int64_t k, bool aux, int iters) {
+  auto o = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  torch::Tensor x = torch::randn({m, k}, o), w = torch::randn({n, k}, o) * 0.02, b = torch::randn({n}, o) * 0.1;
+  torch::Tensor ref_h = at::linear(x, w, b), ref = at::gelu(ref_h);
+  const char* kind = aux ? "fwd+h" : "fwd";
+  const double gemm_ms = TimeMs([&] { at::linear(x, w, b); }, iters);
+  const double base_ms = TimeMs([&] { at::gelu(at::linear(x, w, b)); }, iters);
+  Row(kind, m, n, k, "cuBLAS linear alone", gemm_ms, base_ms, 0);
+  Row(kind, m, n, k, "cuBLAS linear + ATen gelu", base_ms, base_ms, 0);
+  torch::Tensor a = torch::empty_like(ref), h = torch::empty_like(ref);
+  for (int v = 0; v < stagehand::GemmGeluVariants(); ++v) {
+    auto run = [&] {
+      Check(stagehand::GemmBiasGelu(Bits(x), Bits(w), Bits(b), Bits(a), aux ? Bits(h) : nullptr, m, n, k,
+                                    at::cuda::getCurrentCUDAStream(), v),
+            stagehand::GemmGeluVariantName(v));
+    };
+    run();
+    double err = (a.to(torch::kFloat32) - ref.to(torch::kFloat32)).abs().max().item<double>();
+    if (aux) err = std::max(err, (h.to(torch::kFloat32) - ref_h.to(torch::kFloat32)).abs().max().item<double>());
+    Row(kind, m, n, k, stagehand::GemmGeluVariantName(v), TimeMs(run, iters), base_ms, err);
+  }
+}
+
+void Backward(int64_t m, int64_t n, int iters) {
+  auto o = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  torch::Tensor da = torch::randn({m, n}, o) * 1e-3, h = torch::randn({m, n}, o);
+  torch::Tensor ref_dh = at::gelu_backward(da, h), ref_db = ref_dh.sum(0, false, torch::kFloat32);
+  const double base_ms = TimeMs(
+      [&] {
+        torch::Tensor d = at::gelu_backward(da, h);
+        d.sum(0, false, torch::kFloat32);
+      },
+      iters);
+  Row("bwd", m, n, 0, "ATen gelu_backward + bias sum", base_ms, base_ms, 0);
+  torch::Tensor dh = torch::empty_like(h);
+  torch::Tensor partial = torch::empty({stagehand::GeluBackwardPartials(m), n}, o.dtype(torch::kFloat32));
+  torch::Tensor db;
+  auto run = [&] {
+    Check(stagehand::GeluBackwardBias(Bits(da), Bits(h), Bits(dh), partial.data_ptr<float>(), m, n,
+                                      at::cuda::getCurrentCUDAStream()),
+          "GeluBackwardBias");
+    db = partial.sum(0);
+  };
+  run();
+  const double err_dh = (dh.to(torch::kFloat32) - ref_dh.to(torch::kFloat32)).abs().max().item<double>();
+  const double err_db = (db - ref_db).abs().max().item<double>();
+  std::printf("# bwd max |dh - ATen| %.2e, max |db - ATen| %.2e (|db| max %.2e)\n", err_dh, err_db,
+              ref_db.abs().max().item<double>());
+  Row("bwd", m, n, 0, "fused gelu' + bias partials + sum", TimeMs(run, iters), base_ms, err_dh);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+  if (!torch::cuda::is_available() || !stagehand::GemmGeluAvailable()) {
+    std::fprintf(stderr, "gemm_gelu_bench: needs an sm_90 GPU\n");
+    return 1;
+  }
+  torch::NoGradGuard no_grad;
+  std::printf("%-9s %6s %6s %6s  %-34s %9s %8s %8s %10s\n", "kind", "M", "N", "K", "kernel", "ms", "TFLOP/s",
+              "vs_ATen", "max_err");
+  Forward(8192, 8192, 2048, /*aux=*/true, iters);    // training: a micro-batch of 8 x 1024 tokens
+  Forward(16384, 8192, 2048, /*aux=*/false, iters);  // inference: 16 sequences
+  Forward(8192, 8192, 2048, /*aux=*/false, iters);
+  Backward(8192, 8192, iters);
+  return 0;
+}
