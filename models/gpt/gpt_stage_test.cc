@@ -29,6 +29,8 @@
 #include "worker/data.h"
 #include "worker/fused_backward_kernels.h"
 #include "worker/fused_kernels.h"
+#include "worker/gelu_kernels.h"
+#include "worker/gemm_gelu.h"
 #include "worker/nn.h"
 #include "worker/split_backward_check.h"
 #include "worker/stage.h"
@@ -1045,6 +1047,194 @@ TEST(GptStageCuda, LowerDenseWeights_SameLogitsInBf16) {
     }
   }
   EXPECT_GT(lowered, 0);
+}
+
+
+// gelu(fc(x)) and its gradients (x, weight, bias) by plain autograd over at::linear and at::gelu, in fp32.
+struct GeluReference {
+  torch::Tensor y, dx, dw, db;
+};
+GeluReference LinearGeluReference(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                  const torch::Tensor& dy) {
+  torch::Tensor xr = x.detach().to(torch::kFloat32).requires_grad_(true);
+  torch::Tensor wr = w.detach().to(torch::kFloat32).requires_grad_(true);
+  torch::Tensor br = b.detach().to(torch::kFloat32).requires_grad_(true);
+  torch::Tensor y = at::gelu(at::linear(xr, wr, br));
+  y.backward(dy.to(torch::kFloat32));
+  return {y.detach(), xr.grad(), wr.grad(), br.grad()};
+}
+
+double MaxRel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kFloat32) - b.to(torch::kFloat32)).abs().max() / b.to(torch::kFloat32).abs().max().clamp_min(1e-12))
+      .item<double>();
+}
+
+// On the CPU (fp32) ForwardGelu's own autograd function runs (the ATen fallback inside it): the same
+// output and gradients as autograd over at::gelu(at::linear), for batched inputs.
+TEST(DenseForwardGelu, Cpu_MatchesAutogradOfGeluOfLinear) {
+  torch::manual_seed(3);
+  Dense fc(24, 40, true);
+  at::Generator gen = LayerGenerator(1, 1);
+  fc->InitWeight(0.3, gen);
+  {
+    torch::NoGradGuard no_grad;
+    fc->bias.normal_(0.0, 0.5, gen);
+  }
+  torch::Tensor x = torch::randn({3, 5, 24}).requires_grad_(true);
+  torch::Tensor dy = torch::randn({3, 5, 40});
+  const GeluReference ref = LinearGeluReference(x, fc->weight, fc->bias, dy);
+  torch::Tensor y = fc->ForwardGelu(x, /*fused=*/true);
+  ASSERT_EQ(y.sizes(), ref.y.sizes());
+  EXPECT_TRUE(torch::allclose(y, ref.y, 1e-5, 1e-6));
+  y.backward(dy);
+  EXPECT_TRUE(torch::allclose(x.grad(), ref.dx, 1e-4, 1e-6));
+  EXPECT_TRUE(torch::allclose(fc->weight.grad(), ref.dw, 1e-4, 1e-6));
+  EXPECT_TRUE(torch::allclose(fc->bias.grad(), ref.db, 1e-4, 1e-6));
+  // Without grad the same values (the forward-only path), and unfused the same too.
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::allclose(fc->ForwardGelu(x, true), ref.y, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(fc->ForwardGelu(x, false), ref.y, 1e-5, 1e-6));
+}
+
+// Under DeferWeightGrads the weight's gradient goes to the queue as (weight, dh, x) and reaches .grad only
+// at Apply; the input's and the bias's arrive at once.
+TEST(DenseForwardGelu, Cpu_DeferredWeightGradIsQueuedUntilApply) {
+  torch::manual_seed(4);
+  Dense fc(16, 32, true);
+  at::Generator gen = LayerGenerator(2, 1);
+  fc->InitWeight(0.3, gen);
+  torch::Tensor x = torch::randn({2, 7, 16}).requires_grad_(true);
+  torch::Tensor dy = torch::randn({2, 7, 32});
+  const GeluReference ref = LinearGeluReference(x, fc->weight, fc->bias, dy);
+  WeightGradQueue queue;
+  {
+    DeferWeightGrads route(&queue);
+    fc->ForwardGelu(x, true).backward(dy);
+  }
+  EXPECT_FALSE(fc->weight.grad().defined());
+  ASSERT_EQ(queue.size(), 1u);
+  EXPECT_TRUE(torch::allclose(x.grad(), ref.dx, 1e-4, 1e-6));
+  EXPECT_TRUE(torch::allclose(fc->bias.grad(), ref.db, 1e-4, 1e-6));
+  queue.Apply();
+  ASSERT_TRUE(fc->weight.grad().defined());
+  EXPECT_TRUE(torch::allclose(fc->weight.grad(), ref.dw, 1e-4, 1e-6));
+}
+
+// The model option turns the fused path off, and only that one.
+TEST(GptConfigFromSpec, FusedGeluOptions) {
+  ModelSpec spec;
+  EXPECT_TRUE(GptConfigFromSpec(spec).fused_gelu);
+  EXPECT_TRUE(GptConfigFromSpec(spec).fused_gelu_gemm);
+  (*spec.mutable_options())["fused_gelu"] = "false";
+  EXPECT_FALSE(GptConfigFromSpec(spec).fused_gelu);
+  EXPECT_TRUE(GptConfigFromSpec(spec).fused_gelu_gemm);
+  (*spec.mutable_options())["fused_gelu_gemm"] = "false";
+  EXPECT_FALSE(GptConfigFromSpec(spec).fused_gelu_gemm);
+}
+
+// The fused forward and backward under bf16 autocast against fp32 autograd of linear + gelu, on
+// gpt-1.3b's training shape (8 x 1024 tokens, 2048 -> 8192) and odd ones (rows not a multiple of a tile;
+// a width the kernels do not take, which falls back): the fused path's error is no worse than the ATen
+// bf16 path's (fused_gelu=false) and small in itself.
+TEST(DenseForwardGeluCuda, RealAndOddShapes_MatchFp32AutogradAsWellAsAten) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  struct Shape {
+    int64_t b, s, in, out;
+  };
+  for (const Shape& sh : {Shape{8, 1024, 2048, 8192}, Shape{3, 37, 72, 200}, Shape{1, 5, 64, 104}, Shape{2, 9, 36, 50}}) {
+    SCOPED_TRACE(absl::StrCat(sh.b, "x", sh.s, " ", sh.in, "->", sh.out));
+    torch::manual_seed(5);
+    Dense fc(sh.in, sh.out, true, torch::kCUDA);
+    at::Generator gen = LayerGenerator(3, 1, torch::kCUDA);
+    fc->InitWeight(0.02, gen);
+    {
+      torch::NoGradGuard no_grad;
+      fc->bias.normal_(0.0, 0.5, gen);
+    }
+    torch::Tensor x0 = torch::randn({sh.b, sh.s, sh.in}, torch::kCUDA).to(torch::kBFloat16).to(torch::kFloat32);
+    torch::Tensor dy = (torch::randn({sh.b, sh.s, sh.out}, torch::kCUDA) * 1e-2).to(torch::kBFloat16);
+    const GeluReference ref = LinearGeluReference(x0, fc->weight.to(torch::kBFloat16), fc->bias.to(torch::kBFloat16), dy);
+    auto run = [&](bool fused) {
+      fc->weight.mutable_grad().reset();
+      fc->bias.mutable_grad().reset();
+      torch::Tensor x = x0.clone().requires_grad_(true);
+      torch::Tensor y;
+      {
+        CudaBf16Autocast autocast;
+        y = fc->ForwardGelu(x, fused);
+      }
+      EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+      y.backward(dy);
+      torch::Tensor y_nograd;
+      {
+        torch::NoGradGuard no_grad;
+        CudaBf16Autocast autocast;
+        y_nograd = fc->ForwardGelu(x0, fused);
+      }
+      EXPECT_TRUE(torch::equal(y_nograd, y.detach())) << "the forward-only path gives the training forward's output";
+      return GeluReference{y.detach(), x.grad(), fc->weight.grad().clone(), fc->bias.grad().clone()};
+    };
+    const GeluReference fused = run(true), aten = run(false);
+    const double tol[] = {1e-2, 2e-2, 2e-2, 2e-2};
+    const torch::Tensor* f[] = {&fused.y, &fused.dx, &fused.dw, &fused.db};
+    const torch::Tensor* a[] = {&aten.y, &aten.dx, &aten.dw, &aten.db};
+    const torch::Tensor* r[] = {&ref.y, &ref.dx, &ref.dw, &ref.db};
+    const char* names[] = {"y", "dx", "dweight", "dbias"};
+    for (int i = 0; i < 4; ++i) {
+      const double ef = MaxRel(*f[i], *r[i]), ea = MaxRel(*a[i], *r[i]);
+      EXPECT_LT(ef, tol[i]) << names[i] << " (ATen's bf16 path: " << ea << ")";
+      EXPECT_LE(ef, 2 * ea + 1e-3) << names[i];
+    }
+  }
+}
+
+// The kernels themselves on an sm_90 GPU: the one-GEMM forward writes gelu(h) and h as cuBLAS + ATen
+// do (to a bf16 rounding), refuses what it does not take; the fused backward is deterministic and
+// matches ATen's gelu_backward and the fp32 column sums.
+TEST(GemmGeluCuda, KernelsMatchAtenAndRefuseWhatTheyDoNotTake) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  auto o = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  auto bits = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  torch::manual_seed(6);
+  if (GemmGeluAvailable()) {
+    for (int64_t m : {8192, 300, 1}) {
+      const int64_t n = 8192 / (m == 8192 ? 1 : 32), k = 2048 / (m == 8192 ? 1 : 16);
+      torch::Tensor x = torch::randn({m, k}, o), w = torch::randn({n, k}, o) * 0.05, b = torch::randn({n}, o);
+      torch::Tensor h_ref = at::linear(x.to(torch::kFloat32), w.to(torch::kFloat32), b.to(torch::kFloat32));
+      torch::Tensor a_ref = at::gelu(h_ref);
+      torch::Tensor a = torch::empty({m, n}, o), h = torch::empty({m, n}, o), a2 = torch::empty({m, n}, o);
+      ASSERT_EQ(GemmBiasGelu(bits(x), bits(w), bits(b), bits(a), bits(h), m, n, k, stream), cudaSuccess);
+      ASSERT_EQ(GemmBiasGelu(bits(x), bits(w), bits(b), bits(a2), nullptr, m, n, k, stream), cudaSuccess);
+      // bf16 rounding of the outputs (2^-8 relative) plus the fp32 sum's order.
+      EXPECT_TRUE(torch::allclose(h.to(torch::kFloat32), h_ref, 8e-3, 1e-2)) << m;
+      EXPECT_TRUE(torch::allclose(a.to(torch::kFloat32), a_ref, 8e-3, 1e-2)) << m;
+      EXPECT_TRUE(torch::equal(a, a2)) << "with and without the pre-activation output";
+    }
+    torch::Tensor x = torch::randn({16, 36}, o), w = torch::randn({64, 36}, o), b = torch::randn({64}, o);
+    torch::Tensor a = torch::empty({16, 64}, o);
+    EXPECT_EQ(GemmBiasGelu(bits(x), bits(w), bits(b), bits(a), nullptr, 16, 64, 36, stream), cudaErrorInvalidValue)
+        << "k not a multiple of 8";
+  } else {
+    std::cerr << "not sm_90: GemmBiasGelu not tested\n";
+  }
+  for (int64_t rows : {8192, 129, 3}) {
+    const int64_t cols = rows == 8192 ? 8192 : 264;
+    torch::Tensor da = torch::randn({rows, cols}, o) * 1e-2, h = torch::randn({rows, cols}, o) * 2;
+    torch::Tensor dh = torch::empty_like(h), dh2 = torch::empty_like(h);
+    const int64_t parts = GeluBackwardPartials(rows);
+    torch::Tensor p = torch::empty({parts, cols}, o.dtype(torch::kFloat32)), p2 = torch::empty_like(p);
+    ASSERT_EQ(GeluBackwardBias(bits(da), bits(h), bits(dh), p.data_ptr<float>(), rows, cols, stream), cudaSuccess);
+    ASSERT_EQ(GeluBackwardBias(bits(da), bits(h), bits(dh2), p2.data_ptr<float>(), rows, cols, stream), cudaSuccess);
+    EXPECT_TRUE(torch::equal(dh, dh2) && torch::equal(p, p2)) << "deterministic";
+    torch::Tensor ref = at::gelu_backward(da.to(torch::kFloat32), h.to(torch::kFloat32));
+    EXPECT_TRUE(torch::allclose(dh.to(torch::kFloat32), ref, 8e-3, 1e-6)) << rows;
+    EXPECT_TRUE(torch::allclose(p.sum(0), ref.sum(0), 1e-4, 1e-4)) << rows;
+  }
+  torch::Tensor t = torch::zeros({4, 12}, o);
+  float partial[12];
+  EXPECT_EQ(GeluBackwardBias(bits(t), bits(t), bits(t), partial, 4, 12, stream), cudaErrorInvalidValue)
+      << "cols not a multiple of 8";
 }
 
 }  // namespace
