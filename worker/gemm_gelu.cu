@@ -71,7 +71,7 @@ void* Workspace(size_t bytes) {
 
 template <class C>
 cudaError_t Run(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* a, uint16_t* h, int m, int n,
-                int k, cudaStream_t stream) {
+                int k, int swizzle, cudaStream_t stream) {
   using Gemm = typename C::Gemm;
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;
@@ -97,6 +97,7 @@ cudaError_t Run(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint
   }
   args.hw_info.device_id = 0;
   args.hw_info.sm_count = sms;
+  args.scheduler.max_swizzle_size = swizzle;
   Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
   const size_t bytes = Gemm::get_workspace_size(args);
@@ -112,23 +113,36 @@ cudaError_t Run(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint
 
 using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
 
 // The tile configurations: few, since each is two kernels (with and without the pre-activation output)
-// and minutes of nvcc on a small machine.
+// and a minute of nvcc on a small machine. Variant 0 is what the model uses: ping-pong (one warp group's
+// GELU epilogue overlaps the other's MMAs), 128x128x64 tiles, and for each output the cluster and swizzle
+// that were fastest on an H200 for gpt-1.3b's shapes (worker:gemm_gelu_bench, bench/results/
+// 2026-12-01-fused-gelu.md): with h, 2x1 and swizzle 8 (training, m = 8192); without, 1x2 and swizzle 1
+// (inference, m = 16384). The others are for the microbenchmark.
+template <class Tile, class Cluster, bool kAux>
+using PingpongConfig = Config<Tile, Cluster, Pingpong, PingpongEpilogue, kAux>;
+
 template <bool kAux>
 cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* a,
                      uint16_t* h, int m, int n, int k, cudaStream_t stream) {
   switch (variant) {
     case 0:
-      return Run<Config<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Cooperative, CooperativeEpilogue, kAux>>(
-          x, w, bias, a, h, m, n, k, stream);
+      if constexpr (kAux) {
+        return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_2, _1, _1>, kAux>>(x, w, bias, a, h, m, n, k, 8, stream);
+      } else {
+        return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_1, _2, _1>, kAux>>(x, w, bias, a, h, m, n, k, 1, stream);
+      }
 #ifdef STAGEHAND_GEMM_GELU_VARIANTS
     case 1:
-      return Run<Config<Shape<_128, _256, _64>, Shape<_1, _2, _1>, Cooperative, CooperativeEpilogue, kAux>>(
-          x, w, bias, a, h, m, n, k, stream);
+      return Run<Config<Shape<_128, _256, _64>, Shape<_2, _1, _1>, Cooperative, CooperativeEpilogue, kAux>>(
+          x, w, bias, a, h, m, n, k, 8, stream);
     case 2:
-      return Run<Config<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Cooperative, CooperativeEpilogue, kAux>>(
-          x, w, bias, a, h, m, n, k, stream);
+      return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_1, _2, _1>, kAux>>(x, w, bias, a, h, m, n, k, 8, stream);
+    case 3:
+      return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_2, _1, _1>, kAux>>(x, w, bias, a, h, m, n, k, 1, stream);
 #endif
     default:
       return cudaErrorInvalidValue;
@@ -155,7 +169,7 @@ bool GemmGeluSupports(int64_t m, int64_t n, int64_t k) {
 
 int GemmGeluVariants() {
 #ifdef STAGEHAND_GEMM_GELU_VARIANTS
-  return 3;
+  return 4;
 #else
   return 1;
 #endif
@@ -163,9 +177,10 @@ int GemmGeluVariants() {
 
 const char* GemmGeluVariantName(int variant) {
   switch (variant) {
-    case 0: return "coop 128x256x64 cluster 2x1";
-    case 1: return "coop 128x256x64 cluster 1x2";
-    case 2: return "coop 256x128x64 cluster 1x2";
+    case 0: return "model's: pp 128x128 h:2x1/8 else:1x2/1";
+    case 1: return "coop 128x256x64 cl 2x1 sw8";
+    case 2: return "pingpong 128x128x64 cl 1x2 sw8";
+    case 3: return "pingpong 128x128x64 cl 2x1 sw1";
     default: return "?";
   }
 }

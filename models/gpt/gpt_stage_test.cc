@@ -1171,7 +1171,9 @@ TEST(DenseForwardGeluCuda, RealAndOddShapes_MatchFp32AutogradAsWellAsAten) {
         CudaBf16Autocast autocast;
         y_nograd = fc->ForwardGelu(x0, fused);
       }
-      EXPECT_TRUE(torch::equal(y_nograd, y.detach())) << "the forward-only path gives the training forward's output";
+      // The forward-only kernel (no pre-activation output) has another cluster shape: the same sums, a
+      // bf16 rounding apart at most.
+      EXPECT_TRUE(torch::allclose(y_nograd, y.detach(), 8e-3, 1e-3)) << "the forward-only path's output";
       return GeluReference{y.detach(), x.grad(), fc->weight.grad().clone(), fc->bias.grad().clone()};
     };
     const GeluReference fused = run(true), aten = run(false);
@@ -1209,7 +1211,8 @@ TEST(GemmGeluCuda, KernelsMatchAtenAndRefuseWhatTheyDoNotTake) {
       // bf16 rounding of the outputs (2^-8 relative) plus the fp32 sum's order.
       EXPECT_TRUE(torch::allclose(h.to(torch::kFloat32), h_ref, 8e-3, 1e-2)) << m;
       EXPECT_TRUE(torch::allclose(a.to(torch::kFloat32), a_ref, 8e-3, 1e-2)) << m;
-      EXPECT_TRUE(torch::equal(a, a2)) << "with and without the pre-activation output";
+      EXPECT_TRUE(torch::allclose(a, a2, 8e-3, 1e-3)) << "with and without the pre-activation output";
+      std::cerr << "m=" << m << ": with and without h bitwise equal: " << torch::equal(a, a2) << "\n";
     }
     torch::Tensor x = torch::randn({16, 36}, o), w = torch::randn({64, 36}, o), b = torch::randn({64}, o);
     torch::Tensor a = torch::empty({16, 64}, o);
