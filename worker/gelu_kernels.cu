@@ -54,33 +54,19 @@ __global__ void __launch_bounds__(kWarp * kWarps)
   for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
   if (col < cols) {
     const int64_t c8 = col / kVec;
-    // kRows rows per step, their loads issued before any math: more bytes in flight per thread.
-    constexpr int kRows = 4;
-    for (int64_t r0 = begin + warp; r0 < end; r0 += kRows * kWarps) {
-      uint4 ug[kRows], ux[kRows];
+#pragma unroll 2
+    for (int64_t r = begin + warp; r < end; r += kWarps) {
+      const int64_t at = r * cols8 + c8;
+      float g[kVec], x[kVec], d[kVec];
+      Unpack(da[at], g);
+      Unpack(h[at], x);
 #pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        const int64_t r = r0 + j * kWarps;
-        if (r < end) {
-          ug[j] = da[r * cols8 + c8];
-          ux[j] = h[r * cols8 + c8];
-        }
+      for (int i = 0; i < kVec; ++i) {
+        d[i] = GeluGrad(g[i], x[i]);
+        acc[i] += d[i];
       }
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        const int64_t r = r0 + j * kWarps;
-        if (r >= end) break;
-        float g[kVec], x[kVec], d[kVec];
-        Unpack(ug[j], g);
-        Unpack(ux[j], x);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          d[i] = GeluGrad(g[i], x[i]);
-          acc[i] += d[i];
-        }
-        dh[r * cols8 + c8] = make_uint4(PackBf16x2(d[0], d[1]), PackBf16x2(d[2], d[3]), PackBf16x2(d[4], d[5]),
-                                        PackBf16x2(d[6], d[7]));
-      }
+      dh[at] = make_uint4(PackBf16x2(d[0], d[1]), PackBf16x2(d[2], d[3]), PackBf16x2(d[4], d[5]),
+                          PackBf16x2(d[6], d[7]));
     }
   }
 #pragma unroll
