@@ -17,6 +17,7 @@
 #include "models/attention_kernels.h"
 #include "worker/fused_backward_kernels.h"
 #include "worker/fused_kernels.h"
+#include "worker/lt_gemm.h"
 
 namespace stagehand {
 namespace {
@@ -75,6 +76,77 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
       db = dy.sum(0, /*keepdim=*/false, weight.scalar_type());
     }
     return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The incoming gradient of a linear layer in the compute dtype, as [rows, out]; and the bias's gradient
+// (fp32 column sums) where the layer has a bias and `want_bias`.
+std::pair<torch::Tensor, torch::Tensor> GradientAndBiasGrad(const torch::Tensor& grad, at::ScalarType dtype,
+                                                            int64_t out, bool want_bias) {
+  const torch::Tensor dy = grad.to(dtype).reshape({-1, out});
+  torch::Tensor db;
+  if (want_bias) db = dy.sum(0, /*keepdim=*/false, torch::kFloat32);
+  return {dy, db};
+}
+
+// dx = dy W and the weight gradient (into .grad, or queued for zero-bubble's W), as LinearFunction.
+torch::Tensor LinearInputAndWeightGrads(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                        const torch::Tensor& weight_c, torch::Tensor& weight, const torch::Tensor& dy,
+                                        int x_index, int weight_index) {
+  const int64_t in = weight_c.size(1);
+  torch::Tensor dx;
+  if (ctx->needs_input_grad(x_index)) dx = at::mm(dy, weight_c).view(x.sizes());
+  if (ctx->needs_input_grad(weight_index)) {
+    if (WeightGradQueue* q = deferred_queue.load(); q != nullptr) {
+      q->Push(weight, dy, x.reshape({-1, in}));  // zero-bubble's W forms it later
+    } else {
+      AccumulateWeightGrad(weight, dy, x.reshape({-1, in}));
+    }
+  }
+  return dx;
+}
+
+// skip + x W^T + b in one cuBLASLt GEMM (DenseImpl::ForwardResidual): x and W in bf16, b and skip in
+// fp32 (b is the fp32 parameter in training, the bf16 one upcast where inference lowered it), the sum
+// accumulated and written in fp32. Autocast's "skip + linear(x)" rounds the branch to bf16 before the
+// add; this adds it in fp32 (the stream differs by bf16 rounding of the branch).
+torch::Tensor LinearResidual(const torch::Tensor& x, const torch::Tensor& skip, const std::optional<torch::Tensor>& bias,
+                             const torch::Tensor& weight_c) {
+  const int64_t out = weight_c.size(0), in = weight_c.size(1), rows = x.numel() / in;
+  torch::Tensor y = torch::empty(skip.sizes(), skip.options());
+  torch::Tensor bias_f32;
+  if (bias.has_value()) bias_f32 = bias->scalar_type() == torch::kFloat32 ? *bias : bias->to(torch::kFloat32);
+  const std::string error = LtLinearAddFp32(
+      at::cuda::getCurrentCUDABlasLtHandle(), at::cuda::getCUDABlasLtWorkspace(), at::cuda::getCUDABlasLtWorkspaceSize(),
+      at::cuda::getCurrentCUDAStream(), x.data_ptr(), weight_c.data_ptr(),
+      bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, skip.data_ptr<float>(), y.data_ptr<float>(), rows, out,
+      in);
+  TORCH_CHECK(error.empty(), "the residual GEMM: ", error, " (--model_option=fused_residual_gemm=false runs without it)");
+  return y;
+}
+
+// LinearResidual under autograd: the backward is LinearFunction's, and skip's gradient is the output's.
+class LinearResidualFunction : public torch::autograd::Function<LinearResidualFunction> {
+ public:
+  // Without a bias, bias is nullopt (apply() takes no undefined tensors).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& skip,
+                               const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
+                               const torch::Tensor& weight_c) {
+    torch::Tensor y = LinearResidual(x, skip, bias, weight_c);
+    ctx->save_for_backward({x, weight_c});
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["has_bias"] = bias.has_value();
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight_c = saved[1];
+    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(3);
+    auto [dy, db] = GradientAndBiasGrad(grads[0], weight_c.scalar_type(), weight_c.size(0), bias);
+    torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 2);
+    return {dx, ctx->needs_input_grad(1) ? grads[0] : torch::Tensor(), torch::Tensor(), db, torch::Tensor()};
   }
 };
 
@@ -263,6 +335,26 @@ torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
     return at::linear(xc, w, b);
   }
   return LinearFunction::apply(xc, weight, bias_param, w, b);
+}
+
+torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Tensor& skip, bool fused) {
+  const bool autocast = x.is_cuda() && at::autocast::is_autocast_enabled(c10::DeviceType::CUDA) &&
+                        at::autocast::get_autocast_dtype(c10::DeviceType::CUDA) == at::kBFloat16;
+  const int64_t out = weight.size(0), in = weight.size(1);
+  // The GEMM reads x, the weight and skip as given: contiguous rows, skip in fp32 of the output's shape.
+  if (!fused || !autocast || !LtAvailable() || skip.scalar_type() != torch::kFloat32 || !skip.is_contiguous() ||
+      skip.size(-1) != out || x.size(-1) != in || skip.numel() / out != x.numel() / in || x.numel() == 0) {
+    return skip + forward(x);
+  }
+  const torch::Tensor& w = weight.scalar_type() == at::kBFloat16 ? weight : weight_cast_.Get(weight, at::kBFloat16);
+  const torch::Tensor xc = (x.scalar_type() == at::kBFloat16 ? x : x.to(at::kBFloat16)).contiguous();
+  std::optional<torch::Tensor> bias_param;
+  if (bias.defined()) bias_param = bias;
+  if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || skip.requires_grad() || weight.requires_grad())) {
+    torch::NoGradGuard no_grad;
+    return LinearResidual(xc, skip, bias_param, w);
+  }
+  return LinearResidualFunction::apply(xc, skip, weight, bias_param, w);
 }
 
 void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype) {

@@ -80,6 +80,12 @@ class DenseImpl : public torch::nn::Module {
     weight.normal_(0.0, std, gen);
   }
   torch::Tensor forward(const torch::Tensor& x);
+  // skip + forward(x), the residual stream's update: skip is the fp32 stream, x the branch's input.
+  // With `fused` under bf16 autocast on CUDA, one cuBLASLt GEMM computes it (bf16 x and weight, the
+  // fp32 bias and stream, accumulated and written in fp32: lt_gemm.h), without the branch's bf16 output
+  // and a separate add; its backward passes the gradient to skip unchanged. Otherwise (fused off, CPU,
+  // fp32, no cuBLASLt) the two ops as written.
+  torch::Tensor ForwardResidual(const torch::Tensor& x, const torch::Tensor& skip, bool fused);
   // Brings the cast copies up to date now rather than at the next forward.
   void RefreshCasts(at::ScalarType dtype) {
     weight_cast_.Get(weight, dtype);

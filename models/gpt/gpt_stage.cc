@@ -86,7 +86,8 @@ class AttentionImpl : public PipelineLayerImpl {
  public:
   AttentionImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : hidden_(c.hidden), heads_(c.heads), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
-        fused_qkv_grad_(c.fused_qkv_grad), fused_residual_grad_(c.fused_residual_grad) {
+        fused_qkv_grad_(c.fused_qkv_grad), fused_residual_grad_(c.fused_residual_grad),
+        fused_residual_gemm_(c.fused_residual_gemm) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     qkv_ = register_module("qkv", Dense(c.hidden, 3 * c.hidden, true, device));
     proj_ = register_module("proj", Dense(c.hidden, c.hidden, true, device));
@@ -111,13 +112,13 @@ class AttentionImpl : public PipelineLayerImpl {
       qkv = projected.view({b, s, 3, heads_, hidden_ / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
     }
     auto att = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true);
-    // Under autocast the branch comes out bf16; adding it to the fp32 stream keeps it fp32.
-    return skip + proj_(att.transpose(1, 2).reshape({b, s, hidden_}));
+    // The fp32 stream plus the branch, in one GEMM (or, unfused, autocast's bf16 branch added to it).
+    return proj_->ForwardResidual(att.transpose(1, 2).reshape({b, s, hidden_}), skip, fused_residual_gemm_);
   }
 
  private:
   int64_t hidden_, heads_;
-  bool fused_layernorm_, fused_norm_backward_, fused_qkv_grad_, fused_residual_grad_;
+  bool fused_layernorm_, fused_norm_backward_, fused_qkv_grad_, fused_residual_grad_, fused_residual_gemm_;
   torch::nn::LayerNorm ln1_{nullptr};
   Dense qkv_{nullptr}, proj_{nullptr};
 };
@@ -126,7 +127,7 @@ class MlpImpl : public PipelineLayerImpl {
  public:
   MlpImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
-        fused_residual_grad_(c.fused_residual_grad) {
+        fused_residual_grad_(c.fused_residual_grad), fused_residual_gemm_(c.fused_residual_gemm) {
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true, device));
     fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true, device));
@@ -138,13 +139,13 @@ class MlpImpl : public PipelineLayerImpl {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "an MLP layer takes hidden states [B, S, ", hidden_, "], got ",
                 x.sizes());
     auto [normed, skip] = NormForGemmWithSkip(ln2_, x, fused_layernorm_, fused_norm_backward_, fused_residual_grad_);
-    return skip + fc2_(at::gelu(fc1_(normed)));  // exact (erf) GELU, as torch's default
+    return fc2_->ForwardResidual(at::gelu(fc1_(normed)), skip, fused_residual_gemm_);  // exact (erf) GELU
   }
 
  private:
   int64_t hidden_;
   bool fused_layernorm_, fused_norm_backward_;
-  bool fused_residual_grad_;
+  bool fused_residual_grad_, fused_residual_gemm_;
   torch::nn::LayerNorm ln2_{nullptr};
   Dense fc1_{nullptr}, fc2_{nullptr};
 };
@@ -276,6 +277,7 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   c.fused_norm_backward = on("fused_norm_backward");
   c.fused_cross_entropy = on("fused_cross_entropy");
   c.fused_residual_grad = on("fused_residual_grad");
+  c.fused_residual_gemm = on("fused_residual_gemm");
   return c;
 }
 

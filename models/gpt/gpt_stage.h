@@ -39,6 +39,10 @@ struct GptConfig {
   // The residual stream's gradient is added to each norm's dx inside the fused norm backward
   // (NormForGemmWithSkip; --model_option=fused_residual_grad=false: autograd's add).
   bool fused_residual_grad = true;
+  // The residual adds inside the GEMMs that feed them: "x + proj(h)" and "x + fc2(h)" as one cuBLASLt
+  // product with the fp32 stream as its addend (DenseImpl::ForwardResidual; off:
+  // --model_option=fused_residual_gemm=false).
+  bool fused_residual_gemm = true;
 
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }
 };

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -828,6 +829,68 @@ TEST(GptStageCuda, FusedLayerNorm_MatchesUnfusedForwardAndBackward) {
   EXPECT_LT(rel(fused_logits, plain_logits), 2e-2);
   ASSERT_EQ(fused_grads.size(), plain_grads.size());
   for (size_t i = 0; i < fused_grads.size(); ++i) EXPECT_LT(rel(fused_grads[i], plain_grads[i]), 5e-2) << "parameter " << i;
+}
+
+// skip + x W^T + b as one cuBLASLt GEMM (DenseImpl::ForwardResidual): the fp32 sum of the bf16 product
+// and the fp32 stream, so it is close to an fp32 reference with the bf16-rounded weight (closer than
+// autocast's, which rounds the branch to bf16 first), its gradients are the reference's to bf16
+// rounding, skip's gradient is the output's exactly, and without autograd it gives the same output.
+TEST(DenseCuda, ForwardResidual_MatchesFp32ReferenceAndGradients) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const torch::Device cuda(torch::kCUDA, 0);
+  for (auto [rows, in, out, bias] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
+           {66, 256, 384, true}, {1, 128, 128, true}, {1001, 512, 136, false}}) {
+    SCOPED_TRACE(absl::StrCat(rows, " x ", in, " -> ", out, bias ? " with bias" : ""));
+    torch::manual_seed(3);
+    Dense d(in, out, bias, cuda);
+    at::Generator gen = LayerGenerator(5, 0, cuda);
+    d->InitWeight(0.05, gen);
+    if (bias) {
+      torch::NoGradGuard no_grad;
+      d->bias.normal_(0.0, 0.1);
+    }
+    const torch::Tensor x = torch::randn({rows, in}, torch::TensorOptions().device(cuda)).to(torch::kBFloat16);
+    const torch::Tensor skip0 = torch::randn({rows, out}, torch::TensorOptions().device(cuda));
+    const torch::Tensor g = torch::randn({rows, out}, torch::TensorOptions().device(cuda));
+    auto run = [&](bool fused) {
+      d->zero_grad();
+      torch::Tensor xi = x.clone().requires_grad_(true), skip = skip0.clone().requires_grad_(true);
+      torch::Tensor y;
+      {
+        CudaBf16Autocast autocast;
+        y = d->ForwardResidual(xi, skip, fused);
+      }
+      EXPECT_EQ(y.scalar_type(), torch::kFloat32);
+      y.backward(g);
+      std::vector<torch::Tensor> r = {y.detach(), xi.grad().to(torch::kFloat32), skip.grad(), d->weight.grad().clone()};
+      if (bias) r.push_back(d->bias.grad().clone());
+      return r;
+    };
+    const std::vector<torch::Tensor> fused = run(true), plain = run(false);
+    // The fp32 reference, with the weight rounded to bf16 as the GEMM reads it.
+    torch::Tensor xr = x.to(torch::kFloat32).requires_grad_(true);
+    torch::Tensor wr = d->weight.detach().to(torch::kBFloat16).to(torch::kFloat32).requires_grad_(true);
+    torch::Tensor br = bias ? d->bias.detach().clone().requires_grad_(true) : torch::zeros({out}, xr.options());
+    torch::Tensor yr = skip0 + at::matmul(xr, wr.t()) + br;
+    yr.backward(g);
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item<double>();
+    };
+    EXPECT_LT(rel(fused[0], yr.detach()), 1e-4) << "output against fp32";
+    EXPECT_LT(rel(plain[0], yr.detach()), 1e-2) << "autocast's output against fp32";
+    EXPECT_LT(rel(fused[1], xr.grad()), 1e-2) << "dx";
+    EXPECT_TRUE(torch::equal(fused[2], g)) << "skip's gradient is the output's";
+    EXPECT_LT(rel(fused[3], wr.grad()), 1e-2) << "dW";
+    if (bias) EXPECT_LT(rel(fused[4], br.grad()), 1e-2) << "db";
+    for (size_t i = 1; i < fused.size(); ++i) EXPECT_LT(rel(fused[i], plain[i]), 2e-2) << "gradient " << i << " vs autocast's";
+    torch::Tensor no_grad_y;
+    {
+      torch::NoGradGuard no_grad;
+      CudaBf16Autocast autocast;
+      no_grad_y = d->ForwardResidual(x, skip0, true);
+    }
+    EXPECT_TRUE(torch::equal(no_grad_y, fused[0])) << "inference gives the training forward's output";
+  }
 }
 
 // Parameters drawn on the device depend on (seed, layer) alone, as on the CPU: any split gives the
