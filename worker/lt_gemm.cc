@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -80,7 +81,60 @@ using PlanKey = std::tuple<void*, int64_t, int64_t, int64_t, const float*, uint3
 
 // Row-major d[m, n] = x[m, k] w[n, k]^T + c is, column-major, d^T[n, m] = op_T(W)[n, k] x^T[k, m] + c^T:
 // A = w as a k x n column-major matrix (transposed), B = x as k x m (not), C = D = n x m, bias per row of D.
-std::shared_ptr<Plan> MakePlan(const PlanKey& key) {
+// The call MakePlan tunes with: its operands (d is written; it must not be c) and stream.
+struct Operands {
+  const void *x, *w;
+  const float* c;
+  float* d;
+  void* workspace;
+  cudaStream_t stream;
+};
+
+// Times each algorithm the heuristic offers on the call's own operands (d = x w^T + b + c, the same
+// value every run, since d is not c) and returns the fastest one's index: the heuristic's first choice
+// for this bf16 x bf16 + fp32 -> fp32 product is not always the fastest (its tile choice for an fp32
+// output). Not while the stream is being captured into a CUDA graph (nothing may synchronise then):
+// the first choice, 0.
+int FastestAlgorithm(const LtApi& api, cublasLtHandle_t handle, const Plan& plan,
+                     const std::vector<cublasLtMatmulHeuristicResult_t>& results, const Operands& o,
+                     size_t workspace_bytes) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (results.size() < 2 || o.d == o.c || cudaStreamIsCapturing(o.stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    return 0;
+  }
+  cudaEvent_t start, stop;
+  if (cudaEventCreate(&start) != cudaSuccess) return 0;
+  if (cudaEventCreate(&stop) != cudaSuccess) {
+    cudaEventDestroy(start);
+    return 0;
+  }
+  const float alpha = 1.0f, beta = 1.0f;
+  int best = 0;
+  float best_ms = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    auto run = [&] {
+      return api.matmul(handle, plan.desc, &alpha, o.w, plan.a, o.x, plan.b, &beta, o.c, plan.cd, o.d, plan.cd,
+                        &results[i].algo, o.workspace, workspace_bytes, o.stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm that fails is not taken
+    cudaEventRecord(start, o.stream);
+    constexpr int kRuns = 3;
+    for (int r = 0; r < kRuns; ++r) run();
+    cudaEventRecord(stop, o.stream);
+    float ms = 0;
+    if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) break;
+    if (i == 0 || ms < best_ms) {
+      best = static_cast<int>(i);
+      best_ms = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
+std::shared_ptr<Plan> MakePlan(const PlanKey& key, const Operands& operands) {
   const LtApi& api = Api();
   auto [handle, m, n, k, bias, align_x, align_w, align_c, align_d, workspace_bytes] = key;
   const bool has_bias = bias != nullptr;
@@ -113,14 +167,17 @@ std::shared_ptr<Plan> MakePlan(const PlanKey& key) {
   api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_x, sizeof(align_x));
   api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
   api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d));
-  cublasLtMatmulHeuristicResult_t result{};
+  constexpr int kCandidates = 8;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(kCandidates);
   int found = 0;
-  s = api.heuristic(static_cast<cublasLtHandle_t>(handle), plan->desc, plan->a, plan->b, plan->cd, plan->cd, pref, 1,
-                    &result, &found);
+  s = api.heuristic(static_cast<cublasLtHandle_t>(handle), plan->desc, plan->a, plan->b, plan->cd, plan->cd, pref,
+                    kCandidates, results.data(), &found);
   api.pref_destroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS) return fail("MatmulAlgoGetHeuristic", s);
   if (found == 0) return fail("MatmulAlgoGetHeuristic (no algorithm)", CUBLAS_STATUS_NOT_SUPPORTED);
-  plan->algo = result.algo;
+  results.resize(found);
+  plan->algo = results[FastestAlgorithm(api, static_cast<cublasLtHandle_t>(handle), *plan, results, operands,
+                                        workspace_bytes)].algo;
   return plan;
 }
 
@@ -146,7 +203,7 @@ std::string LtLinearAddFp32(void* lt_handle, void* workspace, size_t workspace_b
     if (it == plans->end()) {
       // A model has a handful of shapes; a process that sees thousands is not ours to cache for.
       if (plans->size() >= 256) plans->clear();
-      it = plans->emplace(key, MakePlan(key)).first;
+      it = plans->emplace(key, MakePlan(key, Operands{x, w, c, d, workspace, stream})).first;
     }
     plan = it->second;
   }
