@@ -277,7 +277,7 @@ std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const t
                               residual.sizes() != x.sizes() || !aligned(residual)))) {
     return {};
   }
-  const int64_t parts = NormBackwardPartials(rows);
+  const int64_t parts = NormBackwardPartials(rows, cols);
   torch::Tensor dx = torch::empty_like(x);
   torch::Tensor dgamma = torch::empty({parts, cols}, x.options());
   torch::Tensor dbeta = mean.defined() ? torch::empty({parts, cols}, x.options()) : torch::Tensor();

@@ -997,8 +997,10 @@ TEST(FusedKernelsCuda, NormBackward_MatchesAten) {
   auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
     return ((a.to(torch::kFloat64) - b.to(torch::kFloat64)).norm() / b.to(torch::kFloat64).norm()).item<double>();
   };
-  for (int64_t cols : {128, 2048, 4096}) {
-    for (int64_t rows : {1, 1001, 8192}) {
+  // Every row-length shape of the kernel (threads per row 16, 96, 256, 384, 512), rows that fill a
+  // block, leave one part-full, and outnumber the blocks.
+  for (int64_t cols : {128, 768, 2048, 3072, 4096}) {
+    for (int64_t rows : {1, 3, 1001, 8192}) {
       SCOPED_TRACE(testing::Message() << rows << " x " << cols);
       torch::Tensor x = torch::randn({rows, cols}, f32) * 3 + 1;
       torch::Tensor gamma = torch::randn({cols}, f32), beta = torch::randn({cols}, f32);
@@ -1012,6 +1014,12 @@ TEST(FusedKernelsCuda, NormBackward_MatchesAten) {
       EXPECT_LT(rel(got[1], dgamma), 1e-4);
       EXPECT_LT(rel(got[2], dbeta), 1e-4);
       EXPECT_TRUE(got[0].isfinite().all().item<bool>());
+      // The residual stream's gradient added in the same pass.
+      const torch::Tensor skip = torch::randn({rows, cols}, f32);
+      std::vector<torch::Tensor> with_skip = NormBackwardFromBf16(dy, x, gamma, mean, rstd, skip);
+      ASSERT_EQ(with_skip.size(), 3u);
+      EXPECT_LT(rel(with_skip[0], dx + skip), 1e-4);
+      EXPECT_TRUE(torch::equal(with_skip[1], got[1])) << "deterministic dgamma";
 
       // RMSNorm: y = x rstd w.
       const torch::Tensor xd = x.to(torch::kFloat64), dyd = dy.to(torch::kFloat64), wd = gamma.to(torch::kFloat64);
