@@ -121,12 +121,22 @@ __global__ void __launch_bounds__(kColThreads * kRowThreads)
   }
 }
 
-__global__ void FinishSumsKernel(const float* __restrict__ partial, float* __restrict__ sums, int64_t parts,
-                                 int64_t cols) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+// sums[c] = the partial rows' sum for column c: a block takes 32 columns (128 contiguous bytes per row
+// for a warp), its kRowThreads warps every kRowThreads-th partial row, then warp 0 adds the warps' sums
+// in order. One thread per column summing every row in turn took 7.5 us per call (gpt-1.3b's shapes).
+__global__ void __launch_bounds__(kColThreads * kRowThreads)
+    FinishSumsKernel(const float* __restrict__ partial, float* __restrict__ sums, int64_t parts, int64_t cols) {
+  __shared__ float shared[kRowThreads][kColThreads];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
   float s = 0.f;
-  for (int64_t p = 0; p < parts; ++p) s += partial[p * cols + c];
+  if (c < cols) {
+    for (int64_t p = threadIdx.y; p < parts; p += kRowThreads) s += partial[p * cols + c];
+  }
+  shared[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+#pragma unroll
+  for (int w = 1; w < kRowThreads; ++w) s += shared[w][threadIdx.x];
   sums[c] = s;
 }
 
@@ -139,9 +149,8 @@ cudaError_t Launch(const Source& source, float* partial, float* sums, int64_t ro
   ColumnPartialsKernel<Source><<<grid, dim3(kColThreads, kRowThreads), 0, stream>>>(source, partial, rows, cols, per);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  constexpr int kFinishThreads = 256;
-  FinishSumsKernel<<<static_cast<unsigned>((cols + kFinishThreads - 1) / kFinishThreads), kFinishThreads, 0, stream>>>(
-      partial, sums, parts, cols);
+  FinishSumsKernel<<<static_cast<unsigned>((cols + kColThreads - 1) / kColThreads), dim3(kColThreads, kRowThreads), 0,
+                     stream>>>(partial, sums, parts, cols);
   return cudaGetLastError();
 }
 

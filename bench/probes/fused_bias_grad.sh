@@ -13,9 +13,15 @@ trap 'rm -rf "$work"' EXIT
 timeout 60 $run bias_grad_test >"$out/t/bias_grad_test.log" 2>&1; echo "bias_grad_test rc=$?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|strides" "$out/t/bias_grad_test.log" | head -20
 train=(--gpus=1 --model=gpt-1.3b --steps=11 --pipeline_stages=1 --schedule=1f1b --micro_batches=4 --global_batch=32)
-for g in true false; do
-  timeout 60 $run launcher "${train[@]}" --model_option=fused_bias_grad=$g --run_dir="$work/time_$g" >"$out/t/time_$g.log" 2>&1
-  echo "time_$g rc=$?"; cp "$work/time_$g/steps.csv" "$out/t/steps_$g.csv" 2>/dev/null
+# Rounds in alternating order (on, off, off, on, ...), so that a drift of the GPU's clocks over the call
+# does not favour one side.
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  order="true false"; [ $((round % 2)) -eq 0 ] && order="false true"
+  for g in $order; do
+    timeout 60 $run launcher "${train[@]}" --model_option=fused_bias_grad=$g --run_dir="$work/time_${g}_$round" \
+      >"$out/t/time_${g}_$round.log" 2>&1
+    echo "time_${g}_$round rc=$?"; cp "$work/time_${g}_$round/steps.csv" "$out/t/steps_${g}_$round.csv" 2>/dev/null
+  done
 done
 for g in true false; do
   STAGEHAND_KERNEL_TRACE=$out/t/trace_$g timeout 60 $run launcher "${train[@]}" --steps=6 --model_option=fused_bias_grad=$g \
@@ -29,18 +35,21 @@ sed "s#^run=dist/bundle/run#run=$b/run#" "$(dirname "$b")/pipeline_gpu_check.sh"
 OUT=$work/check PIPELINE_CHECK_ONLY=fused_bias_grad timeout 60 bash "$work/check.sh" 2>&1 | tail -4
 cat "$out/t/summary.md" | grep -E "^#|busy|copy|reduce|Column|Heads|Partials|Finish|direct_copy|sum_functor|bfloat16" | head -60
 python3 - "$out/t" <<'PY'
-import csv, sys, os
+import csv, glob, os, sys, statistics
 d = sys.argv[1]
-print("| fused_bias_grad | mean step s (3..10) | loss step 10 |")
-print("|---|---|---|")
+print("| fused_bias_grad | mean step s (steps 3..10), each run | mean of runs | loss at step 10 |")
+print("|---|---|---|---|")
+means = {}
 for g in ("true", "false"):
-    p = os.path.join(d, f"steps_{g}.csv")
-    if not os.path.exists(p):
-        print(f"| {g} | missing | |"); continue
-    rows = list(csv.DictReader(open(p)))
-    ts = [float(r["seconds"]) for r in rows if 3 <= int(r["step"]) <= 10]
-    loss = [r["loss"] for r in rows if r["loss"]][-1]
-    print(f"| {g} | {sum(ts)/len(ts):.4f} (n={len(ts)}) | {loss} |")
+    ms, losses = [], []
+    for p in sorted(glob.glob(os.path.join(d, f"steps_{g}_*.csv"))):
+        rows = list(csv.DictReader(open(p)))
+        ts = [float(r["seconds"]) for r in rows if 3 <= int(r["step"]) <= 10]
+        ms.append(sum(ts) / len(ts))
+        losses.append([r["loss"] for r in rows if r["loss"]][-1])
+    means[g] = statistics.mean(ms) if ms else float("nan")
+    print(f"| {g} | {' '.join(f'{m:.4f}' for m in ms)} | {means[g]:.4f} | {' '.join(losses)} |")
+print(f"on / off: {means['true'] / means['false']:.4f}")
 PY
 gzip "$out"/t/*.json 2>/dev/null
 tar -C "$out" -czf "$out/fused_bias_grad.tgz" t && rm -rf "$out/t"
