@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/attention_kernels.h"
+#include "worker/bias_grad_kernels.h"
 #include "worker/fused_backward_kernels.h"
 #include "worker/fused_kernels.h"
 #include "worker/lt_gemm.h"
@@ -42,54 +43,25 @@ void AccumulateWeightGrad(torch::Tensor& weight, const torch::Tensor& dy, const 
   }
 }
 
-// y = x W^T + b with x, W and b already in the compute dtype, whose backward adds the weight gradient
-// into the fp32 parameter's .grad itself (and so returns none for it).
-class LinearFunction : public torch::autograd::Function<LinearFunction> {
- public:
-  // weight, bias: the parameters; x, weight_c, bias_c: in the compute dtype. Without a bias, both bias
-  // arguments are nullopt (apply() takes no undefined tensors) and the edges after the weight's shift.
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
-                               const torch::Tensor& weight_c, const std::optional<torch::Tensor>& bias_c) {
-    ctx->save_for_backward({x, weight_c});
-    ctx->saved_data["weight"] = weight;
-    ctx->saved_data["has_bias"] = bias.has_value();
-    return at::linear(x, weight_c, bias_c);
+// {dy [rows, out] in the compute dtype, the bias's gradient (undefined unless want_bias)} of a linear
+// layer's incoming gradient g: with `fused`, an fp32 g (the residual stream's) is cast to bf16 and
+// summed in one pass (CastWithColumnSums), a bf16 one summed by ColumnSums; otherwise ATen's cast and
+// reduce. The sums are in the parameter's dtype.
+std::pair<torch::Tensor, torch::Tensor> GradientAndBiasGrad(const torch::Tensor& g, at::ScalarType compute,
+                                                            at::ScalarType param, int64_t out, bool want_bias,
+                                                            bool fused) {
+  fused = fused && want_bias && param == torch::kFloat32;
+  if (fused && compute == torch::kBFloat16 && g.scalar_type() == torch::kFloat32) {
+    return CastWithColumnSums(g.reshape({-1, out}));
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &x = saved[0], &weight_c = saved[1];
-    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
-    const int64_t out = weight_c.size(0), in = weight_c.size(1);
-    const torch::Tensor dy = grads[0].to(weight_c.scalar_type()).reshape({-1, out});
-    torch::Tensor dx, db;
-    if (ctx->needs_input_grad(0)) dx = at::mm(dy, weight_c).view(x.sizes());
-    if (ctx->needs_input_grad(1)) {
-      if (WeightGradQueue* q = deferred_queue.load(); q != nullptr) {
-        q->Push(weight, dy, x.reshape({-1, in}));  // zero-bubble's W forms it later
-      } else {
-        AccumulateWeightGrad(weight, dy, x.reshape({-1, in}));
-      }
-    }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
-      db = dy.sum(0, /*keepdim=*/false, weight.scalar_type());
-    }
-    return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor()};
-  }
-};
-
-// The incoming gradient of a linear layer in the compute dtype, as [rows, out]; and the bias's gradient
-// (fp32 column sums) where the layer has a bias and `want_bias`.
-std::pair<torch::Tensor, torch::Tensor> GradientAndBiasGrad(const torch::Tensor& grad, at::ScalarType dtype,
-                                                            int64_t out, bool want_bias) {
-  const torch::Tensor dy = grad.to(dtype).reshape({-1, out});
-  torch::Tensor db;
-  if (want_bias) db = dy.sum(0, /*keepdim=*/false, torch::kFloat32);
-  return {dy, db};
+  torch::Tensor dy = g.to(compute).reshape({-1, out});
+  if (!want_bias) return {dy, torch::Tensor()};
+  if (fused && dy.scalar_type() == torch::kBFloat16) return {dy, ColumnSums(dy)};
+  return {dy, dy.sum(0, /*keepdim=*/false, param)};
 }
 
-// dx = dy W and the weight gradient (into .grad, or queued for zero-bubble's W), as LinearFunction.
+// dx = dy W (where input x_index needs it) and the weight gradient (where input weight_index needs it:
+// into .grad, or queued for zero-bubble's W under DeferWeightGrads).
 torch::Tensor LinearInputAndWeightGrads(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                         const torch::Tensor& weight_c, torch::Tensor& weight, const torch::Tensor& dy,
                                         int x_index, int weight_index) {
@@ -105,6 +77,69 @@ torch::Tensor LinearInputAndWeightGrads(torch::autograd::AutogradContext* ctx, c
   }
   return dx;
 }
+
+// y = x W^T + b with x, W and b already in the compute dtype, whose backward adds the weight gradient
+// into the fp32 parameter's .grad itself (and so returns none for it).
+class LinearFunction : public torch::autograd::Function<LinearFunction> {
+ public:
+  // weight, bias: the parameters; x, weight_c, bias_c: in the compute dtype. Without a bias, both bias
+  // arguments are nullopt (apply() takes no undefined tensors) and the edges after the weight's shift.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
+                               const torch::Tensor& weight_c, const std::optional<torch::Tensor>& bias_c,
+                               bool fused_bias_grad) {
+    ctx->save_for_backward({x, weight_c});
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["fused_bias_grad"] = fused_bias_grad;
+    return at::linear(x, weight_c, bias_c);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight_c = saved[1];
+    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
+    auto [dy, db] = GradientAndBiasGrad(grads[0], weight_c.scalar_type(), weight.scalar_type(), weight_c.size(0), bias,
+                                        ctx->saved_data["fused_bias_grad"].toBool());
+    torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 1);
+    return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Dense's forward split into attention's q, k, v (DenseImpl::ForwardHeads): at::linear, then the views
+// of [B, S, 3H] as [B, S, 3, NH, D] permuted to three [B, NH, S, D]. The backward writes dq, dk, dv into
+// one [B, S, 3H] dy with the bias's column sums in the same pass (AssembleHeadsGrad), where the two
+// separate functions (the linear's, the split's) take three strided copies, then ATen's reduce over dy.
+class LinearHeadsFunction : public torch::autograd::Function<LinearHeadsFunction> {
+ public:
+  // As LinearFunction::forward, plus the number of heads.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
+                                                const torch::Tensor& weight_c,
+                                                const std::optional<torch::Tensor>& bias_c, int64_t heads) {
+    ctx->save_for_backward({x, weight_c});
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["has_bias"] = bias.has_value();
+    const torch::Tensor y = at::linear(x, weight_c, bias_c);
+    const int64_t b = y.size(0), s = y.size(1), d = y.size(2) / 3 / heads;
+    std::vector<torch::Tensor> parts = y.view({b, s, 3, heads, d}).permute({2, 0, 3, 1, 4}).unbind(0);
+    return {parts[0], parts[1], parts[2]};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight_c = saved[1];
+    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const int64_t out = weight_c.size(0);
+    const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
+    auto [dqkv, db] = AssembleHeadsGrad(grads[0], grads[1], grads[2], bias);
+    const torch::Tensor dy = dqkv.to(weight_c.scalar_type()).view({-1, out});
+    if (db.defined()) db = db.to(weight.scalar_type());
+    torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 1);
+    return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
 
 // skip + x W^T + b in one cuBLASLt GEMM (DenseImpl::ForwardResidual): x and W in bf16, b and skip in
 // fp32 (b is the fp32 parameter in training, the bf16 one upcast where inference lowered it), the sum
@@ -131,11 +166,12 @@ class LinearResidualFunction : public torch::autograd::Function<LinearResidualFu
   // Without a bias, bias is nullopt (apply() takes no undefined tensors).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& skip,
                                const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
-                               const torch::Tensor& weight_c) {
+                               const torch::Tensor& weight_c, bool fused_bias_grad) {
     torch::Tensor y = LinearResidual(x, skip, bias, weight_c);
     ctx->save_for_backward({x, weight_c});
     ctx->saved_data["weight"] = weight;
     ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["fused_bias_grad"] = fused_bias_grad;
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -144,9 +180,11 @@ class LinearResidualFunction : public torch::autograd::Function<LinearResidualFu
     const torch::Tensor &x = saved[0], &weight_c = saved[1];
     torch::Tensor weight = ctx->saved_data["weight"].toTensor();
     const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(3);
-    auto [dy, db] = GradientAndBiasGrad(grads[0], weight_c.scalar_type(), weight_c.size(0), bias);
+    auto [dy, db] = GradientAndBiasGrad(grads[0], weight_c.scalar_type(), weight.scalar_type(), weight_c.size(0), bias,
+                                        ctx->saved_data["fused_bias_grad"].toBool());
     torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 2);
-    return {dx, ctx->needs_input_grad(1) ? grads[0] : torch::Tensor(), torch::Tensor(), db, torch::Tensor()};
+    return {dx, ctx->needs_input_grad(1) ? grads[0] : torch::Tensor(), torch::Tensor(), db, torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -334,7 +372,119 @@ torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
   if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || weight.requires_grad())) {
     return at::linear(xc, w, b);
   }
-  return LinearFunction::apply(xc, weight, bias_param, w, b);
+  return LinearFunction::apply(xc, weight, bias_param, w, b, fused_bias_grad_);
+}
+
+std::vector<torch::Tensor> DenseImpl::ForwardHeads(const torch::Tensor& x, int64_t heads) {
+  TORCH_CHECK(x.dim() == 3 && weight.size(0) % (3 * heads) == 0, "ForwardHeads takes [B, S, in] into 3 x ", heads,
+              " heads, got ", x.sizes(), " into ", weight.size(0));
+  const c10::DeviceType device = x.device().type();
+  const bool autocast = at::autocast::is_autocast_enabled(device);
+  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
+  const torch::Tensor xc = x.scalar_type() == dtype ? x : x.to(dtype);
+  if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || weight.requires_grad())) {
+    const torch::Tensor y = forward(x);
+    return y.view({y.size(0), y.size(1), 3, heads, -1}).permute({2, 0, 3, 1, 4}).unbind(0);
+  }
+  const torch::Tensor& w = dtype == weight.scalar_type() ? weight : weight_cast_.Get(weight, dtype);
+  std::optional<torch::Tensor> b, bias_param;
+  if (bias.defined()) {
+    b = dtype == bias.scalar_type() ? bias : bias_cast_.Get(bias, dtype);
+    bias_param = bias;
+  }
+  return LinearHeadsFunction::apply(xc, weight, bias_param, w, b, heads);
+}
+
+void SetDenseFusedBiasGrad(torch::nn::Module& root, bool on) {
+  for (const auto& module : root.modules(/*include_self=*/false)) {
+    if (auto* dense = dynamic_cast<DenseImpl*>(module.get()); dense != nullptr) dense->set_fused_bias_grad(on);
+  }
+}
+
+namespace {
+
+bool Aligned16(const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// Whether the column-sum kernels take x [rows, cols] of `dtype` (else the callers use ATen).
+bool ColumnKernelTakes(const torch::Tensor& x, at::ScalarType dtype) {
+  return x.defined() && x.is_cuda() && x.dim() == 2 && x.scalar_type() == dtype && x.is_contiguous() &&
+         x.size(0) > 0 && ColumnSumsSupports(x.size(1)) && Aligned16(x);
+}
+
+// [ColumnSumPartials, cols] fp32 scratch and the [cols] sums, on x's device.
+std::pair<torch::Tensor, torch::Tensor> SumBuffers(const torch::Tensor& x, int64_t rows, int64_t cols) {
+  const auto options = x.options().dtype(torch::kFloat32);
+  return {torch::empty({ColumnSumPartials(rows, cols), cols}, options), torch::empty({cols}, options)};
+}
+
+}  // namespace
+
+torch::Tensor ColumnSums(const torch::Tensor& x) {
+  if (!ColumnKernelTakes(x, torch::kBFloat16)) return x.sum(0, /*keepdim=*/false, torch::kFloat32);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  auto [partial, sums] = SumBuffers(x, rows, cols);
+  const cudaError_t e = ColumnSumsBf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+                                       partial.data_ptr<float>(), sums.data_ptr<float>(), rows, cols,
+                                       at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "ColumnSumsBf16: ", cudaGetErrorString(e));
+  return sums;
+}
+
+std::pair<torch::Tensor, torch::Tensor> CastWithColumnSums(const torch::Tensor& g) {
+  if (!ColumnKernelTakes(g, torch::kFloat32)) {
+    torch::Tensor y = g.to(torch::kBFloat16);
+    return {y, y.sum(0, /*keepdim=*/false, torch::kFloat32)};
+  }
+  const int64_t rows = g.size(0), cols = g.size(1);
+  torch::Tensor y = torch::empty({rows, cols}, g.options().dtype(torch::kBFloat16));
+  auto [partial, sums] = SumBuffers(g, rows, cols);
+  const cudaError_t e = CastBf16WithColumnSums(g.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
+                                               partial.data_ptr<float>(), sums.data_ptr<float>(), rows, cols,
+                                               at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "CastBf16WithColumnSums: ", cudaGetErrorString(e));
+  return {y, sums};
+}
+
+std::pair<torch::Tensor, torch::Tensor> AssembleHeadsGrad(const torch::Tensor& dq, const torch::Tensor& dk,
+                                                          const torch::Tensor& dv, bool sums) {
+  const std::array<const torch::Tensor*, 3> g = {&dq, &dk, &dv};
+  const torch::Tensor* any = nullptr;
+  for (const torch::Tensor* t : g) any = t->defined() ? t : any;
+  TORCH_CHECK(any != nullptr && any->dim() == 4, "AssembleHeadsGrad takes q, k, v gradients [B, NH, S, D]");
+  const int64_t b = any->size(0), heads = any->size(1), s = any->size(2), d = any->size(3);
+  bool kernel = sums;
+  for (const torch::Tensor* t : g) {
+    kernel = kernel && t->defined() && t->is_cuda() && t->scalar_type() == torch::kBFloat16 &&
+             t->sizes() == any->sizes() && t->stride(3) == 1 && t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0 &&
+             t->stride(2) % 8 == 0 && Aligned16(*t);
+  }
+  kernel = kernel && d % 8 == 0 && b * s > 0;
+  if (!kernel) {
+    torch::Tensor dqkv = torch::empty({b, s, 3, heads, d}, any->options());
+    for (int i = 0; i < 3; ++i) {
+      torch::Tensor slot = dqkv.select(2, i);  // [B, S, NH, D]
+      if (g[i]->defined()) {
+        slot.copy_(g[i]->transpose(1, 2));
+      } else {
+        slot.zero_();
+      }
+    }
+    dqkv = dqkv.view({b, s, 3 * heads * d});
+    if (!sums) return {dqkv, torch::Tensor()};
+    return {dqkv, dqkv.view({b * s, -1}).sum(0, /*keepdim=*/false, torch::kFloat32)};
+  }
+  torch::Tensor dqkv = torch::empty({b, s, 3 * heads * d}, any->options());
+  auto [partial, col_sums] = SumBuffers(dqkv, b * s, 3 * heads * d);
+  HeadsGradView views[3];
+  for (int i = 0; i < 3; ++i) {
+    views[i] = {reinterpret_cast<const uint16_t*>(g[i]->data_ptr<at::BFloat16>()), g[i]->stride(0), g[i]->stride(1),
+                g[i]->stride(2)};
+  }
+  const cudaError_t e = AssembleHeadsGradWithColumnSums(
+      views, b, heads, s, d, reinterpret_cast<uint16_t*>(dqkv.data_ptr<at::BFloat16>()), partial.data_ptr<float>(),
+      col_sums.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "AssembleHeadsGradWithColumnSums: ", cudaGetErrorString(e));
+  return {dqkv, col_sums};
 }
 
 torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Tensor& skip, bool fused) {
@@ -354,7 +504,7 @@ torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Te
     torch::NoGradGuard no_grad;
     return LinearResidual(xc, skip, bias_param, w);
   }
-  return LinearResidualFunction::apply(xc, skip, weight, bias_param, w);
+  return LinearResidualFunction::apply(xc, skip, weight, bias_param, w, fused_bias_grad_);
 }
 
 void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype) {

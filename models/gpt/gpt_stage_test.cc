@@ -193,6 +193,37 @@ TEST(GptStage, FusedQkvGrad_GivesAutogradsGradients) {
   for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(torch::allclose(fused[i], plain[i], 1e-6, 1e-9)) << i;
 }
 
+// On the CPU the fused bias gradient's functions take their fallbacks (ATen's copies and sums), so the
+// gradients are autograd's of the unfused ops, with q, k, v's gradients assembled either way.
+TEST(GptStage, FusedBiasGrad_GivesUnfusedGradients) {
+  GptConfig c = Tiny();
+  torch::Tensor tokens = Tokens(c, 2, 5);
+  auto grads = [&](bool fused_bias, bool fused_qkv) {
+    c.fused_bias_grad = fused_bias;
+    c.fused_qkv_grad = fused_qkv;
+    GptStage model(c, 0, c.pipeline_layers(), 3);
+    LanguageModelLoss(model(tokens), tokens).backward();
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model->parameters()) out.push_back(p.grad());
+    return out;
+  };
+  const std::vector<torch::Tensor> plain = grads(false, false);
+  for (bool fused_qkv : {true, false}) {
+    const std::vector<torch::Tensor> fused = grads(true, fused_qkv);
+    ASSERT_EQ(fused.size(), plain.size());
+    for (size_t i = 0; i < fused.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(fused[i], plain[i], 1e-5, 1e-8)) << "fused_qkv_grad " << fused_qkv << " " << i;
+    }
+  }
+}
+
+TEST(GptStage, FusedBiasGradOption_False_TurnsItOff) {
+  ModelSpec spec = *GptDescription().Resolve("tiny", {});
+  EXPECT_TRUE(GptConfigFromSpec(spec).fused_bias_grad);
+  (*spec.mutable_options())["fused_bias_grad"] = "false";
+  EXPECT_FALSE(GptConfigFromSpec(spec).fused_bias_grad);
+}
+
 TEST(GptStage, FusedQkvGradOption_False_TurnsItOff) {
   ModelSpec spec = *GptDescription().Resolve("tiny", {});
   EXPECT_TRUE(GptConfigFromSpec(spec).fused_qkv_grad);
