@@ -9,7 +9,6 @@ namespace stagehand {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kNormWarps = 4;  // warps per block of the norm backward, a row per warp at a time
 constexpr int kCeThreads = 256;
 
 __device__ __forceinline__ float WarpSum(float v) {
@@ -23,96 +22,151 @@ __device__ __forceinline__ float4 Bf16x4ToFloat4(uint2 u) {
   return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// Adds the block's warps' register sums (each lane's own columns) in shared memory, warp 0 first, and
-// writes them as one row of partial sums.
-template <int kVecs>
-__device__ __forceinline__ void BlockPartial(float4* shared, const float4 (&acc)[kVecs], float4* out) {
-  constexpr int kCols4 = kVecs * kWarp;
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+__device__ __forceinline__ void Bf16x8ToFloat(uint4 u, float (&f)[8]) {
+  const unsigned int w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-  for (int i = 0; i < kVecs; ++i) shared[warp * kCols4 + i * kWarp + lane] = acc[i];
-  __syncthreads();
-  for (int q = threadIdx.x; q < kCols4; q += kWarp * kNormWarps) {
-    float4 s = shared[q];
-    for (int w = 1; w < kNormWarps; ++w) {
-      const float4 t = shared[w * kCols4 + q];
-      s.x += t.x;
-      s.y += t.y;
-      s.z += t.z;
-      s.w += t.w;
-    }
-    out[q] = s;
+  for (int q = 0; q < 4; ++q) {
+    const float2 t = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[q]));
+    f[2 * q] = t.x;
+    f[2 * q + 1] = t.y;
   }
-  __syncthreads();
 }
 
-// Each warp takes rows warp, warp + W, ... (W = all warps of the grid) of kVecs * 128 elements; lane l
-// owns the float4 columns i * 32 + l, so its share of dgamma and dbeta stays in its registers across
-// rows. Two passes over each row: the first for the row's two sums, the second (from L1/L2) for dx. At
-// the end the block's warps add their sums in shared memory and the block writes one partial row.
+// The norm backward's shape for rows of kVecs * 128 elements: a group of kCols / 8 threads takes a row,
+// eight columns a thread (one 16-byte load of dy, two of x); kRows groups make a block.
+template <int kVecs>
+struct NormBackwardShape {
+  static constexpr int kCols = kVecs * 128;
+  static constexpr int kThreadsPerRow = kCols / 8;  // 16 .. 512
+  static constexpr int kRows = kThreadsPerRow >= 256 ? 1 : 256 / kThreadsPerRow;
+  static constexpr int kThreads = kRows * kThreadsPerRow;  // 192 .. 512
+  static constexpr int kWarpsPerRow = kThreadsPerRow >= kWarp ? kThreadsPerRow / kWarp : 1;
+  // Blocks resident on a multiprocessor (about 1024 threads): __launch_bounds__ keeps the registers
+  // low enough for them, and the grid is that many blocks per multiprocessor, one wave.
+  static constexpr int kBlocksPerSm = 1024 / kThreads > 1 ? 1024 / kThreads : 2;
+};
+
+// NormBackwardShape<kVecs>::kBlocksPerSm for a row length (host side).
+int NormBlocksPerSm(int64_t cols) {
+  const int64_t per_row = cols / 8, rows = per_row >= 256 ? 1 : 256 / per_row, threads = rows * per_row;
+  return 1024 / threads > 1 ? static_cast<int>(1024 / threads) : 2;
+}
+
+// The sum over the kThreadsPerRow threads of a row's group, in a fixed order: shuffles within a warp
+// (or half a warp for 16 threads), then the group's warps through shared memory. Every thread of the
+// block calls it (it synchronises the block).
+template <int kVecs>
+__device__ __forceinline__ float2 RowSum(float2 v, float2* shared) {
+  using S = NormBackwardShape<kVecs>;
+  constexpr int kLanes = S::kThreadsPerRow < kWarp ? S::kThreadsPerRow : kWarp;
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, offset);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, offset);
+  }
+  if (S::kWarpsPerRow == 1) return v;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int first = (warp / S::kWarpsPerRow) * S::kWarpsPerRow;
+  float2 sum = shared[first];
+#pragma unroll
+  for (int w = 1; w < S::kWarpsPerRow; ++w) {
+    sum.x += shared[first + w].x;
+    sum.y += shared[first + w].y;
+  }
+  __syncthreads();  // shared[] is written again for the next row
+  return sum;
+}
+
+// Each block takes kRows rows at a time (rows blockIdx.x * kRows + group, then a grid's worth further
+// on); thread t of a row's group owns columns 8t .. 8t + 7, keeps dy and x of them in registers for
+// dx, and its share of dgamma and dbeta in registers across rows. Then the block's groups add those in
+// shared memory, group 0 first, and the block writes one row of partial sums. Few registers a thread,
+// so many rows are in flight on each multiprocessor (the earlier one-warp-a-row kernel kept 128
+// accumulators a thread and ran at about half the H200's memory bandwidth).
 template <int kVecs, bool kCentered>
-__global__ void __launch_bounds__(kWarp * kNormWarps)
-    NormBackwardKernel(const uint2* __restrict__ dy, const float4* __restrict__ x, const float4* __restrict__ gamma,
+__global__ void __launch_bounds__(NormBackwardShape<kVecs>::kThreads, NormBackwardShape<kVecs>::kBlocksPerSm)
+    NormBackwardKernel(const uint4* __restrict__ dy, const float4* __restrict__ x, const float4* __restrict__ gamma,
                        const float* __restrict__ mean, const float* __restrict__ rstd,
                        const float4* __restrict__ residual, float4* __restrict__ dx,
                        float4* __restrict__ partial_dgamma, float4* __restrict__ partial_dbeta, int64_t rows) {
-  constexpr int kCols = kVecs * 4 * kWarp, kCols4 = kCols / 4;
-  extern __shared__ float4 shared[];  // [kNormWarps][kCols4]
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  float4 acc_g[kVecs], acc_b[kVecs];
+  using S = NormBackwardShape<kVecs>;
+  constexpr int kCols8 = S::kCols / 8;  // uint4 of dy (and pairs of float4 of x) per row
+  __shared__ float2 sums[S::kThreads / kWarp > 0 ? S::kThreads / kWarp : 1];
+  __shared__ float4 part[S::kRows > 1 ? S::kRows * S::kCols / 4 : 1];
+  const int t = threadIdx.x % S::kThreadsPerRow, group = threadIdx.x / S::kThreadsPerRow;
+  float g[8], acc_g[8], acc_b[8];
+  {
+    const float4 g0 = gamma[2 * t], g1 = gamma[2 * t + 1];
+    g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+  }
 #pragma unroll
-  for (int i = 0; i < kVecs; ++i) acc_g[i] = acc_b[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kNormWarps;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kNormWarps + warp; row < rows; row += stride) {
-    const float mu = kCentered ? mean[row] : 0.f, rs = rstd[row];
-    const uint2* dyr = dy + row * kCols4;
-    const float4* xr = x + row * kCols4;
-    float sum_g = 0.f, sum_gx = 0.f;
+  for (int i = 0; i < 8; ++i) acc_g[i] = acc_b[i] = 0.f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * S::kRows;
+  // Every thread runs the same iterations (RowSum synchronises the block); rows past the end read nothing.
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * S::kRows; base < rows; base += stride) {
+    const int64_t row = base + group;
+    const bool live = row < rows;
+    float d[8], v[8];
+    float mu = 0.f, rs = 0.f;
+    float2 local = make_float2(0.f, 0.f);  // (sum g, sum g xhat) of this thread's columns
+    if (live) {
+      mu = kCentered ? mean[row] : 0.f;
+      rs = rstd[row];
+      Bf16x8ToFloat(dy[row * kCols8 + t], d);
+      const float4 x0 = x[row * 2 * kCols8 + 2 * t], x1 = x[row * 2 * kCols8 + 2 * t + 1];
+      v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
 #pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int k = i * kWarp + lane;
-      const float4 d = Bf16x4ToFloat4(dyr[k]), v = xr[k], g = gamma[k];
-      const float4 h = make_float4((v.x - mu) * rs, (v.y - mu) * rs, (v.z - mu) * rs, (v.w - mu) * rs);
-      const float4 dg = make_float4(d.x * g.x, d.y * g.y, d.z * g.z, d.w * g.w);
-      sum_g += (dg.x + dg.y) + (dg.z + dg.w);
-      sum_gx += (dg.x * h.x + dg.y * h.y) + (dg.z * h.z + dg.w * h.w);
-      acc_g[i].x += d.x * h.x;
-      acc_g[i].y += d.y * h.y;
-      acc_g[i].z += d.z * h.z;
-      acc_g[i].w += d.w * h.w;
-      if (kCentered) {
-        acc_b[i].x += d.x;
-        acc_b[i].y += d.y;
-        acc_b[i].z += d.z;
-        acc_b[i].w += d.w;
+      for (int i = 0; i < 8; ++i) {
+        const float h = (v[i] - mu) * rs, dg = d[i] * g[i];
+        local.x += dg;
+        local.y += dg * h;
+        acc_g[i] += d[i] * h;
+        if (kCentered) acc_b[i] += d[i];
       }
     }
-    const float mean_g = kCentered ? WarpSum(sum_g) / kCols : 0.f;
-    const float mean_gx = WarpSum(sum_gx) / kCols;
-    float4* dxr = dx + row * kCols4;
-    const float4* rr = residual == nullptr ? nullptr : residual + row * kCols4;
+    const float2 total = RowSum<kVecs>(local, sums);
+    if (live) {
+      const float mean_g = kCentered ? total.x / S::kCols : 0.f, mean_gx = total.y / S::kCols;
+      float out[8];
 #pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int k = i * kWarp + lane;
-      const float4 d = Bf16x4ToFloat4(dyr[k]), v = xr[k], g = gamma[k];
-      float4 out;
-      out.x = rs * (d.x * g.x - mean_g - (v.x - mu) * rs * mean_gx);
-      out.y = rs * (d.y * g.y - mean_g - (v.y - mu) * rs * mean_gx);
-      out.z = rs * (d.z * g.z - mean_g - (v.z - mu) * rs * mean_gx);
-      out.w = rs * (d.w * g.w - mean_g - (v.w - mu) * rs * mean_gx);
-      if (rr != nullptr) {
-        const float4 r = rr[k];
-        out.x += r.x;
-        out.y += r.y;
-        out.z += r.z;
-        out.w += r.w;
+      for (int i = 0; i < 8; ++i) out[i] = rs * (d[i] * g[i] - mean_g - (v[i] - mu) * rs * mean_gx);
+      if (residual != nullptr) {
+        const float4 r0 = residual[row * 2 * kCols8 + 2 * t], r1 = residual[row * 2 * kCols8 + 2 * t + 1];
+        out[0] += r0.x, out[1] += r0.y, out[2] += r0.z, out[3] += r0.w;
+        out[4] += r1.x, out[5] += r1.y, out[6] += r1.z, out[7] += r1.w;
       }
-      dxr[k] = out;
+      dx[row * 2 * kCols8 + 2 * t] = make_float4(out[0], out[1], out[2], out[3]);
+      dx[row * 2 * kCols8 + 2 * t + 1] = make_float4(out[4], out[5], out[6], out[7]);
     }
   }
-  // The block's partial sums: warps 0..3 in order, the same order every run.
-  BlockPartial<kVecs>(shared, acc_g, partial_dgamma + static_cast<int64_t>(blockIdx.x) * kCols4);
-  if (kCentered) BlockPartial<kVecs>(shared, acc_b, partial_dbeta + static_cast<int64_t>(blockIdx.x) * kCols4);
+  // The block's partial sums, its groups added in order (group 0 first).
+  float4* pg = partial_dgamma + static_cast<int64_t>(blockIdx.x) * (S::kCols / 4);
+  float4* pb = kCentered ? partial_dbeta + static_cast<int64_t>(blockIdx.x) * (S::kCols / 4) : nullptr;
+  auto write = [&](const float (&acc)[8], float4* out) {
+    if constexpr (S::kRows == 1) {
+      out[2 * t] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      out[2 * t + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      return;
+    }
+    part[group * (S::kCols / 4) + 2 * t] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    part[group * (S::kCols / 4) + 2 * t + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    __syncthreads();
+    if (group == 0) {
+      for (int h = 0; h < 2; ++h) {
+        float4 s = part[2 * t + h];
+        for (int r = 1; r < S::kRows; ++r) {
+          const float4 q = part[r * (S::kCols / 4) + 2 * t + h];
+          s.x += q.x, s.y += q.y, s.z += q.z, s.w += q.w;
+        }
+        out[2 * t + h] = s;
+      }
+    }
+    __syncthreads();
+  };
+  write(acc_g, pg);
+  if (kCentered) write(acc_b, pb);
 }
 
 int SmCount() {
@@ -126,17 +180,12 @@ template <int kVecs, bool kCentered>
 cudaError_t LaunchNormBackward(const uint16_t* dy, const float* x, const float* gamma, const float* mean,
                                const float* rstd, const float* residual, float* dx, float* pg, float* pb, int64_t rows,
                                cudaStream_t stream) {
-  constexpr int kCols = kVecs * 128;
-  const size_t shared = sizeof(float) * kNormWarps * kCols;
-  auto kernel = NormBackwardKernel<kVecs, kCentered>;
-  if (shared > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-    if (e != cudaSuccess) return e;
-  }
-  const int64_t blocks = NormBackwardPartials(rows);
-  kernel<<<static_cast<unsigned int>(blocks), kWarp * kNormWarps, shared, stream>>>(
-      reinterpret_cast<const uint2*>(dy), reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma),
-      mean, rstd, reinterpret_cast<const float4*>(residual), reinterpret_cast<float4*>(dx), reinterpret_cast<float4*>(pg), reinterpret_cast<float4*>(pb), rows);
+  const int64_t blocks = NormBackwardPartials(rows, kVecs * 128);
+  NormBackwardKernel<kVecs, kCentered><<<static_cast<unsigned int>(blocks), NormBackwardShape<kVecs>::kThreads, 0,
+                                         stream>>>(
+      reinterpret_cast<const uint4*>(dy), reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma),
+      mean, rstd, reinterpret_cast<const float4*>(residual), reinterpret_cast<float4*>(dx), reinterpret_cast<float4*>(pg),
+      reinterpret_cast<float4*>(pb), rows);
   return cudaGetLastError();
 }
 
@@ -290,18 +339,19 @@ bool NormBackwardSupports(int64_t cols) {
   }
 }
 
-int64_t NormBackwardPartials(int64_t rows) {
+// One wave of blocks (about 1024 threads per multiprocessor): enough rows in flight to keep the memory
+// busy, and few partial rows for the caller's sum. A block may get no row (it writes zeros).
+int64_t NormBackwardPartials(int64_t rows, int64_t cols) {
   static const int sms = SmCount();
-  const int64_t by_rows = (rows + kNormWarps - 1) / kNormWarps;
-  const int64_t cap = 2LL * sms;
-  return by_rows < 1 ? 1 : by_rows < cap ? by_rows : cap;
+  const int64_t cap = static_cast<int64_t>(NormBlocksPerSm(cols)) * sms;
+  return rows < 1 ? 1 : rows < cap ? rows : cap;
 }
 
 cudaError_t NormBackward(const uint16_t* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
                          const float* residual, float* dx, float* partial_dgamma, float* partial_dbeta, int64_t rows,
                          int64_t cols, cudaStream_t stream) {
   if (!NormBackwardSupports(cols) || rows < 0) return cudaErrorInvalidValue;
-  if (!Aligned(dy, 8) || !Aligned(x, 16) || !Aligned(gamma, 16) || !Aligned(dx, 16) || !Aligned(partial_dgamma, 16)) {
+  if (!Aligned(dy, 16) || !Aligned(x, 16) || !Aligned(gamma, 16) || !Aligned(dx, 16) || !Aligned(partial_dgamma, 16)) {
     return cudaErrorInvalidValue;
   }
   if (mean != nullptr && (partial_dbeta == nullptr || !Aligned(partial_dbeta, 16))) return cudaErrorInvalidValue;

@@ -15,9 +15,9 @@ namespace stagehand {
 // lengths compiled; the callers fall back to ATen for others).
 bool NormBackwardSupports(int64_t cols);
 
-// How many rows of partial weight (and bias) gradients NormBackward writes for `rows` rows: the caller
-// allocates [NormBackwardPartials(rows), cols] fp32 and sums it over its first dimension.
-int64_t NormBackwardPartials(int64_t rows);
+// How many rows of partial weight (and bias) gradients NormBackward writes for `rows` rows of `cols`:
+// the caller allocates [NormBackwardPartials(rows, cols), cols] fp32 and sums it over its first dimension.
+int64_t NormBackwardPartials(int64_t rows, int64_t cols);
 
 // The backward of y = xhat * gamma (+ beta) over fp32 rows x, from dy in bf16 (the gradient of the
 // norm's bf16 output, as the GEMM it feeds gives it), in one pass over dy and x:
@@ -27,9 +27,9 @@ int64_t NormBackwardPartials(int64_t rows);
 // dx: [rows, cols] fp32, plus `residual` [rows, cols] fp32 where given (not null, 16-byte aligned): the
 // gradient that reaches x around the norm (the residual stream's), added in the same pass instead of
 // autograd's separate add. partial_dgamma[p, c] (and partial_dbeta, LayerNorm only; may be null) hold the
-// sums of dy xhat (and dy) over disjoint sets of rows, p < NormBackwardPartials(rows): their sum over p
+// sums of dy xhat (and dy) over disjoint sets of rows, p < NormBackwardPartials(rows, cols): their sum over p
 // is dgamma (dbeta). The summation order is fixed, so the results are deterministic. x, gamma, dy and
-// dx 16-byte aligned, dy 8-byte at least (four bf16 at a time). cudaErrorInvalidValue for a row length
+// dx and dy 16-byte aligned (eight bf16 at a time). cudaErrorInvalidValue for a row length
 // it does not take or a misaligned pointer, else the launch's error.
 cudaError_t NormBackward(const uint16_t* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
                          const float* residual, float* dx, float* partial_dgamma, float* partial_dbeta, int64_t rows,

@@ -15,10 +15,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/attention_kernels.h"
+#include "worker/bias_grad_kernels.h"
 #include "worker/fused_backward_kernels.h"
 #include "worker/fused_kernels.h"
 #include "worker/gelu_kernels.h"
 #include "worker/gemm_gelu.h"
+#include "worker/lt_gemm.h"
 
 namespace stagehand {
 namespace {
@@ -43,6 +45,41 @@ void AccumulateWeightGrad(torch::Tensor& weight, const torch::Tensor& dy, const 
   }
 }
 
+// {dy [rows, out] in the compute dtype, the bias's gradient (undefined unless want_bias)} of a linear
+// layer's incoming gradient g: with `fused`, an fp32 g (the residual stream's) is cast to bf16 and
+// summed in one pass (CastWithColumnSums), a bf16 one summed by ColumnSums; otherwise ATen's cast and
+// reduce. The sums are in the parameter's dtype.
+std::pair<torch::Tensor, torch::Tensor> GradientAndBiasGrad(const torch::Tensor& g, at::ScalarType compute,
+                                                            at::ScalarType param, int64_t out, bool want_bias,
+                                                            bool fused) {
+  fused = fused && want_bias && param == torch::kFloat32;
+  if (fused && compute == torch::kBFloat16 && g.scalar_type() == torch::kFloat32) {
+    return CastWithColumnSums(g.reshape({-1, out}));
+  }
+  torch::Tensor dy = g.to(compute).reshape({-1, out});
+  if (!want_bias) return {dy, torch::Tensor()};
+  if (fused && dy.scalar_type() == torch::kBFloat16) return {dy, ColumnSums(dy)};
+  return {dy, dy.sum(0, /*keepdim=*/false, param)};
+}
+
+// dx = dy W (where input x_index needs it) and the weight gradient (where input weight_index needs it:
+// into .grad, or queued for zero-bubble's W under DeferWeightGrads).
+torch::Tensor LinearInputAndWeightGrads(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                        const torch::Tensor& weight_c, torch::Tensor& weight, const torch::Tensor& dy,
+                                        int x_index, int weight_index) {
+  const int64_t in = weight_c.size(1);
+  torch::Tensor dx;
+  if (ctx->needs_input_grad(x_index)) dx = at::mm(dy, weight_c).view(x.sizes());
+  if (ctx->needs_input_grad(weight_index)) {
+    if (WeightGradQueue* q = deferred_queue.load(); q != nullptr) {
+      q->Push(weight, dy, x.reshape({-1, in}));  // zero-bubble's W forms it later
+    } else {
+      AccumulateWeightGrad(weight, dy, x.reshape({-1, in}));
+    }
+  }
+  return dx;
+}
+
 // y = x W^T + b with x, W and b already in the compute dtype, whose backward adds the weight gradient
 // into the fp32 parameter's .grad itself (and so returns none for it).
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
@@ -51,10 +88,12 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   // arguments are nullopt (apply() takes no undefined tensors) and the edges after the weight's shift.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
-                               const torch::Tensor& weight_c, const std::optional<torch::Tensor>& bias_c) {
+                               const torch::Tensor& weight_c, const std::optional<torch::Tensor>& bias_c,
+                               bool fused_bias_grad) {
     ctx->save_for_backward({x, weight_c});
     ctx->saved_data["weight"] = weight;
     ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["fused_bias_grad"] = fused_bias_grad;
     return at::linear(x, weight_c, bias_c);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -62,21 +101,92 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &x = saved[0], &weight_c = saved[1];
     torch::Tensor weight = ctx->saved_data["weight"].toTensor();
-    const int64_t out = weight_c.size(0), in = weight_c.size(1);
-    const torch::Tensor dy = grads[0].to(weight_c.scalar_type()).reshape({-1, out});
-    torch::Tensor dx, db;
-    if (ctx->needs_input_grad(0)) dx = at::mm(dy, weight_c).view(x.sizes());
-    if (ctx->needs_input_grad(1)) {
-      if (WeightGradQueue* q = deferred_queue.load(); q != nullptr) {
-        q->Push(weight, dy, x.reshape({-1, in}));  // zero-bubble's W forms it later
-      } else {
-        AccumulateWeightGrad(weight, dy, x.reshape({-1, in}));
-      }
-    }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
-      db = dy.sum(0, /*keepdim=*/false, weight.scalar_type());
-    }
-    return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor()};
+    const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
+    auto [dy, db] = GradientAndBiasGrad(grads[0], weight_c.scalar_type(), weight.scalar_type(), weight_c.size(0), bias,
+                                        ctx->saved_data["fused_bias_grad"].toBool());
+    torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 1);
+    return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Dense's forward split into attention's q, k, v (DenseImpl::ForwardHeads): at::linear, then the views
+// of [B, S, 3H] as [B, S, 3, NH, D] permuted to three [B, NH, S, D]. The backward writes dq, dk, dv into
+// one [B, S, 3H] dy with the bias's column sums in the same pass (AssembleHeadsGrad), where the two
+// separate functions (the linear's, the split's) take three strided copies, then ATen's reduce over dy.
+class LinearHeadsFunction : public torch::autograd::Function<LinearHeadsFunction> {
+ public:
+  // As LinearFunction::forward, plus the number of heads.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
+                                                const torch::Tensor& weight_c,
+                                                const std::optional<torch::Tensor>& bias_c, int64_t heads) {
+    ctx->save_for_backward({x, weight_c});
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["has_bias"] = bias.has_value();
+    const torch::Tensor y = at::linear(x, weight_c, bias_c);
+    const int64_t b = y.size(0), s = y.size(1), d = y.size(2) / 3 / heads;
+    std::vector<torch::Tensor> parts = y.view({b, s, 3, heads, d}).permute({2, 0, 3, 1, 4}).unbind(0);
+    return {parts[0], parts[1], parts[2]};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight_c = saved[1];
+    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const int64_t out = weight_c.size(0);
+    const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
+    auto [dqkv, db] = AssembleHeadsGrad(grads[0], grads[1], grads[2], bias);
+    const torch::Tensor dy = dqkv.to(weight_c.scalar_type()).view({-1, out});
+    if (db.defined()) db = db.to(weight.scalar_type());
+    torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 1);
+    return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// skip + x W^T + b in one cuBLASLt GEMM (DenseImpl::ForwardResidual): x and W in bf16, b and skip in
+// fp32 (b is the fp32 parameter in training, the bf16 one upcast where inference lowered it), the sum
+// accumulated and written in fp32. Autocast's "skip + linear(x)" rounds the branch to bf16 before the
+// add; this adds it in fp32 (the stream differs by bf16 rounding of the branch).
+torch::Tensor LinearResidual(const torch::Tensor& x, const torch::Tensor& skip, const std::optional<torch::Tensor>& bias,
+                             const torch::Tensor& weight_c) {
+  const int64_t out = weight_c.size(0), in = weight_c.size(1), rows = x.numel() / in;
+  torch::Tensor y = torch::empty(skip.sizes(), skip.options());
+  torch::Tensor bias_f32;
+  if (bias.has_value()) bias_f32 = bias->scalar_type() == torch::kFloat32 ? *bias : bias->to(torch::kFloat32);
+  const std::string error = LtLinearAddFp32(
+      at::cuda::getCurrentCUDABlasLtHandle(), at::cuda::getCUDABlasLtWorkspace(), at::cuda::getCUDABlasLtWorkspaceSize(),
+      at::cuda::getCurrentCUDAStream(), x.data_ptr(), weight_c.data_ptr(),
+      bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, skip.data_ptr<float>(), y.data_ptr<float>(), rows, out,
+      in);
+  TORCH_CHECK(error.empty(), "the residual GEMM: ", error, " (--model_option=fused_residual_gemm=false runs without it)");
+  return y;
+}
+
+// LinearResidual under autograd: the backward is LinearFunction's, and skip's gradient is the output's.
+class LinearResidualFunction : public torch::autograd::Function<LinearResidualFunction> {
+ public:
+  // Without a bias, bias is nullopt (apply() takes no undefined tensors).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& skip,
+                               const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
+                               const torch::Tensor& weight_c, bool fused_bias_grad) {
+    torch::Tensor y = LinearResidual(x, skip, bias, weight_c);
+    ctx->save_for_backward({x, weight_c});
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["fused_bias_grad"] = fused_bias_grad;
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight_c = saved[1];
+    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(3);
+    auto [dy, db] = GradientAndBiasGrad(grads[0], weight_c.scalar_type(), weight.scalar_type(), weight_c.size(0), bias,
+                                        ctx->saved_data["fused_bias_grad"].toBool());
+    torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 2);
+    return {dx, ctx->needs_input_grad(1) ? grads[0] : torch::Tensor(), torch::Tensor(), db, torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -123,7 +233,6 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
     return {dx, dweight, dbias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
-
 
 // Whether the one-GEMM forward (gemm_gelu.h) takes x [.., in] W[out, in] and b [out]: bf16, contiguous
 // and aligned on an sm_90 GPU, in shapes its TMA loads take.
@@ -200,22 +309,15 @@ class LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction> 
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &x = saved[0], &weight_c = saved[1], &h = saved[2];
     torch::Tensor weight = ctx->saved_data["weight"].toTensor();
-    const int64_t out = weight_c.size(0), in = weight_c.size(1);
+    const int64_t out = weight_c.size(0);
     const torch::Tensor da = grads[0].to(weight_c.scalar_type()).contiguous().view({-1, out});
     auto [dy, db] = GeluBackwardWithBias(da, h.view({-1, out}), weight.scalar_type());
-    torch::Tensor dx;
-    if (ctx->needs_input_grad(0)) dx = at::mm(dy, weight_c).view(x.sizes());
-    if (ctx->needs_input_grad(1)) {
-      if (WeightGradQueue* q = deferred_queue.load(); q != nullptr) {
-        q->Push(weight, dy, x.reshape({-1, in}));  // zero-bubble's W forms it later
-      } else {
-        AccumulateWeightGrad(weight, dy, x.reshape({-1, in}));
-      }
-    }
+    torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 1);
     if (!ctx->needs_input_grad(2)) db = torch::Tensor();
     return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
+
 }  // namespace
 
 void WeightGradQueue::Push(torch::Tensor weight, torch::Tensor dy, torch::Tensor x) {
@@ -299,7 +401,7 @@ std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const t
                               residual.sizes() != x.sizes() || !aligned(residual)))) {
     return {};
   }
-  const int64_t parts = NormBackwardPartials(rows);
+  const int64_t parts = NormBackwardPartials(rows, cols);
   torch::Tensor dx = torch::empty_like(x);
   torch::Tensor dgamma = torch::empty({parts, cols}, x.options());
   torch::Tensor dbeta = mean.defined() ? torch::empty({parts, cols}, x.options()) : torch::Tensor();
@@ -356,7 +458,139 @@ torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
   if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || weight.requires_grad())) {
     return at::linear(xc, w, b);
   }
-  return LinearFunction::apply(xc, weight, bias_param, w, b);
+  return LinearFunction::apply(xc, weight, bias_param, w, b, fused_bias_grad_);
+}
+
+std::vector<torch::Tensor> DenseImpl::ForwardHeads(const torch::Tensor& x, int64_t heads) {
+  TORCH_CHECK(x.dim() == 3 && weight.size(0) % (3 * heads) == 0, "ForwardHeads takes [B, S, in] into 3 x ", heads,
+              " heads, got ", x.sizes(), " into ", weight.size(0));
+  const c10::DeviceType device = x.device().type();
+  const bool autocast = at::autocast::is_autocast_enabled(device);
+  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
+  const torch::Tensor xc = x.scalar_type() == dtype ? x : x.to(dtype);
+  if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || weight.requires_grad())) {
+    const torch::Tensor y = forward(x);
+    return y.view({y.size(0), y.size(1), 3, heads, -1}).permute({2, 0, 3, 1, 4}).unbind(0);
+  }
+  const torch::Tensor& w = dtype == weight.scalar_type() ? weight : weight_cast_.Get(weight, dtype);
+  std::optional<torch::Tensor> b, bias_param;
+  if (bias.defined()) {
+    b = dtype == bias.scalar_type() ? bias : bias_cast_.Get(bias, dtype);
+    bias_param = bias;
+  }
+  return LinearHeadsFunction::apply(xc, weight, bias_param, w, b, heads);
+}
+
+void SetDenseFusedBiasGrad(torch::nn::Module& root, bool on) {
+  for (const auto& module : root.modules(/*include_self=*/false)) {
+    if (auto* dense = dynamic_cast<DenseImpl*>(module.get()); dense != nullptr) dense->set_fused_bias_grad(on);
+  }
+}
+
+namespace {
+
+bool Aligned16(const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// Whether the column-sum kernels take x [rows, cols] of `dtype` (else the callers use ATen).
+bool ColumnKernelTakes(const torch::Tensor& x, at::ScalarType dtype) {
+  return x.defined() && x.is_cuda() && x.dim() == 2 && x.scalar_type() == dtype && x.is_contiguous() &&
+         x.size(0) > 0 && ColumnSumsSupports(x.size(1)) && Aligned16(x);
+}
+
+// [ColumnSumPartials, cols] fp32 scratch and the [cols] sums, on x's device.
+std::pair<torch::Tensor, torch::Tensor> SumBuffers(const torch::Tensor& x, int64_t rows, int64_t cols) {
+  const auto options = x.options().dtype(torch::kFloat32);
+  return {torch::empty({ColumnSumPartials(rows, cols), cols}, options), torch::empty({cols}, options)};
+}
+
+}  // namespace
+
+torch::Tensor ColumnSums(const torch::Tensor& x) {
+  if (!ColumnKernelTakes(x, torch::kBFloat16)) return x.sum(0, /*keepdim=*/false, torch::kFloat32);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  auto [partial, sums] = SumBuffers(x, rows, cols);
+  const cudaError_t e = ColumnSumsBf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+                                       partial.data_ptr<float>(), sums.data_ptr<float>(), rows, cols,
+                                       at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "ColumnSumsBf16: ", cudaGetErrorString(e));
+  return sums;
+}
+
+std::pair<torch::Tensor, torch::Tensor> CastWithColumnSums(const torch::Tensor& g) {
+  if (!ColumnKernelTakes(g, torch::kFloat32)) {
+    torch::Tensor y = g.to(torch::kBFloat16);
+    return {y, y.sum(0, /*keepdim=*/false, torch::kFloat32)};
+  }
+  const int64_t rows = g.size(0), cols = g.size(1);
+  torch::Tensor y = torch::empty({rows, cols}, g.options().dtype(torch::kBFloat16));
+  auto [partial, sums] = SumBuffers(g, rows, cols);
+  const cudaError_t e = CastBf16WithColumnSums(g.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
+                                               partial.data_ptr<float>(), sums.data_ptr<float>(), rows, cols,
+                                               at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "CastBf16WithColumnSums: ", cudaGetErrorString(e));
+  return {y, sums};
+}
+
+std::pair<torch::Tensor, torch::Tensor> AssembleHeadsGrad(const torch::Tensor& dq, const torch::Tensor& dk,
+                                                          const torch::Tensor& dv, bool sums) {
+  const std::array<const torch::Tensor*, 3> g = {&dq, &dk, &dv};
+  const torch::Tensor* any = nullptr;
+  for (const torch::Tensor* t : g) any = t->defined() ? t : any;
+  TORCH_CHECK(any != nullptr && any->dim() == 4, "AssembleHeadsGrad takes q, k, v gradients [B, NH, S, D]");
+  const int64_t b = any->size(0), heads = any->size(1), s = any->size(2), d = any->size(3);
+  bool kernel = sums;
+  for (const torch::Tensor* t : g) {
+    kernel = kernel && t->defined() && t->is_cuda() && t->scalar_type() == torch::kBFloat16 &&
+             t->sizes() == any->sizes() && t->stride(3) == 1 && t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0 &&
+             t->stride(2) % 8 == 0 && Aligned16(*t);
+  }
+  kernel = kernel && d % 8 == 0 && b * s > 0;
+  if (!kernel) {
+    torch::Tensor dqkv = torch::empty({b, s, 3, heads, d}, any->options());
+    for (int i = 0; i < 3; ++i) {
+      torch::Tensor slot = dqkv.select(2, i);  // [B, S, NH, D]
+      if (g[i]->defined()) {
+        slot.copy_(g[i]->transpose(1, 2));
+      } else {
+        slot.zero_();
+      }
+    }
+    dqkv = dqkv.view({b, s, 3 * heads * d});
+    if (!sums) return {dqkv, torch::Tensor()};
+    return {dqkv, dqkv.view({b * s, -1}).sum(0, /*keepdim=*/false, torch::kFloat32)};
+  }
+  torch::Tensor dqkv = torch::empty({b, s, 3 * heads * d}, any->options());
+  auto [partial, col_sums] = SumBuffers(dqkv, b * s, 3 * heads * d);
+  HeadsGradView views[3];
+  for (int i = 0; i < 3; ++i) {
+    views[i] = {reinterpret_cast<const uint16_t*>(g[i]->data_ptr<at::BFloat16>()), g[i]->stride(0), g[i]->stride(1),
+                g[i]->stride(2)};
+  }
+  const cudaError_t e = AssembleHeadsGradWithColumnSums(
+      views, b, heads, s, d, reinterpret_cast<uint16_t*>(dqkv.data_ptr<at::BFloat16>()), partial.data_ptr<float>(),
+      col_sums.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "AssembleHeadsGradWithColumnSums: ", cudaGetErrorString(e));
+  return {dqkv, col_sums};
+}
+
+torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Tensor& skip, bool fused) {
+  const bool autocast = x.is_cuda() && at::autocast::is_autocast_enabled(c10::DeviceType::CUDA) &&
+                        at::autocast::get_autocast_dtype(c10::DeviceType::CUDA) == at::kBFloat16;
+  const int64_t out = weight.size(0), in = weight.size(1);
+  // The GEMM reads x, the weight and skip as given: contiguous rows, skip in fp32 of the output's shape.
+  if (!fused || !autocast || !LtAvailable() || skip.scalar_type() != torch::kFloat32 || !skip.is_contiguous() ||
+      skip.size(-1) != out || x.size(-1) != in || skip.numel() / out != x.numel() / in || x.numel() == 0) {
+    return skip + forward(x);
+  }
+  const torch::Tensor& w = weight.scalar_type() == at::kBFloat16 ? weight : weight_cast_.Get(weight, at::kBFloat16);
+  const torch::Tensor xc = (x.scalar_type() == at::kBFloat16 ? x : x.to(at::kBFloat16)).contiguous();
+  std::optional<torch::Tensor> bias_param;
+  if (bias.defined()) bias_param = bias;
+  if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || skip.requires_grad() || weight.requires_grad())) {
+    torch::NoGradGuard no_grad;
+    return LinearResidual(xc, skip, bias_param, w);
+  }
+  return LinearResidualFunction::apply(xc, skip, weight, bias_param, w, fused_bias_grad_);
 }
 
 void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -88,6 +89,21 @@ class DenseImpl : public torch::nn::Module {
   // (--model_option=fused_gelu=false: at::gelu(forward(x)) as it stood). `gemm` false keeps the fused
   // backward but runs the forward as at::linear and at::gelu (--model_option=fused_gelu_gemm=false).
   torch::Tensor ForwardGelu(const torch::Tensor& x, bool fused, bool gemm = true);
+  // skip + forward(x), the residual stream's update: skip is the fp32 stream, x the branch's input.
+  // With `fused` under bf16 autocast on CUDA, one cuBLASLt GEMM computes it (bf16 x and weight, the
+  // fp32 bias and stream, accumulated and written in fp32: lt_gemm.h), without the branch's bf16 output
+  // and a separate add; its backward passes the gradient to skip unchanged. Otherwise (fused off, CPU,
+  // fp32, no cuBLASLt) the two ops as written.
+  torch::Tensor ForwardResidual(const torch::Tensor& x, const torch::Tensor& skip, bool fused);
+  // forward(x) viewed as attention's q, k, v [B, NH, S, D] (the output [B, S, 3H] split as
+  // [B, S, 3, NH, D]), for x [B, S, H'] and out = 3H. Its backward writes the three gradients into dy
+  // [B, S, 3H] and sums the bias's gradient in the same pass (AssembleHeadsGrad), then forms dx and the
+  // weight's gradient (queued under DeferWeightGrads) as forward's backward does. Without grad mode, or
+  // when nothing needs a gradient, the plain views of forward(x).
+  std::vector<torch::Tensor> ForwardHeads(const torch::Tensor& x, int64_t heads);
+  // Whether the backward makes the bias's gradient with the cast of dy to bf16 or in its own kernel
+  // (CastWithColumnSums, ColumnSums) rather than ATen's cast and reduce (--model_option=fused_bias_grad).
+  void set_fused_bias_grad(bool on) { fused_bias_grad_ = on; }
   // Brings the cast copies up to date now rather than at the next forward.
   void RefreshCasts(at::ScalarType dtype) {
     weight_cast_.Get(weight, dtype);
@@ -98,8 +114,27 @@ class DenseImpl : public torch::nn::Module {
 
  private:
   CastCache weight_cast_, bias_cast_;
+  bool fused_bias_grad_ = true;
 };
 TORCH_MODULE(Dense);
+
+// Sets the fused bias gradient (DenseImpl::set_fused_bias_grad) of every Dense under `root`.
+void SetDenseFusedBiasGrad(torch::nn::Module& root, bool on);
+
+// The bias gradient's column sums (bias_grad_kernels.h), deterministic, in fp32. For 2-D [rows, cols]
+// contiguous, 16-byte aligned CUDA inputs with cols a multiple of 8; anything else goes to ATen.
+// ColumnSums: x bf16 -> x.sum(0) in fp32.
+torch::Tensor ColumnSums(const torch::Tensor& x_bf16_2d);
+// {bf16 copy of g, column sums of that copy in fp32}: the cast a bf16 GEMM's backward makes of an fp32
+// gradient (the residual stream's) and its bias's gradient, in one pass.
+std::pair<torch::Tensor, torch::Tensor> CastWithColumnSums(const torch::Tensor& g_fp32);
+// {dqkv [B, S, 3H], its column sums in fp32 (undefined unless `sums`)}: attention's q, k, v gradients
+// [B, NH, S, D] written into the gradient of the qkv projection's output [B, S, 3H] (viewed as
+// [B, S, 3, NH, D]) in one vectorised pass that also sums the bias's gradient, for bf16 gradients with
+// a contiguous last dimension on CUDA; otherwise three strided copies (an undefined gradient: zeros)
+// and ATen's sum.
+std::pair<torch::Tensor, torch::Tensor> AssembleHeadsGrad(const torch::Tensor& dq, const torch::Tensor& dk,
+                                                          const torch::Tensor& dv, bool sums);
 
 // Deferred weight gradients (zero-bubble's W, as Megatron-LM's deferred wgrad and torch.distributed.
 // pipelining's stage_backward_weight): while a DeferWeightGrads scope is alive, every Dense backward in

@@ -86,7 +86,8 @@ class AttentionImpl : public PipelineLayerImpl {
  public:
   AttentionImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : hidden_(c.hidden), heads_(c.heads), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
-        fused_qkv_grad_(c.fused_qkv_grad), fused_residual_grad_(c.fused_residual_grad) {
+        fused_qkv_grad_(c.fused_qkv_grad), fused_residual_grad_(c.fused_residual_grad),
+        fused_residual_gemm_(c.fused_residual_gemm), fused_bias_grad_(c.fused_bias_grad) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     qkv_ = register_module("qkv", Dense(c.hidden, 3 * c.hidden, true, device));
     proj_ = register_module("proj", Dense(c.hidden, c.hidden, true, device));
@@ -103,21 +104,28 @@ class AttentionImpl : public PipelineLayerImpl {
     // unbind, not three selects: select's backward would zero-fill a full-size gradient for each of q, k, v
     // and add them up (about 10% of a gpt-1.3b step on an H200).
     auto [normed, skip] = NormForGemmWithSkip(ln1_, x, fused_layernorm_, fused_norm_backward_, fused_residual_grad_);
-    const torch::Tensor projected = qkv_(normed);
-    std::vector<torch::Tensor> qkv;
-    if (fused_qkv_grad_ && torch::GradMode::is_enabled() && projected.requires_grad()) {
-      qkv = SplitHeadsFunction::apply(projected, heads_);
-    } else {
-      qkv = projected.view({b, s, 3, heads_, hidden_ / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
-    }
+    const std::vector<torch::Tensor> qkv = SplitHeads(normed);
     auto att = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true);
-    // Under autocast the branch comes out bf16; adding it to the fp32 stream keeps it fp32.
-    return skip + proj_(att.transpose(1, 2).reshape({b, s, hidden_}));
+    // The fp32 stream plus the branch, in one GEMM (or, unfused, autocast's bf16 branch added to it).
+    return proj_->ForwardResidual(att.transpose(1, 2).reshape({b, s, hidden_}), skip, fused_residual_gemm_);
   }
 
  private:
+  // q, k, v [B, NH, S, D] from the normed input: with fused_bias_grad (and fused_qkv_grad) one function
+  // whose backward assembles their gradients and the bias's in one pass (DenseImpl::ForwardHeads).
+  std::vector<torch::Tensor> SplitHeads(const torch::Tensor& normed) {
+    if (fused_qkv_grad_ && fused_bias_grad_) return qkv_->ForwardHeads(normed, heads_);
+    const int64_t b = normed.size(0), s = normed.size(1);
+    const torch::Tensor projected = qkv_(normed);
+    if (fused_qkv_grad_ && torch::GradMode::is_enabled() && projected.requires_grad()) {
+      return SplitHeadsFunction::apply(projected, heads_);
+    }
+    return projected.view({b, s, 3, heads_, hidden_ / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
+  }
+
   int64_t hidden_, heads_;
-  bool fused_layernorm_, fused_norm_backward_, fused_qkv_grad_, fused_residual_grad_;
+  bool fused_layernorm_, fused_norm_backward_, fused_qkv_grad_, fused_residual_grad_, fused_residual_gemm_,
+      fused_bias_grad_;
   torch::nn::LayerNorm ln1_{nullptr};
   Dense qkv_{nullptr}, proj_{nullptr};
 };
@@ -126,7 +134,8 @@ class MlpImpl : public PipelineLayerImpl {
  public:
   MlpImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
-        fused_residual_grad_(c.fused_residual_grad), fused_gelu_(c.fused_gelu), fused_gelu_gemm_(c.fused_gelu_gemm) {
+        fused_residual_grad_(c.fused_residual_grad), fused_residual_gemm_(c.fused_residual_gemm),
+        fused_gelu_(c.fused_gelu), fused_gelu_gemm_(c.fused_gelu_gemm) {
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true, device));
     fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true, device));
@@ -138,13 +147,14 @@ class MlpImpl : public PipelineLayerImpl {
     TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden_, "an MLP layer takes hidden states [B, S, ", hidden_, "], got ",
                 x.sizes());
     auto [normed, skip] = NormForGemmWithSkip(ln2_, x, fused_layernorm_, fused_norm_backward_, fused_residual_grad_);
-    return skip + fc2_(fc1_->ForwardGelu(normed, fused_gelu_, fused_gelu_gemm_));  // exact (erf) GELU, as torch's default
+    // exact (erf) GELU, as torch's default
+    return fc2_->ForwardResidual(fc1_->ForwardGelu(normed, fused_gelu_, fused_gelu_gemm_), skip, fused_residual_gemm_);
   }
 
  private:
   int64_t hidden_;
   bool fused_layernorm_, fused_norm_backward_;
-  bool fused_residual_grad_;
+  bool fused_residual_grad_, fused_residual_gemm_;
   bool fused_gelu_, fused_gelu_gemm_;
   torch::nn::LayerNorm ln2_{nullptr};
   Dense fc1_{nullptr}, fc2_{nullptr};
@@ -279,6 +289,8 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   c.fused_residual_grad = on("fused_residual_grad");
   c.fused_gelu = on("fused_gelu");
   c.fused_gelu_gemm = on("fused_gelu_gemm");
+  c.fused_residual_gemm = on("fused_residual_gemm");
+  c.fused_bias_grad = on("fused_bias_grad");
   return c;
 }
 
@@ -300,6 +312,7 @@ GptStageImpl::GptStageImpl(const GptConfig& config, int first, int last, uint64_
   }
   layers_ = register_module("layers", torch::nn::ModuleList());
   for (auto& layer : built) layers_->push_back(std::move(layer));
+  SetDenseFusedBiasGrad(*this, config.fused_bias_grad);
 }
 
 torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {

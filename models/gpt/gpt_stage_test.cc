@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -192,6 +193,37 @@ TEST(GptStage, FusedQkvGrad_GivesAutogradsGradients) {
   const std::vector<torch::Tensor> fused = grads(true), plain = grads(false);
   ASSERT_EQ(fused.size(), plain.size());
   for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(torch::allclose(fused[i], plain[i], 1e-6, 1e-9)) << i;
+}
+
+// On the CPU the fused bias gradient's functions take their fallbacks (ATen's copies and sums), so the
+// gradients are autograd's of the unfused ops, with q, k, v's gradients assembled either way.
+TEST(GptStage, FusedBiasGrad_GivesUnfusedGradients) {
+  GptConfig c = Tiny();
+  torch::Tensor tokens = Tokens(c, 2, 5);
+  auto grads = [&](bool fused_bias, bool fused_qkv) {
+    c.fused_bias_grad = fused_bias;
+    c.fused_qkv_grad = fused_qkv;
+    GptStage model(c, 0, c.pipeline_layers(), 3);
+    LanguageModelLoss(model(tokens), tokens).backward();
+    std::vector<torch::Tensor> out;
+    for (const auto& p : model->parameters()) out.push_back(p.grad());
+    return out;
+  };
+  const std::vector<torch::Tensor> plain = grads(false, false);
+  for (bool fused_qkv : {true, false}) {
+    const std::vector<torch::Tensor> fused = grads(true, fused_qkv);
+    ASSERT_EQ(fused.size(), plain.size());
+    for (size_t i = 0; i < fused.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(fused[i], plain[i], 1e-5, 1e-8)) << "fused_qkv_grad " << fused_qkv << " " << i;
+    }
+  }
+}
+
+TEST(GptStage, FusedBiasGradOption_False_TurnsItOff) {
+  ModelSpec spec = *GptDescription().Resolve("tiny", {});
+  EXPECT_TRUE(GptConfigFromSpec(spec).fused_bias_grad);
+  (*spec.mutable_options())["fused_bias_grad"] = "false";
+  EXPECT_FALSE(GptConfigFromSpec(spec).fused_bias_grad);
 }
 
 TEST(GptStage, FusedQkvGradOption_False_TurnsItOff) {
@@ -832,6 +864,68 @@ TEST(GptStageCuda, FusedLayerNorm_MatchesUnfusedForwardAndBackward) {
   for (size_t i = 0; i < fused_grads.size(); ++i) EXPECT_LT(rel(fused_grads[i], plain_grads[i]), 5e-2) << "parameter " << i;
 }
 
+// skip + x W^T + b as one cuBLASLt GEMM (DenseImpl::ForwardResidual): the fp32 sum of the bf16 product
+// and the fp32 stream, so it is close to an fp32 reference with the bf16-rounded weight (closer than
+// autocast's, which rounds the branch to bf16 first), its gradients are the reference's to bf16
+// rounding, skip's gradient is the output's exactly, and without autograd it gives the same output.
+TEST(DenseCuda, ForwardResidual_MatchesFp32ReferenceAndGradients) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const torch::Device cuda(torch::kCUDA, 0);
+  for (auto [rows, in, out, bias] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
+           {66, 256, 384, true}, {1, 128, 128, true}, {1001, 512, 136, false}}) {
+    SCOPED_TRACE(absl::StrCat(rows, " x ", in, " -> ", out, bias ? " with bias" : ""));
+    torch::manual_seed(3);
+    Dense d(in, out, bias, cuda);
+    at::Generator gen = LayerGenerator(5, 0, cuda);
+    d->InitWeight(0.05, gen);
+    if (bias) {
+      torch::NoGradGuard no_grad;
+      d->bias.normal_(0.0, 0.1);
+    }
+    const torch::Tensor x = torch::randn({rows, in}, torch::TensorOptions().device(cuda)).to(torch::kBFloat16);
+    const torch::Tensor skip0 = torch::randn({rows, out}, torch::TensorOptions().device(cuda));
+    const torch::Tensor g = torch::randn({rows, out}, torch::TensorOptions().device(cuda));
+    auto run = [&](bool fused) {
+      d->zero_grad();
+      torch::Tensor xi = x.clone().requires_grad_(true), skip = skip0.clone().requires_grad_(true);
+      torch::Tensor y;
+      {
+        CudaBf16Autocast autocast;
+        y = d->ForwardResidual(xi, skip, fused);
+      }
+      EXPECT_EQ(y.scalar_type(), torch::kFloat32);
+      y.backward(g);
+      std::vector<torch::Tensor> r = {y.detach(), xi.grad().to(torch::kFloat32), skip.grad(), d->weight.grad().clone()};
+      if (bias) r.push_back(d->bias.grad().clone());
+      return r;
+    };
+    const std::vector<torch::Tensor> fused = run(true), plain = run(false);
+    // The fp32 reference, with the weight rounded to bf16 as the GEMM reads it.
+    torch::Tensor xr = x.to(torch::kFloat32).requires_grad_(true);
+    torch::Tensor wr = d->weight.detach().to(torch::kBFloat16).to(torch::kFloat32).requires_grad_(true);
+    torch::Tensor br = bias ? d->bias.detach().clone().requires_grad_(true) : torch::zeros({out}, xr.options());
+    torch::Tensor yr = skip0 + at::matmul(xr, wr.t()) + br;
+    yr.backward(g);
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item<double>();
+    };
+    EXPECT_LT(rel(fused[0], yr.detach()), 1e-4) << "output against fp32";
+    EXPECT_LT(rel(plain[0], yr.detach()), 1e-2) << "autocast's output against fp32";
+    EXPECT_LT(rel(fused[1], xr.grad()), 1e-2) << "dx";
+    EXPECT_TRUE(torch::equal(fused[2], g)) << "skip's gradient is the output's";
+    EXPECT_LT(rel(fused[3], wr.grad()), 1e-2) << "dW";
+    if (bias) EXPECT_LT(rel(fused[4], br.grad()), 1e-2) << "db";
+    for (size_t i = 1; i < fused.size(); ++i) EXPECT_LT(rel(fused[i], plain[i]), 2e-2) << "gradient " << i << " vs autocast's";
+    torch::Tensor no_grad_y;
+    {
+      torch::NoGradGuard no_grad;
+      CudaBf16Autocast autocast;
+      no_grad_y = d->ForwardResidual(x, skip0, true);
+    }
+    EXPECT_TRUE(torch::equal(no_grad_y, fused[0])) << "inference gives the training forward's output";
+  }
+}
+
 // Parameters drawn on the device depend on (seed, layer) alone, as on the CPU: any split gives the
 // whole model's, and they have the GPT's statistics.
 TEST(GptStageCuda, InitOnDevice_SplitMatchesWholeWithGptStatistics) {
@@ -936,8 +1030,10 @@ TEST(FusedKernelsCuda, NormBackward_MatchesAten) {
   auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
     return ((a.to(torch::kFloat64) - b.to(torch::kFloat64)).norm() / b.to(torch::kFloat64).norm()).item<double>();
   };
-  for (int64_t cols : {128, 2048, 4096}) {
-    for (int64_t rows : {1, 1001, 8192}) {
+  // Every row-length shape of the kernel (threads per row 16, 96, 256, 384, 512), rows that fill a
+  // block, leave one part-full, and outnumber the blocks.
+  for (int64_t cols : {128, 768, 2048, 3072, 4096}) {
+    for (int64_t rows : {1, 3, 1001, 8192}) {
       SCOPED_TRACE(testing::Message() << rows << " x " << cols);
       torch::Tensor x = torch::randn({rows, cols}, f32) * 3 + 1;
       torch::Tensor gamma = torch::randn({cols}, f32), beta = torch::randn({cols}, f32);
@@ -951,6 +1047,12 @@ TEST(FusedKernelsCuda, NormBackward_MatchesAten) {
       EXPECT_LT(rel(got[1], dgamma), 1e-4);
       EXPECT_LT(rel(got[2], dbeta), 1e-4);
       EXPECT_TRUE(got[0].isfinite().all().item<bool>());
+      // The residual stream's gradient added in the same pass.
+      const torch::Tensor skip = torch::randn({rows, cols}, f32);
+      std::vector<torch::Tensor> with_skip = NormBackwardFromBf16(dy, x, gamma, mean, rstd, skip);
+      ASSERT_EQ(with_skip.size(), 3u);
+      EXPECT_LT(rel(with_skip[0], dx + skip), 1e-4);
+      EXPECT_TRUE(torch::equal(with_skip[1], got[1])) << "deterministic dgamma";
 
       // RMSNorm: y = x rstd w.
       const torch::Tensor xd = x.to(torch::kFloat64), dyd = dy.to(torch::kFloat64), wd = gamma.to(torch::kFloat64);

@@ -47,6 +47,9 @@ struct LlamaConfig {
   // --model_option=fused_rotary=false / fused_swiglu=false: the ATen ops).
   bool fused_rotary = true;
   bool fused_swiglu = true;
+  // o_proj's and down_proj's residual adds inside their GEMMs (DenseImpl::ForwardResidual;
+  // --model_option=fused_residual_gemm=false: autograd's add of the bf16 branch).
+  bool fused_residual_gemm = true;
 
   int64_t head_dim() const { return hidden / heads; }
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }

@@ -13,7 +13,8 @@ Modes:
   eager           1 GPU, one process: GB sequences as --eager-microbatches (4) micro-batches, gradient
                   accumulation (loss / M), one optimizer step per step.
   ddp             torchrun: DistributedDataParallel, GB/world sequences per rank as micro-batches of
-                  --ddp-microbatch (8), no_sync for all but the last.
+                  --ddp-microbatch (8), no_sync for all but the last; with --compile the module is
+                  compiled (module.compile()) and then wrapped in DDP.
   pipeline        torchrun: torch.distributed.pipelining, one stage per rank, manual split by --split
                   (block counts; embedding with the first stage, head + loss with the last), each stage's
                   nn.Module built directly, ScheduleGPipe or Schedule1F1B with --microbatches.
@@ -25,7 +26,7 @@ Modes:
 Run on the GPU host (from the repository root):
   python3 tools/peer/gpt_peer.py --mode=eager
   python3 tools/peer/gpt_peer.py --mode=infer
-  torchrun --standalone --nproc_per_node=2 tools/peer/gpt_peer.py --mode=ddp
+  torchrun --standalone --nproc_per_node=2 tools/peer/gpt_peer.py --mode=ddp [--compile --warmup=6]
   torchrun --standalone --nproc_per_node=2 tools/peer/gpt_peer.py --mode=pipeline --schedule=1f1b \
       --microbatches=8 --split=12,12
   torchrun --standalone --nproc_per_node=2 tools/peer/gpt_peer.py --mode=infer-pipeline \
@@ -89,7 +90,11 @@ def parse_args(argv=None):
     p.add_argument("--infer-batch", type=int, default=64, help="inference: sequences per step")
     p.add_argument("--infer-chunk", type=int, default=16, help="infer: sequences per forward")
     p.add_argument("--compile", action="store_true",
-                   help="eager, infer: torch.compile the model (what a user who wants one-GPU speed runs)")
+                   help="eager, infer: torch.compile the model (what a user who wants one-GPU speed runs); "
+                        "ddp: compile the module, then wrap it in DDP")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="with --compile: torch.compile's backend (the tests use aot_eager: the same graphs, "
+                        "forward and backward, without Inductor's code generation)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -102,6 +107,8 @@ def parse_args(argv=None):
             setattr(a, k, v)
     if a.hidden % a.heads:
         p.error(f"--hidden {a.hidden} is not divisible by --heads {a.heads}")
+    if a.compile and a.mode not in ("eager", "infer", "ddp"):
+        p.error(f"--compile applies to --mode eager, infer and ddp, not {a.mode}")
     if a.steps < 1 or a.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
     return a
@@ -293,7 +300,7 @@ def main(argv=None):
         model = GPTStage(a, 0, a.layers, True, True, device)
         opt = make_optimizer(a, model.parameters())
         xs, ys = x_all.chunk(M), y_all.chunk(M)
-        fwd = torch.compile(model) if a.compile else model
+        fwd = torch.compile(model, backend=a.compile_backend) if a.compile else model
 
         def step():
             total = 0.0
@@ -317,6 +324,11 @@ def main(argv=None):
         n_mb = per_rank // mb
         microbatches = n_mb
         model = GPTStage(a, 0, a.layers, True, True, device)
+        if a.compile:
+            # Compile the inner module, then wrap it: PyTorch's advice ("Where to apply torch.compile?").
+            # Dynamo's DDPOptimizer splits the graph at DDP's bucket boundaries, so the all-reduces still
+            # overlap the backward.
+            model.compile(backend=a.compile_backend)
         ddp = DDP(model, device_ids=[local_rank] if cuda else None)
         opt = make_optimizer(a, ddp.parameters())
         xs = x_all[rank * per_rank:(rank + 1) * per_rank].chunk(n_mb)
@@ -402,7 +414,7 @@ def main(argv=None):
         microbatches = a.infer_batch // a.infer_chunk
         model = GPTStage(a, 0, a.layers, True, True, device).eval()
         xs = x_all.split(a.infer_chunk)
-        fwd = torch.compile(model) if a.compile else model
+        fwd = torch.compile(model, backend=a.compile_backend) if a.compile else model
 
         def step():
             with torch.no_grad(), amp():
@@ -462,6 +474,7 @@ def main(argv=None):
     loss = None if math.isnan(loss) else loss
 
     if rank == 0:
+        from torch._dynamo.utils import counters as dynamo_counters
         flops = step_flops(a, nseq) / (3 if infer else 1)
         result = {
             "mode": a.mode,
@@ -475,6 +488,8 @@ def main(argv=None):
             "peak_gib": [round(p, 3) if p >= 0 else None for p in peaks],
             "loss": loss,
             "compile": bool(a.compile),
+            "compile_backend": a.compile_backend if a.compile else None,
+            "graphs": dynamo_counters["stats"]["unique_graphs"],  # Dynamo's compiled graphs
             "warmup_s": round(warmup_s, 2),
             "device": torch.cuda.get_device_name(device) if cuda else "cpu",
             "torch": torch.__version__,

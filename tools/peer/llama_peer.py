@@ -3,7 +3,8 @@
 on the same GPU host as stagehand's tinyllama-1.1b.
 
 The measurement mirrors tools/peer/gpt_peer.py: warm-up steps (3 eager, 6 compiled), then the mean of
-8 timed steps between torch.cuda.synchronize calls; peak torch.cuda.max_memory_allocated after them.
+8 timed steps between torch.cuda.synchronize calls (under torchrun after a dist.barrier, and the slowest
+rank's mean, by an all-reduce MAX); peak torch.cuda.max_memory_allocated per rank after them.
 Training: bf16 autocast over fp32 parameters, fused AdamW (lr 1e-4, betas (0.9, 0.95), weight decay
 0.1, eps 1e-8), GB sequences as --microbatches micro-batches with gradient accumulation, loss = mean
 token cross-entropy of the logits in fp32 against the next token (as stagehand computes it). Inference:
@@ -11,13 +12,21 @@ forward only (eval, no_grad, autocast, no KV cache) over --infer-batch sequences
 --infer-chunk. Random weights and one fixed batch of random tokens, reused every step.
 
 Modes:
-  train   python3 tools/peer/llama_peer.py --mode=train [--compile]
-  infer   python3 tools/peer/llama_peer.py --mode=infer [--compile]
-On a machine without a GPU: add `--device cpu --preset tiny --global-batch 8` (fp32, no autocast).
-Prints one line `RESULT {json}` at the end: mode, compile, step_s, tokens_per_s, peak_gib, loss,
-warmup_s (the warm-up steps' wall time: compilation included), sizes.
+  train   1 GPU: python3 tools/peer/llama_peer.py --mode=train [--compile]
+  infer   1 GPU: python3 tools/peer/llama_peer.py --mode=infer [--compile]
+  ddp     torchrun --standalone --nproc_per_node=2 tools/peer/llama_peer.py --mode=ddp [--compile]:
+          DistributedDataParallel as gpt_peer.py's ddp mode, GB/world sequences per rank as
+          micro-batches of --ddp-microbatch (8), no_sync for all but the last, the same optimizer; with
+          --compile the module is compiled (module.compile()) and then wrapped in DDP, as PyTorch
+          advises, so that Dynamo's DDPOptimizer splits the graph at DDP's buckets.
+On a machine without a GPU: add `--device cpu --preset tiny --global-batch 8` (fp32, no autocast; gloo
+under torchrun). Rank 0 prints one line `RESULT {json}` at the end: mode, compile, world, microbatches,
+step_s, tokens_per_s, peak_gib (per rank; null on CPU), loss (last step's; the mean over ranks under
+DDP), warmup_s (the warm-up steps' wall time: compilation included), graphs (Dynamo's compiled graphs),
+sizes.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -28,6 +37,7 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 PRESETS = {
@@ -39,19 +49,28 @@ PRESETS = {
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", required=True, choices=("train", "infer"))
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--mode", required=True, choices=("train", "infer", "ddp"))
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (ddp: compile the module, then wrap it in DDP)")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="with --compile: torch.compile's backend (the tests use aot_eager: the same graphs, "
+                        "forward and backward, without Inductor's code generation)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--preset", default="tinyllama", choices=sorted(PRESETS))
     p.add_argument("--global-batch", type=int, default=32)
-    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--microbatches", type=int, default=4, help="train: micro-batches per step")
+    p.add_argument("--ddp-microbatch", type=int, default=8, help="ddp: sequences per micro-batch per rank")
     p.add_argument("--infer-batch", type=int, default=64)
     p.add_argument("--infer-chunk", type=int, default=16)
     p.add_argument("--warmup", type=int, default=None, help="default 3, or 6 with --compile")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--print-loss", action="store_true",
+                   help="print every step's loss to stderr (syncs each step: for tests, not timing)")
     a = p.parse_args(argv)
+    if a.steps < 1 or (a.warmup is not None and a.warmup < 0):
+        p.error("--steps must be >= 1 and --warmup >= 0")
     if a.warmup is None:
         a.warmup = 6 if a.compile else 3
     for k, v in PRESETS[a.preset].items():
@@ -74,13 +93,42 @@ def build(a, device):
 def main(argv=None):
     a = parse_args(argv)
     cuda = a.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        sys.exit("no CUDA device; use --device cpu")
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    model = build(a, device)
-    fwd = torch.compile(model) if a.compile else model
+    distributed = a.mode == "ddp"
+    if not distributed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.exit(f"--mode={a.mode} is single-process; run it with python3, not torchrun")
+    if distributed and "RANK" not in os.environ:
+        sys.exit("--mode=ddp needs torchrun (e.g. torchrun --standalone --nproc_per_node=2 ...)")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        if not torch.cuda.is_available():
+            sys.exit("no CUDA device; use --device cpu")
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if distributed:
+        if cuda:
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = 0, 1
     infer = a.mode == "infer"
     nseq = a.infer_batch if infer else a.global_batch
+    # Checked before the model is built: a bad batch split costs no time.
+    if a.mode == "train" and nseq % a.microbatches:
+        sys.exit(f"--global-batch {nseq} is not divisible by --microbatches {a.microbatches}")
+    if infer and nseq % a.infer_chunk:
+        sys.exit(f"--infer-batch {nseq} is not divisible by --infer-chunk {a.infer_chunk}")
+    if distributed:
+        if nseq % world:
+            sys.exit(f"--global-batch {nseq} is not divisible by the world size {world}")
+        per_rank = nseq // world
+        mb = min(a.ddp_microbatch, per_rank)
+        if per_rank % mb:
+            sys.exit(f"{per_rank} sequences per rank are not divisible by --ddp-microbatch {mb}")
+    model = build(a, device)  # the same seed on every rank; DDP broadcasts rank 0's weights anyway
     g = torch.Generator().manual_seed(a.seed)
     tokens = torch.randint(0, a.vocab, (nseq, a.seq + 1), generator=g).to(device)
     x_all, y_all = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -89,20 +137,27 @@ def main(argv=None):
     def amp():
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
 
+    def ce(logits, y):
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+
+    def optimizer():
+        return torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                 fused=cuda)
+
     if infer:
+        fwd = torch.compile(model, backend=a.compile_backend) if a.compile else model
         model.eval()
         xs = x_all.split(a.infer_chunk)
+        microbatches = len(xs)
 
         def step():
             with torch.no_grad(), amp():
                 for x in xs:
                     fwd(input_ids=x).logits
-    else:
-        M = a.microbatches
-        if nseq % M:
-            sys.exit(f"--global-batch {nseq} is not divisible by --microbatches {M}")
-        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                                fused=cuda)
+    elif a.mode == "train":
+        fwd = torch.compile(model, backend=a.compile_backend) if a.compile else model
+        M = microbatches = a.microbatches
+        opt = optimizer()
         xs, ys = x_all.chunk(M), y_all.chunk(M)
 
         def step():
@@ -110,43 +165,99 @@ def main(argv=None):
             for x, y in zip(xs, ys):
                 with amp():
                     logits = fwd(input_ids=x).logits
-                loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+                loss = ce(logits, y)
                 (loss / M).backward()
                 total = total + loss.detach()
             opt.step()
             opt.zero_grad(set_to_none=True)
             last_loss[0] = total / M
+    else:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        n_mb = microbatches = per_rank // mb
+        if a.compile:
+            # Compile the inner module, then wrap it: PyTorch's advice ("Where to apply torch.compile?").
+            model.compile(backend=a.compile_backend)
+        ddp = DDP(model, device_ids=[local_rank] if cuda else None)
+        opt = optimizer()
+        xs = x_all[rank * per_rank:(rank + 1) * per_rank].chunk(n_mb)
+        ys = y_all[rank * per_rank:(rank + 1) * per_rank].chunk(n_mb)
+
+        def step():
+            total = 0.0
+            for i, (x, y) in enumerate(zip(xs, ys)):
+                # Gradients are all-reduced once, in the last micro-batch's backward.
+                with ddp.no_sync() if i < n_mb - 1 else contextlib.nullcontext():
+                    with amp():
+                        logits = ddp(input_ids=x).logits
+                    loss = ce(logits, y)
+                    (loss / n_mb).backward()
+                total = total + loss.detach()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            last_loss[0] = total / n_mb
 
     def sync():
         if cuda:
             torch.cuda.synchronize()
 
+    def show(i):
+        if a.print_loss and last_loss[0] is not None:
+            print(f"rank {rank} step {i} loss {float(last_loss[0]):.6f}", file=sys.stderr, flush=True)
+
     t_start = time.perf_counter()
-    for _ in range(a.warmup):
+    for i in range(a.warmup):
         step()
+        show(i)
     sync()
     warmup_s = time.perf_counter() - t_start
+    if distributed:
+        dist.barrier()
+    sync()
     t0 = time.perf_counter()
-    for _ in range(a.steps):
+    for i in range(a.steps):
         step()
+        show(a.warmup + i)
     sync()
     step_s = (time.perf_counter() - t0) / a.steps
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
-    result = {
-        "mode": a.mode,
-        "compile": bool(a.compile),
-        "step_s": round(step_s, 6),
-        "tokens_per_s": round(nseq * a.seq / step_s, 1),
-        "peak_gib": [round(peak, 3) if peak is not None else None],
-        "loss": None if last_loss[0] is None else float(last_loss[0]),
-        "warmup_s": round(warmup_s, 2),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "torch": torch.__version__,
-        "sizes": {"V": a.vocab, "H": a.hidden, "L": a.layers, "NH": a.heads, "KV": a.kv_heads, "F": a.ffn,
-                  "S": a.seq, "batch": nseq, "warmup": a.warmup, "steps": a.steps},
-    }
-    print("RESULT " + json.dumps(result), flush=True)
+
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else -1.0
+    loss = None if last_loss[0] is None else float(last_loss[0])
+    if distributed:
+        t = torch.tensor([step_s], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        step_s = float(t)
+        peaks = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
+        dist.all_gather(peaks, torch.tensor([peak], dtype=torch.float64, device=device))
+        peaks = [float(p) for p in peaks]
+        loss_t = torch.tensor([loss], dtype=torch.float64, device=device)
+        dist.all_reduce(loss_t)
+        loss = float(loss_t) / world
+    else:
+        peaks = [peak]
+    if rank == 0:
+        from torch._dynamo.utils import counters
+        result = {
+            "mode": a.mode,
+            "compile": bool(a.compile),
+            "compile_backend": a.compile_backend if a.compile else None,
+            "graphs": counters["stats"]["unique_graphs"],
+            "world": world,
+            "microbatches": microbatches,
+            "step_s": round(step_s, 6),
+            "tokens_per_s": round(nseq * a.seq / step_s, 1),
+            "peak_gib": [round(p, 3) if p >= 0 else None for p in peaks],
+            "loss": loss,
+            "warmup_s": round(warmup_s, 2),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "torch": torch.__version__,
+            "sizes": {"V": a.vocab, "H": a.hidden, "L": a.layers, "NH": a.heads, "KV": a.kv_heads, "F": a.ffn,
+                      "S": a.seq, "batch": nseq, "warmup": a.warmup, "steps": a.steps},
+        }
+        print("RESULT " + json.dumps(result), flush=True)
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
