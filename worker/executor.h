@@ -147,6 +147,8 @@ class Executor {
   void Capture();
   torch::Tensor Tokens(int mb, bool targets);
   void LoadBatch(const TokenSource& from, int64_t step, int64_t index, bool targets);
+  torch::Tensor FetchBatch(const TokenSource& from, int64_t step, int64_t index) const;
+  void PrefetchBatch(const TokenSource& from, int64_t step, int64_t index);
   Slot& At(int chunk, int mb);
   bool First(int chunk) const;
   bool Last(int chunk) const;
@@ -169,6 +171,11 @@ class Executor {
   std::vector<Slot> slots_;       // [chunk * m + mb]
   torch::Tensor loss_sum_;
   torch::Tensor batch_;           // the step's global batch of tokens, on the device
+  // The next step's batch, fetched while the GPU still ran this step's kernels (PrefetchBatch), and
+  // which (source, step, index) it is.
+  torch::Tensor next_batch_;
+  const TokenSource* next_from_ = nullptr;
+  int64_t next_step_ = -1, next_index_ = -1;
   StepTimer timer_;
   bool graphs_ = false;           // CUDA graphs wanted; captured at the start of step 1 (step 0 warms up)
   bool captured_ = false;
