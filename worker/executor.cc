@@ -222,11 +222,11 @@ void Executor::LoadBatch(const TokenSource& from, int64_t step, int64_t index, b
   if (!needs) return;
   if (next_batch_.defined() && next_from_ == &from && next_step_ == step && next_index_ == index) {
     batch_ = std::move(next_batch_);
+    next_batch_ = torch::Tensor();
+    next_from_ = nullptr;
   } else {
-    batch_ = FetchBatch(from, step, index);
+    batch_ = FetchBatch(from, step, index);  // an evaluation's batch leaves the training step's prefetch be
   }
-  next_batch_ = torch::Tensor();
-  next_from_ = nullptr;
 }
 
 torch::Tensor Executor::FetchBatch(const TokenSource& from, int64_t step, int64_t index) const {

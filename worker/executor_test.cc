@@ -163,6 +163,40 @@ TEST(ExecutorTest, Step_SingleRank1F1B_CallsStageInListOrder) {
   for (size_t i = 0; i < after.size(); ++i) EXPECT_FALSE(torch::equal(after[i], before[i])) << "parameter " << i;
 }
 
+// A TokenSource that records which (step, index) batches it was asked for.
+class RecordingSource : public TokenSource {
+ public:
+  explicit RecordingSource(std::unique_ptr<TokenSource> inner) : inner_(std::move(inner)) {}
+  at::Tensor Batch(int64_t step, int64_t index, int64_t batch) const override {
+    asked_.emplace_back(step, index);
+    return inner_->Batch(step, index, batch);
+  }
+  const TokenSource& inner() const { return *inner_; }
+  const std::vector<std::pair<int64_t, int64_t>>& asked() const { return asked_; }
+
+ private:
+  std::unique_ptr<TokenSource> inner_;
+  mutable std::vector<std::pair<int64_t, int64_t>> asked_;
+};
+
+// Each step's batch is made once, at the end of the step before (PrefetchBatch), and it is that step's:
+// the stage sees the step's own tokens in every micro-batch.
+TEST(ExecutorTest, Step_NextBatchMadeAtTheEndOfAStep_IsTheNextStepsOwn) {
+  absl::StatusOr<Schedule> s = MakeSchedule("1f1b", 1, 4);
+  ASSERT_TRUE(s.ok()) << s.status();
+  RecordingSource data(Data());
+  auto rank = MakeRank(*s, 0, {{0, kModel.num_layers}}, &data, nullptr);
+  for (int step = 0; step < 3; ++step) {
+    rank->stages[0]->set_identify(IdentifyTokens(data.inner(), step, 4));
+    const size_t before = rank->stages[0]->calls().size();
+    ASSERT_TRUE(rank->executor->Step(step).ok());
+    const std::vector<FakeCall> calls(rank->stages[0]->calls().begin() + before, rank->stages[0]->calls().end());
+    EXPECT_EQ(ToString(calls), "F0 L0 B0 F1 L1 B1 F2 L2 B2 F3 L3 B3") << "step " << step;
+  }
+  const std::vector<std::pair<int64_t, int64_t>> want = {{0, 0}, {1, 0}, {2, 0}, {3, 0}};
+  EXPECT_EQ(data.asked(), want) << "step 0's batch at its start, then each next one at the end of a step";
+}
+
 TEST(ExecutorTest, Step_TwoRanksOverFakeTransport_MatchesOneRank) {
   constexpr int kM = 4, kSteps = 2;
   for (const std::string name : {"gpipe", "1f1b"}) {

@@ -48,6 +48,7 @@ struct NormBackwardShape {
 
 // NormBackwardShape<kVecs>::kBlocksPerSm for a row length (host side).
 int NormBlocksPerSm(int64_t cols) {
+  if (cols < 8) return 2;  // a length the kernel does not take (NormBackwardSupports)
   const int64_t per_row = cols / 8, rows = per_row >= 256 ? 1 : 256 / per_row, threads = rows * per_row;
   return 1024 / threads > 1 ? static_cast<int>(1024 / threads) : 2;
 }

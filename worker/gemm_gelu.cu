@@ -5,7 +5,6 @@
 
 #include <cuda_runtime.h>
 
-#include <mutex>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -54,20 +53,6 @@ int SmCount() {
   return sms;
 }
 
-// The kernels need no workspace for these schedules; should one ask, it gets a buffer kept for the process.
-void* Workspace(size_t bytes) {
-  static std::mutex mu;
-  static void* buffer = nullptr;
-  static size_t size = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (bytes <= size) return buffer;
-  if (buffer != nullptr) cudaFree(buffer);
-  buffer = nullptr;
-  size = 0;
-  if (cudaMalloc(&buffer, bytes) != cudaSuccess) return nullptr;
-  size = bytes;
-  return buffer;
-}
 
 template <class C>
 cudaError_t Run(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* a, uint16_t* h, int m, int n,
@@ -95,14 +80,17 @@ cudaError_t Run(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint
     fusion.aux_ptr = reinterpret_cast<Bf16*>(h);
     fusion.dAux = sd;
   }
-  args.hw_info.device_id = 0;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return cudaErrorInvalidDevice;
+  args.hw_info.device_id = device;
   args.hw_info.sm_count = sms;
   args.scheduler.max_swizzle_size = swizzle;
   Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  const size_t bytes = Gemm::get_workspace_size(args);
-  void* workspace = bytes == 0 ? nullptr : Workspace(bytes);
-  if (bytes != 0 && workspace == nullptr) return cudaErrorMemoryAllocation;
+  // These schedules need no workspace. One that did would need memory ordered with the stream and legal
+  // under graph capture (the caller's allocator): refused rather than improvised here.
+  if (Gemm::get_workspace_size(args) != 0) return cudaErrorNotSupported;
+  void* workspace = nullptr;
   if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
   if (gemm.run(stream) != cutlass::Status::kSuccess) {
     const cudaError_t e = cudaGetLastError();

@@ -24,7 +24,8 @@ bool GemmGeluSupports(int64_t m, int64_t n, int64_t k);
 // accumulates in fp32; bias and GELU (erf) are applied to the fp32 sum, and a and h are rounded to bf16
 // once. Every pointer 16-byte aligned. `variant` picks a tile configuration (0: the default; others for
 // the microbenchmark, GemmGeluVariants() of them). cudaErrorInvalidValue for a shape or pointer it does
-// not take, cudaErrorNotSupported off sm_90; otherwise the launch's error.
+// not take, cudaErrorNotSupported off sm_90 (or for a schedule that would need a workspace); in both
+// cases nothing was queued. Otherwise the launch's error.
 cudaError_t GemmBiasGelu(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* a, uint16_t* h,
                          int64_t m, int64_t n, int64_t k, cudaStream_t stream, int variant = 0);
 

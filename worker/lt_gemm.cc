@@ -110,7 +110,7 @@ int FastestAlgorithm(const LtApi& api, cublasLtHandle_t handle, const Plan& plan
     return 0;
   }
   const float alpha = 1.0f, beta = 1.0f;
-  int best = 0;
+  int best = -1;  // none ran yet
   float best_ms = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     auto run = [&] {
@@ -124,14 +124,14 @@ int FastestAlgorithm(const LtApi& api, cublasLtHandle_t handle, const Plan& plan
     cudaEventRecord(stop, o.stream);
     float ms = 0;
     if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) break;
-    if (i == 0 || ms < best_ms) {
+    if (best < 0 || ms < best_ms) {
       best = static_cast<int>(i);
       best_ms = ms;
     }
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  return best;
+  return best < 0 ? 0 : best;  // none ran: the heuristic's first choice (its error shows at the call)
 }
 
 std::shared_ptr<Plan> MakePlan(const PlanKey& key, const Operands& operands) {

@@ -25,9 +25,10 @@ bool LtAvailable();
 // d[m, n] = x[m, k] w[n, k]^T + bias[n] + c[m, n], row-major and contiguous: x and w bf16 (as raw
 // bits), bias (may be null), c and d fp32; d may equal c. Computed in fp32 (CUBLAS_COMPUTE_32F).
 // Returns "" when the product was queued on `stream`, else why not (nothing was queued then: the
-// caller falls back to ATen). Plans (descriptors and the fastest of the heuristic's first eight
-// algorithms, timed on the first call's operands outside graph capture) are cached per shape,
-// alignment and bias pointer.
+// caller computes the sum another way; DenseImpl::ForwardResidual's falls back to ATen). Plans
+// (descriptors and the fastest of the heuristic's first eight algorithms, timed on the first call's
+// operands outside graph capture) are cached per shape, alignment and bias pointer; a shape cuBLASLt
+// refuses is refused again without asking.
 std::string LtLinearAddFp32(void* lt_handle, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                             const void* x, const void* w, const float* bias, const float* c, float* d, int64_t m,
                             int64_t n, int64_t k);

@@ -25,6 +25,9 @@
 namespace stagehand {
 namespace {
 
+// Whether a tensor's data start on a 16-byte boundary (our kernels move 16 bytes at a time).
+bool Aligned16(const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
 // Where Dense backward sends its weight gradients instead of .grad (DeferWeightGrads), or null.
 std::atomic<WeightGradQueue*> deferred_queue{nullptr};
 
@@ -143,23 +146,23 @@ class LinearHeadsFunction : public torch::autograd::Function<LinearHeadsFunction
   }
 };
 
-// skip + x W^T + b in one cuBLASLt GEMM (DenseImpl::ForwardResidual): x and W in bf16, b and skip in
-// fp32 (b is the fp32 parameter in training, the bf16 one upcast where inference lowered it), the sum
-// accumulated and written in fp32. Autocast's "skip + linear(x)" rounds the branch to bf16 before the
-// add; this adds it in fp32 (the stream differs by bf16 rounding of the branch).
-torch::Tensor LinearResidual(const torch::Tensor& x, const torch::Tensor& skip, const std::optional<torch::Tensor>& bias,
+// skip + x W^T + b in one cuBLASLt GEMM (DenseImpl::ForwardResidual): x and W in bf16, b (bias_f32,
+// may be undefined) and skip in fp32, the sum accumulated and written in fp32. Autocast's "skip +
+// linear(x)" rounds the branch to bf16 before the add; this adds it in fp32 (the stream differs by bf16
+// rounding of the branch). Where cuBLASLt refuses the product (lt_gemm.h: nothing was queued then), the
+// same sum from ATen's bf16 GEMM.
+torch::Tensor LinearResidual(const torch::Tensor& x, const torch::Tensor& skip, const torch::Tensor& bias_f32,
                              const torch::Tensor& weight_c) {
   const int64_t out = weight_c.size(0), in = weight_c.size(1), rows = x.numel() / in;
   torch::Tensor y = torch::empty(skip.sizes(), skip.options());
-  torch::Tensor bias_f32;
-  if (bias.has_value()) bias_f32 = bias->scalar_type() == torch::kFloat32 ? *bias : bias->to(torch::kFloat32);
   const std::string error = LtLinearAddFp32(
       at::cuda::getCurrentCUDABlasLtHandle(), at::cuda::getCUDABlasLtWorkspace(), at::cuda::getCUDABlasLtWorkspaceSize(),
       at::cuda::getCurrentCUDAStream(), x.data_ptr(), weight_c.data_ptr(),
       bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, skip.data_ptr<float>(), y.data_ptr<float>(), rows, out,
       in);
-  TORCH_CHECK(error.empty(), "the residual GEMM: ", error, " (--model_option=fused_residual_gemm=false runs without it)");
-  return y;
+  if (error.empty()) return y;
+  torch::Tensor sum = skip + at::linear(x, weight_c).to(torch::kFloat32);
+  return bias_f32.defined() ? sum + bias_f32 : sum;
 }
 
 // LinearResidual under autograd: the backward is LinearFunction's, and skip's gradient is the output's.
@@ -169,7 +172,9 @@ class LinearResidualFunction : public torch::autograd::Function<LinearResidualFu
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& skip,
                                const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
                                const torch::Tensor& weight_c, bool fused_bias_grad) {
-    torch::Tensor y = LinearResidual(x, skip, bias, weight_c);
+    torch::Tensor bias_f32;  // the fp32 parameter (training keeps fp32 masters), or its upcast
+    if (bias.has_value()) bias_f32 = bias->scalar_type() == torch::kFloat32 ? *bias : bias->to(torch::kFloat32);
+    torch::Tensor y = LinearResidual(x, skip, bias_f32, weight_c);
     ctx->save_for_backward({x, weight_c});
     ctx->saved_data["weight"] = weight;
     ctx->saved_data["has_bias"] = bias.has_value();
@@ -237,7 +242,7 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
 // Whether the one-GEMM forward (gemm_gelu.h) takes x [.., in] W[out, in] and b [out]: bf16, contiguous
 // and aligned on an sm_90 GPU, in shapes its TMA loads take.
 bool GemmGeluTakes(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const auto aligned = Aligned16;
   auto bf16 = [&](const torch::Tensor& t) {
     return t.is_cuda() && t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && aligned(t);
   };
@@ -260,8 +265,9 @@ std::pair<torch::Tensor, torch::Tensor> LinearGeluForward(const torch::Tensor& x
     auto bits = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
     const cudaError_t e = GemmBiasGelu(bits(x), bits(w), bits(b), bits(a), keep_h ? bits(h) : nullptr, m, n, k,
                                        at::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(e == cudaSuccess, "GemmBiasGelu: ", cudaGetErrorString(e));
-    return {a, h};
+    if (e == cudaSuccess) return {a, h};
+    // InvalidValue / NotSupported: refused before anything was queued; ATen's path below instead.
+    TORCH_CHECK(e == cudaErrorInvalidValue || e == cudaErrorNotSupported, "GemmBiasGelu: ", cudaGetErrorString(e));
   }
   torch::Tensor h = at::linear(x, w, b);
   torch::Tensor a = at::gelu(h);
@@ -272,7 +278,7 @@ std::pair<torch::Tensor, torch::Tensor> LinearGeluForward(const torch::Tensor& x
 // (gelu_kernels.h) for bf16 on CUDA, then a sum over its few partial rows; else ATen's.
 std::pair<torch::Tensor, torch::Tensor> GeluBackwardWithBias(const torch::Tensor& da, const torch::Tensor& h,
                                                              at::ScalarType db_dtype) {
-  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const auto aligned = Aligned16;
   auto takes = [&](const torch::Tensor& t) {
     return t.is_cuda() && t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && aligned(t);
   };
@@ -391,7 +397,7 @@ at::Generator LayerGenerator(uint64_t seed, int layer, const torch::Device& devi
 std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const torch::Tensor& x,
                                                 const torch::Tensor& weight, const torch::Tensor& mean,
                                                 const torch::Tensor& rstd, const torch::Tensor& residual) {
-  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const auto aligned = Aligned16;
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   if (!dy.defined() || !dy.is_cuda() || dy.scalar_type() != torch::kBFloat16 || !dy.is_contiguous() ||
       dy.sizes() != x.sizes() || !aligned(dy) || x.scalar_type() != torch::kFloat32 || !x.is_contiguous() ||
@@ -418,7 +424,7 @@ std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const t
 // that the GEMM would make; otherwise (CPU, fp32, inputs the kernel does not take) the LayerNorm module.
 // Whether the fused LayerNorm takes x (else the module runs).
 bool FusesLayerNorm(torch::nn::LayerNorm& ln, const torch::Tensor& x, bool fused) {
-  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const auto aligned = Aligned16;
   const bool fuse = fused && x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && aligned(x) &&
                     at::autocast::is_autocast_enabled(at::kCUDA) &&
                     at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && ln->weight.defined() &&
@@ -489,7 +495,6 @@ void SetDenseFusedBiasGrad(torch::nn::Module& root, bool on) {
 
 namespace {
 
-bool Aligned16(const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // Whether the column-sum kernels take x [rows, cols] of `dtype` (else the callers use ATen).
 bool ColumnKernelTakes(const torch::Tensor& x, at::ScalarType dtype) {
@@ -588,7 +593,11 @@ torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Te
   if (bias.defined()) bias_param = bias;
   if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || skip.requires_grad() || weight.requires_grad())) {
     torch::NoGradGuard no_grad;
-    return LinearResidual(xc, skip, bias_param, w);
+    // Inference lowers the bias to bf16 (LowerDenseWeights): its fp32 copy is made once and kept, so
+    // the product's plan (keyed by the bias's address, lt_gemm.h) is made once too.
+    torch::Tensor bias_f32;
+    if (bias.defined()) bias_f32 = bias.scalar_type() == torch::kFloat32 ? bias : bias_f32_cast_.Get(bias, torch::kFloat32);
+    return LinearResidual(xc, skip, bias_f32, w);
   }
   return LinearResidualFunction::apply(xc, skip, weight, bias_param, w, fused_bias_grad_);
 }

@@ -114,6 +114,7 @@ class DenseImpl : public torch::nn::Module {
 
  private:
   CastCache weight_cast_, bias_cast_;
+  CastCache bias_f32_cast_;  // ForwardResidual's fp32 bias where inference lowered the bias to bf16
   bool fused_bias_grad_ = true;
 };
 TORCH_MODULE(Dense);

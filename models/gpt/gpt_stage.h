@@ -51,7 +51,8 @@ struct GptConfig {
   bool fused_residual_gemm = true;
   // The linear layers' bias gradients are summed in the pass that makes their bf16 dy: the qkv
   // projection's in the assembly of the q, k, v gradients (DenseImpl::ForwardHeads), proj's and fc2's
-  // with the cast of the residual stream's fp32 gradient (CastWithColumnSums), fc1's by ColumnSums
+  // with the cast of the residual stream's fp32 gradient (CastWithColumnSums), and fc1's by ColumnSums
+  // where fused_gelu is off (with it on, the GELU backward kernel sums it, whatever this says)
   // (--model_option=fused_bias_grad=false: ATen's copies, cast and reduce).
   bool fused_bias_grad = true;
 

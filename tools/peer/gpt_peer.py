@@ -444,13 +444,6 @@ def main(argv=None):
         show(a.warmup + i)
     sync()
     step_s = (time.perf_counter() - t0) / a.steps
-    if os.environ.get("PEER_KERNEL_TRACE") and not distributed:
-        # A developer's kernel trace of one more step (bench/probes/trace_summary.py reads it).
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            step()
-            sync()
-        prof.export_chrome_trace(os.environ["PEER_KERNEL_TRACE"])
 
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else -1.0
     loss_t = torch.tensor([float("nan") if last_loss[0] is None else float(last_loss[0])],
@@ -473,6 +466,13 @@ def main(argv=None):
     loss = float(loss_t)
     loss = None if math.isnan(loss) else loss
 
+    if os.environ.get("PEER_KERNEL_TRACE") and not distributed:
+        # A developer's kernel trace of one more step, after the figures above were read (bench/probes/trace_summary.py reads it).
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+            sync()
+        prof.export_chrome_trace(os.environ["PEER_KERNEL_TRACE"])
     if rank == 0:
         from torch._dynamo.utils import counters as dynamo_counters
         flops = step_flops(a, nseq) / (3 if infer else 1)
