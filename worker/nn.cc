@@ -83,6 +83,29 @@ torch::Tensor LinearInputAndWeightGrads(torch::autograd::AutogradContext* ctx, c
   return dx;
 }
 
+// What a linear layer's backward needs (LinearBackward), saved by its forward.
+void SaveLinear(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                const torch::Tensor& weight_c, bool has_bias, bool fused_bias_grad) {
+  ctx->save_for_backward({x, weight_c});
+  ctx->saved_data["weight"] = weight;
+  ctx->saved_data["has_bias"] = has_bias;
+  ctx->saved_data["fused_bias_grad"] = fused_bias_grad;
+}
+
+// {dx, db} of a linear layer from its output's gradient and what SaveLinear kept, the weight's gradient
+// into .grad (or queued); x_index, weight_index and bias_index are those inputs' places in the forward.
+std::pair<torch::Tensor, torch::Tensor> LinearBackward(torch::autograd::AutogradContext* ctx,
+                                                       const torch::Tensor& grad, int x_index, int weight_index,
+                                                       int bias_index) {
+  const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  const torch::Tensor &x = saved[0], &weight_c = saved[1];
+  torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+  const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(bias_index);
+  auto [dy, db] = GradientAndBiasGrad(grad, weight_c.scalar_type(), weight.scalar_type(), weight_c.size(0), bias,
+                                      ctx->saved_data["fused_bias_grad"].toBool());
+  return {LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, x_index, weight_index), db};
+}
+
 // y = x W^T + b with x, W and b already in the compute dtype, whose backward adds the weight gradient
 // into the fp32 parameter's .grad itself (and so returns none for it).
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
@@ -93,21 +116,12 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
                                const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
                                const torch::Tensor& weight_c, const std::optional<torch::Tensor>& bias_c,
                                bool fused_bias_grad) {
-    ctx->save_for_backward({x, weight_c});
-    ctx->saved_data["weight"] = weight;
-    ctx->saved_data["has_bias"] = bias.has_value();
-    ctx->saved_data["fused_bias_grad"] = fused_bias_grad;
+    SaveLinear(ctx, x, weight, weight_c, bias.has_value(), fused_bias_grad);
     return at::linear(x, weight_c, bias_c);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &x = saved[0], &weight_c = saved[1];
-    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
-    const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
-    auto [dy, db] = GradientAndBiasGrad(grads[0], weight_c.scalar_type(), weight.scalar_type(), weight_c.size(0), bias,
-                                        ctx->saved_data["fused_bias_grad"].toBool());
-    torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 1);
+    auto [dx, db] = LinearBackward(ctx, grads[0], /*x=*/0, /*weight=*/1, /*bias=*/2);
     return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -175,21 +189,12 @@ class LinearResidualFunction : public torch::autograd::Function<LinearResidualFu
     torch::Tensor bias_f32;  // the fp32 parameter (training keeps fp32 masters), or its upcast
     if (bias.has_value()) bias_f32 = bias->scalar_type() == torch::kFloat32 ? *bias : bias->to(torch::kFloat32);
     torch::Tensor y = LinearResidual(x, skip, bias_f32, weight_c);
-    ctx->save_for_backward({x, weight_c});
-    ctx->saved_data["weight"] = weight;
-    ctx->saved_data["has_bias"] = bias.has_value();
-    ctx->saved_data["fused_bias_grad"] = fused_bias_grad;
+    SaveLinear(ctx, x, weight, weight_c, bias.has_value(), fused_bias_grad);
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &x = saved[0], &weight_c = saved[1];
-    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
-    const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(3);
-    auto [dy, db] = GradientAndBiasGrad(grads[0], weight_c.scalar_type(), weight.scalar_type(), weight_c.size(0), bias,
-                                        ctx->saved_data["fused_bias_grad"].toBool());
-    torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 2);
+    auto [dx, db] = LinearBackward(ctx, grads[0], /*x=*/0, /*weight=*/2, /*bias=*/3);
     return {dx, ctx->needs_input_grad(1) ? grads[0] : torch::Tensor(), torch::Tensor(), db, torch::Tensor(),
             torch::Tensor()};
   }
@@ -448,43 +453,39 @@ std::pair<torch::Tensor, torch::Tensor> NormForGemmWithSkip(torch::nn::LayerNorm
   return {out[0], out[1]};
 }
 
-torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
+DenseImpl::Operands DenseImpl::InComputeDtype(const torch::Tensor& x) {
   const c10::DeviceType device = x.device().type();
   const bool autocast = at::autocast::is_autocast_enabled(device);
   const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
-  const torch::Tensor& w = dtype == weight.scalar_type() ? weight : weight_cast_.Get(weight, dtype);
-  std::optional<torch::Tensor> b, bias_param;
+  Operands o;
+  o.x = x.scalar_type() == dtype ? x : x.to(dtype);
+  o.w = dtype == weight.scalar_type() ? weight : weight_cast_.Get(weight, dtype);
   if (bias.defined()) {
-    b = dtype == bias.scalar_type() ? bias : bias_cast_.Get(bias, dtype);
-    bias_param = bias;
+    o.b = dtype == bias.scalar_type() ? bias : bias_cast_.Get(bias, dtype);
+    o.bias_param = bias;
   }
-  const torch::Tensor xc = x.scalar_type() == dtype ? x : x.to(dtype);
+  return o;
+}
+
+torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
+  const Operands o = InComputeDtype(x);
   // at::linear, not F::linear: for [B, S, in] inputs the C++ frontend's F::linear does a matmul and
   // then a separate bias add, where at::linear folds the bias into the GEMM as Python does.
-  if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || weight.requires_grad())) {
-    return at::linear(xc, w, b);
+  if (!torch::GradMode::is_enabled() || !(o.x.requires_grad() || weight.requires_grad())) {
+    return at::linear(o.x, o.w, o.b);
   }
-  return LinearFunction::apply(xc, weight, bias_param, w, b, fused_bias_grad_);
+  return LinearFunction::apply(o.x, weight, o.bias_param, o.w, o.b, fused_bias_grad_);
 }
 
 std::vector<torch::Tensor> DenseImpl::ForwardHeads(const torch::Tensor& x, int64_t heads) {
   TORCH_CHECK(x.dim() == 3 && weight.size(0) % (3 * heads) == 0, "ForwardHeads takes [B, S, in] into 3 x ", heads,
               " heads, got ", x.sizes(), " into ", weight.size(0));
-  const c10::DeviceType device = x.device().type();
-  const bool autocast = at::autocast::is_autocast_enabled(device);
-  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
-  const torch::Tensor xc = x.scalar_type() == dtype ? x : x.to(dtype);
-  if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || weight.requires_grad())) {
-    const torch::Tensor y = forward(x);
+  const Operands o = InComputeDtype(x);
+  if (!torch::GradMode::is_enabled() || !(o.x.requires_grad() || weight.requires_grad())) {
+    const torch::Tensor y = at::linear(o.x, o.w, o.b);
     return y.view({y.size(0), y.size(1), 3, heads, -1}).permute({2, 0, 3, 1, 4}).unbind(0);
   }
-  const torch::Tensor& w = dtype == weight.scalar_type() ? weight : weight_cast_.Get(weight, dtype);
-  std::optional<torch::Tensor> b, bias_param;
-  if (bias.defined()) {
-    b = dtype == bias.scalar_type() ? bias : bias_cast_.Get(bias, dtype);
-    bias_param = bias;
-  }
-  return LinearHeadsFunction::apply(xc, weight, bias_param, w, b, heads);
+  return LinearHeadsFunction::apply(o.x, weight, o.bias_param, o.w, o.b, heads);
 }
 
 void SetDenseFusedBiasGrad(torch::nn::Module& root, bool on) {
@@ -629,16 +630,11 @@ bool LowersDenseWeights(const JobSpec& job, const torch::Device& device, bool bf
 
 torch::Tensor DenseImpl::ForwardGelu(const torch::Tensor& x, bool fused, bool gemm) {
   if (!fused || !bias.defined()) return at::gelu(forward(x));
-  const c10::DeviceType device = x.device().type();
-  const bool autocast = at::autocast::is_autocast_enabled(device);
-  const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
-  const torch::Tensor& w = dtype == weight.scalar_type() ? weight : weight_cast_.Get(weight, dtype);
-  const torch::Tensor& b = dtype == bias.scalar_type() ? bias : bias_cast_.Get(bias, dtype);
-  const torch::Tensor xc = x.scalar_type() == dtype ? x : x.to(dtype);
-  if (!torch::GradMode::is_enabled() || !(xc.requires_grad() || weight.requires_grad() || bias.requires_grad())) {
-    return LinearGeluForward(xc, w, b, /*keep_h=*/false, gemm).first;
+  const Operands o = InComputeDtype(x);
+  if (!torch::GradMode::is_enabled() || !(o.x.requires_grad() || weight.requires_grad() || bias.requires_grad())) {
+    return LinearGeluForward(o.x, o.w, *o.b, /*keep_h=*/false, gemm).first;
   }
-  return LinearGeluFunction::apply(xc, weight, bias, w, b, gemm);
+  return LinearGeluFunction::apply(o.x, weight, bias, o.w, *o.b, gemm);
 }
 
 absl::Status SelectAttentionKernel(const std::string& kernel) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -113,6 +114,14 @@ class DenseImpl : public torch::nn::Module {
   torch::Tensor weight, bias;
 
  private:
+  // x, the weight and the bias in the compute dtype (autocast's, else the weight's): the parameters
+  // themselves where they already are in it, else their cached casts; bias_param the bias parameter.
+  struct Operands {
+    torch::Tensor x, w;
+    std::optional<torch::Tensor> b, bias_param;
+  };
+  Operands InComputeDtype(const torch::Tensor& x);
+
   CastCache weight_cast_, bias_cast_;
   CastCache bias_f32_cast_;  // ForwardResidual's fp32 bias where inference lowered the bias to bf16
   bool fused_bias_grad_ = true;
