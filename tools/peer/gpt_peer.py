@@ -45,7 +45,6 @@ import json
 import math
 import os
 import sys
-import time
 
 # NVLink multicast can take the shared GPUs out of service; keep it off unless the caller says otherwise.
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -56,6 +55,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peer_harness  # noqa: E402
 
 PRESETS = {
     "ref": dict(vocab=32768, hidden=2048, heads=16, layers=24, seq=1024),
@@ -95,7 +97,7 @@ def parse_args(argv=None):
     p.add_argument("--compile-backend", default="inductor",
                    help="with --compile: torch.compile's backend (the tests use aot_eager: the same graphs, "
                         "forward and backward, without Inductor's code generation)")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=None, help="default 3, or 6 with --compile (targets.md)")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=1234)
@@ -109,6 +111,8 @@ def parse_args(argv=None):
         p.error(f"--hidden {a.hidden} is not divisible by --heads {a.heads}")
     if a.compile and a.mode not in ("eager", "infer", "ddp"):
         p.error(f"--compile applies to --mode eager, infer and ddp, not {a.mode}")
+    if a.warmup is None:
+        a.warmup = 6 if a.compile else 3
     if a.steps < 1 or a.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
     return a
@@ -253,28 +257,9 @@ def step_flops(a, batch):
 
 def main(argv=None):
     a = parse_args(argv)
-    cuda = a.device == "cuda"
     distributed = a.mode in DIST_MODES
-    if not distributed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        sys.exit(f"--mode={a.mode} is single-process; run it with python3, not torchrun")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if cuda:
-        if not torch.cuda.is_available():
-            sys.exit("no CUDA device; use --device cpu")
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    if distributed:
-        if "RANK" not in os.environ:
-            sys.exit(f"--mode={a.mode} needs torchrun (e.g. torchrun --standalone --nproc_per_node=2 ...)")
-        if cuda:
-            dist.init_process_group("nccl", device_id=device)
-        else:
-            dist.init_process_group("gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
-    else:
-        rank, world = 0, 1
+    proc = peer_harness.start(a.mode, a.device, distributed)
+    cuda, device, local_rank, rank, world = proc.cuda, proc.device, proc.local_rank, proc.rank, proc.world
     use_amp = cuda  # CPU: fp32, no autocast
 
     def amp():
@@ -421,48 +406,20 @@ def main(argv=None):
                 for x in xs:
                     fwd(x)
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
     def show(i):
         if a.print_loss and last_loss[0] is not None:
             print(f"rank {rank} step {i} loss {float(last_loss[0]):.6f}", file=sys.stderr, flush=True)
 
-    t_start = time.perf_counter()
-    for i in range(a.warmup):
-        step()
-        show(i)
-    sync()
-    warmup_s = time.perf_counter() - t_start
-    if distributed:
-        dist.barrier()
-    sync()
-    t0 = time.perf_counter()
-    for i in range(a.steps):
-        step()
-        show(a.warmup + i)
-    sync()
-    step_s = (time.perf_counter() - t0) / a.steps
-
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else -1.0
+    step_s, warmup_s = peer_harness.measure(proc, step, a.warmup, a.steps, show)
+    peaks = peer_harness.peaks(proc)
     loss_t = torch.tensor([float("nan") if last_loss[0] is None else float(last_loss[0])],
                           dtype=torch.float64, device=device)
-    if distributed:
-        t = torch.tensor([step_s], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        step_s = float(t)
-        peaks = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
-        dist.all_gather(peaks, torch.tensor([peak], dtype=torch.float64, device=device))
-        peaks = [float(p) for p in peaks]
-        # The loss lives on the last stage (pipeline) or is averaged over ranks (ddp).
-        if a.mode == "pipeline":
-            dist.broadcast(loss_t, src=world - 1)
-        elif a.mode == "ddp":
-            dist.all_reduce(loss_t)
-            loss_t /= world
-    else:
-        peaks = [peak]
+    # The loss lives on the last stage (pipeline) or is averaged over ranks (ddp).
+    if a.mode == "pipeline":
+        dist.broadcast(loss_t, src=world - 1)
+    elif a.mode == "ddp":
+        dist.all_reduce(loss_t)
+        loss_t /= world
     loss = float(loss_t)
     loss = None if math.isnan(loss) else loss
 
@@ -471,7 +428,7 @@ def main(argv=None):
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             step()
-            sync()
+            peer_harness.sync(proc)
         prof.export_chrome_trace(os.environ["PEER_KERNEL_TRACE"])
     if rank == 0:
         from torch._dynamo.utils import counters as dynamo_counters

@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -39,6 +38,9 @@ os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peer_harness  # noqa: E402
 
 PRESETS = {
     # TinyLlama-1.1B: V 32000, H 2048, 22 blocks, 32 heads, 4 key/value heads, SwiGLU 5632.
@@ -92,28 +94,9 @@ def build(a, device):
 
 def main(argv=None):
     a = parse_args(argv)
-    cuda = a.device == "cuda"
     distributed = a.mode == "ddp"
-    if not distributed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        sys.exit(f"--mode={a.mode} is single-process; run it with python3, not torchrun")
-    if distributed and "RANK" not in os.environ:
-        sys.exit("--mode=ddp needs torchrun (e.g. torchrun --standalone --nproc_per_node=2 ...)")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if cuda:
-        if not torch.cuda.is_available():
-            sys.exit("no CUDA device; use --device cpu")
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    if distributed:
-        if cuda:
-            dist.init_process_group("nccl", device_id=device)
-        else:
-            dist.init_process_group("gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
-    else:
-        rank, world = 0, 1
+    proc = peer_harness.start(a.mode, a.device, distributed)
+    cuda, device, local_rank, rank, world = proc.cuda, proc.device, proc.local_rank, proc.rank, proc.world
     infer = a.mode == "infer"
     nseq = a.infer_batch if infer else a.global_batch
     # Checked before the model is built: a bad batch split costs no time.
@@ -196,44 +179,17 @@ def main(argv=None):
             opt.zero_grad(set_to_none=True)
             last_loss[0] = total / n_mb
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
     def show(i):
         if a.print_loss and last_loss[0] is not None:
             print(f"rank {rank} step {i} loss {float(last_loss[0]):.6f}", file=sys.stderr, flush=True)
 
-    t_start = time.perf_counter()
-    for i in range(a.warmup):
-        step()
-        show(i)
-    sync()
-    warmup_s = time.perf_counter() - t_start
-    if distributed:
-        dist.barrier()
-    sync()
-    t0 = time.perf_counter()
-    for i in range(a.steps):
-        step()
-        show(a.warmup + i)
-    sync()
-    step_s = (time.perf_counter() - t0) / a.steps
-
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else -1.0
+    step_s, warmup_s = peer_harness.measure(proc, step, a.warmup, a.steps, show)
+    peaks = peer_harness.peaks(proc)
     loss = None if last_loss[0] is None else float(last_loss[0])
     if distributed:
-        t = torch.tensor([step_s], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        step_s = float(t)
-        peaks = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
-        dist.all_gather(peaks, torch.tensor([peak], dtype=torch.float64, device=device))
-        peaks = [float(p) for p in peaks]
         loss_t = torch.tensor([loss], dtype=torch.float64, device=device)
         dist.all_reduce(loss_t)
         loss = float(loss_t) / world
-    else:
-        peaks = [peak]
     if rank == 0:
         from torch._dynamo.utils import counters
         result = {
