@@ -512,7 +512,9 @@ std::pair<torch::Tensor, torch::Tensor> SumBuffers(const torch::Tensor& x, int64
 }  // namespace
 
 torch::Tensor ColumnSums(const torch::Tensor& x) {
-  if (!ColumnKernelTakes(x, torch::kBFloat16)) return x.sum(0, /*keepdim=*/false, torch::kFloat32);
+  if (!ColumnKernelTakes(x, torch::kBFloat16)) {
+    return x.sum(0, /*keepdim=*/false, at::promote_types(x.scalar_type(), torch::kFloat32));
+  }
   const int64_t rows = x.size(0), cols = x.size(1);
   auto [partial, sums] = SumBuffers(x, rows, cols);
   const cudaError_t e = ColumnSumsBf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
@@ -563,7 +565,9 @@ std::pair<torch::Tensor, torch::Tensor> AssembleHeadsGrad(const torch::Tensor& d
     }
     dqkv = dqkv.view({b, s, 3 * heads * d});
     if (!sums) return {dqkv, torch::Tensor()};
-    return {dqkv, dqkv.view({b * s, -1}).sum(0, /*keepdim=*/false, torch::kFloat32)};
+    // fp32 sums of bf16 or fp32 gradients, as the kernel's; float64 ones (the CPU gradient checks) in float64.
+    const at::ScalarType sum_type = at::promote_types(dqkv.scalar_type(), torch::kFloat32);
+    return {dqkv, dqkv.view({b * s, -1}).sum(0, /*keepdim=*/false, sum_type)};
   }
   torch::Tensor dqkv = torch::empty({b, s, 3 * heads * d}, any->options());
   auto [partial, col_sums] = SumBuffers(dqkv, b * s, 3 * heads * d);

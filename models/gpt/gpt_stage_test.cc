@@ -282,6 +282,7 @@ TEST(GptStage, Bf16AutocastWithCpuInput_RunsInFp32) {
 // differences, in float64 where the check is exact to ~1e-7: the embedding, every linear of a block and
 // the head, weights and biases.
 TEST(GptStage, Gradients_MatchFiniteDifferences) {
+  torch::manual_seed(11);  // the probe below: the same numbers whichever tests ran before
   GptConfig c = Tiny();
   c.layers = 1;
   GptStage model(c, 0, c.pipeline_layers(), 1);
