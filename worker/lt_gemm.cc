@@ -79,8 +79,6 @@ struct Plan {
 // is made and threads can share it.
 using PlanKey = std::tuple<void*, int64_t, int64_t, int64_t, const float*, uint32_t, uint32_t, uint32_t, uint32_t, size_t>;
 
-// Row-major d[m, n] = x[m, k] w[n, k]^T + c is, column-major, d^T[n, m] = op_T(W)[n, k] x^T[k, m] + c^T:
-// A = w as a k x n column-major matrix (transposed), B = x as k x m (not), C = D = n x m, bias per row of D.
 // The call MakePlan tunes with: its operands (d is written; it must not be c) and stream.
 struct Operands {
   const void *x, *w;
@@ -134,6 +132,8 @@ int FastestAlgorithm(const LtApi& api, cublasLtHandle_t handle, const Plan& plan
   return best < 0 ? 0 : best;  // none ran: the heuristic's first choice (its error shows at the call)
 }
 
+// Row-major d[m, n] = x[m, k] w[n, k]^T + c is, column-major, d^T[n, m] = op_T(W)[n, k] x^T[k, m] + c^T:
+// A = w as a k x n column-major matrix (transposed), B = x as k x m (not), C = D = n x m, bias per row of D.
 std::shared_ptr<Plan> MakePlan(const PlanKey& key, const Operands& operands) {
   const LtApi& api = Api();
   auto [handle, m, n, k, bias, align_x, align_w, align_c, align_d, workspace_bytes] = key;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -52,9 +53,13 @@ class KernelTrace {
   }
   ~KernelTrace() {
     if (path_.empty()) return;
-    if (torch::cuda::is_available()) torch::cuda::synchronize();
-    torch::autograd::profiler::disableProfiler()->save(path_);
-    LOG(INFO) << "kernel trace of this step: " << path_;
+    try {  // a developer's aid: a trace that cannot be written must not end the run
+      if (torch::cuda::is_available()) torch::cuda::synchronize();
+      torch::autograd::profiler::disableProfiler()->save(path_);
+      LOG(INFO) << "kernel trace of this step: " << path_;
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "kernel trace " << path_ << " not written: " << e.what();
+    }
   }
 
  private:
