@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/attention_kernels.h"
+#include "worker/stage.h"
 #include "worker/bias_grad_kernels.h"
 #include "worker/fused_backward_kernels.h"
 #include "worker/fused_kernels.h"
@@ -625,8 +626,7 @@ void LowerDenseWeights(torch::nn::Module& root, at::ScalarType dtype) {
 }
 
 bool LowersDenseWeights(const JobSpec& job, const torch::Device& device, bool bf16_autocast) {
-  auto option = job.model_spec().options().find("inference_bf16_weights");
-  const bool on = option == job.model_spec().options().end() || option->second != "false";
+  const bool on = ModelOptionOn(job.model_spec(), "inference_bf16_weights");
   // Not when the weights are written out (--save_params, --export_dir): those keep fp32.
   return on && device.is_cuda() && bf16_autocast && job.pipeline().inference() && !job.save_params() &&
          job.export_dir().empty();

@@ -16,11 +16,12 @@ torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor
                           targets.to(logits.device()).reshape({-1}));
 }
 
-bool DefersWeightGradients(const JobSpec& job) {
-  const auto& options = job.model_spec().options();
-  auto it = options.find("deferred_wgrad");
-  return it == options.end() || it->second != "false";
+bool ModelOptionOn(const ModelSpec& spec, const std::string& name) {
+  auto option = spec.options().find(name);
+  return option == spec.options().end() || option->second != "false";
 }
+
+bool DefersWeightGradients(const JobSpec& job) { return ModelOptionOn(job.model_spec(), "deferred_wgrad"); }
 
 namespace {
 

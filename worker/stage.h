@@ -82,6 +82,10 @@ class Stage {
   virtual void PrepareForGraphs() {}
 };
 
+// A model option that turns a mechanism off (--model_option=NAME=false): unset, or any value but
+// "false", leaves it on.
+bool ModelOptionOn(const ModelSpec& spec, const std::string& name);
+
 // Whether a family's split backward defers its weight gradients (DeferredSplitBackward): the model
 // option deferred_wgrad, on unless "false".
 bool DefersWeightGradients(const JobSpec& job);

@@ -278,11 +278,7 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   c.seq = g.seq();
   c.bf16_autocast = !g.fp32();
   c.fused_layernorm = !g.has_fused_layernorm() || g.fused_layernorm();  // unset: fused
-  // Model options that turn a mechanism off: unset or anything but "false" leaves it on.
-  auto on = [&](const char* name) {
-    auto option = g.options().find(name);
-    return option == g.options().end() || option->second != "false";
-  };
+  auto on = [&](const char* name) { return ModelOptionOn(g, name); };
   c.fused_qkv_grad = on("fused_qkv_grad");
   c.fused_norm_backward = on("fused_norm_backward");
   c.fused_cross_entropy = on("fused_cross_entropy");

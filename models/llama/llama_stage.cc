@@ -477,11 +477,7 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& m) {
   c.norm_eps = m.norm_eps();
   c.bf16_autocast = !m.fp32();
   c.fused_rmsnorm = !m.has_fused_layernorm() || m.fused_layernorm();  // unset: fused
-  // Model options that turn a mechanism off: unset or anything but "false" leaves it on.
-  auto on = [&](const char* name) {
-    auto option = m.options().find(name);
-    return option == m.options().end() || option->second != "false";
-  };
+  auto on = [&](const char* name) { return ModelOptionOn(m, name); };
   c.fused_norm_backward = on("fused_norm_backward");
   c.fused_cross_entropy = on("fused_cross_entropy");
   c.fused_rotary = on("fused_rotary");
