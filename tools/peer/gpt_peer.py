@@ -40,7 +40,6 @@ load_export(DIR) builds the whole model from a stagehand --export_dir of a GPT (
 export test (tests/export_test.sh) compares its logits with stagehand's.
 """
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -265,6 +264,12 @@ def main(argv=None):
     def amp():
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp)
 
+    def loss_of(module):  # a micro-batch's loss, the forward and the loss under autocast
+        def f(x, y):
+            with amp():
+                return ce_loss(module(x), y)
+        return f
+
     # Data: one fixed batch of random tokens (fixed seed, the same on every rank), reused every step.
     infer = a.mode in ("infer", "infer-pipeline")
     nseq = a.infer_batch if infer else a.global_batch
@@ -288,15 +293,7 @@ def main(argv=None):
         fwd = torch.compile(model, backend=a.compile_backend) if a.compile else model
 
         def step():
-            total = 0.0
-            for x, y in zip(xs, ys):
-                with amp():
-                    loss = ce_loss(fwd(x), y)
-                (loss / M).backward()
-                total = total + loss.detach()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            last_loss[0] = total / M
+            last_loss[0] = peer_harness.accumulation_step(loss_of(fwd), xs, ys, opt)
 
     elif a.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -320,17 +317,7 @@ def main(argv=None):
         ys = y_all[rank * per_rank:(rank + 1) * per_rank].chunk(n_mb)
 
         def step():
-            total = 0.0
-            for i, (x, y) in enumerate(zip(xs, ys)):
-                # Gradients are all-reduced once, in the last micro-batch's backward.
-                with ddp.no_sync() if i < n_mb - 1 else contextlib.nullcontext():
-                    with amp():
-                        loss = ce_loss(ddp(x), y)
-                    (loss / n_mb).backward()
-                total = total + loss.detach()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            last_loss[0] = total / n_mb
+            last_loss[0] = peer_harness.accumulation_step(loss_of(ddp), xs, ys, opt, ddp=ddp)
 
     elif a.mode in ("pipeline", "infer-pipeline"):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe

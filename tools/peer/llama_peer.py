@@ -26,7 +26,6 @@ DDP), warmup_s (the warm-up steps' wall time: compilation included), graphs (Dyn
 sizes.
 """
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -123,6 +122,13 @@ def main(argv=None):
     def ce(logits, y):
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
 
+    def loss_of(module):  # a micro-batch's loss: the forward under autocast, the loss in fp32
+        def f(x, y):
+            with amp():
+                logits = module(input_ids=x).logits
+            return ce(logits, y)
+        return f
+
     def optimizer():
         return torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                                  fused=cuda)
@@ -144,16 +150,7 @@ def main(argv=None):
         xs, ys = x_all.chunk(M), y_all.chunk(M)
 
         def step():
-            total = 0.0
-            for x, y in zip(xs, ys):
-                with amp():
-                    logits = fwd(input_ids=x).logits
-                loss = ce(logits, y)
-                (loss / M).backward()
-                total = total + loss.detach()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            last_loss[0] = total / M
+            last_loss[0] = peer_harness.accumulation_step(loss_of(fwd), xs, ys, opt)
     else:
         from torch.nn.parallel import DistributedDataParallel as DDP
         n_mb = microbatches = per_rank // mb
@@ -166,18 +163,7 @@ def main(argv=None):
         ys = y_all[rank * per_rank:(rank + 1) * per_rank].chunk(n_mb)
 
         def step():
-            total = 0.0
-            for i, (x, y) in enumerate(zip(xs, ys)):
-                # Gradients are all-reduced once, in the last micro-batch's backward.
-                with ddp.no_sync() if i < n_mb - 1 else contextlib.nullcontext():
-                    with amp():
-                        logits = ddp(input_ids=x).logits
-                    loss = ce(logits, y)
-                    (loss / n_mb).backward()
-                total = total + loss.detach()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            last_loss[0] = total / n_mb
+            last_loss[0] = peer_harness.accumulation_step(loss_of(ddp), xs, ys, opt, ddp=ddp)
 
     def show(i):
         if a.print_loss and last_loss[0] is not None:

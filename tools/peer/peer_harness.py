@@ -2,6 +2,7 @@
 its device and process group) and the measurement (warm-up steps, then the mean of timed steps between
 synchronisations; under torchrun after a barrier and the slowest rank's mean; peak memory per rank).
 Written once so that every peer measures the same way."""
+import contextlib
 import os
 import sys
 import time
@@ -37,6 +38,23 @@ def start(mode, device_name, distributed):
         rank, world = dist.get_rank(), dist.get_world_size()
     return SimpleNamespace(cuda=cuda, device=device, local_rank=local_rank, rank=rank, world=world,
                            distributed=distributed)
+
+
+def accumulation_step(loss_of, xs, ys, opt, ddp=None):
+    """One optimizer step of gradient accumulation over the micro-batches (xs, ys): loss_of(x, y) (its
+    own autocast), then the backward of loss / M. With `ddp` (DistributedDataParallel) the gradients are
+    all-reduced once, in the last micro-batch's backward (no_sync for the others). Returns the mean loss
+    (a tensor, not synchronised)."""
+    m = len(xs)
+    total = 0.0
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        with ddp.no_sync() if ddp is not None and i < m - 1 else contextlib.nullcontext():
+            loss = loss_of(x, y)
+            (loss / m).backward()
+        total = total + loss.detach()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return total / m
 
 
 def sync(p):
