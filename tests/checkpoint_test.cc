@@ -22,39 +22,20 @@
 
 namespace {
 
+using ::stagehand::testing::Exists;
+using ::stagehand::testing::LauncherCommand;
 using ::stagehand::testing::ReadFile;
-using ::stagehand::testing::Runfile;
+using ::stagehand::testing::RunResult;
 
-std::string TmpPath(const std::string& name) {
-  static int counter = 0;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp ? tmp : "/tmp", "/ckpt_", name, "_", getpid(), "_", counter++);
-}
-
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-  std::string run_dir;
-};
+std::string TmpPath(const std::string& name) { return ::stagehand::testing::TmpPath("ckpt_" + name); }
 
 std::vector<std::string> Job(int workers, int steps = 12) {
   return {"--device=cpu", absl::StrCat("--workers=", workers), "--model=tiny", "--fp32", "--micro_batches=4",
           "--global_batch=16", absl::StrCat("--steps=", steps), "--lr=0.003", "--partition=uniform", "--seed=7"};
 }
 
-std::string Command(const std::vector<std::string>& flags, const std::string& run_dir) {
-  std::string cmd = Runfile("launcher/launcher");
-  for (const std::string& f : flags) absl::StrAppend(&cmd, " ", f);
-  return absl::StrCat(cmd, " --run_dir=", run_dir, " > ", run_dir, ".out 2>&1");
-}
-
-RunResult Launch(std::vector<std::string> flags, const std::string& name) {
-  RunResult r;
-  r.run_dir = TmpPath(name);
-  const int status = std::system(Command(flags, r.run_dir).c_str());
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.output = ReadFile(r.run_dir + ".out");
-  return r;
+RunResult Launch(const std::vector<std::string>& flags, const std::string& name) {
+  return ::stagehand::testing::Launch(flags, "ckpt_" + name);
 }
 
 // step -> loss from steps.csv; a step a restarted incarnation ran again keeps its last row.
@@ -82,7 +63,6 @@ const RunResult& Uninterrupted() {
   return *r;
 }
 
-bool Exists(const std::string& p) { return access(p.c_str(), F_OK) == 0; }
 
 TEST(Restart, WorkerKilledAfterStep6_RestartsFromCheckpointAndLossesEqualUninterrupted) {
   setenv("OMP_NUM_THREADS", "1", 1);
@@ -95,7 +75,7 @@ TEST(Restart, WorkerKilledAfterStep6_RestartsFromCheckpointAndLossesEqualUninter
   const pid_t launcher = fork();
   ASSERT_GE(launcher, 0);
   if (launcher == 0) {
-    execl("/bin/sh", "sh", "-c", Command(flags, dir).c_str(), nullptr);
+    execl("/bin/sh", "sh", "-c", LauncherCommand(flags, dir).c_str(), nullptr);
     _exit(127);
   }
   std::string out;  // "step 7/12": seven steps (0 to 6) done

@@ -25,16 +25,11 @@
 
 namespace {
 
+using ::stagehand::testing::Exists;
 using ::stagehand::testing::ReadFile;
 using ::stagehand::testing::Runfile;
 
-std::string TmpPath(const std::string& name) {
-  static int counter = 0;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp ? tmp : "/tmp", "/eval_", name, "_", getpid(), "_", counter++);
-}
-
-bool Exists(const std::string& p) { return access(p.c_str(), F_OK) == 0; }
+std::string TmpPath(const std::string& name) { return ::stagehand::testing::TmpPath("eval_" + name); }
 
 // A token file the tiny GPT can learn: each token follows from the previous one by a fixed rule 9
 // times in 10 (else a random token), so the loss on held-out text falls well below ln 256.

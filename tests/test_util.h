@@ -35,24 +35,34 @@ inline std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
+// A path of the test's own: <TEST_TMPDIR>/<prefix>_<pid>_<n>, a new one each call.
+inline std::string TmpPath(const std::string& prefix) {
+  static int counter = 0;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp ? tmp : "/tmp") + "/" + prefix + "_" + std::to_string(getpid()) + "_" +
+         std::to_string(counter++);
+}
+
+inline bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+// The shell command that runs the real launcher with `flags` and --run_dir, its output into <run_dir>.out.
+inline std::string LauncherCommand(const std::vector<std::string>& flags, const std::string& run_dir) {
+  std::string cmd = Runfile("launcher/launcher");
+  for (const std::string& f : flags) cmd += " " + f;
+  return cmd + " --run_dir=" + run_dir + " > " + run_dir + ".out 2>&1";
+}
+
 struct RunResult {
   int exit_code = -1;
   std::string output;   // what the launcher printed, stdout and stderr
   std::string run_dir;
 };
 
-// Runs the real launcher with `flags` and --run_dir=<TEST_TMPDIR>/<prefix>_<pid>_<n> (a new one each
-// call), its output into <run_dir>.out, and waits for it.
+// Runs the real launcher with `flags` and --run_dir=TmpPath(prefix), and waits for it.
 inline RunResult Launch(const std::vector<std::string>& flags, const std::string& prefix) {
-  static int counter = 0;
   RunResult r;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  r.run_dir = std::string(tmp ? tmp : "/tmp") + "/" + prefix + "_" + std::to_string(getpid()) + "_" +
-              std::to_string(counter++);
-  std::string cmd = Runfile("launcher/launcher");
-  for (const std::string& f : flags) cmd += " " + f;
-  cmd += " --run_dir=" + r.run_dir + " > " + r.run_dir + ".out 2>&1";
-  const int status = std::system(cmd.c_str());
+  r.run_dir = TmpPath(prefix);
+  const int status = std::system(LauncherCommand(flags, r.run_dir).c_str());
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.output = ReadFile(r.run_dir + ".out");
   return r;
