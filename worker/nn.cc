@@ -608,11 +608,38 @@ torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Te
   return LinearResidualFunction::apply(xc, skip, weight, bias_param, w, fused_bias_grad_);
 }
 
+void CastBatch::Add(CastCache& cache, const torch::Tensor& param, at::ScalarType dtype) {
+  torch::Tensor* buffer = cache.StaleBuffer(param, dtype);
+  if (buffer == nullptr) {
+    cache.Get(param, dtype);
+    return;
+  }
+  buffers.push_back(*buffer);
+  params.push_back(param);
+  caches.push_back(&cache);
+}
+
+void CastBatch::Run() {
+  if (buffers.empty()) return;
+  {
+    torch::NoGradGuard no_grad;
+    // A different source dtype is allowed (ATen's multi-tensor copy dispatches on both); tensors on
+    // several devices or of other layouts take ATen's per-tensor path, with the same values.
+    at::_foreach_copy_(buffers, params);
+  }
+  for (size_t i = 0; i < caches.size(); ++i) caches[i]->MarkFresh(params[i]);
+  buffers.clear();
+  params.clear();
+  caches.clear();
+}
+
 void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype) {
+  CastBatch batch;
   for (const auto& module : root.modules(/*include_self=*/false)) {
     auto* dense = dynamic_cast<DenseImpl*>(module.get());
-    if (dense != nullptr && dense->weight.is_cuda()) dense->RefreshCasts(dtype);
+    if (dense != nullptr && dense->weight.is_cuda()) dense->AddCasts(dtype, batch);
   }
+  batch.Run();
 }
 
 void LowerDenseWeights(torch::nn::Module& root, at::ScalarType dtype) {

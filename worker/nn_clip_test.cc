@@ -1,4 +1,5 @@
-// Gradient clipping by the global norm across stages, against hand computations.
+// Gradient clipping by the global norm across stages, against hand computations; the batched refresh of
+// the linear layers' bf16 casts (CastBatch).
 #include <torch/torch.h>
 
 #include "gtest/gtest.h"
@@ -33,6 +34,38 @@ TEST(ClipGradNorm, UnderTheLimit_LeavesGradientsAlone) {
   EXPECT_NEAR(ClipGradNorm({a}, 1.0, [](torch::Tensor&) {}), 0.5, 1e-7);
   EXPECT_FLOAT_EQ(a.grad()[0].item<float>(), 0.3f);
   EXPECT_FLOAT_EQ(a.grad()[1].item<float>(), 0.4f);
+}
+
+// CastBatch: stale casts are copied into their existing buffers in one multi-tensor copy (the buffer
+// stays the one a captured CUDA graph reads), current ones are left alone, and a cast whose buffer cannot
+// be reused is made at once.
+TEST(CastBatch, RefreshesStaleCastsInPlaceAndLeavesCurrentOnes) {
+  torch::Tensor a = torch::randn({4, 3}), b = torch::randn({5});
+  CastCache ca, cb;
+  const torch::Tensor buffer_a = ca.Get(a, torch::kBFloat16), buffer_b = cb.Get(b, torch::kBFloat16);
+  const void* const at_a = buffer_a.data_ptr();
+  {
+    torch::NoGradGuard no_grad;
+    a.mul_(3);  // moves a's version: its cast is stale; b's is current
+  }
+  EXPECT_NE(ca.StaleBuffer(a, torch::kBFloat16), nullptr);
+  EXPECT_EQ(cb.StaleBuffer(b, torch::kBFloat16), nullptr);
+  CastBatch batch;
+  batch.Add(ca, a, torch::kBFloat16);
+  batch.Add(cb, b, torch::kBFloat16);
+  EXPECT_EQ(batch.buffers.size(), 1u) << "only the stale cast is queued";
+  batch.Run();
+  const torch::Tensor now_a = ca.Get(a, torch::kBFloat16);
+  EXPECT_EQ(now_a.data_ptr(), at_a) << "the same buffer, written in place";
+  EXPECT_TRUE(torch::equal(now_a, a.to(torch::kBFloat16)));
+  EXPECT_EQ(ca.StaleBuffer(a, torch::kBFloat16), nullptr) << "marked fresh after the copy";
+  EXPECT_TRUE(torch::equal(cb.Get(b, torch::kBFloat16), b.to(torch::kBFloat16)));
+  // A parameter replaced by one of another shape: a new buffer, made by Get at Add.
+  torch::Tensor c = torch::randn({2, 2});
+  CastBatch again;
+  again.Add(ca, c, torch::kBFloat16);
+  EXPECT_TRUE(again.buffers.empty());
+  EXPECT_TRUE(torch::equal(ca.Get(c, torch::kBFloat16), c.to(torch::kBFloat16)));
 }
 
 }  // namespace
