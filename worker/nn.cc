@@ -17,6 +17,7 @@
 #include "models/attention_kernels.h"
 #include "worker/stage.h"
 #include "worker/bias_grad_kernels.h"
+#include "worker/embedding_kernels.h"
 #include "worker/fused_backward_kernels.h"
 #include "worker/fused_kernels.h"
 #include "worker/gelu_kernels.h"
@@ -606,6 +607,45 @@ torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Te
     return LinearResidual(xc, skip, bias_f32, w);
   }
   return LinearResidualFunction::apply(xc, skip, weight, bias_param, w, fused_bias_grad_);
+}
+
+namespace {
+
+class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& weight,
+                               const torch::Tensor& tokens) {
+    ctx->save_for_backward({tokens});
+    ctx->saved_data["weight"] = weight;
+    return torch::embedding(weight, tokens);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor()};
+    torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const torch::Tensor ids = ctx->get_saved_variables()[0].reshape({-1});
+    const int64_t cols = weight.size(1);
+    const torch::Tensor g = grads[0].to(weight.scalar_type()).contiguous().view({-1, cols});
+    auto [sorted, order] = at::sort(ids, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+    torch::NoGradGuard no_grad;
+    torch::Tensor& grad = weight.mutable_grad();
+    if (!grad.defined()) grad = torch::zeros_like(weight, torch::MemoryFormat::Contiguous);
+    const cudaError_t e = EmbeddingGradAccumulate(sorted.data_ptr<int64_t>(), order.data_ptr<int64_t>(),
+                                                  g.data_ptr<float>(), grad.data_ptr<float>(), ids.numel(), cols,
+                                                  at::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(e == cudaSuccess, "EmbeddingGradAccumulate: ", cudaGetErrorString(e));
+    return {torch::Tensor(), torch::Tensor()};  // the weight's gradient is in .grad already
+  }
+};
+
+}  // namespace
+
+torch::Tensor EmbeddingLookup(const torch::Tensor& weight, const torch::Tensor& tokens, bool fused) {
+  const bool takes = fused && weight.is_cuda() && weight.scalar_type() == torch::kFloat32 && weight.dim() == 2 &&
+                     weight.is_contiguous() && weight.size(1) % 4 == 0 && torch::GradMode::is_enabled() &&
+                     weight.requires_grad() && (!weight.grad().defined() || weight.grad().is_contiguous());
+  if (!takes) return torch::embedding(weight, tokens);
+  return EmbeddingFunction::apply(weight, tokens);
 }
 
 void CastBatch::Add(CastCache& cache, const torch::Tensor& param, at::ScalarType dtype) {

@@ -235,6 +235,15 @@ class DeferredSplitBackward {
 };
 
 // Brings the bf16 copies of every Dense under `root` up to date (before CUDA graphs replay them).
+// torch::embedding(weight, tokens). With `fused`, for an fp32 table on CUDA that needs a gradient, an
+// autograd function whose backward adds the gradient into weight's .grad itself, only in the rows the
+// batch used (the ids sorted, each id's rows summed in position order: deterministic; embedding_kernels.h).
+// ATen's backward instead zero-fills a dense [vocab, H] gradient, scatters into it, and autograd then adds
+// all of it to .grad: for gpt-1.3b's 50304 x 2048 table 0.5 ms per micro-batch of 8 x 1024 tokens (H200
+// trace, 2026-12-01), of which the rows used are at most 8192. Otherwise (CPU, bf16, fused false:
+// --model_option=fused_embedding_grad=false) torch::embedding.
+torch::Tensor EmbeddingLookup(const torch::Tensor& weight, const torch::Tensor& tokens, bool fused);
+
 void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype);
 
 // For inference under autocast: the weight and bias of every CUDA Dense under `root` become `dtype`

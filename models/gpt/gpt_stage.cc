@@ -62,7 +62,7 @@ class PipelineLayerImpl : public torch::nn::Module {
 
 class EmbeddingImpl : public PipelineLayerImpl {
  public:
-  EmbeddingImpl(const GptConfig& c, uint64_t seed, const torch::Device& device) {
+  EmbeddingImpl(const GptConfig& c, uint64_t seed, const torch::Device& device) : fused_grad_(c.fused_embedding_grad) {
     weight_ = register_parameter("weight", torch::empty({c.vocab, c.hidden}, torch::TensorOptions().device(device)));
     at::Generator gen = LayerGenerator(seed, 0, device);
     torch::NoGradGuard no_grad;
@@ -71,10 +71,11 @@ class EmbeddingImpl : public PipelineLayerImpl {
   torch::Tensor forward(const torch::Tensor& tokens) override {
     TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
                 "the first stage takes token ids [B, S] int64, got ", tokens.sizes(), " ", tokens.scalar_type());
-    return torch::embedding(weight_, tokens);
+    return EmbeddingLookup(weight_, tokens, fused_grad_);
   }
 
  private:
+  bool fused_grad_;
   torch::Tensor weight_;
 };
 
@@ -287,6 +288,7 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   c.fused_gelu_gemm = on("fused_gelu_gemm");
   c.fused_residual_gemm = on("fused_residual_gemm");
   c.fused_bias_grad = on("fused_bias_grad");
+  c.fused_embedding_grad = on("fused_embedding_grad");
   return c;
 }
 

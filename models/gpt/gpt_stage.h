@@ -55,6 +55,9 @@ struct GptConfig {
   // where fused_gelu is off (with it on, the GELU backward kernel sums it, whatever this says)
   // (--model_option=fused_bias_grad=false: ATen's copies, cast and reduce).
   bool fused_bias_grad = true;
+  // The embedding's backward adds into the table's .grad only the rows the batch used (EmbeddingLookup,
+  // worker/nn.h; --model_option=fused_embedding_grad=false: ATen's dense gradient and autograd's add).
+  bool fused_embedding_grad = true;
 
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }
 };

@@ -238,7 +238,7 @@ std::string BlockPrefix(int layer) { return absl::StrCat("model.layers.", (layer
 
 class EmbeddingImpl : public PipelineLayerImpl {
  public:
-  EmbeddingImpl(const LlamaConfig& c, uint64_t seed, const torch::Device& device) {
+  EmbeddingImpl(const LlamaConfig& c, uint64_t seed, const torch::Device& device) : fused_grad_(c.fused_embedding_grad) {
     weight_ = register_parameter("weight", torch::empty({c.vocab, c.hidden}, torch::TensorOptions().device(device)));
     at::Generator gen = LayerGenerator(seed, 0, device);
     torch::NoGradGuard no_grad;
@@ -247,11 +247,13 @@ class EmbeddingImpl : public PipelineLayerImpl {
   torch::Tensor forward(const torch::Tensor& tokens, const Rotary&) override {
     TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
                 "the first stage takes token ids [B, S] int64, got ", tokens.sizes(), " ", tokens.scalar_type());
-    return torch::embedding(weight_, tokens);  // out-of-range ids throw c10::IndexError (a c10::Error)
+    // out-of-range ids throw c10::IndexError (a c10::Error)
+    return EmbeddingLookup(weight_, tokens, fused_grad_);
   }
   Named NamedParametersHf() override { return {{"model.embed_tokens.weight", weight_}}; }
 
  private:
+  bool fused_grad_;
   torch::Tensor weight_;
 };
 
@@ -484,6 +486,7 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& m) {
   c.fused_swiglu = on("fused_swiglu");
   c.fused_residual_gemm = on("fused_residual_gemm");
   c.fused_residual_grad = on("fused_residual_grad");
+  c.fused_embedding_grad = on("fused_embedding_grad");
   return c;
 }
 

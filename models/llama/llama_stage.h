@@ -50,6 +50,9 @@ struct LlamaConfig {
   // o_proj's and down_proj's residual adds inside their GEMMs (DenseImpl::ForwardResidual;
   // --model_option=fused_residual_gemm=false: autograd's add of the bf16 branch).
   bool fused_residual_gemm = true;
+  // The embedding's backward adds into the table's .grad only the rows the batch used (EmbeddingLookup,
+  // worker/nn.h; --model_option=fused_embedding_grad=false: ATen's dense gradient and autograd's add).
+  bool fused_embedding_grad = true;
 
   int64_t head_dim() const { return hidden / heads; }
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }

@@ -71,6 +71,10 @@ same_with model_option=fused_residual_gemm 1e-3 llama_fused_residual_gemm_1gpu 1
 # The GPT's bias gradients summed in the pass that makes dy (the cast, the q, k, v assembly): fp32 sums
 # of the same bf16 values in another order, so within bf16 tolerance.
 same_with model_option=fused_bias_grad 1e-3 fused_bias_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4
+# The embedding's gradient added into .grad in place, each token's rows summed in position order:
+# fp32 sums in another order than ATen's, so within bf16 tolerance.
+same_with model_option=fused_embedding_grad 1e-3 fused_embedding_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4
+same_with model_option=fused_embedding_grad 1e-3 llama_fused_embedding_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
 same_with model_option=fused_rotary 1e-3 llama_fused_rotary_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
 same_with model_option=fused_swiglu 1e-3 llama_fused_swiglu_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
 # Inference with bf16 weights only (no fp32 masters): both finish (inference reports no loss; the
