@@ -22,11 +22,15 @@ int SmCount() {
 
 int64_t ColBlocks(int64_t cols) { return (cols + kBlockCols - 1) / kBlockCols; }
 
-// Rows per block: enough blocks for one full wave (8 blocks of 256 threads per multiprocessor), at
-// least 32 rows each so that the partial sums stay a small fraction of the traffic.
+// Blocks of 256 threads resident on a multiprocessor: __launch_bounds__ holds the registers to 64 (the
+// loads in flight need them); the grid is one wave of them.
+constexpr int kBlocksPerSm = 4;
+
+// Rows per block: enough blocks for one full wave, at least 32 rows each so that the partial sums stay a
+// small fraction of the traffic.
 int64_t RowsPerChunk(int64_t rows, int64_t cols) {
   static const int sms = SmCount();
-  const int64_t want = (8LL * sms + ColBlocks(cols) - 1) / ColBlocks(cols);
+  const int64_t want = (kBlocksPerSm * sms + ColBlocks(cols) - 1) / ColBlocks(cols);
   int64_t per = (rows + want - 1) / want;
   per = (per + kRowThreads - 1) / kRowThreads * kRowThreads;
   return per < 32 ? 32 : per;
@@ -44,66 +48,116 @@ __device__ __forceinline__ void Unpack(const uint4& u, float (&f)[kVec]) {
   }
 }
 
-// The values to sum at (row r, columns c..c+7), loaded (and written where the op makes an output).
+// The values to sum at (row r, columns c..c+7) in two steps, so that the kernel can have several rows'
+// loads in flight: Load (the memory read; Column is what the thread's column fixes, set up once) and
+// Use (written where the op makes an output, and unpacked to fp32). kLoads rows are loaded at a time.
 struct Bf16Source {
+  static constexpr int kLoads = 8;
+  using Raw = uint4;
+  using Column = int64_t;
   const uint16_t* x;
   int64_t cols;
-  __device__ __forceinline__ void operator()(int64_t r, int64_t c, float (&f)[kVec]) const {
-    Unpack(__ldg(reinterpret_cast<const uint4*>(x + r * cols + c)), f);
+  __device__ __forceinline__ Column At(int64_t c) const { return c; }
+  __device__ __forceinline__ Raw Load(Column c, int64_t r) const {
+    return __ldg(reinterpret_cast<const uint4*>(x + r * cols + c));
   }
+  __device__ __forceinline__ void Use(Column, int64_t, const Raw& u, float (&f)[kVec]) const { Unpack(u, f); }
 };
 
 struct CastSource {
+  static constexpr int kLoads = 4;
+  struct Raw {
+    float4 a, b;
+  };
+  using Column = int64_t;
   const float* x;
   uint16_t* y;
   int64_t cols;
-  __device__ __forceinline__ void operator()(int64_t r, int64_t c, float (&f)[kVec]) const {
+  __device__ __forceinline__ Column At(int64_t c) const { return c; }
+  __device__ __forceinline__ Raw Load(Column c, int64_t r) const {
     const float4* p = reinterpret_cast<const float4*>(x + r * cols + c);
-    const float4 a = __ldg(p), b = __ldg(p + 1);
+    return {__ldcs(p), __ldcs(p + 1)};  // read once: streamed past the caches
+  }
+  __device__ __forceinline__ void Use(Column c, int64_t r, const Raw& v, float (&f)[kVec]) const {
     uint4 u;
     __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-    h[0] = __floats2bfloat162_rn(a.x, a.y);
-    h[1] = __floats2bfloat162_rn(a.z, a.w);
-    h[2] = __floats2bfloat162_rn(b.x, b.y);
-    h[3] = __floats2bfloat162_rn(b.z, b.w);
+    h[0] = __floats2bfloat162_rn(v.a.x, v.a.y);
+    h[1] = __floats2bfloat162_rn(v.a.z, v.a.w);
+    h[2] = __floats2bfloat162_rn(v.b.x, v.b.y);
+    h[3] = __floats2bfloat162_rn(v.b.z, v.b.w);
     *reinterpret_cast<uint4*>(y + r * cols + c) = u;
     Unpack(u, f);  // the sums are of the rounded values, as a sum of the cast copy's
   }
 };
 
 struct HeadsSource {
+  static constexpr int kLoads = 4;
+  using Raw = uint4;
+  // The thread's columns c .. c + 7 lie in one head of one of q, k, v (head_dim a multiple of 8): its
+  // view's data at (head, d), and its strides.
+  struct Column {
+    const uint16_t* base;
+    int64_t stride_b, stride_s, c;
+  };
   HeadsGradView g[3];
   int64_t seq, heads, head_dim, cols;  // cols = 3 * heads * head_dim
   uint16_t* out;
-  __device__ __forceinline__ void operator()(int64_t r, int64_t c, float (&f)[kVec]) const {
+  bool narrow;  // rows < 2^32: the row's (b, s) by 32-bit division
+  __device__ __forceinline__ Column At(int64_t c) const {
     const int64_t hidden = heads * head_dim;
     const int which = static_cast<int>(c / hidden);
     const int64_t within = c - which * hidden, h = within / head_dim, d = within - h * head_dim;
-    const int64_t b = r / seq, s = r - b * seq;
     const HeadsGradView& v = g[which];
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(v.data + b * v.stride_b + h * v.stride_h + s * v.stride_s + d));
-    *reinterpret_cast<uint4*>(out + r * cols + c) = u;
+    return {v.data + h * v.stride_h + d, v.stride_b, v.stride_s, c};
+  }
+  __device__ __forceinline__ Raw Load(const Column& col, int64_t r) const {
+    int64_t b, s;
+    if (narrow) {
+      const unsigned q = static_cast<unsigned>(r) / static_cast<unsigned>(seq);
+      b = q, s = static_cast<unsigned>(r) - q * static_cast<unsigned>(seq);
+    } else {
+      b = r / seq, s = r - b * seq;
+    }
+    return __ldcs(reinterpret_cast<const uint4*>(col.base + b * col.stride_b + s * col.stride_s));
+  }
+  __device__ __forceinline__ void Use(const Column& col, int64_t r, const Raw& u, float (&f)[kVec]) const {
+    *reinterpret_cast<uint4*>(out + r * cols + col.c) = u;
     Unpack(u, f);
   }
 };
 
 // Block (x, y) sums rows [y * rows_per_chunk, ...) of columns [x * 256, x * 256 + 256) into row y of
-// `partial`: each thread keeps its 8 columns' sums in registers over its rows, then the block adds its
-// kRowThreads rows of sums in shared memory, row 0 first.
+// `partial`: each thread keeps its 8 columns' sums in registers over its rows (every kRowThreads-th,
+// ascending; Source::kLoads rows' loads issued before any is used), then the block adds its kRowThreads
+// rows of sums in shared memory, row 0 first.
 template <class Source>
-__global__ void __launch_bounds__(kColThreads * kRowThreads)
+__global__ void __launch_bounds__(kColThreads * kRowThreads, kBlocksPerSm)
     ColumnPartialsKernel(Source source, float* __restrict__ partial, int64_t rows, int64_t cols,
                          int64_t rows_per_chunk) {
+  constexpr int kLoads = Source::kLoads;
   __shared__ float shared[kRowThreads][kBlockCols];
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x) * kVec;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
   float acc[kVec] = {};
   if (c < cols) {
-#pragma unroll 4
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
+    const typename Source::Column col = source.At(c);
+    int64_t r = r0 + threadIdx.y;
+    for (; r + (kLoads - 1) * kRowThreads < r1; r += kLoads * kRowThreads) {
+      typename Source::Raw raw[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) raw[u] = source.Load(col, r + u * kRowThreads);
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        float f[kVec];
+        source.Use(col, r + u * kRowThreads, raw[u], f);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc[i] += f[i];
+      }
+    }
+    for (; r < r1; r += kRowThreads) {
       float f[kVec];
-      source(r, c, f);
+      source.Use(col, r, source.Load(col, r), f);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) acc[i] += f[i];
     }
@@ -180,7 +234,8 @@ cudaError_t AssembleHeadsGradWithColumnSums(const HeadsGradView grads[3], int64_
                                             int64_t seq, int64_t head_dim, uint16_t* dqkv, float* partial,
                                             float* sums, cudaStream_t stream) {
   if (head_dim <= 0 || head_dim % kVec != 0 || heads <= 0 || seq <= 0 || !Aligned(dqkv)) return cudaErrorInvalidValue;
-  HeadsSource source{{grads[0], grads[1], grads[2]}, seq, heads, head_dim, 3 * heads * head_dim, dqkv};
+  HeadsSource source{{grads[0], grads[1], grads[2]}, seq,  heads, head_dim, 3 * heads * head_dim, dqkv,
+                     batch * seq <= 0xffffffffLL};
   for (const HeadsGradView& v : source.g) {
     if (!Aligned(v.data) || v.stride_b % kVec != 0 || v.stride_h % kVec != 0 || v.stride_s % kVec != 0) {
       return cudaErrorInvalidValue;
