@@ -39,8 +39,8 @@ __host__ __device__ constexpr int NormRowsPerBlock(int threads_per_row) {
 }
 
 // The norm backward's shape for rows of kVecs * 128 elements: a group of kCols / 8 threads takes a row,
-// eight columns a thread (one 16-byte load of dy, two of x); kRows groups make a block of about 1024
-// threads, one block a multiprocessor (two for 960-thread... blocks of 512 or fewer).
+// eight columns a thread (one 16-byte load of dy, two of x); kRows groups make a block of 768 to 1024
+// threads, one block a multiprocessor, so one row of partial sums a multiprocessor for the caller.
 template <int kVecs>
 struct NormBackwardShape {
   static constexpr int kCols = kVecs * 128;
