@@ -32,32 +32,46 @@ __device__ __forceinline__ void Bf16x8ToFloat(uint4 u, float (&f)[8]) {
   }
 }
 
+// Row groups a norm-backward block holds for rows of threads_per_row threads: up to 1024 threads, and
+// at most 15 groups when a row spans warps (each such group syncs on its own named barrier, 1 .. 15).
+__host__ __device__ constexpr int NormRowsPerBlock(int threads_per_row) {
+  return threads_per_row <= kWarp ? 1024 / threads_per_row : (1024 / threads_per_row < 15 ? 1024 / threads_per_row : 15);
+}
+
 // The norm backward's shape for rows of kVecs * 128 elements: a group of kCols / 8 threads takes a row,
-// eight columns a thread (one 16-byte load of dy, two of x); kRows groups make a block.
+// eight columns a thread (one 16-byte load of dy, two of x); kRows groups make a block of 768 to 1024
+// threads, one block a multiprocessor, so one row of partial sums a multiprocessor for the caller.
 template <int kVecs>
 struct NormBackwardShape {
   static constexpr int kCols = kVecs * 128;
   static constexpr int kThreadsPerRow = kCols / 8;  // 16 .. 512
-  static constexpr int kRows = kThreadsPerRow >= 256 ? 1 : 256 / kThreadsPerRow;
-  static constexpr int kThreads = kRows * kThreadsPerRow;  // 192 .. 512
+  static constexpr int kRows = NormRowsPerBlock(kThreadsPerRow);
+  static constexpr int kThreads = kRows * kThreadsPerRow;  // 768 .. 1024
   static constexpr int kWarpsPerRow = kThreadsPerRow >= kWarp ? kThreadsPerRow / kWarp : 1;
   // Blocks resident on a multiprocessor (about 1024 threads): __launch_bounds__ keeps the registers
   // low enough for them, and the grid is that many blocks per multiprocessor, one wave.
-  static constexpr int kBlocksPerSm = 1024 / kThreads > 1 ? 1024 / kThreads : 2;
+  static constexpr int kBlocksPerSm = 1024 / kThreads > 1 ? 1024 / kThreads : 1;
 };
 
-// NormBackwardShape<kVecs>::kBlocksPerSm for a row length (host side).
+// NormBackwardShape<kVecs>::kBlocksPerSm and ::kRows for a row length (host side).
 int NormBlocksPerSm(int64_t cols) {
-  if (cols < 8) return 2;  // a length the kernel does not take (NormBackwardSupports)
-  const int64_t per_row = cols / 8, rows = per_row >= 256 ? 1 : 256 / per_row, threads = rows * per_row;
-  return 1024 / threads > 1 ? static_cast<int>(1024 / threads) : 2;
+  if (cols < 8) return 1;  // a length the kernel does not take (NormBackwardSupports)
+  const int threads = NormRowsPerBlock(static_cast<int>(cols / 8)) * static_cast<int>(cols / 8);
+  return 1024 / threads > 1 ? 1024 / threads : 1;
+}
+int NormRows(int64_t cols) { return cols < 8 ? 1 : NormRowsPerBlock(static_cast<int>(cols / 8)); }
+
+// Barrier `id` (1 .. 15) of `threads` threads (a multiple of 32): one row group's, so that the groups
+// of a block do not wait for each other.
+__device__ __forceinline__ void GroupSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // The sum over the kThreadsPerRow threads of a row's group, in a fixed order: shuffles within a warp
-// (or half a warp for 16 threads), then the group's warps through shared memory. Every thread of the
-// block calls it (it synchronises the block).
+// (or half a warp for 16 threads), then the group's warps through shared memory (two slots a warp,
+// alternating with `parity`, so one barrier a row suffices). Every thread of the group calls it.
 template <int kVecs>
-__device__ __forceinline__ float2 RowSum(float2 v, float2* shared) {
+__device__ __forceinline__ float2 RowSum(float2 v, float2* shared, int parity) {
   using S = NormBackwardShape<kVecs>;
   constexpr int kLanes = S::kThreadsPerRow < kWarp ? S::kThreadsPerRow : kWarp;
 #pragma unroll
@@ -67,16 +81,17 @@ __device__ __forceinline__ float2 RowSum(float2 v, float2* shared) {
   }
   if (S::kWarpsPerRow == 1) return v;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  const int first = (warp / S::kWarpsPerRow) * S::kWarpsPerRow;
-  float2 sum = shared[first];
+  float2* slots = shared + parity * (S::kThreads / kWarp);
+  if (lane == 0) slots[warp] = v;
+  const int group = threadIdx.x / S::kThreadsPerRow;
+  GroupSync(1 + group, S::kThreadsPerRow);
+  const int first = group * S::kWarpsPerRow;
+  float2 sum = slots[first];
 #pragma unroll
   for (int w = 1; w < S::kWarpsPerRow; ++w) {
-    sum.x += shared[first + w].x;
-    sum.y += shared[first + w].y;
+    sum.x += slots[first + w].x;
+    sum.y += slots[first + w].y;
   }
-  __syncthreads();  // shared[] is written again for the next row
   return sum;
 }
 
@@ -94,22 +109,22 @@ __global__ void __launch_bounds__(NormBackwardShape<kVecs>::kThreads, NormBackwa
                        float4* __restrict__ partial_dgamma, float4* __restrict__ partial_dbeta, int64_t rows) {
   using S = NormBackwardShape<kVecs>;
   constexpr int kCols8 = S::kCols / 8;  // uint4 of dy (and pairs of float4 of x) per row
-  __shared__ float2 sums[S::kThreads / kWarp > 0 ? S::kThreads / kWarp : 1];
+  static_assert(S::kWarpsPerRow == 1 || S::kRows <= 15, "one named barrier a row group");
+  __shared__ float2 sums[2 * (S::kThreads / kWarp > 0 ? S::kThreads / kWarp : 1)];
   __shared__ float4 part[S::kRows > 1 ? S::kRows * S::kCols / 4 : 1];
   const int t = threadIdx.x % S::kThreadsPerRow, group = threadIdx.x / S::kThreadsPerRow;
-  float g[8], acc_g[8], acc_b[8];
-  {
-    const float4 g0 = gamma[2 * t], g1 = gamma[2 * t + 1];
-    g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
-  }
+  float acc_g[8], acc_b[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc_g[i] = acc_b[i] = 0.f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * S::kRows;
-  // Every thread runs the same iterations (RowSum synchronises the block); rows past the end read nothing.
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * S::kRows; base < rows; base += stride) {
+  // Every thread of a group runs the same iterations (RowSum synchronises the group); rows past the
+  // end read nothing.
+  int parity = 0;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * S::kRows; base < rows; base += stride, parity ^= 1) {
     const int64_t row = base + group;
     const bool live = row < rows;
     float d[8], v[8];
+    float4 r0 = make_float4(0.f, 0.f, 0.f, 0.f), r1 = r0;  // the residual's, loaded with dy and x
     float mu = 0.f, rs = 0.f;
     float2 local = make_float2(0.f, 0.f);  // (sum g, sum g xhat) of this thread's columns
     if (live) {
@@ -117,7 +132,15 @@ __global__ void __launch_bounds__(NormBackwardShape<kVecs>::kThreads, NormBackwa
       rs = rstd[row];
       Bf16x8ToFloat(dy[row * kCols8 + t], d);
       const float4 x0 = x[row * 2 * kCols8 + 2 * t], x1 = x[row * 2 * kCols8 + 2 * t + 1];
+      if (residual != nullptr) {
+        r0 = residual[row * 2 * kCols8 + 2 * t];
+        r1 = residual[row * 2 * kCols8 + 2 * t + 1];
+      }
       v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+      // gamma from L1 each row (not kept in registers: those keep the residual's load in flight); d
+      // becomes dy gamma once the sums of dy have it.
+      const float4 g0 = __ldg(gamma + 2 * t), g1 = __ldg(gamma + 2 * t + 1);
+      const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float h = (v[i] - mu) * rs, dg = d[i] * g[i];
@@ -125,16 +148,16 @@ __global__ void __launch_bounds__(NormBackwardShape<kVecs>::kThreads, NormBackwa
         local.y += dg * h;
         acc_g[i] += d[i] * h;
         if (kCentered) acc_b[i] += d[i];
+        d[i] = dg;
       }
     }
-    const float2 total = RowSum<kVecs>(local, sums);
+    const float2 total = RowSum<kVecs>(local, sums, parity);
     if (live) {
       const float mean_g = kCentered ? total.x / S::kCols : 0.f, mean_gx = total.y / S::kCols;
       float out[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) out[i] = rs * (d[i] * g[i] - mean_g - (v[i] - mu) * rs * mean_gx);
+      for (int i = 0; i < 8; ++i) out[i] = rs * (d[i] - mean_g - (v[i] - mu) * rs * mean_gx);
       if (residual != nullptr) {
-        const float4 r0 = residual[row * 2 * kCols8 + 2 * t], r1 = residual[row * 2 * kCols8 + 2 * t + 1];
         out[0] += r0.x, out[1] += r0.y, out[2] += r0.z, out[3] += r0.w;
         out[4] += r1.x, out[5] += r1.y, out[6] += r1.z, out[7] += r1.w;
       }
@@ -341,11 +364,13 @@ bool NormBackwardSupports(int64_t cols) {
 }
 
 // One wave of blocks (about 1024 threads per multiprocessor): enough rows in flight to keep the memory
-// busy, and few partial rows for the caller's sum. A block may get no row (it writes zeros).
+// busy, and few partial rows for the caller's sum (one a multiprocessor for most lengths: the caller's
+// sum over 528 rows of 2048 took 11 us). A block may get no row (it writes zeros).
 int64_t NormBackwardPartials(int64_t rows, int64_t cols) {
   static const int sms = SmCount();
   const int64_t cap = static_cast<int64_t>(NormBlocksPerSm(cols)) * sms;
-  return rows < 1 ? 1 : rows < cap ? rows : cap;
+  const int64_t need = (rows + NormRows(cols) - 1) / NormRows(cols);
+  return rows < 1 ? 1 : need < cap ? need : cap;
 }
 
 cudaError_t NormBackward(const uint16_t* dy, const float* x, const float* gamma, const float* mean, const float* rstd,

@@ -1031,10 +1031,10 @@ TEST(FusedKernelsCuda, NormBackward_MatchesAten) {
   auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
     return ((a.to(torch::kFloat64) - b.to(torch::kFloat64)).norm() / b.to(torch::kFloat64).norm()).item<double>();
   };
-  // Every row-length shape of the kernel (threads per row 16, 96, 256, 384, 512), rows that fill a
-  // block, leave one part-full, and outnumber the blocks.
-  for (int64_t cols : {128, 768, 2048, 3072, 4096}) {
-    for (int64_t rows : {1, 3, 1001, 8192}) {
+  // Every row-length shape of the kernel (threads per row 16 .. 512: rows per block 64 .. 2), rows that
+  // fill a block, leave one part-full, outnumber the blocks, and leave the last sweep part-full.
+  for (int64_t cols : {128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096}) {
+    for (int64_t rows : {1, 3, 1001, 8192, 8197}) {
       SCOPED_TRACE(testing::Message() << rows << " x " << cols);
       torch::Tensor x = torch::randn({rows, cols}, f32) * 3 + 1;
       torch::Tensor gamma = torch::randn({cols}, f32), beta = torch::randn({cols}, f32);
@@ -1054,6 +1054,8 @@ TEST(FusedKernelsCuda, NormBackward_MatchesAten) {
       ASSERT_EQ(with_skip.size(), 3u);
       EXPECT_LT(rel(with_skip[0], dx + skip), 1e-4);
       EXPECT_TRUE(torch::equal(with_skip[1], got[1])) << "deterministic dgamma";
+      EXPECT_TRUE(torch::equal(with_skip[2], got[2])) << "deterministic dbeta";
+      EXPECT_LE(NormBackwardPartials(rows, cols), rows) << "no more partial rows than rows";
 
       // RMSNorm: y = x rstd w.
       const torch::Tensor xd = x.to(torch::kFloat64), dyd = dy.to(torch::kFloat64), wd = gamma.to(torch::kFloat64);
@@ -1324,9 +1326,23 @@ TEST(GemmGeluCuda, KernelsMatchAtenAndRefuseWhatTheyDoNotTake) {
   } else {
     std::cerr << "not sm_90: GemmBiasGelu not tested\n";
   }
-  for (int64_t rows : {8192, 129, 3}) {
-    const int64_t cols = rows == 8192 ? 8192 : 264;
+  // The real shape, rows that leave parts and a block's batch of loads part-full, a last column chunk
+  // of one thread; h with values outside the kernel's gelu' table (zeros, tiny, large).
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape& sh : {Shape{8192, 8192}, Shape{129, 264}, Shape{3, 264}, Shape{1001, 8192}, Shape{300, 2056},
+                          Shape{1, 8}, Shape{8197, 3072}}) {
+    const int64_t rows = sh.rows, cols = sh.cols;
+    SCOPED_TRACE(testing::Message() << rows << " x " << cols);
     torch::Tensor da = torch::randn({rows, cols}, o) * 1e-2, h = torch::randn({rows, cols}, o) * 2;
+    {
+      torch::Tensor flat = h.view({-1});
+      const int64_t n = flat.numel();
+      const std::vector<float> special = {0.f, -0.f, 1e-5f, -3e-6f, 2.4e-4f, 15.9f, -15.9f, 16.f, -16.f,
+                                          40.f, -40.f, 300.f, -7e4f, 3e38f};
+      for (size_t i = 0; i < special.size() && static_cast<int64_t>(i) * 7 < n; ++i) flat[i * 7].fill_(special[i]);
+    }
     torch::Tensor dh = torch::empty_like(h), dh2 = torch::empty_like(h);
     const int64_t parts = GeluBackwardPartials(rows);
     torch::Tensor p = torch::empty({parts, cols}, o.dtype(torch::kFloat32)), p2 = torch::empty_like(p);
@@ -1336,6 +1352,25 @@ TEST(GemmGeluCuda, KernelsMatchAtenAndRefuseWhatTheyDoNotTake) {
     torch::Tensor ref = at::gelu_backward(da.to(torch::kFloat32), h.to(torch::kFloat32));
     EXPECT_TRUE(torch::allclose(dh.to(torch::kFloat32), ref, 8e-3, 1e-6)) << rows;
     EXPECT_TRUE(torch::allclose(p.sum(0), ref.sum(0), 1e-4, 1e-4)) << rows;
+    // The same fp32 math as ATen's: its bf16 result, but for the rare rounding where the two builds'
+    // erff or expf differ in the last fp32 bit.
+    const int64_t differ = dh.ne(ref.to(torch::kBFloat16)).sum().item<int64_t>();
+    std::cerr << rows << " x " << cols << ": " << differ << " of " << dh.numel() << " dh differ from ATen's bf16\n";
+    EXPECT_LE(differ, dh.numel() / 10000) << rows;
+  }
+  // Every finite bf16 value of h (da = 1): dh is gelu'(h) rounded, table or not.
+  {
+    torch::Tensor all = torch::arange(0, 65536, torch::TensorOptions().dtype(torch::kInt32)).to(torch::kInt16);
+    torch::Tensor h = all.view(torch::kBFloat16).to(torch::kCUDA).view({256, 256});
+    h = torch::where(h.isfinite(), h, torch::zeros_like(h)).contiguous();
+    torch::Tensor da = torch::ones_like(h), dh = torch::empty_like(h);
+    torch::Tensor p = torch::empty({GeluBackwardPartials(256), 256}, o.dtype(torch::kFloat32));
+    ASSERT_EQ(GeluBackwardBias(bits(da), bits(h), bits(dh), p.data_ptr<float>(), 256, 256, stream), cudaSuccess);
+    torch::Tensor ref = at::gelu_backward(da.to(torch::kFloat32), h.to(torch::kFloat32)).to(torch::kBFloat16);
+    const int64_t differ = dh.ne(ref).sum().item<int64_t>();
+    std::cerr << "every bf16 h: " << differ << " of 65536 differ from ATen's\n";
+    EXPECT_LE(differ, 16);
+    EXPECT_TRUE(torch::allclose(dh.to(torch::kFloat32), ref.to(torch::kFloat32), 8e-3, 1e-30));
   }
   torch::Tensor t = torch::zeros({4, 12}, o);
   float partial[12];
