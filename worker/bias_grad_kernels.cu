@@ -198,7 +198,8 @@ __global__ void __launch_bounds__(kColThreads * kRowThreads, kBlocksPerSm)
 // for a warp), its kRowThreads warps every kRowThreads-th partial row, then warp 0 adds the warps' sums
 // in order. One thread per column summing every row in turn took 7.5 us per call (gpt-1.3b's shapes).
 __global__ void __launch_bounds__(kColThreads * kRowThreads)
-    FinishSumsKernel(const float* __restrict__ partial, float* __restrict__ sums, int64_t parts, int64_t cols) {
+    FinishSumsKernel(const float* __restrict__ partial, float* __restrict__ sums, int64_t parts, int64_t cols,
+                     bool accumulate) {
   __shared__ float shared[kRowThreads][kColThreads];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
   float s = 0.f;
@@ -210,12 +211,12 @@ __global__ void __launch_bounds__(kColThreads * kRowThreads)
   if (threadIdx.y != 0 || c >= cols) return;
 #pragma unroll
   for (int w = 1; w < kRowThreads; ++w) s += shared[w][threadIdx.x];
-  sums[c] = s;
+  sums[c] = accumulate ? sums[c] + s : s;  // accumulate: what autograd's add of the sums into .grad gives
 }
 
 template <class Source>
 cudaError_t Launch(const Source& source, float* partial, float* sums, int64_t rows, int64_t cols,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool accumulate) {
   if (rows < 1 || !ColumnSumsSupports(cols) || !Aligned(partial)) return cudaErrorInvalidValue;
   const int64_t per = RowsPerChunk(rows, cols, Source::kBlocksPerSm), parts = (rows + per - 1) / per;
   const dim3 grid(static_cast<unsigned>(ColBlocks(cols)), static_cast<unsigned>(parts));
@@ -227,7 +228,7 @@ cudaError_t Launch(const Source& source, float* partial, float* sums, int64_t ro
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   FinishSumsKernel<<<static_cast<unsigned>((cols + kColThreads - 1) / kColThreads), dim3(kColThreads, kRowThreads), 0,
-                     stream>>>(partial, sums, parts, cols);
+                     stream>>>(partial, sums, parts, cols, accumulate);
   return cudaGetLastError();
 }
 
@@ -247,20 +248,20 @@ int64_t ColumnSumPartials(int64_t rows, int64_t cols) {
 }
 
 cudaError_t ColumnSumsBf16(const uint16_t* x, float* partial, float* sums, int64_t rows, int64_t cols,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, bool accumulate) {
   if (!Aligned(x)) return cudaErrorInvalidValue;
-  return Launch(Bf16Source{x, cols}, partial, sums, rows, cols, stream);
+  return Launch(Bf16Source{x, cols}, partial, sums, rows, cols, stream, accumulate);
 }
 
 cudaError_t CastBf16WithColumnSums(const float* x, uint16_t* y, float* partial, float* sums, int64_t rows,
-                                   int64_t cols, cudaStream_t stream) {
+                                   int64_t cols, cudaStream_t stream, bool accumulate) {
   if (!Aligned(x) || !Aligned(y)) return cudaErrorInvalidValue;
-  return Launch(CastSource{x, y, cols}, partial, sums, rows, cols, stream);
+  return Launch(CastSource{x, y, cols}, partial, sums, rows, cols, stream, accumulate);
 }
 
 cudaError_t AssembleHeadsGradWithColumnSums(const HeadsGradView grads[3], int64_t batch, int64_t heads,
                                             int64_t seq, int64_t head_dim, uint16_t* dqkv, float* partial,
-                                            float* sums, cudaStream_t stream) {
+                                            float* sums, cudaStream_t stream, bool accumulate) {
   if (head_dim <= 0 || head_dim % kVec != 0 || heads <= 0 || seq <= 0 || !Aligned(dqkv)) return cudaErrorInvalidValue;
   HeadsSource source{{grads[0], grads[1], grads[2]}, seq, heads, head_dim, 3 * heads * head_dim, dqkv};
   for (const HeadsGradView& v : source.g) {
@@ -268,7 +269,15 @@ cudaError_t AssembleHeadsGradWithColumnSums(const HeadsGradView grads[3], int64_
       return cudaErrorInvalidValue;
     }
   }
-  return Launch(source, partial, sums, batch * seq, source.cols, stream);
+  return Launch(source, partial, sums, batch * seq, source.cols, stream, accumulate);
+}
+
+cudaError_t SumPartialRows(const float* partial, float* sums, int64_t parts, int64_t cols, bool accumulate,
+                           cudaStream_t stream) {
+  if (parts < 1 || cols < 1 || cols > (int64_t{1} << 36)) return cudaErrorInvalidValue;
+  FinishSumsKernel<<<static_cast<unsigned>((cols + kColThreads - 1) / kColThreads), dim3(kColThreads, kRowThreads), 0,
+                     stream>>>(partial, sums, parts, cols, accumulate);
+  return cudaGetLastError();
 }
 
 }  // namespace stagehand

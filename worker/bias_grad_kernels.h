@@ -23,16 +23,17 @@ int64_t ColumnSumPartials(int64_t rows, int64_t cols);
 // one row of `partial`, and a second, short kernel adds the partial rows in order into sums[cols]. The
 // summation order is fixed, so the results are deterministic. Pointers 16-byte aligned, rows >= 1;
 // cudaErrorInvalidValue for columns ColumnSumsSupports refuses or a misaligned pointer, else the
-// launch's error.
+// launch's error. With `accumulate`, sums[c] += the column's sum (what autograd's add of the sums into
+// a parameter's .grad gives, without its kernel) instead of sums[c] = it.
 
 // sums[c] = sum over r of x[r, c], x [rows, cols] bf16 contiguous.
 cudaError_t ColumnSumsBf16(const uint16_t* x, float* partial, float* sums, int64_t rows, int64_t cols,
-                           cudaStream_t stream);
+                           cudaStream_t stream, bool accumulate = false);
 
 // y = bf16(x) (round to nearest even, as .to(bf16)) and sums[c] = sum over r of y[r, c] (of the rounded
 // values: what summing the cast copy gives), x [rows, cols] fp32 contiguous, y bf16 contiguous.
 cudaError_t CastBf16WithColumnSums(const float* x, uint16_t* y, float* partial, float* sums, int64_t rows,
-                                   int64_t cols, cudaStream_t stream);
+                                   int64_t cols, cudaStream_t stream, bool accumulate = false);
 
 // One of q, k, v as [B, NH, S, D] bf16 with the last dimension contiguous: element (b, h, s, d) at
 // data[b * stride_b + h * stride_h + s * stride_s + d] (strides in elements, multiples of 8).
@@ -46,7 +47,12 @@ struct HeadsGradView {
 // sums[c] = sum over rows of dqkv[., c] (the qkv bias's gradient), in one pass. head_dim a multiple of 8.
 cudaError_t AssembleHeadsGradWithColumnSums(const HeadsGradView grads[3], int64_t batch, int64_t heads,
                                             int64_t seq, int64_t head_dim, uint16_t* dqkv, float* partial,
-                                            float* sums, cudaStream_t stream);
+                                            float* sums, cudaStream_t stream, bool accumulate = false);
+
+// sums[c] (+)= the sum of partial[p, c] over p = 0 .. parts - 1, in that order (the second pass above, for
+// partial rows another kernel wrote: the norm and GELU backward's), partial [parts, cols] fp32 contiguous.
+cudaError_t SumPartialRows(const float* partial, float* sums, int64_t parts, int64_t cols, bool accumulate,
+                           cudaStream_t stream);
 
 }  // namespace stagehand
 

@@ -228,5 +228,61 @@ TEST(ForwardHeadsCuda, Gpt13bShapesUnderAutocast_MatchUnfused) {
   }
 }
 
+// The fused backward adds the bias, LayerNorm weight and bias gradients into .grad itself (no
+// gradient returned to autograd): over two backward passes (the second accumulating, the first from no
+// .grad and from a zeroed one) the gradients equal the unfused path's, where autograd adds them.
+TEST(GradSumsCuda, IntoDotGradAccumulate_MatchUnfused) {
+  if (!Cuda()) GTEST_SKIP() << "no GPU";
+  const int64_t b = 4, s = 64, hidden = 256;
+  for (bool start_zeroed : {false, true}) {
+    auto run = [&](bool fused) {
+      torch::manual_seed(13);
+      Dense qkv(hidden, 3 * hidden, true, torch::kCUDA), proj(hidden, hidden, true, torch::kCUDA),
+          fc1(hidden, 4 * hidden, true, torch::kCUDA), fc2(4 * hidden, hidden, true, torch::kCUDA);
+      torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({hidden}));
+      ln->to(torch::kCUDA);
+      std::vector<Dense*> dense = {&qkv, &proj, &fc1, &fc2};
+      {
+        torch::NoGradGuard no_grad;
+        for (Dense* d : dense) {
+          (*d)->weight.normal_(0.0, 0.02);
+          (*d)->bias.normal_(0.0, 0.02);
+          (*d)->set_fused_bias_grad(fused);
+        }
+        ln->weight.normal_(1.0, 0.1);
+        ln->bias.normal_(0.0, 0.1);
+      }
+      if (start_zeroed) {
+        for (Dense* d : dense) (*d)->bias.mutable_grad() = torch::zeros_like((*d)->bias);
+        ln->weight.mutable_grad() = torch::zeros_like(ln->weight);
+        ln->bias.mutable_grad() = torch::zeros_like(ln->bias);
+      }
+      for (int pass = 0; pass < 2; ++pass) {
+        torch::Tensor x = torch::randn({b, s, hidden}, torch::kCUDA).requires_grad_();
+        CudaBf16Autocast autocast;
+        auto [normed, skip] = NormForGemmWithSkip(ln, x, true, fused, fused);
+        const std::vector<torch::Tensor> h = fused ? qkv->ForwardHeads(normed, 4) : UnfusedHeads(qkv, normed, 4);
+        torch::Tensor att = at::scaled_dot_product_attention(h[0], h[1], h[2], {}, 0.0, true);
+        torch::Tensor y = proj->ForwardResidual(att.transpose(1, 2).reshape({b, s, hidden}), skip, true);
+        y = fc2->ForwardResidual(fc1->ForwardGelu(y.to(torch::kBFloat16), fused, fused), y, true);
+        y.sum().backward();
+      }
+      std::vector<torch::Tensor> grads;
+      for (Dense* d : dense) grads.push_back((*d)->bias.grad());
+      grads.push_back(ln->weight.grad());
+      grads.push_back(ln->bias.grad());
+      return grads;
+    };
+    const std::vector<torch::Tensor> fused = run(true), plain = run(false);
+    const char* names[] = {"qkv.bias", "proj.bias", "fc1.bias", "fc2.bias", "ln.weight", "ln.bias"};
+    for (size_t i = 0; i < fused.size(); ++i) {
+      ASSERT_TRUE(fused[i].defined() && plain[i].defined()) << names[i];
+      const double scale = plain[i].abs().max().item<double>();
+      const double worst = (fused[i] - plain[i]).abs().max().item<double>() / scale;
+      EXPECT_LT(worst, 2e-2) << names[i] << (start_zeroed ? ", from zeroed .grad" : ", from no .grad");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace stagehand

@@ -50,20 +50,50 @@ void AccumulateWeightGrad(torch::Tensor& weight, const torch::Tensor& dy, const 
   }
 }
 
+// Where a kernel adds a parameter's gradient sums into its .grad itself: a CUDA fp32 leaf that needs a
+// gradient, with an fp32 contiguous .grad of its shape (or none: one is made, uninitialised, and the
+// kernel writes instead of adding). {nullptr, false} otherwise: the caller returns the sums to autograd.
+struct GradSum {
+  float* ptr = nullptr;
+  bool accumulate = false;
+};
+GradSum GradSumInto(const torch::Tensor* param) {
+  if (param == nullptr || !param->defined() || !param->is_cuda() || param->scalar_type() != torch::kFloat32 ||
+      !param->is_leaf() || !param->requires_grad()) {
+    return {};
+  }
+  torch::Tensor& g = param->mutable_grad();
+  if (!g.defined()) {
+    g = torch::empty_like(*param, torch::MemoryFormat::Contiguous);
+    return {g.data_ptr<float>(), false};
+  }
+  if (g.scalar_type() != torch::kFloat32 || !g.is_contiguous() || g.sizes() != param->sizes() ||
+      g.device() != param->device()) {
+    return {};
+  }
+  return {g.data_ptr<float>(), true};
+}
+
+// The parameter saved under `key` by a forward (undefined when none was).
+torch::Tensor SavedParam(torch::autograd::AutogradContext* ctx, const char* key) {
+  auto it = ctx->saved_data.find(key);
+  return it == ctx->saved_data.end() || !it->second.isTensor() ? torch::Tensor() : it->second.toTensor();
+}
+
 // {dy [rows, out] in the compute dtype, the bias's gradient (undefined unless want_bias)} of a linear
 // layer's incoming gradient g: with `fused`, an fp32 g (the residual stream's) is cast to bf16 and
 // summed in one pass (CastWithColumnSums), a bf16 one summed by ColumnSums; otherwise ATen's cast and
 // reduce. The sums are in the parameter's dtype.
 std::pair<torch::Tensor, torch::Tensor> GradientAndBiasGrad(const torch::Tensor& g, at::ScalarType compute,
                                                             at::ScalarType param, int64_t out, bool want_bias,
-                                                            bool fused) {
+                                                            bool fused, const torch::Tensor* bias_param) {
   fused = fused && want_bias && param == torch::kFloat32;
   if (fused && compute == torch::kBFloat16 && g.scalar_type() == torch::kFloat32) {
-    return CastWithColumnSums(g.reshape({-1, out}));
+    return CastWithColumnSums(g.reshape({-1, out}), bias_param);
   }
   torch::Tensor dy = g.to(compute).reshape({-1, out});
   if (!want_bias) return {dy, torch::Tensor()};
-  if (fused && dy.scalar_type() == torch::kBFloat16) return {dy, ColumnSums(dy)};
+  if (fused && dy.scalar_type() == torch::kBFloat16) return {dy, ColumnSums(dy, bias_param)};
   return {dy, dy.sum(0, /*keepdim=*/false, param)};
 }
 
@@ -87,10 +117,11 @@ torch::Tensor LinearInputAndWeightGrads(torch::autograd::AutogradContext* ctx, c
 
 // What a linear layer's backward needs (LinearBackward), saved by its forward.
 void SaveLinear(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                const torch::Tensor& weight_c, bool has_bias, bool fused_bias_grad) {
+                const torch::Tensor& weight_c, const std::optional<torch::Tensor>& bias, bool fused_bias_grad) {
   ctx->save_for_backward({x, weight_c});
   ctx->saved_data["weight"] = weight;
-  ctx->saved_data["has_bias"] = has_bias;
+  ctx->saved_data["has_bias"] = bias.has_value();
+  if (bias.has_value()) ctx->saved_data["bias"] = *bias;
   ctx->saved_data["fused_bias_grad"] = fused_bias_grad;
 }
 
@@ -103,8 +134,9 @@ std::pair<torch::Tensor, torch::Tensor> LinearBackward(torch::autograd::Autograd
   const torch::Tensor &x = saved[0], &weight_c = saved[1];
   torch::Tensor weight = ctx->saved_data["weight"].toTensor();
   const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(bias_index);
+  const torch::Tensor bias_param = SavedParam(ctx, "bias");
   auto [dy, db] = GradientAndBiasGrad(grad, weight_c.scalar_type(), weight.scalar_type(), weight_c.size(0), bias,
-                                      ctx->saved_data["fused_bias_grad"].toBool());
+                                      ctx->saved_data["fused_bias_grad"].toBool(), &bias_param);
   return {LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, x_index, weight_index), db};
 }
 
@@ -118,7 +150,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
                                const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
                                const torch::Tensor& weight_c, const std::optional<torch::Tensor>& bias_c,
                                bool fused_bias_grad) {
-    SaveLinear(ctx, x, weight, weight_c, bias.has_value(), fused_bias_grad);
+    SaveLinear(ctx, x, weight, weight_c, bias, fused_bias_grad);
     return at::linear(x, weight_c, bias_c);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -142,6 +174,7 @@ class LinearHeadsFunction : public torch::autograd::Function<LinearHeadsFunction
     ctx->save_for_backward({x, weight_c});
     ctx->saved_data["weight"] = weight;
     ctx->saved_data["has_bias"] = bias.has_value();
+    if (bias.has_value()) ctx->saved_data["bias"] = *bias;
     const torch::Tensor y = at::linear(x, weight_c, bias_c);
     const int64_t b = y.size(0), s = y.size(1), d = y.size(2) / 3 / heads;
     std::vector<torch::Tensor> parts = y.view({b, s, 3, heads, d}).permute({2, 0, 3, 1, 4}).unbind(0);
@@ -154,7 +187,8 @@ class LinearHeadsFunction : public torch::autograd::Function<LinearHeadsFunction
     torch::Tensor weight = ctx->saved_data["weight"].toTensor();
     const int64_t out = weight_c.size(0);
     const bool bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
-    auto [dqkv, db] = AssembleHeadsGrad(grads[0], grads[1], grads[2], bias);
+    const torch::Tensor bias_param = SavedParam(ctx, "bias");
+    auto [dqkv, db] = AssembleHeadsGrad(grads[0], grads[1], grads[2], bias, &bias_param);
     const torch::Tensor dy = dqkv.to(weight_c.scalar_type()).view({-1, out});
     if (db.defined()) db = db.to(weight.scalar_type());
     torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 1);
@@ -191,7 +225,7 @@ class LinearResidualFunction : public torch::autograd::Function<LinearResidualFu
     torch::Tensor bias_f32;  // the fp32 parameter (training keeps fp32 masters), or its upcast
     if (bias.has_value()) bias_f32 = bias->scalar_type() == torch::kFloat32 ? *bias : bias->to(torch::kFloat32);
     torch::Tensor y = LinearResidual(x, skip, bias_f32, weight_c);
-    SaveLinear(ctx, x, weight, weight_c, bias.has_value(), fused_bias_grad);
+    SaveLinear(ctx, x, weight, weight_c, bias, fused_bias_grad);
     return y;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -226,6 +260,8 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
     TORCH_CHECK(e == cudaSuccess, "LayerNormToBf16: ", cudaGetErrorString(e));
     ctx->save_for_backward({x, weight, bias, mean, rstd});
     ctx->saved_data["fused_backward"] = fused_backward;
+    ctx->saved_data["weight"] = weight;  // the parameters, whose .grad the fused backward adds into
+    ctx->saved_data["bias"] = bias;
     if (skip) return {y, x};
     return {y};
   }
@@ -235,7 +271,10 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
     const torch::Tensor &x = s[0], &weight = s[1], &bias = s[2], &mean = s[3], &rstd = s[4];
     const torch::Tensor skip_grad = grads.size() > 1 ? grads[1] : torch::Tensor();
     if (ctx->saved_data["fused_backward"].toBool()) {
-      std::vector<torch::Tensor> fused = NormBackwardFromBf16(grads[0], x, weight, mean, rstd, skip_grad);
+      const torch::Tensor weight_param = ctx->needs_input_grad(1) ? SavedParam(ctx, "weight") : torch::Tensor();
+      const torch::Tensor bias_param = ctx->needs_input_grad(2) ? SavedParam(ctx, "bias") : torch::Tensor();
+      std::vector<torch::Tensor> fused =
+          NormBackwardFromBf16(grads[0], x, weight, mean, rstd, skip_grad, &weight_param, &bias_param);
       if (!fused.empty()) return {fused[0], fused[1], fused[2], torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
     auto [dx, dweight, dbias] = at::native_layer_norm_backward(
@@ -281,10 +320,26 @@ std::pair<torch::Tensor, torch::Tensor> LinearGeluForward(const torch::Tensor& x
   return {a, keep_h ? h : torch::Tensor()};
 }
 
+// The column sums of fp32 partial rows [parts, cols] in `dtype`: our second pass (SumPartialRows) for
+// fp32, into the .grad of `into` where GradSumInto allows (then undefined comes back); ATen's sum else.
+torch::Tensor SumPartials(const torch::Tensor& partial, at::ScalarType dtype, const torch::Tensor* into) {
+  if (!partial.is_cuda() || dtype != torch::kFloat32 || partial.scalar_type() != torch::kFloat32 ||
+      !partial.is_contiguous() || partial.dim() != 2) {
+    return partial.sum(0, /*keepdim=*/false, dtype);
+  }
+  const int64_t parts = partial.size(0), cols = partial.size(1);
+  const GradSum target = into != nullptr && into->defined() && into->numel() == cols ? GradSumInto(into) : GradSum{};
+  torch::Tensor sums = target.ptr == nullptr ? torch::empty({cols}, partial.options()) : torch::Tensor();
+  const cudaError_t e = SumPartialRows(partial.data_ptr<float>(), target.ptr != nullptr ? target.ptr : sums.data_ptr<float>(),
+                                       parts, cols, target.accumulate, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "SumPartialRows: ", cudaGetErrorString(e));
+  return sums;
+}
+
 // {dh = da * gelu'(h), db = the column sums of dh in `db_dtype`} for da and h [rows, cols]: one kernel
 // (gelu_kernels.h) for bf16 on CUDA, then a sum over its few partial rows; else ATen's.
 std::pair<torch::Tensor, torch::Tensor> GeluBackwardWithBias(const torch::Tensor& da, const torch::Tensor& h,
-                                                             at::ScalarType db_dtype) {
+                                                             at::ScalarType db_dtype, const torch::Tensor* into) {
   const auto aligned = Aligned16;
   auto takes = [&](const torch::Tensor& t) {
     return t.is_cuda() && t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && aligned(t);
@@ -297,7 +352,7 @@ std::pair<torch::Tensor, torch::Tensor> GeluBackwardWithBias(const torch::Tensor
     const cudaError_t e = GeluBackwardBias(bits(da), bits(h), bits(dh), partial.data_ptr<float>(), rows, cols,
                                            at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(e == cudaSuccess, "GeluBackwardBias: ", cudaGetErrorString(e));
-    return {dh, partial.sum(0, /*keepdim=*/false, db_dtype)};
+    return {dh, SumPartials(partial, db_dtype, into)};
   }
   torch::Tensor dh = at::gelu_backward(da, h);
   return {dh, dh.sum(0, /*keepdim=*/false, db_dtype)};
@@ -315,6 +370,7 @@ class LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction> 
     auto [a, h] = LinearGeluForward(x, weight_c, bias_c, /*keep_h=*/true, gemm);
     ctx->save_for_backward({x, weight_c, h});
     ctx->saved_data["weight"] = weight;
+    ctx->saved_data["bias"] = bias;
     return a;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -324,7 +380,8 @@ class LinearGeluFunction : public torch::autograd::Function<LinearGeluFunction> 
     torch::Tensor weight = ctx->saved_data["weight"].toTensor();
     const int64_t out = weight_c.size(0);
     const torch::Tensor da = grads[0].to(weight_c.scalar_type()).contiguous().view({-1, out});
-    auto [dy, db] = GeluBackwardWithBias(da, h.view({-1, out}), weight.scalar_type());
+    const torch::Tensor bias_param = ctx->needs_input_grad(2) ? SavedParam(ctx, "bias") : torch::Tensor();
+    auto [dy, db] = GeluBackwardWithBias(da, h.view({-1, out}), weight.scalar_type(), &bias_param);
     torch::Tensor dx = LinearInputAndWeightGrads(ctx, x, weight_c, weight, dy, 0, 1);
     if (!ctx->needs_input_grad(2)) db = torch::Tensor();
     return {dx, torch::Tensor(), db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
@@ -403,7 +460,8 @@ at::Generator LayerGenerator(uint64_t seed, int layer, const torch::Device& devi
 
 std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const torch::Tensor& x,
                                                 const torch::Tensor& weight, const torch::Tensor& mean,
-                                                const torch::Tensor& rstd, const torch::Tensor& residual) {
+                                                const torch::Tensor& rstd, const torch::Tensor& residual,
+                                                const torch::Tensor* weight_param, const torch::Tensor* bias_param) {
   const auto aligned = Aligned16;
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   if (!dy.defined() || !dy.is_cuda() || dy.scalar_type() != torch::kBFloat16 || !dy.is_contiguous() ||
@@ -424,7 +482,8 @@ std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const t
                    residual.defined() ? residual.data_ptr<float>() : nullptr, dx.data_ptr<float>(), dgamma.data_ptr<float>(), mean.defined() ? dbeta.data_ptr<float>() : nullptr,
                    rows, cols, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(e == cudaSuccess, "NormBackward: ", cudaGetErrorString(e));
-  return {dx, dgamma.sum(0), mean.defined() ? dbeta.sum(0) : torch::Tensor()};
+  return {dx, SumPartials(dgamma, torch::kFloat32, weight_param),
+          mean.defined() ? SumPartials(dbeta, torch::kFloat32, bias_param) : torch::Tensor()};
 }
 
 // ln(x) as the input of a GEMM: with `fused` under bf16 autocast on CUDA, fused with the cast to bf16
@@ -505,44 +564,54 @@ bool ColumnKernelTakes(const torch::Tensor& x, at::ScalarType dtype) {
          x.size(0) > 0 && ColumnSumsSupports(x.size(1)) && Aligned16(x);
 }
 
-// [ColumnSumPartials, cols] fp32 scratch and the [cols] sums, on x's device.
-std::pair<torch::Tensor, torch::Tensor> SumBuffers(const torch::Tensor& x, int64_t rows, int64_t cols) {
-  const auto options = x.options().dtype(torch::kFloat32);
-  return {torch::empty({ColumnSumPartials(rows, cols), cols}, options), torch::empty({cols}, options)};
-}
+// [ColumnSumPartials, cols] fp32 scratch, the [cols] sums and where the kernel writes them: into's
+// .grad where GradSumInto allows (the sums then undefined), else the sums.
+struct SumBuffers {
+  torch::Tensor partial, sums;
+  GradSum target;
+  SumBuffers(const torch::Tensor& x, int64_t rows, int64_t cols, const torch::Tensor* into) {
+    const auto options = x.options().dtype(torch::kFloat32);
+    partial = torch::empty({ColumnSumPartials(rows, cols), cols}, options);
+    if (into != nullptr && into->defined() && into->numel() == cols) target = GradSumInto(into);
+    if (target.ptr == nullptr) {
+      sums = torch::empty({cols}, options);
+      target = {sums.data_ptr<float>(), false};
+    }
+  }
+};
 
 }  // namespace
 
-torch::Tensor ColumnSums(const torch::Tensor& x) {
+torch::Tensor ColumnSums(const torch::Tensor& x, const torch::Tensor* into) {
   if (!ColumnKernelTakes(x, torch::kBFloat16)) {
     return x.sum(0, /*keepdim=*/false, at::promote_types(x.scalar_type(), torch::kFloat32));
   }
   const int64_t rows = x.size(0), cols = x.size(1);
-  auto [partial, sums] = SumBuffers(x, rows, cols);
+  const SumBuffers b(x, rows, cols, into);
   const cudaError_t e = ColumnSumsBf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
-                                       partial.data_ptr<float>(), sums.data_ptr<float>(), rows, cols,
-                                       at::cuda::getCurrentCUDAStream());
+                                       b.partial.data_ptr<float>(), b.target.ptr, rows, cols,
+                                       at::cuda::getCurrentCUDAStream(), b.target.accumulate);
   TORCH_CHECK(e == cudaSuccess, "ColumnSumsBf16: ", cudaGetErrorString(e));
-  return sums;
+  return b.sums;
 }
 
-std::pair<torch::Tensor, torch::Tensor> CastWithColumnSums(const torch::Tensor& g) {
+std::pair<torch::Tensor, torch::Tensor> CastWithColumnSums(const torch::Tensor& g, const torch::Tensor* into) {
   if (!ColumnKernelTakes(g, torch::kFloat32)) {
     torch::Tensor y = g.to(torch::kBFloat16);
     return {y, y.sum(0, /*keepdim=*/false, torch::kFloat32)};
   }
   const int64_t rows = g.size(0), cols = g.size(1);
   torch::Tensor y = torch::empty({rows, cols}, g.options().dtype(torch::kBFloat16));
-  auto [partial, sums] = SumBuffers(g, rows, cols);
+  const SumBuffers b(g, rows, cols, into);
   const cudaError_t e = CastBf16WithColumnSums(g.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
-                                               partial.data_ptr<float>(), sums.data_ptr<float>(), rows, cols,
-                                               at::cuda::getCurrentCUDAStream());
+                                               b.partial.data_ptr<float>(), b.target.ptr, rows, cols,
+                                               at::cuda::getCurrentCUDAStream(), b.target.accumulate);
   TORCH_CHECK(e == cudaSuccess, "CastBf16WithColumnSums: ", cudaGetErrorString(e));
-  return {y, sums};
+  return {y, b.sums};
 }
 
 std::pair<torch::Tensor, torch::Tensor> AssembleHeadsGrad(const torch::Tensor& dq, const torch::Tensor& dk,
-                                                          const torch::Tensor& dv, bool sums) {
+                                                          const torch::Tensor& dv, bool sums, const torch::Tensor* into) {
   const std::array<const torch::Tensor*, 3> g = {&dq, &dk, &dv};
   const torch::Tensor* any = nullptr;
   for (const torch::Tensor* t : g) any = t->defined() ? t : any;
@@ -572,17 +641,17 @@ std::pair<torch::Tensor, torch::Tensor> AssembleHeadsGrad(const torch::Tensor& d
     return {dqkv, dqkv.view({b * s, -1}).sum(0, /*keepdim=*/false, sum_type)};
   }
   torch::Tensor dqkv = torch::empty({b, s, 3 * heads * d}, any->options());
-  auto [partial, col_sums] = SumBuffers(dqkv, b * s, 3 * heads * d);
+  const SumBuffers buffers(dqkv, b * s, 3 * heads * d, into);
   HeadsGradView views[3];
   for (int i = 0; i < 3; ++i) {
     views[i] = {reinterpret_cast<const uint16_t*>(g[i]->data_ptr<at::BFloat16>()), g[i]->stride(0), g[i]->stride(1),
                 g[i]->stride(2)};
   }
   const cudaError_t e = AssembleHeadsGradWithColumnSums(
-      views, b, heads, s, d, reinterpret_cast<uint16_t*>(dqkv.data_ptr<at::BFloat16>()), partial.data_ptr<float>(),
-      col_sums.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
+      views, b, heads, s, d, reinterpret_cast<uint16_t*>(dqkv.data_ptr<at::BFloat16>()), buffers.partial.data_ptr<float>(),
+      buffers.target.ptr, at::cuda::getCurrentCUDAStream(), buffers.target.accumulate);
   TORCH_CHECK(e == cudaSuccess, "AssembleHeadsGradWithColumnSums: ", cudaGetErrorString(e));
-  return {dqkv, col_sums};
+  return {dqkv, buffers.sums};
 }
 
 torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Tensor& skip, bool fused) {

@@ -166,17 +166,23 @@ void SetDenseFusedBiasGrad(torch::nn::Module& root, bool on);
 // The bias gradient's column sums (bias_grad_kernels.h), deterministic, in fp32. For 2-D [rows, cols]
 // contiguous, 16-byte aligned CUDA inputs with cols a multiple of 8; anything else goes to ATen.
 // ColumnSums: x bf16 -> x.sum(0) in fp32.
-torch::Tensor ColumnSums(const torch::Tensor& x_bf16_2d);
+// `into` (may be null): the parameter whose gradient the sums are. Where the kernel runs and the
+// parameter is a CUDA fp32 leaf that needs a gradient, the kernel adds the sums into its .grad itself
+// (autograd's add into .grad, without that kernel; a missing .grad is made) and the sums come back
+// undefined, so the caller returns no gradient for it; otherwise the sums come back.
+torch::Tensor ColumnSums(const torch::Tensor& x_bf16_2d, const torch::Tensor* into = nullptr);
 // {bf16 copy of g, column sums of that copy in fp32}: the cast a bf16 GEMM's backward makes of an fp32
-// gradient (the residual stream's) and its bias's gradient, in one pass.
-std::pair<torch::Tensor, torch::Tensor> CastWithColumnSums(const torch::Tensor& g_fp32);
+// gradient (the residual stream's) and its bias's gradient, in one pass. `into` as ColumnSums'.
+std::pair<torch::Tensor, torch::Tensor> CastWithColumnSums(const torch::Tensor& g_fp32,
+                                                           const torch::Tensor* into = nullptr);
 // {dqkv [B, S, 3H], its column sums in fp32 (undefined unless `sums`)}: attention's q, k, v gradients
 // [B, NH, S, D] written into the gradient of the qkv projection's output [B, S, 3H] (viewed as
 // [B, S, 3, NH, D]) in one vectorised pass that also sums the bias's gradient, for bf16 gradients with
 // a contiguous last dimension on CUDA; otherwise three strided copies (an undefined gradient: zeros)
-// and ATen's sum.
+// and ATen's sum. `into` as ColumnSums'.
 std::pair<torch::Tensor, torch::Tensor> AssembleHeadsGrad(const torch::Tensor& dq, const torch::Tensor& dk,
-                                                          const torch::Tensor& dv, bool sums);
+                                                          const torch::Tensor& dv, bool sums,
+                                                          const torch::Tensor* into = nullptr);
 
 // Deferred weight gradients (zero-bubble's W, as Megatron-LM's deferred wgrad and torch.distributed.
 // pipelining's stage_backward_weight): while a DeferWeightGrads scope is alive, every Dense backward in
@@ -276,11 +282,15 @@ std::pair<torch::Tensor, torch::Tensor> NormForGemmWithSkip(torch::nn::LayerNorm
 // {dx (fp32), dweight, dbias (undefined for RMSNorm)}; mean and rstd are the forward's, one per row.
 // `residual` (fp32, x's shape; may be undefined) is added to dx in the same pass.
 // Empty when the kernel does not take the inputs (dy not bf16, contiguous and aligned on CUDA, a row
-// length LayerNormToBf16 does not take): the caller then runs its own backward.
+// length LayerNormToBf16 does not take): the caller then runs its own backward. weight_param and
+// bias_param (may be null): the norm's parameters, whose gradients go into their .grad as ColumnSums'
+// `into` says (then dweight, dbias come back undefined).
 std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const torch::Tensor& x,
                                                 const torch::Tensor& weight, const torch::Tensor& mean,
                                                 const torch::Tensor& rstd,
-                                                const torch::Tensor& residual = torch::Tensor());
+                                                const torch::Tensor& residual = torch::Tensor(),
+                                                const torch::Tensor* weight_param = nullptr,
+                                                const torch::Tensor* bias_param = nullptr);
 
 // bf16 autocast on CUDA for one forward, restoring what was there before. Like Python's
 // torch.autocast, the cache of cast weights is dropped when the outermost region ends: a cached bf16

@@ -152,6 +152,7 @@ class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Func
     TORCH_CHECK(e == cudaSuccess, "RmsNormToBf16: ", cudaGetErrorString(e));
     ctx->save_for_backward({x, weight, rstd});
     ctx->saved_data["fused_backward"] = fused_backward;
+    ctx->saved_data["weight"] = weight;  // the parameter, whose .grad the fused backward adds into
     if (skip) return {y, x};
     return {y};
   }
@@ -161,7 +162,10 @@ class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Func
     const torch::Tensor &x = s[0], &weight = s[1], &rstd = s[2];
     const torch::Tensor skip_grad = grads.size() > 1 ? grads[1] : torch::Tensor();
     if (ctx->saved_data["fused_backward"].toBool()) {
-      std::vector<torch::Tensor> fused = NormBackwardFromBf16(grads[0], x, weight, torch::Tensor(), rstd, skip_grad);
+      const torch::Tensor weight_param =
+          ctx->needs_input_grad(1) ? ctx->saved_data["weight"].toTensor() : torch::Tensor();
+      std::vector<torch::Tensor> fused =
+          NormBackwardFromBf16(grads[0], x, weight, torch::Tensor(), rstd, skip_grad, &weight_param);
       if (!fused.empty()) return {fused[0], fused[1], torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
     const torch::Tensor dy = grads[0].to(torch::kFloat32);
