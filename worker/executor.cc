@@ -118,7 +118,8 @@ Executor::Executor(ExecutorOptions options, std::vector<std::unique_ptr<Stage>> 
   // Peak memory from here on: the profile that ran before (and its graphs) is not the run's.
   if (o_.device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(0);
   if (training_) {
-    optimizer_ = std::make_unique<FusedAdamW>(Parameters(), o_.lr, 0.9, 0.95, 1e-8, o_.weight_decay);
+    optimizer_ = std::make_unique<FusedAdamW>(Parameters(), o_.lr, 0.9, 0.95, 1e-8, o_.weight_decay,
+                                              o_.fused_optimizer);
     for (auto& c : chunks_) c->SetTraining(true);
   } else {
     for (auto& c : chunks_) c->SetTraining(false);
@@ -440,7 +441,7 @@ absl::Status Executor::Compute(const Action& x) {
       if (sync_ != nullptr) {
         if (absl::Status s = sync_->Step(*optimizer_); !s.ok()) return s;
       } else {
-        optimizer_->Step();
+        optimizer_->Step(/*zero_grads=*/graphs_);  // zeroed in its pass where ZeroGrad would zero them
       }
       optimizer_->ZeroGrad(/*set_to_none=*/!graphs_);  // captured graphs accumulate into fixed gradients
       break;

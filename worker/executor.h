@@ -48,6 +48,9 @@ struct ExecutorOptions {
   int64_t seq = 1;           // tokens per sequence (the batch's inputs; targets are shifted by one)
   double lr = 1e-4;
   double weight_decay = 0.1;  // AdamW's
+  // AdamW in our one-launch kernel that also writes the linear layers' bf16 copies and zeroes the
+  // gradients (FusedAdamW; --model_option=fused_optimizer=false: ATen's _fused_adamw_ and separate passes).
+  bool fused_optimizer = true;
   double grad_clip = 0;      // > 0: the global gradient norm (every rank's, over the transport) is clipped to it
   bool timing = true;
   bool cuda_graphs = true;   // on GPUs: replay captured graphs from step 1 where the list allows it

@@ -14,8 +14,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "models/attention_kernels.h"
 #include "worker/stage.h"
+#include "worker/adamw_kernels.h"
 #include "worker/bias_grad_kernels.h"
 #include "worker/embedding_kernels.h"
 #include "worker/fused_backward_kernels.h"
@@ -717,6 +719,35 @@ torch::Tensor EmbeddingLookup(const torch::Tensor& weight, const torch::Tensor& 
   return EmbeddingFunction::apply(weight, tokens);
 }
 
+namespace {
+
+// Parameter (its TensorImpl) -> the cache of its bf16 copy.
+absl::Mutex cast_copies_mu;
+std::map<const c10::TensorImpl*, CastCache*>& CastCopies() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cast_copies_mu) {
+  static auto* copies = new std::map<const c10::TensorImpl*, CastCache*>();
+  return *copies;
+}
+
+}  // namespace
+
+void CastCache::Register(const torch::Tensor& param) {
+  absl::MutexLock lock(&cast_copies_mu);
+  CastCopies()[param.unsafeGetTensorImpl()] = this;
+}
+
+CastCache::~CastCache() {
+  absl::MutexLock lock(&cast_copies_mu);
+  auto& copies = CastCopies();
+  for (auto it = copies.begin(); it != copies.end();) it = it->second == this ? copies.erase(it) : std::next(it);
+}
+
+CastCache* CastCopyOf(const torch::Tensor& param) {
+  absl::MutexLock lock(&cast_copies_mu);
+  auto& copies = CastCopies();
+  auto it = copies.find(param.unsafeGetTensorImpl());
+  return it == copies.end() ? nullptr : it->second;
+}
+
 void CastBatch::Add(CastCache& cache, const torch::Tensor& param, at::ScalarType dtype) {
   torch::Tensor* buffer = cache.StaleBuffer(param, dtype);
   if (buffer == nullptr) {
@@ -801,18 +832,75 @@ absl::Status SelectAttentionKernel(const std::string& kernel) {
 }
 
 FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, double lr, double beta1, double beta2, double eps,
-                       double weight_decay)
-    : params_(std::move(params)), lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay) {
+                       double weight_decay, bool own_kernel)
+    : params_(std::move(params)), lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay),
+      own_kernel_(own_kernel) {
   exp_avg_.resize(params_.size());
   exp_avg_sq_.resize(params_.size());
   steps_.resize(params_.size());
+  zeroed_.assign(params_.size(), false);
 }
 
-void FusedAdamW::Step() {
+bool FusedAdamW::OwnStep(const std::vector<size_t>& indices, bool zero_grads) {
+  auto suits = [](const torch::Tensor& t, const torch::Tensor& like) {
+    return t.defined() && t.is_cuda() && t.scalar_type() == torch::kFloat32 && t.is_contiguous() &&
+           t.device() == like.device() && t.sizes() == like.sizes() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  std::vector<const void*> key;
+  std::vector<CastCache*> caches(indices.size(), nullptr);
+  std::vector<uint16_t*> copies(indices.size(), nullptr);
+  for (size_t j = 0; j < indices.size(); ++j) {
+    const size_t i = indices[j];
+    const torch::Tensor& p = params_[i];
+    if (!suits(p, p) || !suits(p.grad(), p) || !suits(exp_avg_[i], p) || !suits(exp_avg_sq_[i], p)) return false;
+    if (CastCache* cache = CastCopyOf(p); cache != nullptr) {
+      if (torch::Tensor* buffer = cache->CopyBuffer(p);
+          buffer != nullptr && reinterpret_cast<uintptr_t>(buffer->data_ptr()) % 16 == 0) {
+        caches[j] = cache;
+        copies[j] = reinterpret_cast<uint16_t*>(buffer->data_ptr());
+      }
+    }
+    for (const void* q : std::initializer_list<const void*>{p.data_ptr(), p.grad().data_ptr(), exp_avg_[i].data_ptr(),
+                                                            exp_avg_sq_[i].data_ptr(), copies[j], steps_[i].data_ptr()}) {
+      key.push_back(q);
+    }
+    key.push_back(reinterpret_cast<const void*>(static_cast<uintptr_t>(p.numel())));
+  }
+  if (key != slices_key_ || !slices_device_.defined()) {
+    std::vector<AdamWSlice> slices;
+    for (size_t j = 0; j < indices.size(); ++j) {
+      const size_t i = indices[j];
+      const torch::Tensor& p = params_[i];
+      for (int64_t b = 0; b < p.numel(); b += kAdamWSliceElements) {
+        slices.push_back({p.data_ptr<float>(), p.grad().data_ptr<float>(), exp_avg_[i].data_ptr<float>(),
+                          exp_avg_sq_[i].data_ptr<float>(), copies[j], steps_[i].data_ptr<float>(), b,
+                          std::min(p.numel(), b + kAdamWSliceElements)});
+      }
+    }
+    const int64_t bytes = static_cast<int64_t>(slices.size() * sizeof(AdamWSlice));
+    // Made once (the addresses stay from step to step): a synchronous copy is fine here.
+    slices_device_ = torch::from_blob(slices.data(), {bytes}, torch::kUInt8).to(params_[indices[0]].device());
+    slices_key_ = std::move(key);
+    slice_count_ = static_cast<int64_t>(slices.size());
+  }
+  const cudaError_t e = AdamWStep(reinterpret_cast<const AdamWSlice*>(slices_device_.data_ptr()), slice_count_, lr_,
+                                  beta1_, beta2_, weight_decay_, eps_, zero_grads, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(e == cudaSuccess, "AdamWStep: ", cudaGetErrorString(e));
+  for (size_t j = 0; j < indices.size(); ++j) {
+    const torch::Tensor& p = params_[indices[j]];
+    torch::autograd::impl::bump_version(p);  // as below: the copies keyed on it see the update
+    if (caches[j] != nullptr) caches[j]->MarkFresh(p);  // ... and the copy written here is current
+    zeroed_[indices[j]] = zero_grads;
+  }
+  return true;
+}
+
+void FusedAdamW::Step(bool zero_grads) {
   torch::NoGradGuard no_grad;
   // One fused call per (device, dtype): the kernel wants every list on one device, in one dtype.
   struct Group {
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    std::vector<size_t> indices;
   };
   std::map<std::tuple<int, int, int>, Group> groups;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -829,9 +917,14 @@ void FusedAdamW::Step() {
     g.exp_avgs.push_back(exp_avg_[i]);
     g.exp_avg_sqs.push_back(exp_avg_sq_[i]);
     g.steps.push_back(steps_[i]);
+    g.indices.push_back(i);
   }
   for (auto& [key, g] : groups) {
     at::_foreach_add_(g.steps, 1);  // the kernel reads the step count; as torch.optim, we advance it
+    if (own_kernel_ && std::get<0>(key) == static_cast<int>(c10::DeviceType::CUDA) &&
+        std::get<2>(key) == static_cast<int>(torch::kFloat32) && OwnStep(g.indices, zero_grads)) {
+      continue;
+    }
     at::_fused_adamw_(g.params, g.grads, g.exp_avgs, g.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, g.steps, lr_, beta1_,
                       beta2_, weight_decay_, eps_, /*amsgrad=*/false, /*maximize=*/false);
     // The fused kernel writes the parameters without moving their version counters (torch 2.11); move
@@ -867,12 +960,15 @@ void FusedAdamW::SetState(size_t i, const ParamState& s) {
 void FusedAdamW::ZeroGrad(bool set_to_none) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> defined;
-  for (torch::Tensor& p : params_) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& p = params_[i];
     torch::Tensor& g = p.mutable_grad();
+    const bool zeroed = zeroed_[i];
+    zeroed_[i] = false;
     if (set_to_none) {
       g.reset();
     } else if (g.defined()) {
-      defined.push_back(g);
+      if (!zeroed) defined.push_back(g);  // the last Step zeroed it in its pass
     } else {
       g = torch::zeros_like(p, torch::MemoryFormat::Preserve);
     }

@@ -35,8 +35,14 @@ at::Generator LayerGenerator(uint64_t seed, int layer, const torch::Device& devi
 // Parameters must be changed in place or replaced, not written through .data(), which would bypass
 // the version counter. A fresh cast goes into the same buffer, so a captured CUDA graph that reads the
 // copy sees it.
+// A bf16 cast is also known by its parameter (CastCopyOf), so that the optimizer can write the new
+// copy in the pass that updates the parameter (FusedAdamW::Step) and mark it fresh.
 class CastCache {
  public:
+  CastCache() = default;
+  CastCache(const CastCache&) {}  // a copy starts empty: a parameter's registered copy has one owner
+  CastCache& operator=(const CastCache&) { return *this; }
+  ~CastCache();
   const torch::Tensor& Get(const torch::Tensor& param, at::ScalarType dtype) {
     if (!cast_.defined() || version_ != param._version() || source_ != param.data_ptr() ||
         cast_.scalar_type() != dtype) {
@@ -46,11 +52,19 @@ class CastCache {
         cast_.copy_(param);
       } else {
         cast_ = param.detach().to(dtype);
+        if (dtype == at::kBFloat16 && param.scalar_type() != dtype) Register(param);
       }
       version_ = param._version();
       source_ = param.data_ptr();
     }
     return cast_;
+  }
+  // The bf16 copy of `param` (current or stale) as a contiguous buffer of its shape, for the optimizer
+  // to write in place; nullptr when there is none.
+  torch::Tensor* CopyBuffer(const torch::Tensor& param) {
+    const bool ok = cast_.defined() && cast_.scalar_type() == at::kBFloat16 && source_ == param.data_ptr() &&
+                    cast_.device() == param.device() && cast_.sizes() == param.sizes() && cast_.is_contiguous();
+    return ok ? &cast_ : nullptr;
   }
   // The buffer a fresh cast of `param` would be copied into, when it is stale and the buffer can take it
   // (same dtype, device and sizes): RefreshDenseCasts copies all of those in one multi-tensor launch and
@@ -68,6 +82,7 @@ class CastCache {
   }
 
  private:
+  void Register(const torch::Tensor& param);
   torch::Tensor cast_;
   int64_t version_ = -1;
   const void* source_ = nullptr;
@@ -330,12 +345,22 @@ absl::Status SelectAttentionKernel(const std::string& kernel);
 double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm,
                     const std::function<void(torch::Tensor&)>& all_reduce_sum);
 
-// Fused AdamW (ATen's _fused_adamw_) over a set of parameters; state is created on first use.
+// The cache holding `param`'s bf16 copy, or nullptr (CastCache registers its bf16 casts).
+CastCache* CastCopyOf(const torch::Tensor& param);
+
+// Fused AdamW over a set of parameters; state is created on first use. On CUDA, for fp32 parameters
+// with contiguous, aligned gradients and state, one launch (adamw_kernels.h) updates every parameter as
+// ATen's _fused_adamw_ does and writes its bf16 copy where a linear layer keeps one (CastCopyOf), so
+// that the next forward's cast pass has nothing to do; `own_kernel` false (--fused_optimizer=false)
+// and every other case: ATen's _fused_adamw_.
 class FusedAdamW {
  public:
   FusedAdamW(std::vector<torch::Tensor> params, double lr = 1e-4, double beta1 = 0.9, double beta2 = 0.95,
-             double eps = 1e-8, double weight_decay = 0.1);
-  void Step();      // uses each parameter's .grad(); parameters without a gradient are skipped
+             double eps = 1e-8, double weight_decay = 0.1, bool own_kernel = true);
+  // Uses each parameter's .grad(); parameters without a gradient are skipped. With zero_grads, the
+  // gradients the own kernel read are zeroed in the same pass (for a ZeroGrad(false) that follows: it
+  // skips those).
+  void Step(bool zero_grads = false);
   // Sets gradients to None; or, with set_to_none false, to zeros in place (allocating them if need be),
   // so that they keep their addresses (captured CUDA graphs accumulate into them).
   void ZeroGrad(bool set_to_none = true);
@@ -351,8 +376,18 @@ class FusedAdamW {
   void set_lr(double lr) { lr_ = lr; }
 
  private:
+  // The own kernel's step over `indices` (parameters of one CUDA device, fp32); false when a tensor
+  // does not suit it (nothing done then: the caller runs ATen's).
+  bool OwnStep(const std::vector<size_t>& indices, bool zero_grads);
+
   std::vector<torch::Tensor> params_, exp_avg_, exp_avg_sq_, steps_;
   double lr_, beta1_, beta2_, eps_, weight_decay_;
+  bool own_kernel_;
+  std::vector<bool> zeroed_;  // gradients the last Step zeroed
+  // The own kernel's slice table on the device and what it was built from (rebuilt when that changes).
+  torch::Tensor slices_device_;
+  std::vector<const void*> slices_key_;
+  int64_t slice_count_ = 0;
 };
 
 }  // namespace stagehand

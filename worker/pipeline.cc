@@ -220,6 +220,7 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   o.seq = job.model_spec().seq();
   o.lr = job.lr();  // the launcher fills the default
   if (job.has_weight_decay()) o.weight_decay = job.weight_decay();
+  o.fused_optimizer = ModelOptionOn(job.model_spec(), "fused_optimizer");
   o.grad_clip = job.grad_clip();
   o.timing = !job.has_timing() || job.timing();  // unset: timed
   o.cuda_graphs = !job.has_cuda_graphs() || job.cuda_graphs();
