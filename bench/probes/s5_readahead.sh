@@ -36,11 +36,12 @@ one() {  # NAME [FLAGS...]: a launch; its ledger and lines
   python3 - "$work/$name" "$name" >>"$logs/rows.txt" <<'PY'
 import json, sys
 d, name = sys.argv[1:]
-r = json.load(open(f"{d}/report.json"))
-led = {}
-lines = open(f"{d}/startup_ledger.tsv").read().split("\n")
-head = lines[0].split("\t"); row = lines[1].split("\t")
-led = dict(zip(head, row))
+try:
+    r = json.load(open(f"{d}/report.json"))
+    lines = [l for l in open(f"{d}/startup_ledger.tsv").read().split("\n") if l and not l.startswith("#")]
+    led = dict(zip(lines[0].split("\t"), lines[1].split("\t")))
+except Exception as e:
+    print(f"| {name} | failed: {e} | | | | |"); sys.exit(0)
 print(f"| {name} | {led.get('spawned')} | {led.get('cuda_ready')} | {led.get('registered')} | {led.get('first_step')} | {r.get('launch_to_first_step_seconds')} |")
 PY
   rm -rf "$work/$name"
