@@ -65,8 +65,7 @@ absl::Status WriteReadaheadList(const std::string& path, const ReadaheadList& li
 // that are mapped into it (/proc/self/pagemap), else, where pagemap cannot be read, resident in the
 // page cache (mincore), as ranges merged within `gap`; the executable first, then the libraries by
 // descending address (mmap places each later library below the earlier ones: the loader's order).
-// `resident_bytes`, when not null, gets the bytes of those mappings that mincore calls resident.
-absl::StatusOr<ReadaheadList> TouchedLibraryPages(int64_t gap, int64_t* resident_bytes = nullptr);
+absl::StatusOr<ReadaheadList> TouchedLibraryPages(int64_t gap);
 
 // What a readahead did.
 struct ReadaheadStats {
@@ -81,8 +80,13 @@ struct ReadaheadStats {
 // the list's order, stopping early when `cancel` becomes true.
 ReadaheadStats ReadAhead(const ReadaheadList& list, const std::atomic<bool>* cancel = nullptr);
 
+// The files the launcher itself loads before it spawns workers (the CUDA driver and NVML, for its
+// device query and health gate) moved to the front of `list`, keeping the order of the rest: read
+// last, in the loader's order, they would queue behind the workers' libraries on the launcher's path.
+void PutLauncherFilesFirst(ReadaheadList& list);
+
 // The launcher's (and an agent's) readahead: Start reads the list of `worker_binary` from `dir` and
-// reads ahead in a thread of its own, so that start-up never waits on it. A missing list, or one of
+// reads ahead (PutLauncherFilesFirst) in a thread of its own, so that start-up never waits on it. A missing list, or one of
 // another key, is silent; an unreadable or malformed one gives one warning line on stderr. Cancel
 // stops it between ranges; the destructor cancels and joins.
 class LibraryPrefetcher {

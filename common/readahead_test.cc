@@ -86,6 +86,19 @@ TEST(ReadaheadList, Malformed_IsInvalidArgumentNamingTheLine) {
   }
 }
 
+TEST(PutLauncherFilesFirst, DriverAndNvml_MoveToTheFrontInOrder) {
+  ReadaheadList list;
+  for (const char* p : {"/w/worker", "/a/libtorch.so", "/d/libcuda.so.580.1", "/b/libcudart.so.13",
+                        "/d/libnvidia-ml.so.580.1", "/c/libcudnn.so.9"}) {
+    list.files.push_back({p, 4096, 1, {{0, 4096}}});
+  }
+  PutLauncherFilesFirst(list);
+  std::vector<std::string> order;
+  for (const FileRanges& f : list.files) order.push_back(f.path);
+  EXPECT_EQ(order, (std::vector<std::string>{"/d/libcuda.so.580.1", "/d/libnvidia-ml.so.580.1", "/w/worker",
+                                             "/a/libtorch.so", "/b/libcudart.so.13", "/c/libcudnn.so.9"}));
+}
+
 TEST(ReadAhead, ChangedSizeOrMtimeOrMissing_IsSkipped) {
   const std::string dir = TmpDir();
   const std::string same = WriteFile(dir + "/same.so", 16384);
