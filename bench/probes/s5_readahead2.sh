@@ -50,6 +50,7 @@ echo "== facts"; uname -r; command -v fincore || echo "no fincore"
 one warm0
 list=$(ls "$XDG_CACHE_HOME"/stagehand/readahead/*.list 2>/dev/null | head -1)
 [ -n "$list" ] || { echo "no list written"; exit 1; }
+cp "$list" "$logs/readahead.list"
 awk '$1=="file"{f++} $1=="range"{b+=$3; n++} END {printf "list: %d files, %d ranges, %.1f MiB\n", f, n, b/2^20}' "$list"
 for i in 1 2; do
   drop; /usr/bin/time -f "launcher --version, cold: %e s" "$run" launcher --version >/dev/null
@@ -63,7 +64,7 @@ for i in 1 2 3; do
 done
 head -12 "$logs/resident-after-cold_on1.txt" 2>/dev/null | awk '{printf "%8.1f MiB of %8.1f  %s\n", $1/2^20, $2/2^20, $3}'
 head -3 "$logs/fincore.err" 2>/dev/null
-for f in "$logs"/warm0.log "$logs"/cold_*.log; do printf "%s %s; " "$(basename "$f" .log)" "$(grep -h "step 2/3" "$f" | awk '{print $6}')"; done; echo "(step 1 s)"
+for f in "$logs"/warm0.log "$logs"/cold_*.log; do [[ "$f" == *.rank0.log ]] && continue; printf "%s %s; " "$(basename "$f" .log)" "$(grep -h "step 2/3" "$f" | awk '{print $6}')"; done; echo "(step 1 s)"
 echo
 echo "| run | spawned | cuda_ready | registered | first_step | launch_to_first_step s |"
 echo "| --- | --- | --- | --- | --- | --- |"
