@@ -49,6 +49,7 @@ void ApplyDefaults(JobSpec& spec) {
   if (!spec.has_profile_cache()) spec.set_profile_cache(true);
   if (!spec.has_profile_single_stage()) spec.set_profile_single_stage(false);
   if (!spec.has_partition_clocks()) spec.set_partition_clocks(true);
+  if (!spec.has_prefetch_libraries()) spec.set_prefetch_libraries(true);
   Timeouts& t = *spec.mutable_timeouts();
   if (!t.has_register_ms()) t.set_register_ms(60000);
   if (!t.has_heartbeat_interval_ms()) t.set_heartbeat_interval_ms(kDefaultHeartbeatIntervalMs);  // liveness.h
@@ -119,6 +120,7 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.profile_cache) spec.set_profile_cache(*r.profile_cache);
   if (r.profile_single_stage) spec.set_profile_single_stage(*r.profile_single_stage);
   if (r.partition_clocks) spec.set_partition_clocks(*r.partition_clocks);
+  if (r.prefetch_libraries) spec.set_prefetch_libraries(*r.prefetch_libraries);
   if (r.data_parallel) spec.set_data_parallel(*r.data_parallel);
   if (r.shard_optimizer) spec.set_shard_optimizer(*r.shard_optimizer);
   if (!r.layout.empty()) spec.set_layout(r.layout);

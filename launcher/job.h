@@ -69,6 +69,7 @@ struct JobRequest {
   std::optional<bool> profile_cache;
   std::optional<bool> profile_single_stage;
   std::optional<bool> partition_clocks;  // --partition_clocks: the partition weighs GPU clocks
+  std::optional<bool> prefetch_libraries;  // --prefetch_libraries: library readahead at start-up
   // Data parallelism and the layout (launcher/layout.h).
   std::optional<int> data_parallel;
   std::optional<bool> shard_optimizer;

@@ -86,6 +86,10 @@ ABSL_FLAG(bool, partition_clocks, true,
           "--partition=auto on GPUs with telemetry weighs each GPU's SM clock under load (time ~ 1/clock): a GPU "
           "that runs slower gets less work; the end of the run puts each rank's predicted compute beside the "
           "measured (false: every rank priced at the mean profile)");
+ABSL_FLAG(bool, prefetch_libraries, true,
+          "workers record the library pages their first step touched (under $XDG_CACHE_HOME/stagehand/readahead, "
+          "default ~/.cache/...) and the next launch reads them ahead in the background before it spawns "
+          "workers, for a faster start on a cold page cache (false: neither)");
 ABSL_FLAG(int, data_parallel, -1,
           "replicas of the pipeline (workers = --pipeline_stages x this; default: workers / stages); each "
           "stage's gradients are averaged over its replicas in buckets, beside the last backward");
@@ -204,6 +208,7 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.profile_cache = Given(p, "profile_cache", FLAGS_profile_cache);
   j.profile_single_stage = Given(p, "profile_single_stage", FLAGS_profile_single_stage);
   j.partition_clocks = Given(p, "partition_clocks", FLAGS_partition_clocks);
+  j.prefetch_libraries = Given(p, "prefetch_libraries", FLAGS_prefetch_libraries);
   j.data_parallel = Given(p, "data_parallel", FLAGS_data_parallel);
   j.shard_optimizer = Given(p, "shard_optimizer", FLAGS_shard_optimizer);
   j.layout = absl::GetFlag(FLAGS_layout);

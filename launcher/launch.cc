@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/readahead.h"
 #include "google/protobuf/text_format.h"
 #include "launcher/coordinator_service.h"
 #include "launcher/job_plan.h"
@@ -187,7 +188,28 @@ std::function<absl::StatusOr<JobSpec>(int, const std::vector<NodeState>&)> World
   };
 }
 
+// The library readahead (common/readahead.h), started before anything else of the launch so that the
+// workers' libraries are on their way into the page cache while the job is checked and the
+// coordinator starts; unless --prefetch_libraries=false. A worker binary that cannot be found reads
+// nothing (the launch's own check says so).
+void StartPrefetch(const LaunchOptions& options, LibraryPrefetcher& prefetcher) {
+  if (options.job.prefetch_libraries && !*options.job.prefetch_libraries) return;
+  absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
+  if (worker.ok()) prefetcher.Start(DefaultReadaheadDir(), *worker);
+}
+
+// What the readahead did, for the end of the run ("" when there was no list to read).
+std::string PrefetchLine(const ReadaheadStats& s) {
+  if (s.files + s.skipped == 0) return "";
+  return absl::StrFormat("stagehand: library readahead: %d files, %.1f MiB asked in %.2f s%s%s\n", s.files,
+                         s.bytes / 1048576.0, s.seconds,
+                         s.skipped > 0 ? absl::StrCat(", ", s.skipped, " skipped (changed since recorded)") : "",
+                         s.cancelled ? ", cancelled" : "");
+}
+
 int LaunchAgent(const LaunchOptions& options) {
+  LibraryPrefetcher prefetcher;  // an agent's workers are spawned when node 0's job arrives
+  StartPrefetch(options, prefetcher);
   AgentLaunch a;
   a.node = options.node;
   a.node.coordinator_address = options.coordinator_address;
@@ -218,12 +240,15 @@ LaunchResult Launch(const LaunchOptions& options) {
     result.started = result.exit_code != kExitUsage;
     return result;
   }
+  LibraryPrefetcher prefetcher;
+  StartPrefetch(options, prefetcher);
   const std::string job_id = RandomHex(4);
   absl::StatusOr<Checked> checked = CheckLaunch(options, job_id);
   if (!checked.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", Message(checked.status()).c_str());
     return result;
   }
+  if (!checked->job.spec.prefetch_libraries()) prefetcher.Cancel();  // the job file said false
   JobRunOptions ro;
   ro.job = std::move(checked->job);
   ro.job_id = job_id;
@@ -254,6 +279,7 @@ LaunchResult Launch(const LaunchOptions& options) {
   result.started = true;
   const int first_signal = Supervise(*run, out);
   JobRunEnd end = run->Finish(first_signal);
+  out.Text(PrefetchLine(prefetcher.Join()));
   result.exit_code = end.exit_code;
   result.report = std::move(end.report);
   return result;

@@ -127,7 +127,7 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p, const
 // An agent's job comes from node 0: of the flags, only those about this host and its link apply.
 constexpr const char* kAgentFlags[] = {"nodes", "node_rank", "coordinator_address", "tls_cert", "tls_key", "tls_ca",
                                        "job_token_file", "run_dir", "overwrite", "worker_binary", "device", "gpus",
-                                       "workers", "register_timeout_ms"};
+                                       "workers", "register_timeout_ms", "prefetch_libraries"};
 
 int CheckAgentFlags(const stagehand::ParsedFlags& p) {
   // Under --slurm every node gets the same command line: an agent ignores the job's flags.

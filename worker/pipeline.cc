@@ -23,6 +23,7 @@
 #include "models/model_description.h"
 #include "common/checkpoint.h"
 #include "common/logging.h"
+#include "common/readahead.h"
 #include "schedule/schedule_proto.h"
 #include "worker/checkpoint.h"
 #include "worker/lr_schedule.h"
@@ -257,6 +258,10 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   const int eval_batches = job.eval_batches() > 0 ? job.eval_batches() : 4;
   int64_t stop_at = 0;  // the launcher's SIGTERM: a checkpoint after this many steps, then the end
   bool stopped_early = false;  // stopped at stop_at, before the last step
+  // After the first step every library page this worker needs is mapped: recorded (a few ms, in a
+  // thread of its own) for the next launch's readahead (common/readahead.h).
+  ReadaheadRecorder readahead;
+  const bool record_readahead = !job.has_prefetch_libraries() || job.prefetch_libraries();
   for (int64_t step = first_step; step < job.steps(); ++step) {
     executor.SetLearningRate(LearningRate(lr, step));
     absl::StatusOr<StepResult> r;
@@ -288,6 +293,7 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
     r->parameters = parameters;
     absl::StatusOr<StepAnswer> answer = on_step(*r);
     if (!answer.ok()) return answer.status();
+    if (step == first_step && record_readahead) readahead.Start(DefaultReadaheadDir());
     if (answer->checkpoint_and_stop_at > 0 && stop_at == 0) {
       stop_at = answer->checkpoint_and_stop_at;
       LOG(INFO) << "the launcher asks for a checkpoint after step " << stop_at << ", then the end (SIGTERM)";
@@ -302,6 +308,10 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
       stopped_early = done < job.steps();
       break;
     }
+  }
+  if (record_readahead) {
+    absl::StatusOr<std::string> recorded = readahead.Join();
+    LOG(INFO) << (recorded.ok() ? *recorded : absl::StrCat("library readahead list not written: ", recorded.status().message()));
   }
   if (writer) {
     if (absl::Status s = writer->Finish(); !s.ok()) return s;
