@@ -75,6 +75,10 @@ same_with model_option=fused_bias_grad 1e-3 fused_bias_grad_1gpu 1 --pipeline_st
 # fp32 sums in another order than ATen's, so within bf16 tolerance.
 same_with model_option=fused_embedding_grad 1e-3 fused_embedding_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4
 same_with model_option=fused_embedding_grad 1e-3 llama_fused_embedding_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+# AdamW in our one-launch kernel that writes the bf16 copies and zeroes the gradients (ATen's arithmetic
+# written out: equal up to rounding).
+same_with model_option=fused_optimizer 1e-3 fused_optimizer_1gpu 1 --pipeline_stages=1 --micro_batches=4
+same_with model_option=fused_optimizer 1e-3 llama_fused_optimizer_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
 same_with model_option=fused_rotary 1e-3 llama_fused_rotary_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
 same_with model_option=fused_swiglu 1e-3 llama_fused_swiglu_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
 # Inference with bf16 weights only (no fp32 masters): both finish (inference reports no loss; the
