@@ -11,8 +11,9 @@ namespace {
 
 constexpr int kThreads = 512;
 
-// ATen's adam_math for one element (fused_adam_utils.cuh, ADAMW): lr, beta1, beta2, weight_decay and
-// eps are doubles there, opmath_t is float, and the bias corrections arrive as float.
+// ATen's adam_math for one element (fused_adam_utils.cuh, ADAMW) as written there: lr, beta1, beta2,
+// weight_decay and eps doubles, the values float, the bias corrections float. The compiled arithmetic
+// differs from ATen's by a few ulps (contractions), which adamw_test bounds.
 __device__ __forceinline__ void Update(float& param, float grad, float& exp_avg, float& exp_avg_sq, double lr,
                                        double beta1, double beta2, double weight_decay, double eps,
                                        float bias_correction1, float bias_correction2_sqrt) {

@@ -1,5 +1,6 @@
 // FusedAdamW's own kernel (adamw_kernels.h) against ATen's _fused_adamw_ (FusedAdamW with own_kernel
-// false) over three steps: parameters and moments, the bf16 copies it writes for linear layers (equal to
+// false) over three steps: parameters and moments within a few float ulps (an H200, 2026-12-01: 1-3
+// ulps of the moments, 1 of the parameters; not bit for bit), the bf16 copies it writes for linear layers (equal to
 // a fresh cast, and left current for the next forward), and the gradients it zeroes. The *Cuda* cases
 // skip without a GPU; on CPU both run ATen's.
 #include <gtest/gtest.h>
@@ -33,8 +34,10 @@ Model Make(const torch::Device& device) {
 std::vector<torch::Tensor> Steps(const torch::Device& device, bool own, bool zero_grads) {
   Model m = Make(device);
   FusedAdamW opt(m.Params(), 1e-3, 0.9, 0.95, 1e-8, 0.1, own);
-  RefreshDenseCasts(*m.a, at::kBFloat16);  // the linear layers' bf16 copies exist (CUDA only)
-  RefreshDenseCasts(*m.b, at::kBFloat16);
+  if (device.is_cuda()) {  // the linear layers' bf16 copies exist, as after a forward under autocast
+    m.a->RefreshCasts(at::kBFloat16);
+    m.b->RefreshCasts(at::kBFloat16);
+  }
   for (int step = 0; step < 3; ++step) {
     torch::manual_seed(100 + step);
     for (torch::Tensor& p : m.Params()) p.mutable_grad() = torch::randn_like(p);
@@ -78,7 +81,7 @@ TEST(FusedAdamWCuda, OwnKernelMatchesAtensFusedAdamW) {
     for (size_t i = 0; i < own.size(); ++i) {
       const double worst = (own[i] - aten[i]).abs().max().item<double>();
       const double scale = aten[i].abs().max().item<double>();
-      EXPECT_LE(worst, 2e-7 * scale) << "tensor " << i << " (parameter " << i / 3 << ", " << "pmv"[i % 3] << ")";
+      EXPECT_LE(worst, 1e-6 * scale) << "tensor " << i << " (parameter " << i / 3 << ", " << "pmv"[i % 3] << ")";
       if (i % 3 == 0) std::cout << "parameter " << i / 3 << ": worst difference " << worst << "\n";
     }
   }
