@@ -30,7 +30,11 @@ namespace {
 
 constexpr char kMagic[] = "stagehand-readahead 1";
 constexpr char kKeyVersion[] = "readahead-v1";
-constexpr int64_t kPage = 4096;
+// The page size pagemap and mincore count in (4 KiB on x86-64, 64 KiB on some aarch64 kernels).
+const int64_t kPage = [] {
+  const long page = sysconf(_SC_PAGESIZE);
+  return page > 0 ? static_cast<int64_t>(page) : int64_t{4096};
+}();
 
 uint64_t Fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ULL;
@@ -64,7 +68,12 @@ absl::Status LineError(int line, absl::string_view what) {
 bool IsLibrary(const std::string& path, const std::string& exe) {
   if (path == exe) return true;
   const size_t slash = path.rfind('/');
-  return path.find(".so", slash == std::string::npos ? 0 : slash) != std::string::npos;
+  // ".so" ending the name or followed by a '.' (libfoo.so, libfoo.so.12), not "x.sorted.bin".
+  for (size_t at = path.find(".so", slash == std::string::npos ? 0 : slash); at != std::string::npos;
+       at = path.find(".so", at + 1)) {
+    if (at + 3 == path.size() || path[at + 3] == '.') return true;
+  }
+  return false;
 }
 
 // One file-backed mapping of /proc/self/maps.
@@ -280,8 +289,10 @@ ReadaheadStats ReadAhead(const ReadaheadList& list, const std::atomic<bool>* can
       break;
     }
     struct stat st;
-    UniqueFd fd(open(f.path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd.valid() || fstat(fd.get(), &st) != 0 || st.st_size != f.size || MtimeNs(st) != f.mtime_ns) {
+    // O_NONBLOCK: a FIFO (or another special file) put where a library was must not block the thread.
+    UniqueFd fd(open(f.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != f.size ||
+        MtimeNs(st) != f.mtime_ns) {
       ++stats.skipped;
       continue;
     }

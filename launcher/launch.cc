@@ -279,6 +279,7 @@ LaunchResult Launch(const LaunchOptions& options) {
   result.started = true;
   const int first_signal = Supervise(*run, out);
   JobRunEnd end = run->Finish(first_signal);
+  prefetcher.Cancel();  // the job is over: what is left of the readahead (nothing, normally) is moot
   out.Text(PrefetchLine(prefetcher.Join()));
   result.exit_code = end.exit_code;
   result.report = std::move(end.report);

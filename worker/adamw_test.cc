@@ -40,7 +40,19 @@ std::vector<torch::Tensor> Steps(const torch::Device& device, bool own, bool zer
   }
   for (int step = 0; step < 3; ++step) {
     torch::manual_seed(100 + step);
-    for (torch::Tensor& p : m.Params()) p.mutable_grad() = torch::randn_like(p);
+    for (torch::Tensor& p : m.Params()) {
+      // Step 0 makes the gradients; later steps write them in place, as the CUDA-graph path does (the
+      // kernel's table of addresses is then reused), except that step 2 follows a restored state.
+      torch::Tensor g = torch::randn_like(p);
+      if (step == 0 || !p.grad().defined()) {
+        p.mutable_grad() = g;
+      } else {
+        p.mutable_grad().copy_(g);
+      }
+    }
+    if (step == 2) {  // a checkpoint's restore between steps: new moment tensors, the table rebuilt
+      for (size_t i = 0; i < opt.size(); ++i) opt.SetState(i, opt.State(i));
+    }
     opt.Step(zero_grads);
     if (zero_grads && own && device.is_cuda()) {
       for (const torch::Tensor& p : m.Params()) EXPECT_EQ(p.grad().abs().max().item<float>(), 0.f) << "zeroed";

@@ -228,6 +228,27 @@ TEST(ForwardHeadsCuda, Gpt13bShapesUnderAutocast_MatchUnfused) {
   }
 }
 
+// ColumnSums and CastWithColumnSums with `into`: the sums go into the parameter's .grad (made when
+// missing, added to when there), and none come back.
+TEST(GradSumsCuda, IntoWritesDotGradAndReturnsNone) {
+  if (!Cuda()) GTEST_SKIP() << "no GPU";
+  torch::manual_seed(17);
+  const torch::Tensor x = torch::randn({300, 64}, torch::kCUDA);
+  torch::Tensor bias = torch::zeros({64}, torch::kCUDA).requires_grad_(true);
+  const torch::Tensor want = x.to(torch::kBFloat16).sum(0, false, torch::kFloat32);
+  EXPECT_FALSE(ColumnSums(x.to(torch::kBFloat16), &bias).defined()) << "no sums returned";
+  ASSERT_TRUE(bias.grad().defined()) << ".grad made";
+  EXPECT_TRUE(torch::allclose(bias.grad(), want, 1e-5, 1e-4));
+  auto [y, sums] = CastWithColumnSums(x, &bias);
+  EXPECT_FALSE(sums.defined());
+  EXPECT_TRUE(torch::equal(y, x.to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::allclose(bias.grad(), 2 * want, 1e-5, 1e-4)) << "added to the .grad there";
+  // Not a leaf that needs a gradient: the sums come back.
+  torch::Tensor frozen = torch::zeros({64}, torch::kCUDA);
+  EXPECT_TRUE(ColumnSums(x.to(torch::kBFloat16), &frozen).defined());
+  EXPECT_FALSE(frozen.grad().defined());
+}
+
 // The fused backward adds the bias, LayerNorm weight and bias gradients into .grad itself (no
 // gradient returned to autograd): over two backward passes (the second accumulating, the first from no
 // .grad and from a zeroed one) the gradients equal the unfused path's, where autograd adds them.

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/stage.h"
 
 namespace stagehand {
 
@@ -92,7 +93,9 @@ DataParallel::DataParallel(DataParallelOptions options, std::vector<std::vector<
       buckets_.push_back(std::move(b));
     }
   }
-  if (o_.shard_optimizer) shard_optimizer_ = std::make_unique<FusedAdamW>(shard_params, o_.lr);
+  if (o_.shard_optimizer) {
+    shard_optimizer_ = std::make_unique<FusedAdamW>(shard_params, o_.lr, 0.9, 0.95, 1e-8, 0.1, o_.fused_optimizer);
+  }
 }
 
 DataParallel::~DataParallel() { (void)Wait(); }
@@ -255,6 +258,7 @@ absl::StatusOr<std::unique_ptr<DataParallel>> AttachDataParallel(const Assignmen
   const double mib = job.has_bucket_mb() ? job.bucket_mb() : job.device() == "cuda" ? 25 : 1;
   o.bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(mib * (1 << 20)));
   o.lr = job.lr();
+  o.fused_optimizer = ModelOptionOn(job.model_spec(), "fused_optimizer");
   auto dp = std::make_unique<DataParallel>(o, executor.ChunkParameters(), group->get(), streams);
   dp->owned_group_ = *std::move(group);
   executor.SetReplicaSync(dp.get());

@@ -39,6 +39,7 @@ struct DataParallelOptions {
   bool shard_optimizer = false;
   int64_t bucket_bytes = int64_t{25} << 20;  // DDP's default; smaller on the CPU
   double lr = 1e-4;                          // the sharded optimizer's (ZeRO-1)
+  bool fused_optimizer = true;               // its own kernel (FusedAdamW; --model_option=fused_optimizer)
 };
 
 class DataParallel : public ReplicaSync {

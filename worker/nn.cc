@@ -7,6 +7,7 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 
 #include <array>
+#include <cstring>
 #include <atomic>
 #include <map>
 #include <optional>
@@ -692,14 +693,20 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor()};
+    if (!grads[0].defined() || !ctx->needs_input_grad(0)) return {torch::Tensor(), torch::Tensor()};
     torch::Tensor weight = ctx->saved_data["weight"].toTensor();
     const torch::Tensor ids = ctx->get_saved_variables()[0].reshape({-1});
     const int64_t cols = weight.size(1);
-    const torch::Tensor g = grads[0].to(weight.scalar_type()).contiguous().view({-1, cols});
-    auto [sorted, order] = at::sort(ids, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+    torch::Tensor g = grads[0].to(weight.scalar_type()).contiguous().view({-1, cols});
+    if (reinterpret_cast<uintptr_t>(g.data_ptr()) % 16 != 0) g = g.clone();  // a view at an odd offset
     torch::NoGradGuard no_grad;
     torch::Tensor& grad = weight.mutable_grad();
+    if (grad.defined() && (grad.scalar_type() != torch::kFloat32 || !grad.is_contiguous() ||
+                           grad.sizes() != weight.sizes() || reinterpret_cast<uintptr_t>(grad.data_ptr()) % 16 != 0)) {
+      // A .grad the kernel cannot write: ATen's dense gradient, for autograd to add.
+      return {at::embedding_dense_backward(g, ids, weight.size(0), -1, false), torch::Tensor()};
+    }
+    auto [sorted, order] = at::sort(ids, /*stable=*/true, /*dim=*/0, /*descending=*/false);
     if (!grad.defined()) grad = torch::zeros_like(weight, torch::MemoryFormat::Contiguous);
     const cudaError_t e = EmbeddingGradAccumulate(sorted.data_ptr<int64_t>(), order.data_ptr<int64_t>(),
                                                   g.data_ptr<float>(), grad.data_ptr<float>(), ids.numel(), cols,
@@ -714,7 +721,7 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
 torch::Tensor EmbeddingLookup(const torch::Tensor& weight, const torch::Tensor& tokens, bool fused) {
   const bool takes = fused && weight.is_cuda() && weight.scalar_type() == torch::kFloat32 && weight.dim() == 2 &&
                      weight.is_contiguous() && weight.size(1) % 4 == 0 && torch::GradMode::is_enabled() &&
-                     weight.requires_grad() && (!weight.grad().defined() || weight.grad().is_contiguous());
+                     weight.requires_grad() && weight.is_leaf();
   if (!takes) return torch::embedding(weight, tokens);
   return EmbeddingFunction::apply(weight, tokens);
 }
@@ -722,7 +729,7 @@ torch::Tensor EmbeddingLookup(const torch::Tensor& weight, const torch::Tensor& 
 namespace {
 
 // Parameter (its TensorImpl) -> the cache of its bf16 copy.
-absl::Mutex cast_copies_mu;
+ABSL_CONST_INIT absl::Mutex cast_copies_mu(absl::kConstInit);
 std::map<const c10::TensorImpl*, CastCache*>& CastCopies() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cast_copies_mu) {
   static auto* copies = new std::map<const c10::TensorImpl*, CastCache*>();
   return *copies;
@@ -733,6 +740,13 @@ std::map<const c10::TensorImpl*, CastCache*>& CastCopies() ABSL_EXCLUSIVE_LOCKS_
 void CastCache::Register(const torch::Tensor& param) {
   absl::MutexLock lock(&cast_copies_mu);
   CastCopies()[param.unsafeGetTensorImpl()] = this;
+}
+
+CastCache& CastCache::operator=(const CastCache&) {
+  cast_ = torch::Tensor();  // as a copy: empty (the registry's entry for it finds no buffer)
+  version_ = -1;
+  source_ = nullptr;
+  return *this;
 }
 
 CastCache::~CastCache() {
@@ -866,7 +880,9 @@ bool FusedAdamW::OwnStep(const std::vector<size_t>& indices, bool zero_grads) {
     }
     key.push_back(reinterpret_cast<const void*>(static_cast<uintptr_t>(p.numel())));
   }
-  if (key != slices_key_ || !slices_device_.defined()) {
+  const int device = params_[indices[0]].device().index();
+  SliceTable& table = slice_tables_[device];
+  if (key != table.key || !table.slices.defined()) {
     std::vector<AdamWSlice> slices;
     for (size_t j = 0; j < indices.size(); ++j) {
       const size_t i = indices[j];
@@ -878,18 +894,27 @@ bool FusedAdamW::OwnStep(const std::vector<size_t>& indices, bool zero_grads) {
       }
     }
     const int64_t bytes = static_cast<int64_t>(slices.size() * sizeof(AdamWSlice));
-    // Made once (the addresses stay from step to step): a synchronous copy is fine here.
-    slices_device_ = torch::from_blob(slices.data(), {bytes}, torch::kUInt8).to(params_[indices[0]].device());
-    slices_key_ = std::move(key);
-    slice_count_ = static_cast<int64_t>(slices.size());
+    // Through pinned memory, queued on the stream: no host synchronisation, also where the addresses
+    // change every step (gradients set to None between steps, without CUDA graphs). The caching host
+    // allocator keeps the pinned block until the copy is done.
+    torch::Tensor host = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
+    std::memcpy(host.data_ptr(), slices.data(), static_cast<size_t>(bytes));
+    table.slices = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(params_[indices[0]].device()));
+    table.slices.copy_(host, /*non_blocking=*/true);
+    table.key = std::move(key);
+    table.count = static_cast<int64_t>(slices.size());
   }
-  const cudaError_t e = AdamWStep(reinterpret_cast<const AdamWSlice*>(slices_device_.data_ptr()), slice_count_, lr_,
+  const cudaError_t e = AdamWStep(reinterpret_cast<const AdamWSlice*>(table.slices.data_ptr()), table.count, lr_,
                                   beta1_, beta2_, weight_decay_, eps_, zero_grads, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(e == cudaSuccess, "AdamWStep: ", cudaGetErrorString(e));
   for (size_t j = 0; j < indices.size(); ++j) {
     const torch::Tensor& p = params_[indices[j]];
     torch::autograd::impl::bump_version(p);  // as below: the copies keyed on it see the update
-    if (caches[j] != nullptr) caches[j]->MarkFresh(p);  // ... and the copy written here is current
+    if (caches[j] != nullptr) {
+      caches[j]->MarkFresh(p);  // ... and the copy written here is current
+      // The copy changed in place, as copy_ would have marked it (a graph that saved it then fails).
+      if (torch::Tensor* buffer = caches[j]->CopyBuffer(p); buffer != nullptr) torch::autograd::impl::bump_version(*buffer);
+    }
     zeroed_[indices[j]] = zero_grads;
   }
   return true;

@@ -41,7 +41,7 @@ class CastCache {
  public:
   CastCache() = default;
   CastCache(const CastCache&) {}  // a copy starts empty: a parameter's registered copy has one owner
-  CastCache& operator=(const CastCache&) { return *this; }
+  CastCache& operator=(const CastCache&);
   ~CastCache();
   const torch::Tensor& Get(const torch::Tensor& param, at::ScalarType dtype) {
     if (!cast_.defined() || version_ != param._version() || source_ != param.data_ptr() ||
@@ -255,7 +255,6 @@ class DeferredSplitBackward {
   std::map<const void*, WeightGradQueue> pending_;  // by the output's TensorImpl
 };
 
-// Brings the bf16 copies of every Dense under `root` up to date (before CUDA graphs replay them).
 // torch::embedding(weight, tokens). With `fused`, for an fp32 table on CUDA that needs a gradient, an
 // autograd function whose backward adds the gradient into weight's .grad itself, only in the rows the
 // batch used (the ids sorted, each id's rows summed in position order: deterministic; embedding_kernels.h).
@@ -263,9 +262,20 @@ class DeferredSplitBackward {
 // all of it to .grad: for gpt-1.3b's 50304 x 2048 table 0.5 ms per micro-batch of 8 x 1024 tokens (H200
 // trace, 2026-12-01), of which the rows used are at most 8192. Otherwise (CPU, bf16, fused false:
 // --model_option=fused_embedding_grad=false) torch::embedding.
+// A run dominated by one id (a batch of mostly padding) is summed by one block: correct, but slower than
+// ATen's (up to ~0.3 ms for 8192 equal ids of 2048 columns, an estimate).
 torch::Tensor EmbeddingLookup(const torch::Tensor& weight, const torch::Tensor& tokens, bool fused);
 
+// Brings the bf16 copies of every Dense under `root` (its children: not root itself) up to date, in one
+// multi-tensor copy (before CUDA graphs replay them).
 void RefreshDenseCasts(torch::nn::Module& root, at::ScalarType dtype);
+
+// A contract of the fused backward paths here (the linear weights', and with fused_bias_grad,
+// fused_norm_backward, fused_gelu and fused_embedding_grad the biases', norms' and embedding's): they
+// add a parameter's gradient into its .grad themselves and return none to autograd. So
+// torch::autograd::grad with respect to such a parameter finds no gradient, and tensor or
+// post-accumulate hooks on it do not fire; the engine (executor, data parallelism) reads .grad after
+// the backward and needs neither.
 
 // For inference under autocast: the weight and bias of every CUDA Dense under `root` become `dtype`
 // tensors in place of the fp32 ones (set_data: the same parameters, now in the compute dtype), so that
@@ -384,10 +394,13 @@ class FusedAdamW {
   double lr_, beta1_, beta2_, eps_, weight_decay_;
   bool own_kernel_;
   std::vector<bool> zeroed_;  // gradients the last Step zeroed
-  // The own kernel's slice table on the device and what it was built from (rebuilt when that changes).
-  torch::Tensor slices_device_;
-  std::vector<const void*> slices_key_;
-  int64_t slice_count_ = 0;
+  // The own kernel's slice table on each device and what it was built from (rebuilt when that changes).
+  struct SliceTable {
+    torch::Tensor slices;
+    std::vector<const void*> key;
+    int64_t count = 0;
+  };
+  std::map<int, SliceTable> slice_tables_;
 };
 
 }  // namespace stagehand

@@ -68,5 +68,30 @@ TEST(CastBatch, RefreshesStaleCastsInPlaceAndLeavesCurrentOnes) {
   EXPECT_TRUE(torch::equal(ca.Get(c, torch::kBFloat16), c.to(torch::kBFloat16)));
 }
 
+// The same on CUDA, where the refresh is ATen's multi-tensor fp32 -> bf16 copy.
+TEST(CastBatchCuda, MultiTensorCopyIsAFreshCast) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  std::vector<torch::Tensor> params = {torch::randn({700, 300}, torch::kCUDA), torch::randn({1001}, torch::kCUDA),
+                                       torch::randn({6, 64}, torch::kCUDA)};
+  std::vector<CastCache> caches(params.size());
+  std::vector<const void*> buffers;
+  for (size_t i = 0; i < params.size(); ++i) buffers.push_back(caches[i].Get(params[i], torch::kBFloat16).data_ptr());
+  CastBatch batch;
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].mul_(1.7).add_(0.3);
+      batch.Add(caches[i], params[i], torch::kBFloat16);
+    }
+  }
+  EXPECT_EQ(batch.buffers.size(), params.size());
+  batch.Run();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const torch::Tensor& got = caches[i].Get(params[i], torch::kBFloat16);
+    EXPECT_EQ(got.data_ptr(), buffers[i]);
+    EXPECT_TRUE(torch::equal(got, params[i].to(torch::kBFloat16))) << i;
+  }
+}
+
 }  // namespace
 }  // namespace stagehand
