@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/cache_dir.h"
 #include "common/fd.h"
 
 namespace stagehand {
@@ -204,13 +205,7 @@ absl::StatusOr<std::string> ReadaheadKey(const std::string& worker_binary) {
   return absl::StrCat(kKeyVersion, " worker=", real, " size=", st.st_size, " mtime_ns=", MtimeNs(st));
 }
 
-std::string DefaultReadaheadDir() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  if (xdg != nullptr && xdg[0] == '/') return absl::StrCat(xdg, "/stagehand/readahead");
-  const char* home = std::getenv("HOME");
-  if (home != nullptr && home[0] == '/') return absl::StrCat(home, "/.cache/stagehand/readahead");
-  return "";
-}
+std::string DefaultReadaheadDir() { return StagehandCacheDir("readahead"); }
 
 std::string ReadaheadListPath(const std::string& dir, const std::string& key) {
   return absl::StrFormat("%s/%016x.list", dir, Fnv1a(key));

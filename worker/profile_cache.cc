@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cache_dir.h"
 #include "google/protobuf/text_format.h"
 #include "models/model_description.h"
 #include "schedule/schedule.h"
@@ -66,13 +67,7 @@ std::string ProfileCacheKey(const JobSpec& job, const DeviceInfo& device) {
                       " device=", device.name(), " memory=", device.total_bytes(), " spec={", spec, "}");
 }
 
-std::string DefaultProfileCacheDir() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  if (xdg != nullptr && xdg[0] == '/') return absl::StrCat(xdg, "/stagehand/profiles");
-  const char* home = std::getenv("HOME");
-  if (home != nullptr && home[0] == '/') return absl::StrCat(home, "/.cache/stagehand/profiles");
-  return "";
-}
+std::string DefaultProfileCacheDir() { return StagehandCacheDir("profiles"); }
 
 namespace {
 
