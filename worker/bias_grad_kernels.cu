@@ -113,6 +113,23 @@ struct HeadsSource {
   }
 };
 
+// The end of both partial-sum kernels below: the block's kRowThreads rows of per-thread sums (acc, 8
+// columns each) added in shared memory, row 0 first, into row blockIdx.y of `partial`.
+__device__ __forceinline__ void BlockPartialRow(const float (&acc)[kVec], float (&shared)[kRowThreads][kBlockCols],
+                                                float* __restrict__ partial, int64_t cols) {
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) shared[threadIdx.y][threadIdx.x * kVec + i] = acc[i];
+  __syncthreads();
+  const int q = threadIdx.y * kColThreads + threadIdx.x;  // the block's column this thread finishes
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kBlockCols + q;
+  if (col < cols) {
+    float s = shared[0][q];
+#pragma unroll
+    for (int w = 1; w < kRowThreads; ++w) s += shared[w][q];
+    partial[static_cast<int64_t>(blockIdx.y) * cols + col] = s;
+  }
+}
+
 // One row at a time (Source's operator() loads, writes and unpacks it), otherwise as ColumnPartialsKernel.
 template <class Source>
 __global__ void __launch_bounds__(kColThreads * kRowThreads)
@@ -132,17 +149,7 @@ __global__ void __launch_bounds__(kColThreads * kRowThreads)
       for (int i = 0; i < kVec; ++i) acc[i] += f[i];
     }
   }
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) shared[threadIdx.y][threadIdx.x * kVec + i] = acc[i];
-  __syncthreads();
-  const int q = threadIdx.y * kColThreads + threadIdx.x;  // the block's column this thread finishes
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kBlockCols + q;
-  if (col < cols) {
-    float s = shared[0][q];
-#pragma unroll
-    for (int w = 1; w < kRowThreads; ++w) s += shared[w][q];
-    partial[static_cast<int64_t>(blockIdx.y) * cols + col] = s;
-  }
+  BlockPartialRow(acc, shared, partial, cols);
 }
 
 // Block (x, y) sums rows [y * rows_per_chunk, ...) of columns [x * 256, x * 256 + 256) into row y of
@@ -181,17 +188,7 @@ __global__ void __launch_bounds__(kColThreads * kRowThreads, kBlocksPerSm)
       for (int i = 0; i < kVec; ++i) acc[i] += f[i];
     }
   }
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) shared[threadIdx.y][threadIdx.x * kVec + i] = acc[i];
-  __syncthreads();
-  const int q = threadIdx.y * kColThreads + threadIdx.x;  // the block's column this thread finishes
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kBlockCols + q;
-  if (col < cols) {
-    float s = shared[0][q];
-#pragma unroll
-    for (int w = 1; w < kRowThreads; ++w) s += shared[w][q];
-    partial[static_cast<int64_t>(blockIdx.y) * cols + col] = s;
-  }
+  BlockPartialRow(acc, shared, partial, cols);
 }
 
 // sums[c] = the partial rows' sum for column c: a block takes 32 columns (128 contiguous bytes per row

@@ -77,6 +77,20 @@ GradSum GradSumInto(const torch::Tensor* param) {
   return {g.data_ptr<float>(), true};
 }
 
+// Where a kernel writes [cols] fp32 sums: into's .grad where GradSumInto allows (then `sums` stays
+// undefined, which the caller returns to autograd), else a new `sums` on like's device.
+struct SumsOut {
+  torch::Tensor sums;
+  GradSum target;
+  SumsOut(const torch::Tensor* into, int64_t cols, const torch::Tensor& like) {
+    if (into != nullptr && into->defined() && into->numel() == cols) target = GradSumInto(into);
+    if (target.ptr == nullptr) {
+      sums = torch::empty({cols}, like.options().dtype(torch::kFloat32));
+      target = {sums.data_ptr<float>(), false};
+    }
+  }
+};
+
 // The parameter saved under `key` by a forward (undefined when none was).
 torch::Tensor SavedParam(torch::autograd::AutogradContext* ctx, const char* key) {
   auto it = ctx->saved_data.find(key);
@@ -331,12 +345,11 @@ torch::Tensor SumPartials(const torch::Tensor& partial, at::ScalarType dtype, co
     return partial.sum(0, /*keepdim=*/false, dtype);
   }
   const int64_t parts = partial.size(0), cols = partial.size(1);
-  const GradSum target = into != nullptr && into->defined() && into->numel() == cols ? GradSumInto(into) : GradSum{};
-  torch::Tensor sums = target.ptr == nullptr ? torch::empty({cols}, partial.options()) : torch::Tensor();
-  const cudaError_t e = SumPartialRows(partial.data_ptr<float>(), target.ptr != nullptr ? target.ptr : sums.data_ptr<float>(),
-                                       parts, cols, target.accumulate, at::cuda::getCurrentCUDAStream());
+  const SumsOut out(into, cols, partial);
+  const cudaError_t e = SumPartialRows(partial.data_ptr<float>(), out.target.ptr, parts, cols, out.target.accumulate,
+                                       at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(e == cudaSuccess, "SumPartialRows: ", cudaGetErrorString(e));
-  return sums;
+  return out.sums;
 }
 
 // {dh = da * gelu'(h), db = the column sums of dh in `db_dtype`} for da and h [rows, cols]: one kernel
@@ -567,20 +580,12 @@ bool ColumnKernelTakes(const torch::Tensor& x, at::ScalarType dtype) {
          x.size(0) > 0 && ColumnSumsSupports(x.size(1)) && Aligned16(x);
 }
 
-// [ColumnSumPartials, cols] fp32 scratch, the [cols] sums and where the kernel writes them: into's
-// .grad where GradSumInto allows (the sums then undefined), else the sums.
-struct SumBuffers {
-  torch::Tensor partial, sums;
-  GradSum target;
-  SumBuffers(const torch::Tensor& x, int64_t rows, int64_t cols, const torch::Tensor* into) {
-    const auto options = x.options().dtype(torch::kFloat32);
-    partial = torch::empty({ColumnSumPartials(rows, cols), cols}, options);
-    if (into != nullptr && into->defined() && into->numel() == cols) target = GradSumInto(into);
-    if (target.ptr == nullptr) {
-      sums = torch::empty({cols}, options);
-      target = {sums.data_ptr<float>(), false};
-    }
-  }
+// [ColumnSumPartials, cols] fp32 scratch on x's device, and where the kernel writes the sums (SumsOut).
+struct SumBuffers : SumsOut {
+  torch::Tensor partial;
+  SumBuffers(const torch::Tensor& x, int64_t rows, int64_t cols, const torch::Tensor* into)
+      : SumsOut(into, cols, x),
+        partial(torch::empty({ColumnSumPartials(rows, cols), cols}, x.options().dtype(torch::kFloat32))) {}
 };
 
 }  // namespace
@@ -698,11 +703,11 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
     const torch::Tensor ids = ctx->get_saved_variables()[0].reshape({-1});
     const int64_t cols = weight.size(1);
     torch::Tensor g = grads[0].to(weight.scalar_type()).contiguous().view({-1, cols});
-    if (reinterpret_cast<uintptr_t>(g.data_ptr()) % 16 != 0) g = g.clone();  // a view at an odd offset
+    if (!Aligned16(g)) g = g.clone();  // a view at an odd offset
     torch::NoGradGuard no_grad;
     torch::Tensor& grad = weight.mutable_grad();
     if (grad.defined() && (grad.scalar_type() != torch::kFloat32 || !grad.is_contiguous() ||
-                           grad.sizes() != weight.sizes() || reinterpret_cast<uintptr_t>(grad.data_ptr()) % 16 != 0)) {
+                           grad.sizes() != weight.sizes() || !Aligned16(grad))) {
       // A .grad the kernel cannot write: ATen's dense gradient, for autograd to add.
       return {at::embedding_dense_backward(g, ids, weight.size(0), -1, false), torch::Tensor()};
     }
@@ -858,7 +863,7 @@ FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, double lr, double beta
 bool FusedAdamW::OwnStep(const std::vector<size_t>& indices, bool zero_grads) {
   auto suits = [](const torch::Tensor& t, const torch::Tensor& like) {
     return t.defined() && t.is_cuda() && t.scalar_type() == torch::kFloat32 && t.is_contiguous() &&
-           t.device() == like.device() && t.sizes() == like.sizes() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+           t.device() == like.device() && t.sizes() == like.sizes() && Aligned16(t);
   };
   std::vector<const void*> key;
   std::vector<CastCache*> caches(indices.size(), nullptr);
@@ -869,7 +874,7 @@ bool FusedAdamW::OwnStep(const std::vector<size_t>& indices, bool zero_grads) {
     if (!suits(p, p) || !suits(p.grad(), p) || !suits(exp_avg_[i], p) || !suits(exp_avg_sq_[i], p)) return false;
     if (CastCache* cache = CastCopyOf(p); cache != nullptr) {
       if (torch::Tensor* buffer = cache->CopyBuffer(p);
-          buffer != nullptr && reinterpret_cast<uintptr_t>(buffer->data_ptr()) % 16 == 0) {
+          buffer != nullptr && Aligned16(*buffer)) {
         caches[j] = cache;
         copies[j] = reinterpret_cast<uint16_t*>(buffer->data_ptr());
       }
