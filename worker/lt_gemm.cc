@@ -4,6 +4,9 @@
 #include <cublasLt.h>
 #include <dlfcn.h>
 
+#include <atomic>
+#include <cstring>
+
 #include <map>
 #include <memory>
 #include <tuple>
@@ -79,6 +82,17 @@ struct Plan {
 // is made and threads can share it.
 using PlanKey = std::tuple<void*, int64_t, int64_t, int64_t, const float*, uint32_t, uint32_t, uint32_t, uint32_t, size_t>;
 
+// What the algorithm choice depends on: PlanKey without the bias's address (only whether there is a bias).
+// Every layer of one shape shares the choice, so a model times each shape once rather than once per
+// layer (gpt-1.3b: 2 shapes, not 48 timings in the first forward), and every layer runs the same algorithm.
+using AlgoKey = std::tuple<void*, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t, uint32_t, size_t>;
+using AlgoCache = std::map<AlgoKey, cublasLtMatmulAlgo_t>;
+
+AlgoKey AlgoKeyOf(const PlanKey& key) {
+  auto [handle, m, n, k, bias, align_x, align_w, align_c, align_d, workspace_bytes] = key;
+  return AlgoKey{handle, m, n, k, bias != nullptr, align_x, align_w, align_c, align_d, workspace_bytes};
+}
+
 // The call MakePlan tunes with: its operands (d is written; it must not be c) and stream.
 struct Operands {
   const void *x, *w;
@@ -93,6 +107,8 @@ struct Operands {
 // for this bf16 x bf16 + fp32 -> fp32 product is not always the fastest (its tile choice for an fp32
 // output). Not while the stream is being captured into a CUDA graph (nothing may synchronise then):
 // the first choice, 0.
+std::atomic<int64_t> timings{0};  // LtAlgorithmTimings()
+
 int FastestAlgorithm(const LtApi& api, cublasLtHandle_t handle, const Plan& plan,
                      const std::vector<cublasLtMatmulHeuristicResult_t>& results, const Operands& o,
                      size_t workspace_bytes) {
@@ -107,6 +123,7 @@ int FastestAlgorithm(const LtApi& api, cublasLtHandle_t handle, const Plan& plan
     cudaEventDestroy(start);
     return 0;
   }
+  timings.fetch_add(1, std::memory_order_relaxed);
   const float alpha = 1.0f, beta = 1.0f;
   int best = -1;  // none ran yet
   float best_ms = 0;
@@ -134,7 +151,9 @@ int FastestAlgorithm(const LtApi& api, cublasLtHandle_t handle, const Plan& plan
 
 // Row-major d[m, n] = x[m, k] w[n, k]^T + c is, column-major, d^T[n, m] = op_T(W)[n, k] x^T[k, m] + c^T:
 // A = w as a k x n column-major matrix (transposed), B = x as k x m (not), C = D = n x m, bias per row of D.
-std::shared_ptr<Plan> MakePlan(const PlanKey& key, const Operands& operands) {
+// `algos` holds the choices made so far (the caller's lock guards it); one that the heuristic no longer
+// offers for this plan is timed again.
+std::shared_ptr<Plan> MakePlan(const PlanKey& key, const Operands& operands, AlgoCache& algos) {
   const LtApi& api = Api();
   auto [handle, m, n, k, bias, align_x, align_w, align_c, align_d, workspace_bytes] = key;
   const bool has_bias = bias != nullptr;
@@ -176,14 +195,31 @@ std::shared_ptr<Plan> MakePlan(const PlanKey& key, const Operands& operands) {
   if (s != CUBLAS_STATUS_SUCCESS) return fail("MatmulAlgoGetHeuristic", s);
   if (found == 0) return fail("MatmulAlgoGetHeuristic (no algorithm)", CUBLAS_STATUS_NOT_SUPPORTED);
   results.resize(found);
+  const AlgoKey algo_key = AlgoKeyOf(key);
+  if (auto known = algos.find(algo_key); known != algos.end()) {
+    for (const cublasLtMatmulHeuristicResult_t& r : results) {
+      if (std::memcmp(&r.algo, &known->second, sizeof(r.algo)) == 0) {
+        plan->algo = r.algo;
+        return plan;
+      }
+    }
+  }
   plan->algo = results[FastestAlgorithm(api, static_cast<cublasLtHandle_t>(handle), *plan, results, operands,
                                         workspace_bytes)].algo;
+  // Only a timed choice is shared: inside graph capture FastestAlgorithm takes the first without timing.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(operands.stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone &&
+      operands.d != operands.c) {
+    algos[algo_key] = plan->algo;
+  }
   return plan;
 }
 
 }  // namespace
 
 bool LtAvailable() { return Api().ok; }
+
+int64_t LtAlgorithmTimings() { return timings.load(std::memory_order_relaxed); }
 
 std::string LtLinearAddFp32(void* lt_handle, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                             const void* x, const void* w, const float* bias, const float* c, float* d, int64_t m,
@@ -196,6 +232,7 @@ std::string LtLinearAddFp32(void* lt_handle, void* workspace, size_t workspace_b
   // Never destroyed: plans may be in use by threads still running at exit.
   static absl::Mutex* mu = new absl::Mutex();
   static auto* plans = new std::map<PlanKey, std::shared_ptr<const Plan>>();
+  static auto* algos = new AlgoCache();
   std::shared_ptr<const Plan> plan;  // held: another thread may clear the cache meanwhile
   {
     absl::MutexLock lock(mu);
@@ -203,7 +240,8 @@ std::string LtLinearAddFp32(void* lt_handle, void* workspace, size_t workspace_b
     if (it == plans->end()) {
       // A model has a handful of shapes; a process that sees thousands is not ours to cache for.
       if (plans->size() >= 256) plans->clear();
-      it = plans->emplace(key, MakePlan(key, Operands{x, w, c, d, workspace, stream})).first;
+      if (algos->size() >= 256) algos->clear();
+      it = plans->emplace(key, MakePlan(key, Operands{x, w, c, d, workspace, stream}, *algos)).first;
     }
     plan = it->second;
   }

@@ -26,9 +26,14 @@ bool LtAvailable();
 // bits), bias (may be null), c and d fp32; d may equal c. Computed in fp32 (CUBLAS_COMPUTE_32F).
 // Returns "" when the product was queued on `stream`, else why not (nothing was queued then: the
 // caller computes the sum another way; DenseImpl::ForwardResidual's falls back to ATen). Plans
-// (descriptors and the fastest of the heuristic's first eight algorithms, timed on the first call's
-// operands outside graph capture) are cached per shape, alignment and bias pointer; a shape cuBLASLt
-// refuses is refused again without asking.
+// (descriptors) are cached per shape, alignment and bias pointer; the algorithm, the fastest of the
+// heuristic's first eight timed on the first call's operands outside graph capture, per shape and
+// alignment, so layers of one shape share one timing and one algorithm; a shape cuBLASLt refuses is
+// refused again without asking.
+// How many times this process has timed the heuristic's algorithms for a new shape (a test's view of
+// the cache above: a second layer of a known shape adds none).
+int64_t LtAlgorithmTimings();
+
 std::string LtLinearAddFp32(void* lt_handle, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                             const void* x, const void* w, const float* bias, const float* c, float* d, int64_t m,
                             int64_t n, int64_t k);

@@ -32,6 +32,7 @@
 #include "worker/fused_kernels.h"
 #include "worker/gelu_kernels.h"
 #include "worker/gemm_gelu.h"
+#include "worker/lt_gemm.h"
 #include "worker/nn.h"
 #include "worker/split_backward_check.h"
 #include "worker/stage.h"
@@ -924,6 +925,38 @@ TEST(DenseCuda, ForwardResidual_MatchesFp32ReferenceAndGradients) {
       no_grad_y = d->ForwardResidual(x, skip0, true);
     }
     EXPECT_TRUE(torch::equal(no_grad_y, fused[0])) << "inference gives the training forward's output";
+  }
+}
+
+// Layers of one shape share one algorithm timing (lt_gemm.h): the first of three Dense layers with their own
+// biases may time the heuristic's algorithms, the other two reuse its choice, and each still adds its own bias.
+TEST(DenseCuda, ForwardResidual_LayersOfOneShapeShareOneTiming) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const torch::Device cuda(torch::kCUDA, 0);
+  const int64_t rows = 2048, in = 1536, out = 768;  // a shape no other test here uses
+  std::vector<Dense> layers;
+  for (int i = 0; i < 3; ++i) {
+    layers.emplace_back(in, out, true, cuda);
+    at::Generator gen = LayerGenerator(7, i, cuda);
+    layers.back()->InitWeight(0.05, gen);
+    torch::NoGradGuard no_grad;
+    layers.back()->bias.fill_(static_cast<double>(i));
+  }
+  const torch::Tensor x = torch::randn({rows, in}, torch::TensorOptions().device(cuda)).to(torch::kBFloat16);
+  const torch::Tensor skip = torch::randn({rows, out}, torch::TensorOptions().device(cuda));
+  torch::NoGradGuard no_grad;
+  CudaBf16Autocast autocast;
+  const int64_t before = LtAlgorithmTimings();
+  std::vector<torch::Tensor> ys;
+  ys.push_back(layers[0]->ForwardResidual(x, skip, true));
+  const int64_t after_first = LtAlgorithmTimings();
+  EXPECT_LE(after_first - before, 1);
+  for (int i = 1; i < 3; ++i) ys.push_back(layers[i]->ForwardResidual(x, skip, true));
+  EXPECT_EQ(LtAlgorithmTimings(), after_first) << "a second layer of a known shape timed again";
+  for (int i = 0; i < 3; ++i) {
+    torch::Tensor ref = skip + at::matmul(x.to(torch::kFloat32), layers[i]->weight.detach().to(torch::kBFloat16).to(torch::kFloat32).t()) +
+                        static_cast<double>(i);
+    EXPECT_LT(((ys[i] - ref).abs().max() / ref.abs().max()).item<double>(), 1e-4) << "layer " << i;
   }
 }
 
