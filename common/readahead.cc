@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -302,6 +303,25 @@ ReadaheadStats ReadAhead(const ReadaheadList& list, const std::atomic<bool>* can
   return stats;
 }
 
+ReadaheadList MergeReadaheadLists(const ReadaheadList& old, ReadaheadList fresh, int64_t gap) {
+  if (old.key != fresh.key) return fresh;
+  std::map<std::string, const FileRanges*> old_files;
+  for (const FileRanges& f : old.files) old_files.emplace(f.path, &f);
+  std::set<std::string> fresh_paths;
+  for (FileRanges& f : fresh.files) {
+    fresh_paths.insert(f.path);
+    auto it = old_files.find(f.path);
+    if (it == old_files.end() || it->second->size != f.size || it->second->mtime_ns != f.mtime_ns) continue;
+    std::vector<ByteRange> both = f.ranges;
+    both.insert(both.end(), it->second->ranges.begin(), it->second->ranges.end());
+    f.ranges = MergeRanges(std::move(both), gap);
+  }
+  for (const FileRanges& f : old.files) {
+    if (fresh_paths.count(f.path) == 0) fresh.files.push_back(f);
+  }
+  return fresh;
+}
+
 void PutLauncherFilesFirst(ReadaheadList& list) {
   auto launchers = [](const FileRanges& f) {
     const size_t slash = f.path.rfind('/');
@@ -362,13 +382,28 @@ void ReadaheadRecorder::Start(const std::string& dir) {
       return;
     }
     const std::string path = ReadaheadListPath(dir, list->key);
+    int64_t added_files = -static_cast<int64_t>(list->files.size()), added_bytes = -list->total_bytes();
+    if (std::ifstream in(path); in) {  // what earlier jobs of this worker recorded stays in the list
+      std::stringstream text;
+      text << in.rdbuf();
+      if (absl::StatusOr<ReadaheadList> old = ParseReadaheadList(text.str()); old.ok()) {
+        *list = MergeReadaheadLists(*old, *std::move(list), /*gap=*/64 * 1024);
+      }
+    }
+    added_files += static_cast<int64_t>(list->files.size());
+    added_bytes += list->total_bytes();
     if (absl::Status s = WriteReadaheadList(path, *list); !s.ok()) {
       result_ = s;
       return;
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    result_ = absl::StrFormat("library readahead list: %d files, %.1f MiB touched, written in %.1f ms to %s",
-                              static_cast<int>(list->files.size()), list->total_bytes() / 1048576.0, ms, path);
+    const std::string kept =
+        added_files > 0 || added_bytes > 0
+            ? absl::StrFormat(" (%.1f MiB of them from earlier jobs' lists, %d files theirs alone)",
+                              added_bytes / 1048576.0, static_cast<int>(added_files))
+            : "";
+    result_ = absl::StrFormat("library readahead list: %d files, %.1f MiB touched%s, written in %.1f ms to %s",
+                              static_cast<int>(list->files.size()), list->total_bytes() / 1048576.0, kept, ms, path);
   });
 }
 

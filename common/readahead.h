@@ -42,6 +42,13 @@ struct ReadaheadList {
 // small costs less to read than another request).
 std::vector<ByteRange> MergeRanges(std::vector<ByteRange> ranges, int64_t gap);
 
+// `fresh` with what `old` recorded of the same worker (its key) added: each file of `fresh` gets the
+// union of both lists' ranges where `old` recorded the same size and mtime (merged within `gap`), and
+// the files only `old` lists follow, in `old`'s order. So jobs of different models (or precisions, or
+// attention kernels) from one worker binary each find their pages in the list, instead of the last
+// job's alone. An `old` of another key is ignored.
+ReadaheadList MergeReadaheadLists(const ReadaheadList& old, ReadaheadList fresh, int64_t gap);
+
 // The list as text: "stagehand-readahead 1", "key KEY", then per file "file SIZE MTIME_NS PATH" and
 // its "range OFFSET LENGTH" lines. Parse: INVALID_ARGUMENT naming the line for anything else.
 std::string FormatReadaheadList(const ReadaheadList& list);
@@ -108,7 +115,8 @@ class LibraryPrefetcher {
 };
 
 // The worker's side: records this process's touched library pages for `worker_binary` (the running
-// executable) into `dir`, in a thread of its own; the destructor joins it (a few ms), so no temporary
+// executable) into `dir`, added to what the list there already holds (MergeReadaheadLists; a list that
+// does not parse is replaced), in a thread of its own; the destructor joins it (a few ms), so no temporary
 // file outlives the process.
 class ReadaheadRecorder {
  public:

@@ -176,6 +176,51 @@ TEST(ReadaheadRecorder, Start_WritesTheListThePrefetcherReads) {
   EXPECT_GT(stats.bytes, 0);
 }
 
+// Two jobs of one worker: the second's list keeps the first's pages of an unchanged file, drops those of
+// a file that changed since, and keeps a file only the first touched (after the second's own files).
+TEST(MergeReadaheadLists, SameKey_UnionOfUnchangedFilesAndTheOldOnlyFilesLast) {
+  ReadaheadList old, fresh;
+  old.key = fresh.key = "k";
+  old.files = {{"/lib/a.so", 1 << 20, 5, {{0, 4096}, {524288, 4096}}},
+               {"/lib/b.so", 8192, 6, {{0, 4096}}},
+               {"/lib/only_old.so", 4096, 7, {{0, 4096}}}};
+  fresh.files = {{"/lib/b.so", 8192, 9, {{4096, 4096}}},  // rebuilt since: the old range no longer applies
+                 {"/lib/a.so", 1 << 20, 5, {{4096, 4096}, {1 << 19, 8192}}}};
+  const ReadaheadList merged = MergeReadaheadLists(old, fresh, /*gap=*/0);
+  ASSERT_EQ(merged.files.size(), 3u);
+  EXPECT_EQ(merged.files[0].path, "/lib/b.so");
+  EXPECT_EQ(merged.files[0].ranges, (std::vector<ByteRange>{{4096, 4096}}));
+  EXPECT_EQ(merged.files[1].path, "/lib/a.so");
+  EXPECT_EQ(merged.files[1].ranges, (std::vector<ByteRange>{{0, 8192}, {524288, 8192}}));
+  EXPECT_EQ(merged.files[2].path, "/lib/only_old.so");
+  ReadaheadList other = old;
+  other.key = "another worker";
+  EXPECT_EQ(MergeReadaheadLists(other, fresh, 0).files.size(), 2u) << "a list of another key adds nothing";
+}
+
+// The recorder adds to the list it finds: a file of an earlier job's list stays in it.
+TEST(ReadaheadRecorder, Start_KeepsWhatTheListAlreadyHeld) {
+  const std::string dir = TmpDir();
+  const std::string extra = WriteFile(TmpDir() + "/libextra.so", 16384);
+  ReadaheadList earlier;
+  earlier.key = *ReadaheadKey("/proc/self/exe");
+  earlier.files.push_back(Recorded(extra, {{0, 8192}}));
+  ASSERT_TRUE(WriteReadaheadList(ReadaheadListPath(dir, earlier.key), earlier).ok());
+  ReadaheadRecorder recorder;
+  recorder.Start(dir);
+  absl::StatusOr<std::string> line = recorder.Join();
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_TRUE(absl::StrContains(*line, "from earlier jobs' lists, 1 files theirs alone")) << *line;
+  std::ifstream in(ReadaheadListPath(dir, earlier.key));
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<ReadaheadList> now = ParseReadaheadList(text.str());
+  ASSERT_TRUE(now.ok()) << now.status();
+  ASSERT_GE(now->files.size(), 2u);
+  EXPECT_EQ(now->files.back().path, extra);
+  EXPECT_EQ(now->files.back().ranges, (std::vector<ByteRange>{{0, 8192}}));
+}
+
 TEST(LibraryPrefetcher, MissingOrMalformedList_ReadsNothing) {
   const std::string dir = TmpDir();
   LibraryPrefetcher none;
