@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -303,7 +304,18 @@ ReadaheadStats ReadAhead(const ReadaheadList& list, const std::atomic<bool>* can
   return stats;
 }
 
-ReadaheadList MergeReadaheadLists(const ReadaheadList& old, ReadaheadList fresh, int64_t gap) {
+namespace {
+
+// Whether `f` is on disk as recorded: a regular file of its size and mtime.
+bool StillAsRecorded(const FileRanges& f) {
+  struct stat st;
+  return stat(f.path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == f.size && MtimeNs(st) == f.mtime_ns;
+}
+
+}  // namespace
+
+ReadaheadList MergeReadaheadLists(const ReadaheadList& old, ReadaheadList fresh, int64_t gap,
+                                  const std::function<bool(const FileRanges&)>& keep_old_only) {
   if (old.key != fresh.key) return fresh;
   std::map<std::string, const FileRanges*> old_files;
   for (const FileRanges& f : old.files) old_files.emplace(f.path, &f);
@@ -317,7 +329,7 @@ ReadaheadList MergeReadaheadLists(const ReadaheadList& old, ReadaheadList fresh,
     f.ranges = MergeRanges(std::move(both), gap);
   }
   for (const FileRanges& f : old.files) {
-    if (fresh_paths.count(f.path) == 0) fresh.files.push_back(f);
+    if (fresh_paths.count(f.path) == 0 && (!keep_old_only || keep_old_only(f))) fresh.files.push_back(f);
   }
   return fresh;
 }
@@ -387,7 +399,7 @@ void ReadaheadRecorder::Start(const std::string& dir) {
       std::stringstream text;
       text << in.rdbuf();
       if (absl::StatusOr<ReadaheadList> old = ParseReadaheadList(text.str()); old.ok()) {
-        *list = MergeReadaheadLists(*old, *std::move(list), /*gap=*/64 * 1024);
+        *list = MergeReadaheadLists(*old, *std::move(list), /*gap=*/64 * 1024, StillAsRecorded);
       }
     }
     added_files += static_cast<int64_t>(list->files.size());

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,10 +45,12 @@ std::vector<ByteRange> MergeRanges(std::vector<ByteRange> ranges, int64_t gap);
 
 // `fresh` with what `old` recorded of the same worker (its key) added: each file of `fresh` gets the
 // union of both lists' ranges where `old` recorded the same size and mtime (merged within `gap`), and
-// the files only `old` lists follow, in `old`'s order. So jobs of different models (or precisions, or
-// attention kernels) from one worker binary each find their pages in the list, instead of the last
-// job's alone. An `old` of another key is ignored.
-ReadaheadList MergeReadaheadLists(const ReadaheadList& old, ReadaheadList fresh, int64_t gap);
+// the files only `old` lists follow, in `old`'s order, those for which `keep_old_only` (when given)
+// is true (the recorder keeps those still on disk as recorded, so a removed or rebuilt library leaves
+// the list). So jobs of different models (or precisions, or attention kernels) from one worker binary
+// each find their pages in the list, instead of the last job's alone. An `old` of another key is ignored.
+ReadaheadList MergeReadaheadLists(const ReadaheadList& old, ReadaheadList fresh, int64_t gap,
+                                  const std::function<bool(const FileRanges&)>& keep_old_only = nullptr);
 
 // The list as text: "stagehand-readahead 1", "key KEY", then per file "file SIZE MTIME_NS PATH" and
 // its "range OFFSET LENGTH" lines. Parse: INVALID_ARGUMENT naming the line for anything else.

@@ -196,6 +196,9 @@ TEST(MergeReadaheadLists, SameKey_UnionOfUnchangedFilesAndTheOldOnlyFilesLast) {
   ReadaheadList other = old;
   other.key = "another worker";
   EXPECT_EQ(MergeReadaheadLists(other, fresh, 0).files.size(), 2u) << "a list of another key adds nothing";
+  const ReadaheadList filtered =
+      MergeReadaheadLists(old, fresh, 0, [](const FileRanges& f) { return f.path != "/lib/only_old.so"; });
+  EXPECT_EQ(filtered.files.size(), 2u) << "an old-only file the filter refuses is dropped";
 }
 
 // The recorder adds to the list it finds: a file of an earlier job's list stays in it.
@@ -205,6 +208,7 @@ TEST(ReadaheadRecorder, Start_KeepsWhatTheListAlreadyHeld) {
   ReadaheadList earlier;
   earlier.key = *ReadaheadKey("/proc/self/exe");
   earlier.files.push_back(Recorded(extra, {{0, 8192}}));
+  earlier.files.push_back({TmpDir() + "/libgone.so", 4096, 1, {{0, 4096}}});  // no longer on disk
   ASSERT_TRUE(WriteReadaheadList(ReadaheadListPath(dir, earlier.key), earlier).ok());
   ReadaheadRecorder recorder;
   recorder.Start(dir);
@@ -219,6 +223,7 @@ TEST(ReadaheadRecorder, Start_KeepsWhatTheListAlreadyHeld) {
   ASSERT_GE(now->files.size(), 2u);
   EXPECT_EQ(now->files.back().path, extra);
   EXPECT_EQ(now->files.back().ranges, (std::vector<ByteRange>{{0, 8192}}));
+  for (const FileRanges& f : now->files) EXPECT_FALSE(absl::StrContains(f.path, "libgone.so")) << "a removed file stays";
 }
 
 TEST(LibraryPrefetcher, MissingOrMalformedList_ReadsNothing) {

@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <cstring>
-
 #include <map>
 #include <memory>
 #include <tuple>
@@ -93,6 +92,8 @@ AlgoKey AlgoKeyOf(const PlanKey& key) {
   return AlgoKey{handle, m, n, k, bias != nullptr, align_x, align_w, align_c, align_d, workspace_bytes};
 }
 
+std::atomic<int64_t> timings{0};  // LtAlgorithmTimings(): FastestAlgorithm calls that timed
+
 // The call MakePlan tunes with: its operands (d is written; it must not be c) and stream.
 struct Operands {
   const void *x, *w;
@@ -107,8 +108,6 @@ struct Operands {
 // for this bf16 x bf16 + fp32 -> fp32 product is not always the fastest (its tile choice for an fp32
 // output). Not while the stream is being captured into a CUDA graph (nothing may synchronise then):
 // the first choice, 0.
-std::atomic<int64_t> timings{0};  // LtAlgorithmTimings()
-
 int FastestAlgorithm(const LtApi& api, cublasLtHandle_t handle, const Plan& plan,
                      const std::vector<cublasLtMatmulHeuristicResult_t>& results, const Operands& o,
                      size_t workspace_bytes) {
