@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -394,28 +395,47 @@ void ReadaheadRecorder::Start(const std::string& dir) {
       return;
     }
     const std::string path = ReadaheadListPath(dir, list->key);
-    int64_t added_files = -static_cast<int64_t>(list->files.size()), added_bytes = -list->total_bytes();
+    // Every rank of a host records: one at a time reads, merges and renames (an flock on a hidden lock
+    // file beside the list, .NAME.lock, released when it is closed), so that no rank's pages are lost to
+    // another's rename.
+    UniqueFd lock;
+    if (MakeDirs(Dirname(path)).ok()) {
+      const std::string lock_path = absl::StrCat(Dirname(path), "/.", path.substr(path.rfind('/') + 1), ".lock");
+      lock = UniqueFd(open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644));
+      if (lock.valid()) flock(lock.get(), LOCK_EX);
+    }
+    const int64_t touched = list->total_bytes();
+    const int files_touched = static_cast<int>(list->files.size());
+    std::string history;  // what the line says of earlier jobs' pages
     if (std::ifstream in(path); in) {  // what earlier jobs of this worker recorded stays in the list
       std::stringstream text;
       text << in.rdbuf();
-      if (absl::StatusOr<ReadaheadList> old = ParseReadaheadList(text.str()); old.ok()) {
-        *list = MergeReadaheadLists(*old, *std::move(list), /*gap=*/64 * 1024, StillAsRecorded);
+      if (absl::StatusOr<ReadaheadList> old = ParseReadaheadList(text.str()); old.ok() && old->key == list->key) {
+        ReadaheadList merged = MergeReadaheadLists(*old, *list, /*gap=*/64 * 1024, StillAsRecorded);
+        // Bounded: the union of a few models' jobs is a few percent more than one job's; a list that
+        // would read more than twice what this job touched starts again from this job's pages.
+        if (merged.total_bytes() <= 2 * touched) {
+          if (merged.total_bytes() > touched) {
+            history = absl::StrFormat("; %.1f MiB and %d files more from earlier jobs",
+                                      (merged.total_bytes() - touched) / 1048576.0,
+                                      static_cast<int>(merged.files.size()) - files_touched);
+          }
+          *list = std::move(merged);
+        } else {
+          history = absl::StrFormat("; earlier jobs' pages dropped (%.1f MiB with them)",
+                                    merged.total_bytes() / 1048576.0);
+        }
       }
     }
-    added_files += static_cast<int64_t>(list->files.size());
-    added_bytes += list->total_bytes();
     if (absl::Status s = WriteReadaheadList(path, *list); !s.ok()) {
       result_ = s;
       return;
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    const std::string kept =
-        added_files > 0 || added_bytes > 0
-            ? absl::StrFormat(" (%.1f MiB of them from earlier jobs' lists, %d files theirs alone)",
-                              added_bytes / 1048576.0, static_cast<int>(added_files))
-            : "";
-    result_ = absl::StrFormat("library readahead list: %d files, %.1f MiB touched%s, written in %.1f ms to %s",
-                              static_cast<int>(list->files.size()), list->total_bytes() / 1048576.0, kept, ms, path);
+    result_ = absl::StrFormat("library readahead list: %d files, %.1f MiB (this job touched %.1f MiB%s), written in "
+                              "%.1f ms to %s",
+                              static_cast<int>(list->files.size()), list->total_bytes() / 1048576.0,
+                              touched / 1048576.0, history, ms, path);
   });
 }
 

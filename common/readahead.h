@@ -118,8 +118,9 @@ class LibraryPrefetcher {
 };
 
 // The worker's side: records this process's touched library pages for `worker_binary` (the running
-// executable) into `dir`, added to what the list there already holds (MergeReadaheadLists; a list that
-// does not parse is replaced), in a thread of its own; the destructor joins it (a few ms), so no temporary
+// executable) into `dir`, added to what the list there already holds (MergeReadaheadLists, under an
+// flock so that the ranks of a host merge one after another; a list that does not parse is replaced,
+// and one that would grow past twice this job's pages starts again from them), in a thread of its own; the destructor joins it (a few ms), so no temporary
 // file outlives the process.
 class ReadaheadRecorder {
  public:

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/fd.h"
 #include "gtest/gtest.h"
 
 namespace stagehand {
@@ -214,7 +215,7 @@ TEST(ReadaheadRecorder, Start_KeepsWhatTheListAlreadyHeld) {
   recorder.Start(dir);
   absl::StatusOr<std::string> line = recorder.Join();
   ASSERT_TRUE(line.ok()) << line.status();
-  EXPECT_TRUE(absl::StrContains(*line, "from earlier jobs' lists, 1 files theirs alone")) << *line;
+  EXPECT_TRUE(absl::StrContains(*line, "MiB and 1 files more from earlier jobs")) << *line;
   std::ifstream in(ReadaheadListPath(dir, earlier.key));
   std::stringstream text;
   text << in.rdbuf();
@@ -224,6 +225,32 @@ TEST(ReadaheadRecorder, Start_KeepsWhatTheListAlreadyHeld) {
   EXPECT_EQ(now->files.back().path, extra);
   EXPECT_EQ(now->files.back().ranges, (std::vector<ByteRange>{{0, 8192}}));
   for (const FileRanges& f : now->files) EXPECT_FALSE(absl::StrContains(f.path, "libgone.so")) << "a removed file stays";
+}
+
+// A list that would grow past twice this job's pages starts again from them: an earlier job's file of
+// 4 GiB (sparse) is not kept.
+TEST(ReadaheadRecorder, Start_DropsHistoryThatWouldOutgrowTheJob) {
+  const std::string dir = TmpDir();
+  const std::string big = TmpDir() + "/libbig.so";
+  {
+    UniqueFd fd(open(big.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+    ASSERT_TRUE(fd.valid());
+    ASSERT_EQ(ftruncate(fd.get(), int64_t{4} << 30), 0);
+  }
+  ReadaheadList earlier;
+  earlier.key = *ReadaheadKey("/proc/self/exe");
+  earlier.files.push_back(Recorded(big, {{0, int64_t{4} << 30}}));
+  ASSERT_TRUE(WriteReadaheadList(ReadaheadListPath(dir, earlier.key), earlier).ok());
+  ReadaheadRecorder recorder;
+  recorder.Start(dir);
+  absl::StatusOr<std::string> line = recorder.Join();
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_TRUE(absl::StrContains(*line, "earlier jobs' pages dropped")) << *line;
+  std::ifstream in(ReadaheadListPath(dir, earlier.key));
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_FALSE(absl::StrContains(text.str(), "libbig.so"));
+  std::remove(big.c_str());
 }
 
 TEST(LibraryPrefetcher, MissingOrMalformedList_ReadsNothing) {

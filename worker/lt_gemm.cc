@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -83,7 +84,8 @@ using PlanKey = std::tuple<void*, int64_t, int64_t, int64_t, const float*, uint3
 
 // What the algorithm choice depends on: PlanKey without the bias's address (only whether there is a bias).
 // Every layer of one shape shares the choice, so a model times each shape once rather than once per
-// layer (gpt-1.3b: 2 shapes, not 48 timings in the first forward), and every layer runs the same algorithm.
+// layer (gpt-1.3b: 2 shapes, not 48 timings in the first forward), and its layers run one algorithm
+// (until a process with more than 256 shapes clears the cache).
 using AlgoKey = std::tuple<void*, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t, uint32_t, size_t>;
 using AlgoCache = std::map<AlgoKey, cublasLtMatmulAlgo_t>;
 
@@ -92,7 +94,7 @@ AlgoKey AlgoKeyOf(const PlanKey& key) {
   return AlgoKey{handle, m, n, k, bias != nullptr, align_x, align_w, align_c, align_d, workspace_bytes};
 }
 
-std::atomic<int64_t> timings{0};  // LtAlgorithmTimings(): FastestAlgorithm calls that timed
+std::atomic<int64_t> timings{0};  // LtAlgorithmTimings(): FastestAlgorithm calls that chose by timing
 
 // The call MakePlan tunes with: its operands (d is written; it must not be c) and stream.
 struct Operands {
@@ -104,48 +106,61 @@ struct Operands {
 };
 
 // Times each algorithm the heuristic offers on the call's own operands (d = x w^T + b + c, the same
-// value every run, since d is not c) and returns the fastest one's index: the heuristic's first choice
-// for this bf16 x bf16 + fp32 -> fp32 product is not always the fastest (its tile choice for an fp32
-// output). Not while the stream is being captured into a CUDA graph (nothing may synchronise then):
-// the first choice, 0.
-int FastestAlgorithm(const LtApi& api, cublasLtHandle_t handle, const Plan& plan,
-                     const std::vector<cublasLtMatmulHeuristicResult_t>& results, const Operands& o,
-                     size_t workspace_bytes) {
+// value every run, since d is not c; 2 warm-up runs, then the best of 3 repeats of 3 runs, so that one
+// noisy sample in step 0, while the clock ramps, does not choose for every layer of the shape) and
+// returns the fastest one's index, or nullopt where it timed nothing: a single candidate, d == c, the
+// stream being captured into a CUDA graph (nothing may synchronise then), events that cannot be made,
+// or no candidate that ran. The heuristic's first choice for this bf16 x bf16 + fp32 -> fp32 product is
+// not always the fastest (its tile choice for an fp32 output).
+std::optional<int> FastestAlgorithm(const LtApi& api, cublasLtHandle_t handle, const Plan& plan,
+                                    const std::vector<cublasLtMatmulHeuristicResult_t>& results, const Operands& o,
+                                    size_t workspace_bytes) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (results.size() < 2 || o.d == o.c || cudaStreamIsCapturing(o.stream, &capture) != cudaSuccess ||
       capture != cudaStreamCaptureStatusNone) {
-    return 0;
+    return std::nullopt;
   }
   cudaEvent_t start, stop;
-  if (cudaEventCreate(&start) != cudaSuccess) return 0;
+  if (cudaEventCreate(&start) != cudaSuccess) return std::nullopt;
   if (cudaEventCreate(&stop) != cudaSuccess) {
     cudaEventDestroy(start);
-    return 0;
+    return std::nullopt;
   }
-  timings.fetch_add(1, std::memory_order_relaxed);
   const float alpha = 1.0f, beta = 1.0f;
   int best = -1;  // none ran yet
   float best_ms = 0;
-  for (size_t i = 0; i < results.size(); ++i) {
+  bool broken = false;  // an event failed: what was timed so far is not to be trusted
+  for (size_t i = 0; i < results.size() && !broken; ++i) {
     auto run = [&] {
       return api.matmul(handle, plan.desc, &alpha, o.w, plan.a, o.x, plan.b, &beta, o.c, plan.cd, o.d, plan.cd,
                         &results[i].algo, o.workspace, workspace_bytes, o.stream);
     };
-    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; an algorithm that fails is not taken
-    cudaEventRecord(start, o.stream);
-    constexpr int kRuns = 3;
-    for (int r = 0; r < kRuns; ++r) run();
-    cudaEventRecord(stop, o.stream);
-    float ms = 0;
-    if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) break;
-    if (best < 0 || ms < best_ms) {
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // an algorithm that fails is not taken
+    run();
+    constexpr int kRepeats = 3, kRuns = 3;
+    float fastest = -1;
+    for (int rep = 0; rep < kRepeats; ++rep) {
+      cudaEventRecord(start, o.stream);
+      for (int r = 0; r < kRuns; ++r) run();
+      cudaEventRecord(stop, o.stream);
+      float ms = 0;
+      if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+        broken = true;
+        break;
+      }
+      if (fastest < 0 || ms < fastest) fastest = ms;
+    }
+    if (broken) break;
+    if (best < 0 || fastest < best_ms) {
       best = static_cast<int>(i);
-      best_ms = ms;
+      best_ms = fastest;
     }
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  return best < 0 ? 0 : best;  // none ran: the heuristic's first choice (its error shows at the call)
+  if (broken || best < 0) return std::nullopt;  // the heuristic's first choice (an error shows at the call)
+  timings.fetch_add(1, std::memory_order_relaxed);
+  return best;
 }
 
 // Row-major d[m, n] = x[m, k] w[n, k]^T + c is, column-major, d^T[n, m] = op_T(W)[n, k] x^T[k, m] + c^T:
@@ -203,14 +218,12 @@ std::shared_ptr<Plan> MakePlan(const PlanKey& key, const Operands& operands, Alg
       }
     }
   }
-  plan->algo = results[FastestAlgorithm(api, static_cast<cublasLtHandle_t>(handle), *plan, results, operands,
-                                        workspace_bytes)].algo;
-  // Only a timed choice is shared: inside graph capture FastestAlgorithm takes the first without timing.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(operands.stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone &&
-      operands.d != operands.c) {
-    algos[algo_key] = plan->algo;
-  }
+  const std::optional<int> fastest =
+      FastestAlgorithm(api, static_cast<cublasLtHandle_t>(handle), *plan, results, operands, workspace_bytes);
+  plan->algo = results[fastest.value_or(0)].algo;
+  // Shared only when timed, or when there was no other to choose: an untimed first choice (inside graph
+  // capture, in place) is this plan's alone, and the next plan of the shape may still time.
+  if (fastest.has_value() || results.size() == 1) algos[algo_key] = plan->algo;
   return plan;
 }
 

@@ -28,15 +28,16 @@ bool LtAvailable();
 // caller computes the sum another way; DenseImpl::ForwardResidual's falls back to ATen). Plans
 // (descriptors) are cached per shape, alignment and bias pointer; the algorithm, the fastest of the
 // heuristic's first eight timed on the first call's operands outside graph capture, per shape and
-// alignment, so layers of one shape share one timing and one algorithm; a shape cuBLASLt refuses is
-// refused again without asking.
-// How many times this process has timed the heuristic's algorithms for a new shape (a test's view of
-// the cache above: a second layer of a known shape adds none).
-int64_t LtAlgorithmTimings();
-
+// alignment, so layers of one shape share one timing and one algorithm (the timing holds a process-wide
+// lock, a few tens of ms once per shape); a shape cuBLASLt refuses is refused again without asking.
 std::string LtLinearAddFp32(void* lt_handle, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                             const void* x, const void* w, const float* bias, const float* c, float* d, int64_t m,
                             int64_t n, int64_t k);
+
+// How many times this process has chosen an algorithm by timing the heuristic's (a test's view of the
+// cache LtLinearAddFp32 keeps: a second layer of a known shape adds none; a shape is timed again only
+// after the cache was cleared or when the heuristic no longer offers the cached choice).
+int64_t LtAlgorithmTimings();
 
 }  // namespace stagehand
 
