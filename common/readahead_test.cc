@@ -202,24 +202,33 @@ TEST(MergeReadaheadLists, SameKey_UnionOfUnchangedFilesAndTheOldOnlyFilesLast) {
   EXPECT_EQ(filtered.files.size(), 2u) << "an old-only file the filter refuses is dropped";
 }
 
-// The recorder adds to the list it finds: a file of an earlier job's list stays in it.
-TEST(ReadaheadRecorder, Start_KeepsWhatTheListAlreadyHeld) {
-  const std::string dir = TmpDir();
-  const std::string extra = WriteFile(TmpDir() + "/libextra.so", 16384);
-  ReadaheadList earlier;
+// Writes `earlier` (this test binary's key) as the list in `dir`, runs a recorder there and returns its
+// line; `after` gets the list file's text.
+std::string RecordOver(const std::string& dir, ReadaheadList earlier, std::string* after) {
   earlier.key = *ReadaheadKey("/proc/self/exe");
-  earlier.files.push_back(Recorded(extra, {{0, 8192}}));
-  earlier.files.push_back({TmpDir() + "/libgone.so", 4096, 1, {{0, 4096}}});  // no longer on disk
-  ASSERT_TRUE(WriteReadaheadList(ReadaheadListPath(dir, earlier.key), earlier).ok());
+  const std::string path = ReadaheadListPath(dir, earlier.key);
+  EXPECT_TRUE(WriteReadaheadList(path, earlier).ok());
   ReadaheadRecorder recorder;
   recorder.Start(dir);
   absl::StatusOr<std::string> line = recorder.Join();
-  ASSERT_TRUE(line.ok()) << line.status();
-  EXPECT_TRUE(absl::StrContains(*line, "MiB and 1 files more from earlier jobs")) << *line;
-  std::ifstream in(ReadaheadListPath(dir, earlier.key));
+  EXPECT_TRUE(line.ok()) << line.status();
+  std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
-  absl::StatusOr<ReadaheadList> now = ParseReadaheadList(text.str());
+  *after = text.str();
+  return line.ok() ? *line : "";
+}
+
+// The recorder adds to the list it finds: a file of an earlier job's list stays in it.
+TEST(ReadaheadRecorder, Start_KeepsWhatTheListAlreadyHeld) {
+  const std::string extra = WriteFile(TmpDir() + "/libextra.so", 16384);
+  ReadaheadList earlier;
+  earlier.files.push_back(Recorded(extra, {{0, 8192}}));
+  earlier.files.push_back({TmpDir() + "/libgone.so", 4096, 1, {{0, 4096}}});  // no longer on disk
+  std::string text;
+  const std::string line = RecordOver(TmpDir(), earlier, &text);
+  EXPECT_TRUE(absl::StrContains(line, "MiB and 1 files more from earlier jobs")) << line;
+  absl::StatusOr<ReadaheadList> now = ParseReadaheadList(text);
   ASSERT_TRUE(now.ok()) << now.status();
   ASSERT_GE(now->files.size(), 2u);
   EXPECT_EQ(now->files.back().path, extra);
@@ -230,7 +239,6 @@ TEST(ReadaheadRecorder, Start_KeepsWhatTheListAlreadyHeld) {
 // A list that would grow past twice this job's pages starts again from them: an earlier job's file of
 // 4 GiB (sparse) is not kept.
 TEST(ReadaheadRecorder, Start_DropsHistoryThatWouldOutgrowTheJob) {
-  const std::string dir = TmpDir();
   const std::string big = TmpDir() + "/libbig.so";
   {
     UniqueFd fd(open(big.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
@@ -238,18 +246,11 @@ TEST(ReadaheadRecorder, Start_DropsHistoryThatWouldOutgrowTheJob) {
     ASSERT_EQ(ftruncate(fd.get(), int64_t{4} << 30), 0);
   }
   ReadaheadList earlier;
-  earlier.key = *ReadaheadKey("/proc/self/exe");
   earlier.files.push_back(Recorded(big, {{0, int64_t{4} << 30}}));
-  ASSERT_TRUE(WriteReadaheadList(ReadaheadListPath(dir, earlier.key), earlier).ok());
-  ReadaheadRecorder recorder;
-  recorder.Start(dir);
-  absl::StatusOr<std::string> line = recorder.Join();
-  ASSERT_TRUE(line.ok()) << line.status();
-  EXPECT_TRUE(absl::StrContains(*line, "earlier jobs' pages dropped")) << *line;
-  std::ifstream in(ReadaheadListPath(dir, earlier.key));
-  std::stringstream text;
-  text << in.rdbuf();
-  EXPECT_FALSE(absl::StrContains(text.str(), "libbig.so"));
+  std::string text;
+  const std::string line = RecordOver(TmpDir(), earlier, &text);
+  EXPECT_TRUE(absl::StrContains(line, "earlier jobs' pages dropped")) << line;
+  EXPECT_FALSE(absl::StrContains(text, "libbig.so"));
   std::remove(big.c_str());
 }
 
