@@ -345,7 +345,9 @@ class CudaBf16Autocast {
 // Puts `kernel` first in line for scaled-dot-product attention in this process (LibTorch's choice is
 // global): "cudnn" (cuDNN's fused attention; also for ""), "flash" (FlashAttention-2) or "torch"
 // (LibTorch's own order: flash, memory-efficient, math, cuDNN). A kernel that cannot take given inputs
-// (fp32, say) hands them to the next in line. INVALID_ARGUMENT for another name.
+// (fp32, say) hands them to the next in line. "flash" also switches cuDNN's attention off (LibTorch
+// would otherwise still pick it on Hopper); the others leave it as LibTorch had it. INVALID_ARGUMENT for
+// another name.
 absl::Status SelectAttentionKernel(const std::string& kernel);
 
 // Scales the parameters' gradients so that their global L2 norm is at most `max_norm` (torch's

@@ -761,6 +761,20 @@ TEST(GptStageCuda, Bf16AutocastAfterOptimizerStep_UsesUpdatedWeights) {
   EXPECT_FALSE(torch::equal(model(tokens).detach(), before));
 }
 
+// "flash" keeps cuDNN's attention out even where LibTorch would put it first (Hopper): it is switched
+// off; any other choice puts LibTorch's setting back. No GPU needed: the switch is LibTorch's global.
+TEST(SelectAttentionKernel, Flash_SwitchesCudnnOffAndTheOthersBackOn) {
+  const bool initially = at::globalContext().userEnabledCuDNNSDP();
+  ASSERT_TRUE(SelectAttentionKernel("flash").ok());
+  EXPECT_FALSE(at::globalContext().userEnabledCuDNNSDP());
+  ASSERT_TRUE(SelectAttentionKernel("cudnn").ok());
+  EXPECT_EQ(at::globalContext().userEnabledCuDNNSDP(), initially);
+  ASSERT_TRUE(SelectAttentionKernel("flash").ok());
+  ASSERT_TRUE(SelectAttentionKernel("torch").ok());
+  EXPECT_EQ(at::globalContext().userEnabledCuDNNSDP(), initially);
+  EXPECT_FALSE(SelectAttentionKernel("fa3").ok());
+}
+
 // The attention kernel choice takes effect (LibTorch picks the kernel named first for gpt-1.3b's
 // attention shapes), and the kernels agree on a bf16 forward and backward within bf16 tolerance.
 TEST(GptStageCuda, AttentionKernels_AreChosenAndAgree) {
