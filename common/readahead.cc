@@ -214,6 +214,14 @@ std::string ReadaheadListPath(const std::string& dir, const std::string& key) {
   return absl::StrFormat("%s/%016x.list", dir, Fnv1a(key));
 }
 
+absl::StatusOr<ReadaheadList> ReadReadaheadList(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("no readahead list at ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseReadaheadList(text.str());
+}
+
 absl::Status WriteReadaheadList(const std::string& path, const ReadaheadList& list) {
   if (absl::Status s = MakeDirs(Dirname(path)); !s.ok()) return s;
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
@@ -307,6 +315,9 @@ ReadaheadStats ReadAhead(const ReadaheadList& list, const std::atomic<bool>* can
 
 namespace {
 
+// The recorder's merge gap: ranges closer than this are read as one (cheaper than another request).
+constexpr int64_t kRecordGap = 64 * 1024;
+
 // Whether `f` is on disk as recorded: a regular file of its size and mtime.
 bool StillAsRecorded(const FileRanges& f) {
   struct stat st;
@@ -355,11 +366,8 @@ void LibraryPrefetcher::Start(const std::string& dir, const std::string& worker_
     absl::StatusOr<std::string> key = ReadaheadKey(worker_binary);
     if (!key.ok()) return;  // the launch's own check says what is wrong with the worker
     const std::string path = ReadaheadListPath(dir, *key);
-    std::ifstream in(path);
-    if (!in) return;  // none yet: the first run records it
-    std::stringstream text;
-    text << in.rdbuf();
-    absl::StatusOr<ReadaheadList> list = ParseReadaheadList(text.str());
+    absl::StatusOr<ReadaheadList> list = ReadReadaheadList(path);
+    if (absl::IsNotFound(list.status())) return;  // none yet: the first run records it
     if (!list.ok()) {
       std::fprintf(stderr, "stagehand: warning: ignoring the library readahead list %s (%s); the next run rewrites "
                    "it (--prefetch_libraries=false turns this off)\n", path.c_str(),
@@ -389,7 +397,7 @@ void ReadaheadRecorder::Start(const std::string& dir) {
   }
   thread_ = std::thread([this, dir] {
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<ReadaheadList> list = TouchedLibraryPages(/*gap=*/64 * 1024);
+    absl::StatusOr<ReadaheadList> list = TouchedLibraryPages(kRecordGap);
     if (!list.ok()) {
       result_ = list.status();
       return;
@@ -407,24 +415,21 @@ void ReadaheadRecorder::Start(const std::string& dir) {
     const int64_t touched = list->total_bytes();
     const int files_touched = static_cast<int>(list->files.size());
     std::string history;  // what the line says of earlier jobs' pages
-    if (std::ifstream in(path); in) {  // what earlier jobs of this worker recorded stays in the list
-      std::stringstream text;
-      text << in.rdbuf();
-      if (absl::StatusOr<ReadaheadList> old = ParseReadaheadList(text.str()); old.ok() && old->key == list->key) {
-        ReadaheadList merged = MergeReadaheadLists(*old, *list, /*gap=*/64 * 1024, StillAsRecorded);
-        // Bounded: the union of a few models' jobs is a few percent more than one job's; a list that
-        // would read more than twice what this job touched starts again from this job's pages.
-        if (merged.total_bytes() <= 2 * touched) {
-          if (merged.total_bytes() > touched) {
-            history = absl::StrFormat("; %.1f MiB and %d files more from earlier jobs",
-                                      (merged.total_bytes() - touched) / 1048576.0,
-                                      static_cast<int>(merged.files.size()) - files_touched);
-          }
-          *list = std::move(merged);
-        } else {
-          history = absl::StrFormat("; earlier jobs' pages dropped (%.1f MiB with them)",
-                                    merged.total_bytes() / 1048576.0);
+    // What earlier jobs of this worker recorded stays in the list.
+    if (absl::StatusOr<ReadaheadList> old = ReadReadaheadList(path); old.ok() && old->key == list->key) {
+      ReadaheadList merged = MergeReadaheadLists(*old, *list, kRecordGap, StillAsRecorded);
+      // Bounded: the union of a few models' jobs is a few percent more than one job's; a list that
+      // would read more than twice what this job touched starts again from this job's pages.
+      if (merged.total_bytes() <= 2 * touched) {
+        if (merged.total_bytes() > touched) {
+          history = absl::StrFormat("; %.1f MiB and %d files more from earlier jobs",
+                                    (merged.total_bytes() - touched) / 1048576.0,
+                                    static_cast<int>(merged.files.size()) - files_touched);
         }
+        *list = std::move(merged);
+      } else {
+        history = absl::StrFormat("; earlier jobs' pages dropped (%.1f MiB with them)",
+                                  merged.total_bytes() / 1048576.0);
       }
     }
     if (absl::Status s = WriteReadaheadList(path, *list); !s.ok()) {

@@ -67,6 +67,10 @@ std::string DefaultReadaheadDir();
 // The list file of `key` in `dir`: one per worker binary.
 std::string ReadaheadListPath(const std::string& dir, const std::string& key);
 
+// The list in the file at `path`: NOT_FOUND when it cannot be opened (none written yet), else what
+// ParseReadaheadList says of its text.
+absl::StatusOr<ReadaheadList> ReadReadaheadList(const std::string& path);
+
 // Writes `list` to `path` (the directory made if need be) through a temporary file and a rename, so a
 // concurrent reader (another rank, the next launcher) sees the old list or the new one.
 absl::Status WriteReadaheadList(const std::string& path, const ReadaheadList& list);
