@@ -1,7 +1,8 @@
 // Microbenchmark (GPU only): the fused fc1 + bias + GELU GEMM's tile configurations (gemm_gelu.h) and the
 // fused GELU + bias-gradient backward (gelu_kernels.h) against cuBLAS (at::linear) + ATen's GELU, on
 // gpt-1.3b's MLP shapes. CUDA events, fixed columns, the ratio to ATen's time last.
-// Usage: gemm_gelu_bench [iterations]
+// Each kernel runs back to back for heat_ms first (bench_timing.h: the clock under the power limit).
+// Usage: gemm_gelu_bench [iterations] [heat_ms]
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda_runtime_api.h>
 #include <torch/torch.h>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "worker/bench_timing.h"
 #include "worker/gelu_kernels.h"
 #include "worker/gemm_gelu.h"
 
@@ -20,30 +22,11 @@ namespace {
 
 uint16_t* Bits(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using stagehand::BenchCheck;
 
-// Mean milliseconds per call over `iters` calls after 3 warm-up calls.
-double TimeMs(const std::function<void()>& f, int iters) {
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  for (int i = 0; i < 3; ++i) f();
-  cudaEvent_t start, stop;
-  Check(cudaEventCreate(&start), "event");
-  Check(cudaEventCreate(&stop), "event");
-  Check(cudaEventRecord(start, stream), "record");
-  for (int i = 0; i < iters; ++i) f();
-  Check(cudaEventRecord(stop, stream), "record");
-  Check(cudaEventSynchronize(stop), "sync");
-  float ms = 0;
-  Check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / iters;
-}
+double heat_ms = 150;  // main's second argument: bench_timing.h
+
+double TimeMs(const std::function<void()>& f, int iters) { return stagehand::BenchTimeMs(f, iters, heat_ms); }
 
 void Row(const char* kind, int64_t m, int64_t n, int64_t k, const std::string& what, double ms, double base_ms,
          double max_err) {
@@ -65,7 +48,7 @@ void Forward(int64_t m, int64_t n, int64_t k, bool aux, int iters) {
   std::vector<std::pair<double, double>> times;  // (ms, error) per variant
   for (int v = 0; v < stagehand::GemmGeluVariants(); ++v) {
     auto run = [&] {
-      Check(stagehand::GemmBiasGelu(Bits(x), Bits(w), Bits(b), Bits(a), aux ? Bits(h) : nullptr, m, n, k,
+      BenchCheck(stagehand::GemmBiasGelu(Bits(x), Bits(w), Bits(b), Bits(a), aux ? Bits(h) : nullptr, m, n, k,
                                     at::cuda::getCurrentCUDAStream(), v),
             stagehand::GemmGeluVariantName(v));
     };
@@ -99,7 +82,7 @@ void Backward(int64_t m, int64_t n, int iters) {
   torch::Tensor partial = torch::empty({stagehand::GeluBackwardPartials(m), n}, o.dtype(torch::kFloat32));
   torch::Tensor db;
   auto run = [&] {
-    Check(stagehand::GeluBackwardBias(Bits(da), Bits(h), Bits(dh), partial.data_ptr<float>(), m, n,
+    BenchCheck(stagehand::GeluBackwardBias(Bits(da), Bits(h), Bits(dh), partial.data_ptr<float>(), m, n,
                                       at::cuda::getCurrentCUDAStream()),
           "GeluBackwardBias");
     db = partial.sum(0);
@@ -116,6 +99,7 @@ void Backward(int64_t m, int64_t n, int iters) {
 
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+  if (argc > 2) heat_ms = std::atof(argv[2]);
   if (!torch::cuda::is_available() || !stagehand::GemmGeluAvailable()) {
     std::fprintf(stderr, "gemm_gelu_bench: needs an sm_90 GPU\n");
     return 1;

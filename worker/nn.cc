@@ -25,6 +25,7 @@
 #include "worker/fused_kernels.h"
 #include "worker/gelu_kernels.h"
 #include "worker/gemm_gelu.h"
+#include "worker/gemm_residual.h"
 #include "worker/lt_gemm.h"
 
 namespace stagehand {
@@ -213,15 +214,27 @@ class LinearHeadsFunction : public torch::autograd::Function<LinearHeadsFunction
   }
 };
 
-// skip + x W^T + b in one cuBLASLt GEMM (DenseImpl::ForwardResidual): x and W in bf16, b (bias_f32,
-// may be undefined) and skip in fp32, the sum accumulated and written in fp32. Autocast's "skip +
-// linear(x)" rounds the branch to bf16 before the add; this adds it in fp32 (the stream differs by bf16
-// rounding of the branch). Where cuBLASLt refuses the product (lt_gemm.h: nothing was queued then), the
-// same sum from ATen's bf16 GEMM.
+// skip + x W^T + b in one GEMM (DenseImpl::ForwardResidual): x and W in bf16, b (bias_f32, may be
+// undefined) and skip in fp32, the sum accumulated and written in fp32. Autocast's "skip + linear(x)"
+// rounds the branch to bf16 before the add; this adds it in fp32 (the stream differs by bf16 rounding of
+// the branch). With `cutlass`, our CUTLASS kernel where it takes the operands (gemm_residual.h); else, or
+// where it refuses them (nothing was queued then), cuBLASLt's; where cuBLASLt refuses too (lt_gemm.h),
+// the same sum from ATen's bf16 GEMM.
 torch::Tensor LinearResidual(const torch::Tensor& x, const torch::Tensor& skip, const torch::Tensor& bias_f32,
-                             const torch::Tensor& weight_c) {
+                             const torch::Tensor& weight_c, bool cutlass) {
   const int64_t out = weight_c.size(0), in = weight_c.size(1), rows = x.numel() / in;
   torch::Tensor y = torch::empty(skip.sizes(), skip.options());
+  if (cutlass && GemmResidualSupports(rows, out, in) && GemmResidualAvailable() && Aligned16(x) &&
+      Aligned16(weight_c) && Aligned16(skip) && Aligned16(y) && (!bias_f32.defined() || Aligned16(bias_f32))) {
+    const cudaError_t e = GemmResidualFp32(
+        reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+        reinterpret_cast<const uint16_t*>(weight_c.data_ptr<at::BFloat16>()),
+        bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, skip.data_ptr<float>(), y.data_ptr<float>(), rows,
+        out, in, at::cuda::getCurrentCUDAStream());
+    if (e == cudaSuccess) return y;
+    // InvalidValue / NotSupported: refused before anything was queued; cuBLASLt's below instead.
+    TORCH_CHECK(e == cudaErrorInvalidValue || e == cudaErrorNotSupported, "GemmResidualFp32: ", cudaGetErrorString(e));
+  }
   const std::string error = LtLinearAddFp32(
       at::cuda::getCurrentCUDABlasLtHandle(), at::cuda::getCUDABlasLtWorkspace(), at::cuda::getCUDABlasLtWorkspaceSize(),
       at::cuda::getCurrentCUDAStream(), x.data_ptr(), weight_c.data_ptr(),
@@ -238,10 +251,10 @@ class LinearResidualFunction : public torch::autograd::Function<LinearResidualFu
   // Without a bias, bias is nullopt (apply() takes no undefined tensors).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& skip,
                                const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
-                               const torch::Tensor& weight_c, bool fused_bias_grad) {
+                               const torch::Tensor& weight_c, bool fused_bias_grad, bool cutlass) {
     torch::Tensor bias_f32;  // the fp32 parameter (training keeps fp32 masters), or its upcast
     if (bias.has_value()) bias_f32 = bias->scalar_type() == torch::kFloat32 ? *bias : bias->to(torch::kFloat32);
-    torch::Tensor y = LinearResidual(x, skip, bias_f32, weight_c);
+    torch::Tensor y = LinearResidual(x, skip, bias_f32, weight_c, cutlass);
     SaveLinear(ctx, x, weight, weight_c, bias, fused_bias_grad);
     return y;
   }
@@ -249,7 +262,7 @@ class LinearResidualFunction : public torch::autograd::Function<LinearResidualFu
                                                  torch::autograd::variable_list grads) {
     auto [dx, db] = LinearBackward(ctx, grads[0], /*x=*/0, /*weight=*/2, /*bias=*/3);
     return {dx, ctx->needs_input_grad(1) ? grads[0] : torch::Tensor(), torch::Tensor(), db, torch::Tensor(),
-            torch::Tensor()};
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -662,12 +675,12 @@ std::pair<torch::Tensor, torch::Tensor> AssembleHeadsGrad(const torch::Tensor& d
   return {dqkv, buffers.sums};
 }
 
-torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Tensor& skip, bool fused) {
+torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Tensor& skip, ResidualGemm gemm) {
   const bool autocast = x.is_cuda() && at::autocast::is_autocast_enabled(c10::DeviceType::CUDA) &&
                         at::autocast::get_autocast_dtype(c10::DeviceType::CUDA) == at::kBFloat16;
   const int64_t out = weight.size(0), in = weight.size(1);
   // The GEMM reads x, the weight and skip as given: contiguous rows, skip in fp32 of the output's shape.
-  if (!fused || !autocast || !LtAvailable() || skip.scalar_type() != torch::kFloat32 || !skip.is_contiguous() ||
+  if (gemm == ResidualGemm::kOff || !autocast || !LtAvailable() || skip.scalar_type() != torch::kFloat32 || !skip.is_contiguous() ||
       skip.size(-1) != out || x.size(-1) != in || skip.numel() / out != x.numel() / in || x.numel() == 0) {
     return skip + forward(x);
   }
@@ -681,9 +694,10 @@ torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Te
     // the product's plan (keyed by the bias's address, lt_gemm.h) is made once too.
     torch::Tensor bias_f32;
     if (bias.defined()) bias_f32 = bias.scalar_type() == torch::kFloat32 ? bias : bias_f32_cast_.Get(bias, torch::kFloat32);
-    return LinearResidual(xc, skip, bias_f32, w);
+    return LinearResidual(xc, skip, bias_f32, w, gemm == ResidualGemm::kCutlass);
   }
-  return LinearResidualFunction::apply(xc, skip, weight, bias_param, w, fused_bias_grad_);
+  return LinearResidualFunction::apply(xc, skip, weight, bias_param, w, fused_bias_grad_,
+                                       gemm == ResidualGemm::kCutlass);
 }
 
 namespace {

@@ -100,6 +100,16 @@ struct CastBatch {
   void Run();
 };
 
+// How DenseImpl::ForwardResidual computes skip + x W^T + b: as the two ops autocast runs (kOff), or as one
+// GEMM with the fp32 stream as its addend: cuBLASLt's (kCublasLt, lt_gemm.h) or ours in CUTLASS where it
+// takes the operands (kCutlass, gemm_residual.h; cuBLASLt's otherwise).
+enum class ResidualGemm { kOff, kCublasLt, kCutlass };
+
+// What --model_option=fused_residual_gemm and cutlass_residual_gemm select.
+inline ResidualGemm ResidualGemmOf(bool fused, bool cutlass) {
+  return !fused ? ResidualGemm::kOff : cutlass ? ResidualGemm::kCutlass : ResidualGemm::kCublasLt;
+}
+
 // y = x W^T (+ b). The weight is drawn by the owner, in the owner's fixed order.
 //
 // Under bf16 autocast a plain at::linear casts the fp32 weight to bf16 on every call, once per
@@ -132,11 +142,12 @@ class DenseImpl : public torch::nn::Module {
   // backward but runs the forward as at::linear and at::gelu (--model_option=fused_gelu_gemm=false).
   torch::Tensor ForwardGelu(const torch::Tensor& x, bool fused, bool gemm = true);
   // skip + forward(x), the residual stream's update: skip is the fp32 stream, x the branch's input.
-  // With `fused` under bf16 autocast on CUDA, one cuBLASLt GEMM computes it (bf16 x and weight, the
-  // fp32 bias and stream, accumulated and written in fp32: lt_gemm.h), without the branch's bf16 output
-  // and a separate add; its backward passes the gradient to skip unchanged. Otherwise (fused off, CPU,
-  // fp32, no cuBLASLt) the two ops as written.
-  torch::Tensor ForwardResidual(const torch::Tensor& x, const torch::Tensor& skip, bool fused);
+  // Unless `gemm` is kOff, under bf16 autocast on CUDA one GEMM computes it (bf16 x and weight, the
+  // fp32 bias and stream, accumulated and written in fp32), without the branch's bf16 output and a
+  // separate add: with kCutlass ours on an sm_90 GPU (gemm_residual.h), else cuBLASLt's (lt_gemm.h);
+  // its backward passes the gradient to skip unchanged. Otherwise (kOff, CPU, fp32, no cuBLASLt) the
+  // two ops as written.
+  torch::Tensor ForwardResidual(const torch::Tensor& x, const torch::Tensor& skip, ResidualGemm gemm);
   // forward(x) viewed as attention's q, k, v [B, NH, S, D] (the output [B, S, 3H] split as
   // [B, S, 3, NH, D]), for x [B, S, H'] and out = 3H. Its backward writes the three gradients into dy
   // [B, S, 3H] and sums the bias's gradient in the same pass (AssembleHeadsGrad), then forms dx and the

@@ -88,7 +88,8 @@ class AttentionImpl : public PipelineLayerImpl {
   AttentionImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : hidden_(c.hidden), heads_(c.heads), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
         fused_qkv_grad_(c.fused_qkv_grad), fused_residual_grad_(c.fused_residual_grad),
-        fused_residual_gemm_(c.fused_residual_gemm), fused_bias_grad_(c.fused_bias_grad) {
+        residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)),
+        fused_bias_grad_(c.fused_bias_grad) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     qkv_ = register_module("qkv", Dense(c.hidden, 3 * c.hidden, true, device));
     proj_ = register_module("proj", Dense(c.hidden, c.hidden, true, device));
@@ -108,7 +109,7 @@ class AttentionImpl : public PipelineLayerImpl {
     const std::vector<torch::Tensor> qkv = SplitHeads(normed);
     auto att = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, /*is_causal=*/true);
     // The fp32 stream plus the branch, in one GEMM (or, unfused, autocast's bf16 branch added to it).
-    return proj_->ForwardResidual(att.transpose(1, 2).reshape({b, s, hidden_}), skip, fused_residual_gemm_);
+    return proj_->ForwardResidual(att.transpose(1, 2).reshape({b, s, hidden_}), skip, residual_gemm_);
   }
 
  private:
@@ -125,8 +126,9 @@ class AttentionImpl : public PipelineLayerImpl {
   }
 
   int64_t hidden_, heads_;
-  bool fused_layernorm_, fused_norm_backward_, fused_qkv_grad_, fused_residual_grad_, fused_residual_gemm_,
-      fused_bias_grad_;
+  bool fused_layernorm_, fused_norm_backward_, fused_qkv_grad_, fused_residual_grad_;
+  ResidualGemm residual_gemm_;
+  bool fused_bias_grad_;
   torch::nn::LayerNorm ln1_{nullptr};
   Dense qkv_{nullptr}, proj_{nullptr};
 };
@@ -135,8 +137,8 @@ class MlpImpl : public PipelineLayerImpl {
  public:
   MlpImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
-        fused_residual_grad_(c.fused_residual_grad), fused_residual_gemm_(c.fused_residual_gemm),
-        fused_gelu_(c.fused_gelu), fused_gelu_gemm_(c.fused_gelu_gemm) {
+        fused_residual_grad_(c.fused_residual_grad),
+        residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)), fused_gelu_(c.fused_gelu), fused_gelu_gemm_(c.fused_gelu_gemm) {
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true, device));
     fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true, device));
@@ -149,13 +151,14 @@ class MlpImpl : public PipelineLayerImpl {
                 x.sizes());
     auto [normed, skip] = NormForGemmWithSkip(ln2_, x, fused_layernorm_, fused_norm_backward_, fused_residual_grad_);
     // exact (erf) GELU, as torch's default
-    return fc2_->ForwardResidual(fc1_->ForwardGelu(normed, fused_gelu_, fused_gelu_gemm_), skip, fused_residual_gemm_);
+    return fc2_->ForwardResidual(fc1_->ForwardGelu(normed, fused_gelu_, fused_gelu_gemm_), skip, residual_gemm_);
   }
 
  private:
   int64_t hidden_;
   bool fused_layernorm_, fused_norm_backward_;
-  bool fused_residual_grad_, fused_residual_gemm_;
+  bool fused_residual_grad_;
+  ResidualGemm residual_gemm_;
   bool fused_gelu_, fused_gelu_gemm_;
   torch::nn::LayerNorm ln2_{nullptr};
   Dense fc1_{nullptr}, fc2_{nullptr};
@@ -287,6 +290,7 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   c.fused_gelu = on("fused_gelu");
   c.fused_gelu_gemm = on("fused_gelu_gemm");
   c.fused_residual_gemm = on("fused_residual_gemm");
+  c.cutlass_residual_gemm = on("cutlass_residual_gemm");
   c.fused_bias_grad = on("fused_bias_grad");
   c.fused_embedding_grad = on("fused_embedding_grad");
   return c;

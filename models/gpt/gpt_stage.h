@@ -45,10 +45,12 @@ struct GptConfig {
   // fused_gelu_gemm=false keeps the fused backward with at::linear + at::gelu forward.
   bool fused_gelu = true;
   bool fused_gelu_gemm = true;
-  // The residual adds inside the GEMMs that feed them: "x + proj(h)" and "x + fc2(h)" as one cuBLASLt
-  // product with the fp32 stream as its addend (DenseImpl::ForwardResidual; off:
-  // --model_option=fused_residual_gemm=false).
+  // The residual adds inside the GEMMs that feed them: "x + proj(h)" and "x + fc2(h)" as one product
+  // with the fp32 stream as its addend (DenseImpl::ForwardResidual; off:
+  // --model_option=fused_residual_gemm=false): on an sm_90 GPU our CUTLASS kernels (gemm_residual.h),
+  // else, or with --model_option=cutlass_residual_gemm=false, cuBLASLt's.
   bool fused_residual_gemm = true;
+  bool cutlass_residual_gemm = true;
   // The linear layers' bias gradients are summed in the pass that makes their bf16 dy: the qkv
   // projection's in the assembly of the q, k, v gradients (DenseImpl::ForwardHeads), proj's and fc2's
   // with the cast of the residual stream's fp32 gradient (CastWithColumnSums), and fc1's by ColumnSums

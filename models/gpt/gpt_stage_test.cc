@@ -32,6 +32,7 @@
 #include "worker/fused_kernels.h"
 #include "worker/gelu_kernels.h"
 #include "worker/gemm_gelu.h"
+#include "worker/gemm_residual.h"
 #include "worker/lt_gemm.h"
 #include "worker/nn.h"
 #include "worker/split_backward_check.h"
@@ -880,16 +881,25 @@ TEST(GptStageCuda, FusedLayerNorm_MatchesUnfusedForwardAndBackward) {
   for (size_t i = 0; i < fused_grads.size(); ++i) EXPECT_LT(rel(fused_grads[i], plain_grads[i]), 5e-2) << "parameter " << i;
 }
 
-// skip + x W^T + b as one cuBLASLt GEMM (DenseImpl::ForwardResidual): the fp32 sum of the bf16 product
-// and the fp32 stream, so it is close to an fp32 reference with the bf16-rounded weight (closer than
-// autocast's, which rounds the branch to bf16 first), its gradients are the reference's to bf16
-// rounding, skip's gradient is the output's exactly, and without autograd it gives the same output.
+// skip + x W^T + b as one GEMM (DenseImpl::ForwardResidual), cuBLASLt's and our CUTLASS kernels (both
+// tile schedules: k <= 4096 and above): the fp32 sum of the bf16 product and the fp32 stream, so it is
+// close to an fp32 reference with the bf16-rounded weight (closer than autocast's, which rounds the
+// branch to bf16 first), its gradients are the reference's to bf16 rounding, skip's gradient is the
+// output's exactly, and without autograd it gives the same output.
 TEST(DenseCuda, ForwardResidual_MatchesFp32ReferenceAndGradients) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   const torch::Device cuda(torch::kCUDA, 0);
-  for (auto [rows, in, out, bias] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
-           {66, 256, 384, true}, {1, 128, 128, true}, {1001, 512, 136, false}}) {
-    SCOPED_TRACE(absl::StrCat(rows, " x ", in, " -> ", out, bias ? " with bias" : ""));
+  for (auto [rows, in, out, bias, gemm] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool, ResidualGemm>>{
+           {66, 256, 384, true, ResidualGemm::kCublasLt},
+           {1, 128, 128, true, ResidualGemm::kCublasLt},
+           {1001, 512, 136, false, ResidualGemm::kCublasLt},
+           {66, 256, 384, true, ResidualGemm::kCutlass},
+           {1, 128, 128, true, ResidualGemm::kCutlass},
+           {1001, 512, 136, false, ResidualGemm::kCutlass},
+           {1000, 4104, 260, true, ResidualGemm::kCutlass},
+           {4096, 2048, 2048, true, ResidualGemm::kCutlass}}) {
+    SCOPED_TRACE(absl::StrCat(rows, " x ", in, " -> ", out, bias ? " with bias" : "",
+                              gemm == ResidualGemm::kCutlass ? ", CUTLASS" : ", cuBLASLt"));
     torch::manual_seed(3);
     Dense d(in, out, bias, cuda);
     at::Generator gen = LayerGenerator(5, 0, cuda);
@@ -901,13 +911,13 @@ TEST(DenseCuda, ForwardResidual_MatchesFp32ReferenceAndGradients) {
     const torch::Tensor x = torch::randn({rows, in}, torch::TensorOptions().device(cuda)).to(torch::kBFloat16);
     const torch::Tensor skip0 = torch::randn({rows, out}, torch::TensorOptions().device(cuda));
     const torch::Tensor g = torch::randn({rows, out}, torch::TensorOptions().device(cuda));
-    auto run = [&](bool fused) {
+    auto run = [&](ResidualGemm kind) {
       d->zero_grad();
       torch::Tensor xi = x.clone().requires_grad_(true), skip = skip0.clone().requires_grad_(true);
       torch::Tensor y;
       {
         CudaBf16Autocast autocast;
-        y = d->ForwardResidual(xi, skip, fused);
+        y = d->ForwardResidual(xi, skip, kind);
       }
       EXPECT_EQ(y.scalar_type(), torch::kFloat32);
       y.backward(g);
@@ -915,7 +925,7 @@ TEST(DenseCuda, ForwardResidual_MatchesFp32ReferenceAndGradients) {
       if (bias) r.push_back(d->bias.grad().clone());
       return r;
     };
-    const std::vector<torch::Tensor> fused = run(true), plain = run(false);
+    const std::vector<torch::Tensor> fused = run(gemm), plain = run(ResidualGemm::kOff);
     // The fp32 reference, with the weight rounded to bf16 as the GEMM reads it.
     torch::Tensor xr = x.to(torch::kFloat32).requires_grad_(true);
     torch::Tensor wr = d->weight.detach().to(torch::kBFloat16).to(torch::kFloat32).requires_grad_(true);
@@ -936,9 +946,35 @@ TEST(DenseCuda, ForwardResidual_MatchesFp32ReferenceAndGradients) {
     {
       torch::NoGradGuard no_grad;
       CudaBf16Autocast autocast;
-      no_grad_y = d->ForwardResidual(x, skip0, true);
+      no_grad_y = d->ForwardResidual(x, skip0, gemm);
     }
     EXPECT_TRUE(torch::equal(no_grad_y, fused[0])) << "inference gives the training forward's output";
+  }
+}
+
+// Our CUTLASS residual GEMM takes the models' shapes itself (so the test above did not pass on cuBLASLt's
+// fallback), in both tile schedules, and agrees with cuBLASLt's product to fp32 summation order.
+TEST(DenseCuda, CutlassResidualGemm_TakesModelShapesAndAgreesWithCublasLt) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  if (!GemmResidualAvailable()) GTEST_SKIP() << "not an sm_90 GPU";
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  for (auto [m, n, k, bias] : std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>{
+           {2048, 2048, 2048, true}, {2048, 2048, 8192, true}, {1024, 2048, 5632, false}, {77, 136, 512, true}}) {
+    SCOPED_TRACE(absl::StrCat(m, " x ", k, " -> ", n, bias ? " with bias" : ""));
+    const torch::Tensor x = torch::randn({m, k}, f32).to(torch::kBFloat16);
+    const torch::Tensor w = (torch::randn({n, k}, f32) * 0.02).to(torch::kBFloat16);
+    const torch::Tensor b = torch::randn({n}, f32) * 0.1, c = torch::randn({m, n}, f32);
+    torch::Tensor ours = torch::full({m, n}, std::nan(""), f32), theirs = torch::empty({m, n}, f32);
+    auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
+    const float* bias_ptr = bias ? b.data_ptr<float>() : nullptr;
+    ASSERT_EQ(GemmResidualFp32(bits(x), bits(w), bias_ptr, c.data_ptr<float>(), ours.data_ptr<float>(), m, n, k,
+                               at::cuda::getCurrentCUDAStream()),
+              cudaSuccess);
+    ASSERT_EQ(LtLinearAddFp32(at::cuda::getCurrentCUDABlasLtHandle(), at::cuda::getCUDABlasLtWorkspace(),
+                              at::cuda::getCUDABlasLtWorkspaceSize(), at::cuda::getCurrentCUDAStream(), x.data_ptr(),
+                              w.data_ptr(), bias_ptr, c.data_ptr<float>(), theirs.data_ptr<float>(), m, n, k),
+              "");
+    EXPECT_LT(((ours - theirs).abs().max() / theirs.abs().max()).item<double>(), 1e-5);
   }
 }
 
@@ -963,10 +999,10 @@ TEST(DenseCuda, ForwardResidual_LayersOfOneShapeShareOneTiming) {
   {
     CudaBf16Autocast autocast;
     const int64_t before = LtAlgorithmTimings();
-    ys.push_back(layers[0]->ForwardResidual(x, skip, true));
+    ys.push_back(layers[0]->ForwardResidual(x, skip, ResidualGemm::kCublasLt));
     const int64_t after_first = LtAlgorithmTimings();
     EXPECT_LE(after_first - before, 1);
-    for (int i = 1; i < 3; ++i) ys.push_back(layers[i]->ForwardResidual(x, skip, true));
+    for (int i = 1; i < 3; ++i) ys.push_back(layers[i]->ForwardResidual(x, skip, ResidualGemm::kCublasLt));
     EXPECT_EQ(LtAlgorithmTimings(), after_first) << "a second layer of a known shape timed again";
   }
   for (int i = 0; i < 3; ++i) {  // the fp32 reference, outside autocast (which would round its product to bf16)

@@ -267,7 +267,7 @@ class AttentionImpl : public PipelineLayerImpl {
   AttentionImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : layer_(layer), hidden_(c.hidden), heads_(c.heads), kv_heads_(c.kv_heads), head_dim_(c.head_dim()),
         seq_(c.seq), fused_rotary_(c.fused_rotary), fused_residual_grad_(c.fused_residual_grad),
-        fused_residual_gemm_(c.fused_residual_gemm) {
+        residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)) {
     norm_ = register_module("input_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
     q_ = register_module("q_proj", Dense(c.hidden, c.heads * head_dim_, false, device));
     k_ = register_module("k_proj", Dense(c.hidden, c.kv_heads * head_dim_, false, device));
@@ -290,7 +290,7 @@ class AttentionImpl : public PipelineLayerImpl {
     const torch::Tensor att = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
                                                                /*scale=*/std::nullopt, /*enable_gqa=*/true);
     // Under autocast the branch comes out bf16; adding it to the fp32 stream keeps the stream fp32.
-    return o_->ForwardResidual(att.transpose(1, 2).reshape({b, s, heads_ * head_dim_}), skip, fused_residual_gemm_);
+    return o_->ForwardResidual(att.transpose(1, 2).reshape({b, s, heads_ * head_dim_}), skip, residual_gemm_);
   }
   Named NamedParametersHf() override {
     const std::string p = BlockPrefix(layer_);
@@ -304,7 +304,8 @@ class AttentionImpl : public PipelineLayerImpl {
  private:
   int layer_;
   int64_t hidden_, heads_, kv_heads_, head_dim_, seq_;
-  bool fused_rotary_, fused_residual_grad_, fused_residual_gemm_;
+  bool fused_rotary_, fused_residual_grad_;
+  ResidualGemm residual_gemm_;
   RmsNorm norm_{nullptr};
   Dense q_{nullptr}, k_{nullptr}, v_{nullptr}, o_{nullptr};
 };
@@ -314,7 +315,7 @@ class MlpImpl : public PipelineLayerImpl {
  public:
   MlpImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : layer_(layer), hidden_(c.hidden), fused_swiglu_(c.fused_swiglu), fused_residual_grad_(c.fused_residual_grad),
-        fused_residual_gemm_(c.fused_residual_gemm) {
+        residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)) {
     norm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
     gate_ = register_module("gate_proj", Dense(c.hidden, c.ffn_hidden, false, device));
     up_ = register_module("up_proj", Dense(c.hidden, c.ffn_hidden, false, device));
@@ -325,7 +326,7 @@ class MlpImpl : public PipelineLayerImpl {
   torch::Tensor forward(const torch::Tensor& x, const Rotary&) override {
     CheckHidden(x, hidden_, "an MLP layer");
     auto [n, skip] = norm_->ForwardWithSkip(x, fused_residual_grad_);
-    return down_->ForwardResidual(SwiGlu(gate_(n), up_(n), fused_swiglu_), skip, fused_residual_gemm_);
+    return down_->ForwardResidual(SwiGlu(gate_(n), up_(n), fused_swiglu_), skip, residual_gemm_);
   }
   Named NamedParametersHf() override {
     const std::string p = BlockPrefix(layer_);
@@ -338,7 +339,8 @@ class MlpImpl : public PipelineLayerImpl {
  private:
   int layer_;
   int64_t hidden_;
-  bool fused_swiglu_, fused_residual_grad_, fused_residual_gemm_;
+  bool fused_swiglu_, fused_residual_grad_;
+  ResidualGemm residual_gemm_;
   RmsNorm norm_{nullptr};
   Dense gate_{nullptr}, up_{nullptr}, down_{nullptr};
 };
@@ -489,6 +491,7 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& m) {
   c.fused_rotary = on("fused_rotary");
   c.fused_swiglu = on("fused_swiglu");
   c.fused_residual_gemm = on("fused_residual_gemm");
+  c.cutlass_residual_gemm = on("cutlass_residual_gemm");
   c.fused_residual_grad = on("fused_residual_grad");
   c.fused_embedding_grad = on("fused_embedding_grad");
   return c;

@@ -48,8 +48,10 @@ struct LlamaConfig {
   bool fused_rotary = true;
   bool fused_swiglu = true;
   // o_proj's and down_proj's residual adds inside their GEMMs (DenseImpl::ForwardResidual;
-  // --model_option=fused_residual_gemm=false: autograd's add of the bf16 branch).
+  // --model_option=fused_residual_gemm=false: autograd's add of the bf16 branch): on an sm_90 GPU our
+  // CUTLASS kernels, else, or with --model_option=cutlass_residual_gemm=false, cuBLASLt's.
   bool fused_residual_gemm = true;
+  bool cutlass_residual_gemm = true;
   // The embedding's backward adds into the table's .grad only the rows the batch used (EmbeddingLookup,
   // worker/nn.h; --model_option=fused_embedding_grad=false: ATen's dense gradient and autograd's add).
   bool fused_embedding_grad = true;

@@ -68,6 +68,10 @@ same_with model_option=fused_gelu_gemm 1e-3 fused_gelu_gemm_1gpu 1 --pipeline_st
 # autocast rounds it to bf16 first): within bf16 tolerance.
 same_with model_option=fused_residual_gemm 1e-3 fused_residual_gemm_1gpu 1 --pipeline_stages=1 --micro_batches=4
 same_with model_option=fused_residual_gemm 1e-3 llama_fused_residual_gemm_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+# Our CUTLASS residual GEMM against cuBLASLt's (the same fp32 sum, another summation order):
+# within bf16 tolerance.
+same_with model_option=cutlass_residual_gemm 1e-3 cutlass_residual_gemm_1gpu 1 --pipeline_stages=1 --micro_batches=4
+same_with model_option=cutlass_residual_gemm 1e-3 llama_cutlass_residual_gemm_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
 # The GPT's bias gradients summed in the pass that makes dy (the cast, the q, k, v assembly): fp32 sums
 # of the same bf16 values in another order, so within bf16 tolerance.
 same_with model_option=fused_bias_grad 1e-3 fused_bias_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4
