@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <vector>
 
 namespace stagehand {
 
@@ -43,6 +44,30 @@ inline double BenchTimeMs(const std::function<void()>& f, int iters, double heat
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return ms;
+}
+
+// Median milliseconds per call of each of `fs`, timed in turn: the GPU heated by fs[0] for heat_ms, then
+// `rounds` rounds, each timing every function for `iters` calls (after two warm-up calls) in an order
+// rotated by one per round. Neighbours in time share the clock and the temperature, so kernels a few
+// per cent apart are told apart where one after the other (BenchTimeMs each) they drift by as much.
+inline std::vector<double> BenchInterleavedMs(const std::vector<std::function<void()>>& fs, int rounds, int iters,
+                                              double heat_ms) {
+  const size_t n = fs.size();
+  std::vector<std::vector<double>> samples(n);
+  if (n == 0) return {};
+  BenchTimeMs(fs[0], 1, heat_ms);
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t j = 0; j < n; ++j) {
+      const size_t i = (j + r) % n;
+      samples[i].push_back(BenchTimeMs(fs[i], iters, 0));
+    }
+  }
+  std::vector<double> medians;
+  for (std::vector<double>& s : samples) {
+    std::sort(s.begin(), s.end());
+    medians.push_back(s.empty() ? 0 : s[s.size() / 2]);
+  }
+  return medians;
 }
 
 }  // namespace stagehand

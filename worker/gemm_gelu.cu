@@ -131,6 +131,20 @@ cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const ui
       return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_1, _2, _1>, kAux>>(x, w, bias, a, h, m, n, k, 8, stream);
     case 3:
       return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_2, _1, _1>, kAux>>(x, w, bias, a, h, m, n, k, 1, stream);
+    case 4:
+      return Run<Config<Shape<_256, _128, _64>, Shape<_1, _2, _1>, Cooperative, CooperativeEpilogue, kAux>>(
+          x, w, bias, a, h, m, n, k, 1, stream);
+    case 5:
+      return Run<PingpongConfig<Shape<_128, _192, _64>, Shape<_1, _2, _1>, kAux>>(x, w, bias, a, h, m, n, k, 1, stream);
+    case 6:
+      return Run<Config<Shape<_256, _192, _64>, Shape<_1, _2, _1>, Cooperative, CooperativeEpilogue, kAux>>(
+          x, w, bias, a, h, m, n, k, 1, stream);
+    case 7:
+      return Run<Config<Shape<_128, _192, _64>, Shape<_2, _1, _1>, Cooperative, CooperativeEpilogue, kAux>>(
+          x, w, bias, a, h, m, n, k, 8, stream);
+    case 8:
+      return Run<Config<Shape<_128, _192, _64>, Shape<_1, _2, _1>, Cooperative, CooperativeEpilogue, kAux>>(
+          x, w, bias, a, h, m, n, k, 1, stream);
 #endif
     default:
       return cudaErrorInvalidValue;
@@ -157,7 +171,7 @@ bool GemmGeluSupports(int64_t m, int64_t n, int64_t k) {
 
 int GemmGeluVariants() {
 #ifdef STAGEHAND_GEMM_GELU_VARIANTS
-  return 4;
+  return 9;
 #else
   return 1;
 #endif
@@ -169,6 +183,11 @@ const char* GemmGeluVariantName(int variant) {
     case 1: return "coop 128x256x64 cl 2x1 sw8";
     case 2: return "pingpong 128x128x64 cl 1x2 sw8";
     case 3: return "pingpong 128x128x64 cl 2x1 sw1";
+    case 4: return "coop 256x128x64 cl 1x2 sw1";
+    case 5: return "pingpong 128x192x64 cl 1x2 sw1";
+    case 6: return "coop 256x192x64 cl 1x2 sw1";
+    case 7: return "coop 128x192x64 cl 2x1 sw8";
+    case 8: return "coop 128x192x64 cl 1x2 sw1";
     default: return "?";
   }
 }

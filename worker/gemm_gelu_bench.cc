@@ -2,7 +2,8 @@
 // fused GELU + bias-gradient backward (gelu_kernels.h) against cuBLAS (at::linear) + ATen's GELU, on
 // gpt-1.3b's MLP shapes. CUDA events, fixed columns, the ratio to ATen's time last.
 // Each kernel runs back to back for heat_ms first (bench_timing.h: the clock under the power limit).
-// Usage: gemm_gelu_bench [iterations] [heat_ms]
+// `interleave`: the inference shape's kernels timed in turn, the median of `rounds` (BenchInterleavedMs).
+// Usage: gemm_gelu_bench [iterations] [heat_ms]  |  gemm_gelu_bench interleave [rounds]
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda_runtime_api.h>
 #include <torch/torch.h>
@@ -95,16 +96,45 @@ void Backward(int64_t m, int64_t n, int iters) {
   Row("bwd", m, n, 0, "fused gelu' + bias partials + sum", TimeMs(run, iters), base_ms, err_dh);
 }
 
+// fc1 + GELU of an inference micro-batch (16 sequences): every variant and cuBLAS's GEMM alone, interleaved.
+void Interleaved(int rounds) {
+  const int64_t m = 16384, n = 8192, k = 2048;
+  auto o = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  torch::Tensor x = torch::randn({m, k}, o), w = torch::randn({n, k}, o) * 0.02, b = torch::randn({n}, o) * 0.1;
+  torch::Tensor a = torch::empty({m, n}, o), y = torch::empty({m, n}, o);
+  std::vector<std::function<void()>> fs;
+  std::vector<std::string> names;
+  for (int v = 0; v < stagehand::GemmGeluVariants(); ++v) {
+    fs.emplace_back([&, v] {
+      BenchCheck(stagehand::GemmBiasGelu(Bits(x), Bits(w), Bits(b), Bits(a), nullptr, m, n, k,
+                                         at::cuda::getCurrentCUDAStream(), v),
+                 stagehand::GemmGeluVariantName(v));
+    });
+    names.push_back(stagehand::GemmGeluVariantName(v));
+  }
+  fs.emplace_back([&] { at::addmm_out(y, b, x, w.t()); });
+  names.push_back("cuBLAS linear alone (no GELU)");
+  const std::vector<double> ms = stagehand::BenchInterleavedMs(fs, rounds, 10, heat_ms);
+  for (size_t i = 0; i < ms.size(); ++i) Row("fwd-med", m, n, k, names[i], ms[i], ms[0], 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
-  if (argc > 2) heat_ms = std::atof(argv[2]);
+  const bool interleave = argc > 1 && std::string(argv[1]) == "interleave";
+  const int iters = argc > 1 && !interleave ? std::atoi(argv[1]) : 20;
+  if (argc > 2 && !interleave) heat_ms = std::atof(argv[2]);
   if (!torch::cuda::is_available() || !stagehand::GemmGeluAvailable()) {
     std::fprintf(stderr, "gemm_gelu_bench: needs an sm_90 GPU\n");
     return 1;
   }
   torch::NoGradGuard no_grad;
+  if (interleave) {
+    std::printf("%-9s %6s %6s %6s  %-34s %9s %8s %8s\n", "kind", "M", "N", "K", "kernel (median)", "ms", "TFLOP/s",
+                "vs_v0");
+    Interleaved(argc > 2 ? std::atoi(argv[2]) : 7);
+    return 0;
+  }
   std::printf("%-9s %6s %6s %6s  %-34s %9s %8s %8s %10s\n", "kind", "M", "N", "K", "kernel", "ms", "TFLOP/s",
               "vs_ATen", "max_err");
   Forward(8192, 8192, 2048, /*aux=*/true, iters);    // training: a micro-batch of 8 x 1024 tokens

@@ -5,6 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -104,8 +107,19 @@ using CooperativeConfig = Config<Tile, Cluster, Cooperative, CooperativeEpilogue
 // power limit, bench/results/2026-12-02-one-gpu-speed-6.md).
 constexpr int64_t kPingpongMaxK = 4096;
 
+// STAGEHAND_GEMM_RESIDUAL_VARIANT=1|2 (a developer's switch for A/B runs of whole jobs, read once): that
+// schedule for every shape in place of the rule.
+int VariantOverride() {
+  static const int v = [] {
+    const char* e = std::getenv("STAGEHAND_GEMM_RESIDUAL_VARIANT");
+    return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0) ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
 cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const float* bias, const float* c, float* d,
                      int m, int n, int k, cudaStream_t stream) {
+  if (variant == 0) variant = VariantOverride();
   if (variant == 0) variant = k <= kPingpongMaxK ? 1 : 2;
   switch (variant) {
     case 1:
@@ -119,6 +133,10 @@ cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const fl
       return Run<CooperativeConfig<Shape<_256, _128, _64>, Shape<_1, _2, _1>>>(x, w, bias, c, d, m, n, k, 1, stream);
     case 5:
       return Run<PingpongConfig<Shape<_64, _256, _64>, Shape<_1, _2, _1>>>(x, w, bias, c, d, m, n, k, 1, stream);
+    case 6:
+      return Run<PingpongConfig<Shape<_128, _192, _64>, Shape<_1, _2, _1>>>(x, w, bias, c, d, m, n, k, 1, stream);
+    case 7:
+      return Run<CooperativeConfig<Shape<_256, _192, _64>, Shape<_1, _2, _1>>>(x, w, bias, c, d, m, n, k, 1, stream);
 #endif
     default:
       return cudaErrorInvalidValue;
@@ -145,7 +163,7 @@ bool GemmResidualSupports(int64_t m, int64_t n, int64_t k) {
 
 int GemmResidualVariants() {
 #ifdef STAGEHAND_GEMM_RESIDUAL_VARIANTS
-  return 6;
+  return 8;
 #else
   return 3;
 #endif
@@ -159,6 +177,8 @@ const char* GemmResidualVariantName(int variant) {
     case 3: return "pingpong 128x128x64 cl 2x1 sw8";
     case 4: return "coop 256x128x64 cl 1x2 sw1";
     case 5: return "pingpong 64x256x64 cl 1x2 sw1";
+    case 6: return "pingpong 128x192x64 cl 1x2 sw1";
+    case 7: return "coop 256x192x64 cl 1x2 sw1";
     default: return "?";
   }
 }

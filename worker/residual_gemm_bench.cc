@@ -4,7 +4,9 @@
 // bf16 GEMM + a separate add. Each candidate runs back to back for --heat_ms first, so that it is timed
 // at the clock the power limit holds it to (a step of inference is power-capped on an H200), then
 // `iters` calls are timed with CUDA events (bench_timing.h). Fixed columns; the ratio to the model's choice last.
-// Usage: residual_gemm_bench [iters] [heat_ms]
+// `interleave`: the inference shapes' model choice and CUTLASS kernels timed in turn, the median of
+// `rounds` (BenchInterleavedMs).
+// Usage: residual_gemm_bench [iters] [heat_ms]  |  residual_gemm_bench interleave [rounds]
 #include <ATen/cuda/CUDAContext.h>
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -71,6 +73,19 @@ std::string AlgoName(const cublasLtMatmulAlgo_t& algo) {
   return buf;
 }
 
+// d = x w^T + bias + c by the model's path (LtLinearAddFp32: cuBLASLt's algorithm, timed once per shape).
+void ModelChoice(const Problem& p, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                 const torch::Tensor& c, torch::Tensor& d) {
+  const std::string e = stagehand::LtLinearAddFp32(
+      at::cuda::getCurrentCUDABlasLtHandle(), at::cuda::getCUDABlasLtWorkspace(),
+      at::cuda::getCUDABlasLtWorkspaceSize(), at::cuda::getCurrentCUDAStream(), x.data_ptr(), w.data_ptr(),
+      bias.data_ptr<float>(), c.data_ptr<float>(), d.data_ptr<float>(), p.m, p.n, p.k);
+  if (!e.empty()) {
+    std::fprintf(stderr, "LtLinearAddFp32: %s\n", e.c_str());
+    std::exit(1);
+  }
+}
+
 void Bench(const Problem& p, int iters, double heat_ms) {
   auto bf = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
   auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
@@ -86,15 +101,7 @@ void Bench(const Problem& p, int iters, double heat_ms) {
   void* workspace = at::cuda::getCUDABlasLtWorkspace();
   const size_t ws = at::cuda::getCUDABlasLtWorkspaceSize();
 
-  auto model = [&] {
-    const std::string e = stagehand::LtLinearAddFp32(handle, workspace, ws, stream, bits(x), bits(w),
-                                                     bias.data_ptr<float>(), c.data_ptr<float>(),
-                                                     d.data_ptr<float>(), p.m, p.n, p.k);
-    if (!e.empty()) {
-      std::fprintf(stderr, "LtLinearAddFp32: %s\n", e.c_str());
-      std::exit(1);
-    }
-  };
+  auto model = [&] { ModelChoice(p, x, w, bias, c, d); };
   const double base = TimeMs(model, iters, heat_ms);
   Row(p, "model's choice (LtLinearAddFp32)", base, base, err());
   const double aten = TimeMs([&] { at::add_out(d, c, at::linear(x, w).to(torch::kFloat32)).add_(bias); }, iters, heat_ms);
@@ -157,11 +164,36 @@ void Bench(const Problem& p, int iters, double heat_ms) {
   Row(p, "model's choice again", TimeMs(model, iters, heat_ms), base, 0);
 }
 
+// The model's cuBLASLt choice and every CUTLASS variant on one shape, interleaved.
+void Interleaved(const Problem& p, int rounds) {
+  auto bf = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  torch::Tensor x = torch::randn({p.m, p.k}, bf), w = torch::randn({p.n, p.k}, bf) * 0.02;
+  torch::Tensor bias = torch::randn({p.n}, f32) * 0.1, c = torch::randn({p.m, p.n}, f32), d = torch::empty_like(c);
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  std::vector<std::function<void()>> fs;
+  std::vector<std::string> names;
+  fs.emplace_back([&] { ModelChoice(p, x, w, bias, c, d); });
+  names.push_back("model's cuBLASLt choice (LtLinearAddFp32)");
+  for (int v = 0; v < stagehand::GemmResidualVariants(); ++v) {
+    fs.emplace_back([&, v] {
+      BenchCheck(stagehand::GemmResidualFp32(static_cast<const uint16_t*>(x.data_ptr()),
+                                             static_cast<const uint16_t*>(w.data_ptr()), bias.data_ptr<float>(),
+                                             c.data_ptr<float>(), d.data_ptr<float>(), p.m, p.n, p.k, stream, v),
+                 stagehand::GemmResidualVariantName(v));
+    });
+    names.push_back(std::string("cutlass ") + stagehand::GemmResidualVariantName(v));
+  }
+  const std::vector<double> ms = stagehand::BenchInterleavedMs(fs, rounds, 10, 150);
+  for (size_t i = 0; i < ms.size(); ++i) Row(p, names[i] + " (median)", ms[i], ms[0], 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
-  const double heat_ms = argc > 2 ? std::atof(argv[2]) : 150;
+  const bool interleave = argc > 1 && std::string(argv[1]) == "interleave";
+  const int iters = argc > 1 && !interleave ? std::atoi(argv[1]) : 20;
+  const double heat_ms = argc > 2 && !interleave ? std::atof(argv[2]) : 150;
   if (!torch::cuda::is_available()) {
     std::fprintf(stderr, "residual_gemm_bench needs a CUDA GPU\n");
     return 1;
@@ -173,6 +205,11 @@ int main(int argc, char** argv) {
                                          {"fc2 infer", 16384, 2048, 8192},
                                          {"proj train", 8192, 2048, 2048},
                                          {"fc2 train", 8192, 2048, 8192}};
+  if (interleave) {
+    const int rounds = argc > 2 ? std::atoi(argv[2]) : 7;
+    for (const Problem& p : problems) Interleaved(p, rounds);
+    return 0;
+  }
   for (const Problem& p : problems) Bench(p, iters, heat_ms);
   return 0;
 }
