@@ -1,7 +1,10 @@
 // The decoder layout shared by GPT and Llama (see decoder_description.h).
 #include "models/decoder_description.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "models/attention_kernels.h"
 
 namespace stagehand {
@@ -35,6 +38,23 @@ absl::Status DecoderDescription::CheckCommon(const ModelSpec& spec) {
         "--hidden=", spec.hidden(), " is not divisible by --heads=", spec.heads(), "; use --hidden=",
         lower > 0 ? absl::StrCat(lower, " or ") : "", lower + spec.heads(), ", or a number of heads that divides ",
         spec.hidden()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecoderDescription::CheckOptions(const ModelSpec& spec, const std::string& family,
+                                              const std::vector<std::string>& own) {
+  std::vector<std::string> known = {"fused_optimizer", "inference_bf16_weights", "deferred_wgrad"};
+  known.insert(known.end(), own.begin(), own.end());
+  for (const auto& [name, value] : spec.options()) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("--model_option=", name, "=", value, ": ", family,
+                                                     " has no such option; it knows ", absl::StrJoin(known, ", ")));
+    }
+    if (value != "true" && value != "false") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model_option=", name, "=", value, ": use ", name, "=true or ", name, "=false"));
+    }
   }
   return absl::OkStatus();
 }

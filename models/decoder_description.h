@@ -6,6 +6,7 @@
 
 #include <array>
 #include <string>
+#include <vector>
 
 #include "models/decoder_layers.h"
 #include "models/model_description.h"
@@ -30,6 +31,11 @@ class DecoderDescription : public ModelDescription {
   virtual std::array<LayerCost, kDecoderLayerKinds> KindCosts(const ModelSpec& spec, double tokens) const = 0;
   // Checks every family needs (positive sizes, a known attention kernel, hidden divisible by heads).
   static absl::Status CheckCommon(const ModelSpec& spec);
+  // --model_option: each name one of the engine's (fused_optimizer, inference_bf16_weights,
+  // deferred_wgrad) or the family's `own` (its fused paths), each value true or false (the worker reads
+  // anything but "false" as on, so a typo or an "off" would otherwise pass silently).
+  static absl::Status CheckOptions(const ModelSpec& spec, const std::string& family,
+                                   const std::vector<std::string>& own);
   // A layer's cost from its parameters, forward FLOPs and bytes kept for the backward, at an assumed
   // H100/H200-class bf16 rate (only ratios matter): backward twice the forward, parameter memory with
   // gradient and two AdamW moments.

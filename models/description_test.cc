@@ -74,6 +74,34 @@ TEST(Resolve, BadSizes_AreInvalidArgumentSayingWhatToChange) {
   EXPECT_NE(s.message().find("use cudnn, flash or torch"), std::string::npos) << s;
 }
 
+// --model_option names are the family's fused paths or the engine's, values true or false; a typo, a
+// Llama option on the GPT or an "off" is refused in one line that names what is known.
+TEST(Resolve, ModelOptions_KnownNamesAndBooleansOnly) {
+  ModelSpec o;
+  (*o.mutable_options())["cutlass_residual_gemm"] = "false";
+  (*o.mutable_options())["fused_optimizer"] = "true";
+  EXPECT_EQ(Resolved("gpt-1.3b", o).options().at("cutlass_residual_gemm"), "false");
+  EXPECT_EQ(Resolved("tinyllama-1.1b", o).options().at("fused_optimizer"), "true");
+  o = ModelSpec();
+  (*o.mutable_options())["cutlas_residual_gemm"] = "false";
+  absl::Status s = FindBuiltinModel("gpt")->Resolve("gpt-1.3b", o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--model_option=cutlas_residual_gemm=false: gpt has no such option; it knows "
+                             "fused_optimizer, inference_bf16_weights, deferred_wgrad, fused_qkv_grad"),
+            std::string::npos)
+      << s;
+  o = ModelSpec();
+  (*o.mutable_options())["fused_gelu"] = "false";  // the GPT's, not Llama's
+  s = FindBuiltinModel("llama")->Resolve("llama-tiny", o).status();
+  EXPECT_NE(s.message().find("llama has no such option"), std::string::npos) << s;
+  o = ModelSpec();
+  (*o.mutable_options())["fused_rotary"] = "off";
+  s = FindBuiltinModel("llama")->Resolve("llama-tiny", o).status();
+  EXPECT_NE(s.message().find("--model_option=fused_rotary=off: use fused_rotary=true or fused_rotary=false"),
+            std::string::npos)
+      << s;
+}
+
 TEST(Estimate, OneCostPerLayer_HeadKeepsTheMostActivations) {
   const ModelSpec s = Resolved("tiny");
   const LayerProfile p = FindBuiltinModel("tiny")->Estimate(s, 4);

@@ -286,7 +286,8 @@ TEST(GradSumsCuda, IntoDotGradAccumulate_MatchUnfused) {
         auto [normed, skip] = NormForGemmWithSkip(ln, x, true, fused, fused);
         const std::vector<torch::Tensor> h = fused ? qkv->ForwardHeads(normed, 4) : UnfusedHeads(qkv, normed, 4);
         torch::Tensor att = at::scaled_dot_product_attention(h[0], h[1], h[2], {}, 0.0, true);
-        torch::Tensor y = proj->ForwardResidual(att.transpose(1, 2).reshape({b, s, hidden}), skip, ResidualGemm::kCutlass);
+        torch::Tensor y =
+            proj->ForwardResidual(att.transpose(1, 2).reshape({b, s, hidden}), skip, ResidualGemm::kCutlass);
         y = fc2->ForwardResidual(fc1->ForwardGelu(y.to(torch::kBFloat16), fused, fused), y, ResidualGemm::kCutlass);
         y.sum().backward();
       }

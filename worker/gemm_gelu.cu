@@ -15,6 +15,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "worker/cutlass_launch.cuh"
 
 namespace stagehand {
 namespace {
@@ -46,14 +47,6 @@ struct Config {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-int SmCount() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 132;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) return 132;
-  return sms;
-}
-
-
 template <class C>
 cudaError_t Run(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* a, uint16_t* h, int m, int n,
                 int k, int swizzle, cudaStream_t stream) {
@@ -62,7 +55,6 @@ cudaError_t Run(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint
   using StrideB = typename Gemm::GemmKernel::StrideB;
   using StrideC = typename Gemm::GemmKernel::StrideC;
   using StrideD = typename Gemm::GemmKernel::StrideD;
-  static const int sms = SmCount();
   // CUTLASS's problem: M = n (W's rows), N = m (x's rows), K = k.
   const StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, make_shape(n, k, 1));
   const StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, make_shape(m, k, 1));
@@ -80,23 +72,7 @@ cudaError_t Run(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint
     fusion.aux_ptr = reinterpret_cast<Bf16*>(h);
     fusion.dAux = sd;
   }
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return cudaErrorInvalidDevice;
-  args.hw_info.device_id = device;
-  args.hw_info.sm_count = sms;
-  args.scheduler.max_swizzle_size = swizzle;
-  Gemm gemm;
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  // These schedules need no workspace. One that did would need memory ordered with the stream and legal
-  // under graph capture (the caller's allocator): refused rather than improvised here.
-  if (Gemm::get_workspace_size(args) != 0) return cudaErrorNotSupported;
-  void* workspace = nullptr;
-  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  if (gemm.run(stream) != cutlass::Status::kSuccess) {
-    const cudaError_t e = cudaGetLastError();
-    return e != cudaSuccess ? e : cudaErrorLaunchFailure;
-  }
-  return cudaGetLastError();
+  return cutlass_launch::Launch<Gemm>(args, swizzle, stream);
 }
 
 using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -104,8 +80,8 @@ using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
 
-// The tile configurations: few, since each is two kernels (with and without the pre-activation output)
-// and a minute of nvcc on a small machine. Variant 0 is what the model uses: ping-pong (one warp group's
+// The tile configurations: the model's one in the build (two kernels, with and without the
+// pre-activation output, a minute of nvcc on a small machine); eight more in the microbenchmark's. Variant 0 is what the model uses: ping-pong (one warp group's
 // GELU epilogue overlaps the other's MMAs), 128x128x64 tiles, and for each output the cluster and swizzle
 // that were fastest on an H200 for gpt-1.3b's shapes (worker:gemm_gelu_bench, bench/results/
 // 2026-12-01-fused-gelu.md): with h, 2x1 and swizzle 8 (training, m = 8192); without, 1x2 and swizzle 1
@@ -153,16 +129,7 @@ cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const ui
 
 }  // namespace
 
-bool GemmGeluAvailable() {
-  static const bool available = [] {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) return false;
-    return major == 9 && minor == 0;
-  }();
-  return available;
-}
+bool GemmGeluAvailable() { return cutlass_launch::Sm90Available(); }
 
 bool GemmGeluSupports(int64_t m, int64_t n, int64_t k) {
   constexpr int64_t kMax = (int64_t{1} << 31) - 1;

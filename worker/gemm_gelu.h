@@ -25,7 +25,8 @@ bool GemmGeluSupports(int64_t m, int64_t n, int64_t k);
 // once. Every pointer 16-byte aligned. `variant` picks a tile configuration (0: the default; others for
 // the microbenchmark, GemmGeluVariants() of them). cudaErrorInvalidValue for a shape or pointer it does
 // not take, cudaErrorNotSupported off sm_90 (or for a schedule that would need a workspace); in both
-// cases nothing was queued. Otherwise the launch's error.
+// cases nothing was queued. Otherwise the launch's outcome (cudaErrorUnknown for a failed launch:
+// cutlass_launch.cuh).
 cudaError_t GemmBiasGelu(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* a, uint16_t* h,
                          int64_t m, int64_t n, int64_t k, cudaStream_t stream, int variant = 0);
 

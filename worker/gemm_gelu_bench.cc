@@ -29,11 +29,14 @@ double heat_ms = 150;  // main's second argument: bench_timing.h
 
 double TimeMs(const std::function<void()>& f, int iters) { return stagehand::BenchTimeMs(f, iters, heat_ms); }
 
+// One line; max_err < 0: not measured ("-").
 void Row(const char* kind, int64_t m, int64_t n, int64_t k, const std::string& what, double ms, double base_ms,
          double max_err) {
   const double tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12;
-  std::printf("%-9s %6lld %6lld %6lld  %-34s %9.3f %8.1f %8.3f %10.2e\n", kind, static_cast<long long>(m),
-              static_cast<long long>(n), static_cast<long long>(k), what.c_str(), ms, tflops, base_ms / ms, max_err);
+  char err[32] = "-";
+  if (max_err >= 0) std::snprintf(err, sizeof(err), "%.2e", max_err);
+  std::printf("%-9s %6lld %6lld %6lld  %-34s %9.3f %8.1f %8.3f %10s\n", kind, static_cast<long long>(m),
+              static_cast<long long>(n), static_cast<long long>(k), what.c_str(), ms, tflops, base_ms / ms, err);
 }
 
 void Forward(int64_t m, int64_t n, int64_t k, bool aux, int iters) {
@@ -115,7 +118,7 @@ void Interleaved(int rounds) {
   fs.emplace_back([&] { at::addmm_out(y, b, x, w.t()); });
   names.push_back("cuBLAS linear alone (no GELU)");
   const std::vector<double> ms = stagehand::BenchInterleavedMs(fs, rounds, 10, heat_ms);
-  for (size_t i = 0; i < ms.size(); ++i) Row("fwd-med", m, n, k, names[i], ms[i], ms[0], 0);
+  for (size_t i = 0; i < ms.size(); ++i) Row("fwd-med", m, n, k, names[i], ms[i], ms[0], -1);
 }
 
 }  // namespace
@@ -130,8 +133,8 @@ int main(int argc, char** argv) {
   }
   torch::NoGradGuard no_grad;
   if (interleave) {
-    std::printf("%-9s %6s %6s %6s  %-34s %9s %8s %8s\n", "kind", "M", "N", "K", "kernel (median)", "ms", "TFLOP/s",
-                "vs_v0");
+    std::printf("%-9s %6s %6s %6s  %-34s %9s %8s %8s %10s\n", "kind", "M", "N", "K", "kernel (median)", "ms",
+                "TFLOP/s", "vs_v0", "max_err");
     Interleaved(argc > 2 ? std::atoi(argv[2]) : 7);
     return 0;
   }

@@ -5,9 +5,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -16,6 +13,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "worker/cutlass_launch.cuh"
 
 namespace stagehand {
 namespace {
@@ -45,13 +43,6 @@ struct Config {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-int SmCount() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 132;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) return 132;
-  return sms;
-}
-
 template <class C>
 cudaError_t Run(const uint16_t* x, const uint16_t* w, const float* bias, const float* c, float* d, int m, int n,
                 int k, int swizzle, cudaStream_t stream) {
@@ -60,7 +51,6 @@ cudaError_t Run(const uint16_t* x, const uint16_t* w, const float* bias, const f
   using StrideB = typename Gemm::GemmKernel::StrideB;
   using StrideC = typename Gemm::GemmKernel::StrideC;
   using StrideD = typename Gemm::GemmKernel::StrideD;
-  static const int sms = SmCount();
   const StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, make_shape(n, k, 1));
   const StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, make_shape(m, k, 1));
   const StrideC sc = cutlass::make_cute_packed_stride(StrideC{}, make_shape(n, m, 1));
@@ -73,21 +63,7 @@ cudaError_t Run(const uint16_t* x, const uint16_t* w, const float* bias, const f
   fusion.alpha = 1.f;
   fusion.beta = 1.f;
   fusion.bias_ptr = bias;  // null: a zero bias (the broadcast's null default)
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return cudaErrorInvalidDevice;
-  args.hw_info.device_id = device;
-  args.hw_info.sm_count = sms;
-  args.scheduler.max_swizzle_size = swizzle;
-  Gemm gemm;
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  // These schedules need no workspace (as in gemm_gelu.cu: one that did is refused, not improvised).
-  if (Gemm::get_workspace_size(args) != 0) return cudaErrorNotSupported;
-  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  if (gemm.run(stream) != cutlass::Status::kSuccess) {
-    const cudaError_t e = cudaGetLastError();
-    return e != cudaSuccess ? e : cudaErrorLaunchFailure;
-  }
-  return cudaGetLastError();
+  return cutlass_launch::Launch<Gemm>(args, swizzle, stream);
 }
 
 using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -100,42 +76,29 @@ using PingpongConfig = Config<Tile, Cluster, Pingpong, PingpongEpilogue>;
 template <class Tile, class Cluster>
 using CooperativeConfig = Config<Tile, Cluster, Cooperative, CooperativeEpilogue>;
 
-// Variant 0, the model's: by the depth of the product. A short K (gpt-1.3b's proj, k = 2048) leaves the
-// fp32 epilogue (read c, write d: 8 bytes an element) a large part of each tile's time, which ping-pong
-// hides behind the other warp group's MMAs; a long K (fc2, k = 8192) amortises it, and the cooperative
-// 128x256 tile's lower operand traffic per FLOP wins (worker:residual_gemm_bench on an H200 under its
-// power limit, bench/results/2026-12-02-one-gpu-speed-6.md).
-constexpr int64_t kPingpongMaxK = 4096;
-
-// STAGEHAND_GEMM_RESIDUAL_VARIANT=1|2 (a developer's switch for A/B runs of whole jobs, read once): that
-// schedule for every shape in place of the rule.
-int VariantOverride() {
-  static const int v = [] {
-    const char* e = std::getenv("STAGEHAND_GEMM_RESIDUAL_VARIANT");
-    return e != nullptr && (std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0) ? std::atoi(e) : 0;
-  }();
-  return v;
-}
-
+// Variant 0, the model's, for every shape: ping-pong 128x128, whose one warp group's fp32 epilogue (read
+// c, write d: 8 bytes an element) overlaps the other's MMAs. On an H200 under its power limit it beat
+// every algorithm cuBLASLt's heuristic offers on gpt-1.3b's proj (k = 2048) by 8-26% and on fc2 (k = 8192)
+// matched or beat them; the cooperative 128x256 tile (variant 1) was as fast on fc2 but slower on proj,
+// and whole jobs did not tell the two apart on fc2 (worker:residual_gemm_bench, bench/results/
+// 2026-12-02-one-gpu-speed-6.md). The others are for the microbenchmark.
 cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const float* bias, const float* c, float* d,
                      int m, int n, int k, cudaStream_t stream) {
-  if (variant == 0) variant = VariantOverride();
-  if (variant == 0) variant = k <= kPingpongMaxK ? 1 : 2;
   switch (variant) {
-    case 1:
+    case 0:
       return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_1, _2, _1>>>(x, w, bias, c, d, m, n, k, 1, stream);
-    case 2:
-      return Run<CooperativeConfig<Shape<_128, _256, _64>, Shape<_2, _1, _1>>>(x, w, bias, c, d, m, n, k, 8, stream);
 #ifdef STAGEHAND_GEMM_RESIDUAL_VARIANTS
-    case 3:
+    case 1:
+      return Run<CooperativeConfig<Shape<_128, _256, _64>, Shape<_2, _1, _1>>>(x, w, bias, c, d, m, n, k, 8, stream);
+    case 2:
       return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_2, _1, _1>>>(x, w, bias, c, d, m, n, k, 8, stream);
-    case 4:
+    case 3:
       return Run<CooperativeConfig<Shape<_256, _128, _64>, Shape<_1, _2, _1>>>(x, w, bias, c, d, m, n, k, 1, stream);
-    case 5:
+    case 4:
       return Run<PingpongConfig<Shape<_64, _256, _64>, Shape<_1, _2, _1>>>(x, w, bias, c, d, m, n, k, 1, stream);
-    case 6:
+    case 5:
       return Run<PingpongConfig<Shape<_128, _192, _64>, Shape<_1, _2, _1>>>(x, w, bias, c, d, m, n, k, 1, stream);
-    case 7:
+    case 6:
       return Run<CooperativeConfig<Shape<_256, _192, _64>, Shape<_1, _2, _1>>>(x, w, bias, c, d, m, n, k, 1, stream);
 #endif
     default:
@@ -145,16 +108,7 @@ cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const fl
 
 }  // namespace
 
-bool GemmResidualAvailable() {
-  static const bool available = [] {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) return false;
-    return major == 9 && minor == 0;
-  }();
-  return available;
-}
+bool GemmResidualAvailable() { return cutlass_launch::Sm90Available(); }
 
 bool GemmResidualSupports(int64_t m, int64_t n, int64_t k) {
   constexpr int64_t kMax = (int64_t{1} << 31) - 1;
@@ -163,22 +117,21 @@ bool GemmResidualSupports(int64_t m, int64_t n, int64_t k) {
 
 int GemmResidualVariants() {
 #ifdef STAGEHAND_GEMM_RESIDUAL_VARIANTS
-  return 8;
+  return 7;
 #else
-  return 3;
+  return 1;
 #endif
 }
 
 const char* GemmResidualVariantName(int variant) {
   switch (variant) {
-    case 0: return "model's: k <= 4096 ? 1 : 2";
-    case 1: return "pingpong 128x128x64 cl 1x2 sw1";
-    case 2: return "coop 128x256x64 cl 2x1 sw8";
-    case 3: return "pingpong 128x128x64 cl 2x1 sw8";
-    case 4: return "coop 256x128x64 cl 1x2 sw1";
-    case 5: return "pingpong 64x256x64 cl 1x2 sw1";
-    case 6: return "pingpong 128x192x64 cl 1x2 sw1";
-    case 7: return "coop 256x192x64 cl 1x2 sw1";
+    case 0: return "model's: pingpong 128x128x64 cl 1x2 sw1";
+    case 1: return "coop 128x256x64 cl 2x1 sw8";
+    case 2: return "pingpong 128x128x64 cl 2x1 sw8";
+    case 3: return "coop 256x128x64 cl 1x2 sw1";
+    case 4: return "pingpong 64x256x64 cl 1x2 sw1";
+    case 5: return "pingpong 128x192x64 cl 1x2 sw1";
+    case 6: return "coop 256x192x64 cl 1x2 sw1";
     default: return "?";
   }
 }

@@ -680,8 +680,9 @@ torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Te
                         at::autocast::get_autocast_dtype(c10::DeviceType::CUDA) == at::kBFloat16;
   const int64_t out = weight.size(0), in = weight.size(1);
   // The GEMM reads x, the weight and skip as given: contiguous rows, skip in fp32 of the output's shape.
-  if (gemm == ResidualGemm::kOff || !autocast || !LtAvailable() || skip.scalar_type() != torch::kFloat32 || !skip.is_contiguous() ||
-      skip.size(-1) != out || x.size(-1) != in || skip.numel() / out != x.numel() / in || x.numel() == 0) {
+  if (gemm == ResidualGemm::kOff || !autocast || !LtAvailable() || skip.scalar_type() != torch::kFloat32 ||
+      !skip.is_contiguous() || skip.size(-1) != out || x.size(-1) != in || skip.numel() / out != x.numel() / in ||
+      x.numel() == 0) {
     return skip + forward(x);
   }
   const torch::Tensor& w = weight.scalar_type() == at::kBFloat16 ? weight : weight_cast_.Get(weight, at::kBFloat16);

@@ -3,9 +3,10 @@
 // algorithm cuBLASLt's heuristic offers (up to 32), the CUTLASS kernels of gemm_residual.h, and ATen's
 // bf16 GEMM + a separate add. Each candidate runs back to back for --heat_ms first, so that it is timed
 // at the clock the power limit holds it to (a step of inference is power-capped on an H200), then
-// `iters` calls are timed with CUDA events (bench_timing.h). Fixed columns; the ratio to the model's choice last.
-// `interleave`: the inference shapes' model choice and CUTLASS kernels timed in turn, the median of
-// `rounds` (BenchInterleavedMs).
+// `iters` calls are timed with CUDA events (bench_timing.h). Fixed columns: ms, TFLOP/s, the ratio of the
+// model's choice's time to this one's, and the largest error against an fp32 reference.
+// `interleave`: on each of the four shapes the model's cuBLASLt choice and the CUTLASS kernels timed in
+// turn, the median of `rounds` (BenchInterleavedMs; no error column).
 // Usage: residual_gemm_bench [iters] [heat_ms]  |  residual_gemm_bench interleave [rounds]
 #include <ATen/cuda/CUDAContext.h>
 #include <cublasLt.h>
@@ -46,10 +47,14 @@ struct Problem {
   int64_t m, n, k;
 };
 
+// One line; `err` < 0: not measured ("-").
 void Row(const Problem& p, const std::string& what, double ms, double base_ms, double err) {
   const double tflops = 2.0 * p.m * p.n * p.k / (ms * 1e-3) / 1e12;
-  std::printf("%-10s %6lld %5lld %5lld  %-58s %8.3f %7.1f %7.3f %9.2e\n", p.name, static_cast<long long>(p.m),
-              static_cast<long long>(p.n), static_cast<long long>(p.k), what.c_str(), ms, tflops, base_ms / ms, err);
+  char err_text[32] = "-";
+  if (err >= 0) std::snprintf(err_text, sizeof(err_text), "%.2e", err);
+  std::printf("%-10s %6lld %5lld %5lld  %-58s %8.3f %7.1f %7.3f %9s\n", p.name, static_cast<long long>(p.m),
+              static_cast<long long>(p.n), static_cast<long long>(p.k), what.c_str(), ms, tflops, base_ms / ms,
+              err_text);
   std::fflush(stdout);
 }
 
@@ -104,15 +109,16 @@ void Bench(const Problem& p, int iters, double heat_ms) {
   auto model = [&] { ModelChoice(p, x, w, bias, c, d); };
   const double base = TimeMs(model, iters, heat_ms);
   Row(p, "model's choice (LtLinearAddFp32)", base, base, err());
-  const double aten = TimeMs([&] { at::add_out(d, c, at::linear(x, w).to(torch::kFloat32)).add_(bias); }, iters, heat_ms);
+  const double aten =
+      TimeMs([&] { at::add_out(d, c, at::linear(x, w).to(torch::kFloat32)).add_(bias); }, iters, heat_ms);
   Row(p, "ATen bf16 GEMM + adds", aten, base, err());
 
   for (int v = 0; v < stagehand::GemmResidualVariants(); ++v) {
     auto run = [&] {
-      BenchCheck(stagehand::GemmResidualFp32(static_cast<const uint16_t*>(bits(x)), static_cast<const uint16_t*>(bits(w)),
-                                        bias.data_ptr<float>(), c.data_ptr<float>(), d.data_ptr<float>(), p.m, p.n,
-                                        p.k, stream, v),
-            stagehand::GemmResidualVariantName(v));
+      BenchCheck(stagehand::GemmResidualFp32(static_cast<const uint16_t*>(bits(x)),
+                                             static_cast<const uint16_t*>(bits(w)), bias.data_ptr<float>(),
+                                             c.data_ptr<float>(), d.data_ptr<float>(), p.m, p.n, p.k, stream, v),
+                 stagehand::GemmResidualVariantName(v));
     };
     d.zero_();
     run();
@@ -159,9 +165,14 @@ void Bench(const Problem& p, int iters, double heat_ms) {
     d.zero_();
     if (run() != CUBLAS_STATUS_SUCCESS) continue;
     const double e = err();
-    Row(p, "#" + std::to_string(i) + " " + AlgoName(results[i].algo), TimeMs([&] { run(); }, iters, heat_ms), base, e);
+    Row(p, "#" + std::to_string(i) + " " + AlgoName(results[i].algo), TimeMs([&] { run(); }, iters, heat_ms), base,
+        e);
   }
-  Row(p, "model's choice again", TimeMs(model, iters, heat_ms), base, 0);
+  Row(p, "model's choice again", TimeMs(model, iters, heat_ms), base, -1);
+  Sym<decltype(&cublasLtMatmulPreferenceDestroy)>("cublasLtMatmulPreferenceDestroy")(pref);
+  auto layout_destroy = Sym<decltype(&cublasLtMatrixLayoutDestroy)>("cublasLtMatrixLayoutDestroy");
+  for (cublasLtMatrixLayout_t l : {la, lb, lcd}) layout_destroy(l);
+  Sym<decltype(&cublasLtMatmulDescDestroy)>("cublasLtMatmulDescDestroy")(desc);
 }
 
 // The model's cuBLASLt choice and every CUTLASS variant on one shape, interleaved.
@@ -185,7 +196,7 @@ void Interleaved(const Problem& p, int rounds) {
     names.push_back(std::string("cutlass ") + stagehand::GemmResidualVariantName(v));
   }
   const std::vector<double> ms = stagehand::BenchInterleavedMs(fs, rounds, 10, 150);
-  for (size_t i = 0; i < ms.size(); ++i) Row(p, names[i] + " (median)", ms[i], ms[0], 0);
+  for (size_t i = 0; i < ms.size(); ++i) Row(p, names[i] + " (median)", ms[i], ms[0], -1);
 }
 
 }  // namespace
@@ -194,8 +205,8 @@ int main(int argc, char** argv) {
   const bool interleave = argc > 1 && std::string(argv[1]) == "interleave";
   const int iters = argc > 1 && !interleave ? std::atoi(argv[1]) : 20;
   const double heat_ms = argc > 2 && !interleave ? std::atof(argv[2]) : 150;
-  if (!torch::cuda::is_available()) {
-    std::fprintf(stderr, "residual_gemm_bench needs a CUDA GPU\n");
+  if (!torch::cuda::is_available() || !stagehand::GemmResidualAvailable()) {
+    std::fprintf(stderr, "residual_gemm_bench: needs an sm_90 GPU\n");
     return 1;
   }
   torch::NoGradGuard no_grad;

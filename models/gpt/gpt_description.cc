@@ -59,6 +59,13 @@ class Gpt final : public DecoderDescription {
     if (o.norm_eps() > 0) out.set_norm_eps(o.norm_eps());
     *out.mutable_options() = o.options();
     if (absl::Status s = CheckCommon(out); !s.ok()) return s;
+    if (absl::Status s = CheckOptions(out, "gpt",
+                                      {"fused_qkv_grad", "fused_norm_backward", "fused_cross_entropy",
+                                       "fused_residual_grad", "fused_gelu", "fused_gelu_gemm", "fused_residual_gemm",
+                                       "cutlass_residual_gemm", "fused_bias_grad", "fused_embedding_grad"});
+        !s.ok()) {
+      return s;
+    }
     return out;
   }
 

@@ -138,7 +138,8 @@ class MlpImpl : public PipelineLayerImpl {
   MlpImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
       : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
         fused_residual_grad_(c.fused_residual_grad),
-        residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)), fused_gelu_(c.fused_gelu), fused_gelu_gemm_(c.fused_gelu_gemm) {
+        residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)), fused_gelu_(c.fused_gelu),
+        fused_gelu_gemm_(c.fused_gelu_gemm) {
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true, device));
     fc2_ = register_module("fc2", Dense(4 * c.hidden, c.hidden, true, device));

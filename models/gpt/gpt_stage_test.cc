@@ -881,11 +881,12 @@ TEST(GptStageCuda, FusedLayerNorm_MatchesUnfusedForwardAndBackward) {
   for (size_t i = 0; i < fused_grads.size(); ++i) EXPECT_LT(rel(fused_grads[i], plain_grads[i]), 5e-2) << "parameter " << i;
 }
 
-// skip + x W^T + b as one GEMM (DenseImpl::ForwardResidual), cuBLASLt's and our CUTLASS kernels (both
-// tile schedules: k <= 4096 and above): the fp32 sum of the bf16 product and the fp32 stream, so it is
-// close to an fp32 reference with the bf16-rounded weight (closer than autocast's, which rounds the
-// branch to bf16 first), its gradients are the reference's to bf16 rounding, skip's gradient is the
-// output's exactly, and without autograd it gives the same output.
+// skip + x W^T + b as one GEMM (DenseImpl::ForwardResidual), cuBLASLt's and our CUTLASS kernel: the fp32
+// sum of the bf16 product and the fp32 stream, so it is close to an fp32 reference with the bf16-rounded
+// weight (closer than autocast's, which rounds the branch to bf16 first), its gradients are the
+// reference's to bf16 rounding, skip's gradient is the output's exactly, and without autograd it gives
+// the same output; with kCutlass on an sm_90 GPU that output is our kernel's, bit for bit (not
+// cuBLASLt's fallback).
 TEST(DenseCuda, ForwardResidual_MatchesFp32ReferenceAndGradients) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   const torch::Device cuda(torch::kCUDA, 0);
@@ -949,11 +950,21 @@ TEST(DenseCuda, ForwardResidual_MatchesFp32ReferenceAndGradients) {
       no_grad_y = d->ForwardResidual(x, skip0, gemm);
     }
     EXPECT_TRUE(torch::equal(no_grad_y, fused[0])) << "inference gives the training forward's output";
+    if (gemm == ResidualGemm::kCutlass && GemmResidualAvailable()) {
+      const torch::Tensor w = d->weight.detach().to(torch::kBFloat16);
+      torch::Tensor direct = torch::empty_like(skip0);
+      ASSERT_EQ(GemmResidualFp32(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+                                 reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()),
+                                 bias ? d->bias.data_ptr<float>() : nullptr, skip0.data_ptr<float>(),
+                                 direct.data_ptr<float>(), rows, out, in, at::cuda::getCurrentCUDAStream()),
+                cudaSuccess);
+      EXPECT_TRUE(torch::equal(no_grad_y, direct)) << "the forward ran our CUTLASS kernel";
+    }
   }
 }
 
-// Our CUTLASS residual GEMM takes the models' shapes itself (so the test above did not pass on cuBLASLt's
-// fallback), in both tile schedules, and agrees with cuBLASLt's product to fp32 summation order.
+// Our CUTLASS residual GEMM takes the models' shapes itself (gpt-1.3b's proj and fc2, tinyllama-1.1b's
+// down_proj without a bias, and a ragged one) and agrees with cuBLASLt's product to fp32 summation order.
 TEST(DenseCuda, CutlassResidualGemm_TakesModelShapesAndAgreesWithCublasLt) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   if (!GemmResidualAvailable()) GTEST_SKIP() << "not an sm_90 GPU";

@@ -72,6 +72,13 @@ class Llama final : public DecoderDescription {
                                                      out.hidden() / out.heads(), ": change --hidden or --heads"));
     }
     if (out.ffn_hidden() < 1) return absl::InvalidArgumentError("--ffn_hidden must be at least 1");
+    if (absl::Status s = CheckOptions(out, "llama",
+                                      {"fused_norm_backward", "fused_cross_entropy", "fused_rotary", "fused_swiglu",
+                                       "fused_residual_gemm", "cutlass_residual_gemm", "fused_residual_grad",
+                                       "fused_embedding_grad"});
+        !s.ok()) {
+      return s;
+    }
     return out;
   }
 
