@@ -45,10 +45,11 @@ ABSL_FLAG(int64_t, kv_heads, -1, "Llama: key/value heads of grouped-query attent
 ABSL_FLAG(int64_t, ffn_hidden, -1, "Llama: the SwiGLU MLP's inner width (default: the preset's)");
 ABSL_FLAG(std::vector<std::string>, model_option, {},
           "KEY=VALUE model settings (comma-separated): for a model family of your own worker binary; for "
-          "gpt and llama, NAME=false turns off one fused path: fused_qkv_grad, fused_norm_backward, "
-          "fused_cross_entropy, fused_residual_grad, fused_residual_gemm, fused_bias_grad, fused_gelu, "
-          "fused_gelu_gemm (GPT), fused_rotary, fused_swiglu (Llama), fused_embedding_grad, fused_optimizer, "
-          "inference_bf16_weights; cutlass_residual_gemm=false runs the residual GEMM as cuBLASLt's, not ours");
+          "gpt and llama NAME=true|false, where false turns off one fused path: fused_norm_backward, "
+          "fused_cross_entropy, fused_residual_grad, fused_residual_gemm, fused_embedding_grad (both); "
+          "fused_qkv_grad, fused_bias_grad, fused_gelu, fused_gelu_gemm (GPT); fused_rotary, fused_swiglu "
+          "(Llama); fused_optimizer, inference_bf16_weights, deferred_wgrad (the engine's); "
+          "cutlass_residual_gemm=false runs the residual GEMM as cuBLASLt's, not ours (both)");
 ABSL_FLAG(std::string, schedule_file, "",
           "a pipeline schedule as data: one line of actions per rank (\"0F0 0SEND_F0 ...\", see schedule/schedule.h)");
 ABSL_FLAG(int64_t, layers, -1, "GPT: transformer blocks (default: the preset's)");

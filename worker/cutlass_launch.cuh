@@ -38,8 +38,9 @@ inline int SmCount() {
 // raster swizzle. cudaErrorInvalidValue where CUTLASS refuses the problem and cudaErrorNotSupported where
 // the schedule would need a workspace (one would need memory ordered with the stream and legal under
 // graph capture, the caller's allocator's: refused rather than improvised here); nothing was queued in
-// either case. A failed launch gives cudaErrorUnknown (the adapter has already taken the launch's own
-// error from cudaGetLastError and logged it).
+// either case. A failed launch gives the device's sticky error where there is one, else cudaErrorUnknown
+// (the adapter has already taken a launch error from cudaGetLastError; it logs it only in CUTLASS's
+// debug builds).
 template <class Gemm>
 cudaError_t Launch(typename Gemm::Arguments& args, int swizzle, cudaStream_t stream) {
   int device = 0;
@@ -51,7 +52,9 @@ cudaError_t Launch(typename Gemm::Arguments& args, int swizzle, cudaStream_t str
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
   if (Gemm::get_workspace_size(args) != 0) return cudaErrorNotSupported;
   if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-  return gemm.run(stream) == cutlass::Status::kSuccess ? cudaSuccess : cudaErrorUnknown;
+  if (gemm.run(stream) == cutlass::Status::kSuccess) return cudaSuccess;
+  const cudaError_t e = cudaGetLastError();
+  return e != cudaSuccess ? e : cudaErrorUnknown;
 }
 
 }  // namespace cutlass_launch

@@ -77,11 +77,12 @@ template <class Tile, class Cluster>
 using CooperativeConfig = Config<Tile, Cluster, Cooperative, CooperativeEpilogue>;
 
 // Variant 0, the model's, for every shape: ping-pong 128x128, whose one warp group's fp32 epilogue (read
-// c, write d: 8 bytes an element) overlaps the other's MMAs. On an H200 under its power limit it beat
-// every algorithm cuBLASLt's heuristic offers on gpt-1.3b's proj (k = 2048) by 8-26% and on fc2 (k = 8192)
-// matched or beat them; the cooperative 128x256 tile (variant 1) was as fast on fc2 but slower on proj,
-// and whole jobs did not tell the two apart on fc2 (worker:residual_gemm_bench, bench/results/
-// 2026-12-02-one-gpu-speed-6.md). The others are for the microbenchmark.
+// c, write d: 8 bytes an element) overlaps the other's MMAs. On an H200 under its power limit, timed in
+// turn with the model's cuBLASLt choice (medians), it was 1.26x that on gpt-1.3b's inference proj
+// (k = 2048), 1.17x on fc2 (k = 8192), 1.09x and 1.01x on training's; one after the other the training
+// shapes came out within a few per cent either way. The cooperative 128x256 tile (variant 1) matched it
+// on fc2 but not on proj, and whole jobs did not tell the two apart (worker:residual_gemm_bench,
+// bench/results/2026-12-02-one-gpu-speed-6.md). The others are for the microbenchmark.
 cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const float* bias, const float* c, float* d,
                      int m, int n, int k, cudaStream_t stream) {
   switch (variant) {

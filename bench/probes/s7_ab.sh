@@ -3,7 +3,10 @@
 # tinyllama-1.1b inference with the rule (ping-pong for k <= 4096, cooperative 128x256 above) against
 # ping-pong for every shape (STAGEHAND_GEMM_RESIDUAL_VARIANT=1) and cooperative for every shape (=2),
 # in the order A B C A B C (the clock drifts). Mean of steps 3..11 with clock and power; table last.
+# Ran at 7e931e3; 1882c64 removed the switch (the model's kernel is ping-pong for every shape since).
 set -uo pipefail
+strings dist/bundle/bin/worker | grep -q STAGEHAND_GEMM_RESIDUAL_VARIANT ||
+  { echo "s7_ab.sh: this worker has no STAGEHAND_GEMM_RESIDUAL_VARIANT (bundle 7e931e3's to rerun it)" >&2; exit 2; }
 out=${OUT:-/tmp/s7ab}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 logs=/tmp/s7ab_logs work=/tmp/s7ab_runs
@@ -28,7 +31,7 @@ try:
 except Exception as e:
     print(f"| {name} | {variant} | failed: {e} | | |")
 PY
-  rm -rf "$work/$name"
+  rm -rf "${work:?}/$name"
 }
 for r in 1 2; do
   one gpt_infer_rule_$r "" gpt-1.3b infer; one gpt_infer_pp_$r 1 gpt-1.3b infer; one gpt_infer_coop_$r 2 gpt-1.3b infer

@@ -34,7 +34,7 @@ try:
 except Exception as e:
     print(f"| {name} | {flags} | failed: {e} | | |")
 PY
-  rm -rf "$work/$name"
+  rm -rf "${work:?}/$name"
 }
 one base --micro_batches=4
 one m2 --micro_batches=2

@@ -38,7 +38,7 @@ try:
 except Exception as e:
     print(f"| {name} | {flags} | failed: {e} | | | |")
 PY
-  rm -rf "$work/$name"
+  rm -rf "${work:?}/$name"
 }
 off=--model_option=cutlass_residual_gemm=false
 one gpt_infer gpt-1.3b infer --micro_batches=4

@@ -35,7 +35,7 @@ try:
 except Exception as e:
     print(f"| {name} | {flags} | failed: {e} | | |")
 PY
-  rm -rf "$work/$name"
+  rm -rf "${work:?}/$name"
 }
 off=--model_option=cutlass_residual_gemm=false
 one infer infer; one infer_lt infer $off; one infer2 infer; one infer_lt2 infer $off

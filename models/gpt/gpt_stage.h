@@ -47,7 +47,7 @@ struct GptConfig {
   bool fused_gelu_gemm = true;
   // The residual adds inside the GEMMs that feed them: "x + proj(h)" and "x + fc2(h)" as one product
   // with the fp32 stream as its addend (DenseImpl::ForwardResidual; off:
-  // --model_option=fused_residual_gemm=false): on an sm_90 GPU our CUTLASS kernels (gemm_residual.h),
+  // --model_option=fused_residual_gemm=false): on an sm_90 GPU our CUTLASS kernel (gemm_residual.h),
   // else, or with --model_option=cutlass_residual_gemm=false, cuBLASLt's.
   bool fused_residual_gemm = true;
   bool cutlass_residual_gemm = true;

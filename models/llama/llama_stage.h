@@ -49,7 +49,7 @@ struct LlamaConfig {
   bool fused_swiglu = true;
   // o_proj's and down_proj's residual adds inside their GEMMs (DenseImpl::ForwardResidual;
   // --model_option=fused_residual_gemm=false: autograd's add of the bf16 branch): on an sm_90 GPU our
-  // CUTLASS kernels, else, or with --model_option=cutlass_residual_gemm=false, cuBLASLt's.
+  // CUTLASS kernel, else, or with --model_option=cutlass_residual_gemm=false, cuBLASLt's.
   bool fused_residual_gemm = true;
   bool cutlass_residual_gemm = true;
   // The embedding's backward adds into the table's .grad only the rows the batch used (EmbeddingLookup,
