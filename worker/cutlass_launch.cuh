@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "cutlass/cutlass.h"
 
 namespace stagehand {
@@ -21,6 +23,12 @@ inline bool Sm90Available() {
     return major == 9 && minor == 0;
   }();
   return available;
+}
+
+// Whether m, n and k are positive and fit CUTLASS's int problem shape.
+inline bool ProblemFits(int64_t m, int64_t n, int64_t k) {
+  constexpr int64_t kMax = (int64_t{1} << 31) - 1;
+  return m > 0 && n > 0 && k > 0 && m <= kMax && n <= kMax && k <= kMax;
 }
 
 // The persistent scheduler's SM count (of the first device asked about; an H100/H200's 132 if unknown).

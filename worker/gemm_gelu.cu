@@ -132,8 +132,7 @@ cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const ui
 bool GemmGeluAvailable() { return cutlass_launch::Sm90Available(); }
 
 bool GemmGeluSupports(int64_t m, int64_t n, int64_t k) {
-  constexpr int64_t kMax = (int64_t{1} << 31) - 1;
-  return m > 0 && n > 0 && k > 0 && m <= kMax && n <= kMax && k <= kMax && n % kAlign == 0 && k % kAlign == 0;
+  return cutlass_launch::ProblemFits(m, n, k) && n % kAlign == 0 && k % kAlign == 0;
 }
 
 int GemmGeluVariants() {

@@ -112,8 +112,7 @@ cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const fl
 bool GemmResidualAvailable() { return cutlass_launch::Sm90Available(); }
 
 bool GemmResidualSupports(int64_t m, int64_t n, int64_t k) {
-  constexpr int64_t kMax = (int64_t{1} << 31) - 1;
-  return m > 0 && n > 0 && k > 0 && m <= kMax && n <= kMax && k <= kMax && n % kAlignCD == 0 && k % kAlignAB == 0;
+  return cutlass_launch::ProblemFits(m, n, k) && n % kAlignCD == 0 && k % kAlignAB == 0;
 }
 
 int GemmResidualVariants() {
