@@ -46,6 +46,7 @@ void ApplyDefaults(JobSpec& spec) {
   if (!spec.has_telemetry()) spec.set_telemetry(true);
   if (spec.health().empty()) spec.set_health("warn");
   if (!spec.has_init_on_device()) spec.set_init_on_device(true);
+  if (!spec.has_prebuild_attention()) spec.set_prebuild_attention(true);
   if (!spec.has_profile_cache()) spec.set_profile_cache(true);
   if (!spec.has_profile_single_stage()) spec.set_profile_single_stage(false);
   if (!spec.has_partition_clocks()) spec.set_partition_clocks(true);
@@ -117,6 +118,7 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) {
   if (r.weight_decay) spec.set_weight_decay(*r.weight_decay);
   if (r.grad_clip) spec.set_grad_clip(*r.grad_clip);
   if (r.init_on_device) spec.set_init_on_device(*r.init_on_device);
+  if (r.prebuild_attention) spec.set_prebuild_attention(*r.prebuild_attention);
   if (r.profile_cache) spec.set_profile_cache(*r.profile_cache);
   if (r.profile_single_stage) spec.set_profile_single_stage(*r.profile_single_stage);
   if (r.partition_clocks) spec.set_partition_clocks(*r.partition_clocks);

@@ -66,6 +66,7 @@ struct JobRequest {
   std::optional<int64_t> warmup_steps, lr_decay_steps;
   std::optional<double> min_lr, weight_decay, grad_clip;
   std::optional<bool> init_on_device;
+  std::optional<bool> prebuild_attention;  // --prebuild_attention: cuDNN's attention kernels ahead of step 0
   std::optional<bool> profile_cache;
   std::optional<bool> profile_single_stage;
   std::optional<bool> partition_clocks;  // --partition_clocks: the partition weighs GPU clocks

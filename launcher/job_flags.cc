@@ -79,6 +79,10 @@ ABSL_FLAG(bool, cuda_graphs, true,
 ABSL_FLAG(bool, init_on_device, true,
           "on GPUs, stages draw their parameters on the device from per-layer device generators (false: on the "
           "CPU, then copied over, which takes seconds for gpt-1.3b; the two draw different numbers)");
+ABSL_FLAG(bool, prebuild_attention, true,
+          "GPU workers build cuDNN's attention kernels for the model's shapes on threads of their own while the "
+          "rest of the worker starts (on a machine whose CUDA driver has not cached them yet their JIT is 1-2 s "
+          "of step 0); false: step 0 builds them");
 ABSL_FLAG(bool, profile_cache, true,
           "workers reuse the layer profile cached per model, sizes, micro-batch and GPU name under "
           "$XDG_CACHE_HOME/stagehand/profiles (default ~/.cache/...); false: measure it every run");
@@ -207,6 +211,7 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   j.weight_decay = Given(p, "weight_decay", FLAGS_weight_decay);
   j.grad_clip = Given(p, "grad_clip", FLAGS_grad_clip);
   j.init_on_device = Given(p, "init_on_device", FLAGS_init_on_device);
+  j.prebuild_attention = Given(p, "prebuild_attention", FLAGS_prebuild_attention);
   j.profile_cache = Given(p, "profile_cache", FLAGS_profile_cache);
   j.profile_single_stage = Given(p, "profile_single_stage", FLAGS_profile_single_stage);
   j.partition_clocks = Given(p, "partition_clocks", FLAGS_partition_clocks);

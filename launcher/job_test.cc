@@ -489,6 +489,28 @@ TEST(JobTest, ResolveJob_NoTimingAnywhere_DefaultsToTimedWithGraphs) {
   EXPECT_TRUE(job->spec.has_cuda_graphs() && job->spec.cuda_graphs());
 }
 
+// The attention kernels' prebuild is on unless turned off, by the flag or the job file (the flag wins).
+TEST(JobTest, ResolveJob_PrebuildAttention_DefaultOnFlagAndFileTurnItOff) {
+  JobRequest r;
+  r.model = "allreduce";
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->spec.has_prebuild_attention() && job->spec.prebuild_attention());
+  r.prebuild_attention = false;
+  job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->spec.prebuild_attention());
+  JobRequest f;
+  f.job_file = WriteJobFile("prebuild.textproto", "model: \"allreduce\" device: \"cpu\" prebuild_attention: false");
+  job = ResolveJob(f, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->spec.prebuild_attention());
+  f.prebuild_attention = true;
+  job = ResolveJob(f, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->spec.prebuild_attention());
+}
+
 TEST(JobTest, ResolveJob_TelemetryAndHealth_DefaultsAndFlagsOverFile) {
   JobRequest r;
   r.model = "allreduce";

@@ -4,6 +4,7 @@
 #ifndef STAGEHAND_WORKER_MODEL_FAMILY_H_
 #define STAGEHAND_WORKER_MODEL_FAMILY_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,20 @@ namespace stagehand {
 class Stage;
 struct StageOptions;
 
+// One kind of scaled-dot-product attention call a family's stages make on a GPU, for building cuDNN's
+// kernels for it ahead of step 0 (worker/attention_prebuild.h). q is [B, heads, seq, head_dim], k and v
+// [B, kv_heads, seq, head_dim], bf16, each a transposed view of [B, seq, heads, head_dim] memory, or
+// with packed_qkv of one [B, seq, 3, heads, head_dim] tensor (GPT's split of its qkv projection).
+struct AttentionCall {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, seq = 0;
+  bool causal = true;
+  bool packed_qkv = false;
+  bool operator==(const AttentionCall& o) const {
+    return heads == o.heads && kv_heads == o.kv_heads && head_dim == o.head_dim && seq == o.seq &&
+           causal == o.causal && packed_qkv == o.packed_qkv;
+  }
+};
+
 class ModelFamily {
  public:
   virtual ~ModelFamily() = default;
@@ -26,6 +41,10 @@ class ModelFamily {
   // Layers [options.first_layer, options.last_layer) on options.device. Errors are INVALID_ARGUMENT
   // (sizes this family cannot build) or INTERNAL.
   virtual absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageOptions& options) const = 0;
+  // The kinds of at::scaled_dot_product_attention call a job's stages make, for `job` with its model's
+  // sizes resolved; none by default. The worker builds cuDNN's kernels for them ahead of step 0 where
+  // the job runs cuDNN's attention (worker/attention_prebuild.h: not for another --attention, fp32).
+  virtual std::vector<AttentionCall> AttentionCalls(const JobSpec& job) const { return {}; }
 };
 
 // Adds a family; ALREADY_EXISTS when its name or one of its presets is taken. Not thread-safe: call

@@ -262,6 +262,7 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   // thread of its own) for the next launch's readahead (common/readahead.h).
   ReadaheadRecorder readahead;
   const bool record_readahead = !job.has_prefetch_libraries() || job.prefetch_libraries();
+  if (context.before_first_step) context.before_first_step();
   for (int64_t step = first_step; step < job.steps(); ++step) {
     executor.SetLearningRate(LearningRate(lr, step));
     absl::StatusOr<StepResult> r;
@@ -454,6 +455,24 @@ absl::StatusOr<LayerProfile> ProfileModel(const JobSpec& job) {
     return ProfileModelImpl(job);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("profiling the model: ", e.what_without_backtrace()));
+  }
+}
+
+std::unique_ptr<AttentionPrebuild> StartAttentionPrebuild(const JobSpec& job) {
+  if (job.device() != "cuda" || !IsModelJob(job) || (job.has_prebuild_attention() && !job.prebuild_attention())) {
+    return nullptr;
+  }
+  const ModelFamily* family = FindModelFamily(job.model());
+  if (family == nullptr) return nullptr;  // RunPipeline says so
+  absl::StatusOr<JobSpec> resolved = Resolved(*family, job);
+  if (!resolved.ok()) return nullptr;
+  const ModelSpec& m = resolved->model_spec();
+  if (!(m.attention().empty() || m.attention() == "cudnn") || m.fp32()) return nullptr;
+  try {
+    return AttentionPrebuild::Start(family->AttentionCalls(*resolved), !job.pipeline().inference(), /*device=*/0);
+  } catch (const std::exception& e) {  // a family's sizes it cannot read: step 0 builds the kernels
+    LOG(WARNING) << "attention kernels not built ahead: " << e.what();
+    return nullptr;
   }
 }
 

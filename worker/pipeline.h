@@ -6,9 +6,11 @@
 #define STAGEHAND_WORKER_PIPELINE_H_
 
 #include <functional>
+#include <memory>
 
 #include "absl/status/statusor.h"
 #include "protos/job.pb.h"
+#include "worker/attention_prebuild.h"
 #include "worker/executor.h"
 #include "worker/transport.h"
 
@@ -35,6 +37,9 @@ inline constexpr char kFailedActionPayload[] = "stagehand.failed_action";
 struct PipelineContext {
   KeyValueStore* kv = nullptr;
   int64_t incarnation = 1;
+  // Called once, after the stages are built and before the first step (the worker finishes its
+  // AttentionPrebuild there: before step 0's CUDA-graph captures).
+  std::function<void()> before_first_step;
 };
 
 // Runs job.steps() steps of the assignment's schedule (from the checkpoint's step when resuming),
@@ -44,6 +49,11 @@ struct PipelineContext {
 // that many steps and returns OK there, short of job.steps().
 absl::Status RunPipeline(const Assignment& assignment, Transport* transport, const PipelineStepCallback& on_step,
                          const PipelineContext& context = {});
+
+// cuDNN's attention kernels for the job's model, built on threads of their own from now on
+// (attention_prebuild.h); null where the job has prebuild_attention false, is not a model job on a GPU,
+// does not run cuDNN's attention (--attention=flash or torch, fp32), or its family makes no such call.
+std::unique_ptr<AttentionPrebuild> StartAttentionPrebuild(const JobSpec& job);
 
 // The CUDA stream the pipeline communicates on (a cudaStream_t): make the NCCL transport with it.
 void* PipelineCommStream();

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -85,7 +86,8 @@ struct RegisteredProfile {
 // profile runs: its clock goes with the costs (and into the cache with them). The profile's bursts run
 // at boost clocks; what the GPU sustains under the job's load is its last run's clock, kept beside
 // the cache (KeepRunClock), sent with either profile where there is one.
-absl::StatusOr<RegisteredProfile> WorkerProfile(const JobSpec& job, const DeviceInfo& device) {
+absl::StatusOr<RegisteredProfile> WorkerProfile(const JobSpec& job, const DeviceInfo& device,
+                                                const std::function<void()>& before_measuring) {
   const absl::Time start = absl::Now();
   if (!ProfileChoosesPartition(job) && !(job.pipeline().partition() == "auto" && job.profile_single_stage())) {
     absl::StatusOr<LayerProfile> layers = DescribeLayers(job);
@@ -103,6 +105,7 @@ absl::StatusOr<RegisteredProfile> WorkerProfile(const JobSpec& job, const Device
       return out;
     }
   }
+  before_measuring();
   std::unique_ptr<TelemetrySampler> sampler = StartTelemetry(job, device.uuid());
   absl::StatusOr<LayerProfile> p = ProfileModel(job);
   if (!p.ok()) return p.status();
@@ -184,6 +187,7 @@ struct Run {
   // key for the next run's clock-aware partition ("" : not kept).
   std::string clock_dir, clock_key;
   LoadClock run_clock;
+  std::function<void()> before_first_step;  // RunPipeline's PipelineContext::before_first_step
 };
 
 void ReportMilestone(const Run& run, Milestone milestone, absl::Time when) {
@@ -231,7 +235,7 @@ absl::Status RunModel(Run& run, Transport* transport) {
     absl::StatusOr<ReportStepResponse> answer = run.client->ReportStep(req);
     if (!answer.ok()) return absl::StatusOr<StepAnswer>(answer.status());
     return absl::StatusOr<StepAnswer>(StepAnswer{answer->checkpoint_and_stop_at()});
-  }, PipelineContext{run.client, run.incarnation});
+  }, PipelineContext{run.client, run.incarnation, run.before_first_step});
 }
 
 // After a model run that went well: its clock under load, for the next run's partition.
@@ -304,10 +308,18 @@ int Main() {
   // The health gate's readings, taken at rest: before the profile below warms the GPU up.
   std::optional<GpuHealth> health;
   if (cuda && device.ok() && job->job().health() != "off") health = ReadGpuHealth(device->uuid());
+  // cuDNN's attention kernels, built on threads of their own beside the rest of the startup (on a
+  // machine whose driver has not cached them yet, their JIT is seconds of step 0); finished before the
+  // profile measures and before step 0.
+  std::unique_ptr<AttentionPrebuild> prebuild = cuda && device.ok() ? StartAttentionPrebuild(job->job()) : nullptr;
+  const std::function<void()> finish_prebuild = [&prebuild] {
+    if (!prebuild) return;
+    if (const std::string line = prebuild->Finish(); !line.empty()) LOG(INFO) << line;
+  };
   // The planner partitions by what every worker measured on its own device.
   absl::StatusOr<RegisteredProfile> profile = RegisteredProfile();
   if (device.ok() && IsModelJob(job->job())) {
-    profile = WorkerProfile(job->job(), *device);
+    profile = WorkerProfile(job->job(), *device, finish_prebuild);
     if (!profile.ok()) {
       // Registering without a profile would make the partition fail with a message about memory
       // instead of this one.
@@ -340,6 +352,7 @@ int Main() {
     run.clock_dir = DefaultProfileCacheDir();
     if (!run.clock_dir.empty()) run.clock_key = ProfileCacheKey(job->job(), *device);
   }
+  run.before_first_step = finish_prebuild;
   run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
                                       assignment->job().timeouts());
   absl::Status status = device.ok() ? RunJob(run, cuda_ready, *secret) : device.status();

@@ -261,6 +261,11 @@ class GptFamily final : public ModelFamily {
   absl::Status Prepare(const JobSpec& job) const override {
     return job.device() == "cuda" ? SelectAttentionKernel(job.model_spec().attention()) : absl::OkStatus();
   }
+  std::vector<AttentionCall> AttentionCalls(const JobSpec& job) const override {
+    const GptConfig c = GptConfigFromSpec(job.model_spec());
+    // q, k, v: views of the qkv projection's [B, S, 3, NH, D] (AttentionImpl::SplitHeads).
+    return {AttentionCall{c.heads, c.heads, c.hidden / c.heads, c.seq, /*causal=*/true, /*packed_qkv=*/true}};
+  }
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageOptions& o) const override {
     const GptConfig config = GptConfigFromSpec(o.job->model_spec());
     if (o.first_layer < 0 || o.first_layer >= o.last_layer || o.last_layer > config.pipeline_layers()) {

@@ -449,6 +449,11 @@ class LlamaFamily final : public ModelFamily {
   absl::Status Prepare(const JobSpec& job) const override {
     return job.device() == "cuda" ? SelectAttentionKernel(job.model_spec().attention()) : absl::OkStatus();
   }
+  std::vector<AttentionCall> AttentionCalls(const JobSpec& job) const override {
+    const LlamaConfig c = LlamaConfigFromSpec(job.model_spec());
+    // q, k, v: [B, S, N, D] transposed (RotaryHeads' output, and v's view), grouped-query.
+    return {AttentionCall{c.heads, c.kv_heads, c.head_dim(), c.seq, /*causal=*/true, /*packed_qkv=*/false}};
+  }
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const StageOptions& o) const override {
     if (o.job == nullptr) return absl::InvalidArgumentError("StageOptions.job is null: pass the resolved job");
     const LlamaConfig config = LlamaConfigFromSpec(o.job->model_spec());

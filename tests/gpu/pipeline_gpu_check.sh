@@ -48,6 +48,10 @@ same llama_train_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-
 # agree as two draws of one initialisation do, not to rounding.
 same_with init_on_device 1e-2 init_1gpu 1 --pipeline_stages=1 --micro_batches=4
 same_with init_on_device 1e-2 llama_init_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
+# cuDNN's attention kernels built on threads of their own before step 0: the same kernels, so the
+# losses agree as two runs of one job do.
+same_with prebuild_attention 1e-4 prebuild_1gpu 1 --pipeline_stages=1 --micro_batches=4
+same_with prebuild_attention 1e-4 llama_prebuild_1gpu 1 --pipeline_stages=1 --micro_batches=4 --model=tinyllama-1.1b
 # The GPT's q, k, v gradients written in one pass: copies only, so the losses agree to rounding.
 same_with model_option=fused_qkv_grad 1e-4 qkv_grad_1gpu 1 --pipeline_stages=1 --micro_batches=4
 # The norms' backward from the bf16 gradient in one kernel, and the loss without fp32 logits: fp32
