@@ -25,7 +25,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/host.h"
-#include "common/logging.h"
 #include "common/worker_contract.h"
 #include "models/model_description.h"
 #include "telemetry/clock_model.h"
@@ -41,6 +40,9 @@
 #include "worker/profile_cache.h"
 #include "worker/torch_jobs.h"
 #include "worker/worker_main.h"
+// Last: LibTorch's c10 logging (through worker/pipeline.h) defines LOG and CHECK too, and the later
+// definition wins; with c10's, this file's LOG(INFO) lines were dropped (below its default level).
+#include "common/logging.h"
 
 ABSL_FLAG(std::string, coordinator, "", "HOST:PORT of the coordinator");
 ABSL_FLAG(std::string, job_id, "", "the job this worker belongs to");
