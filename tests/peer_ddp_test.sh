@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The peers' distributed modes on CPU (fp32, gloo, torchrun --standalone on loopback, 2 processes) and
+# gpt_peer's pipelines (1F1B, interleaved 1F1B, interleaved zero-bubble); and
 # tools/bench_pipeline's argument checks and skipped rows, without a GPU: gpt_peer.py's and
 # llama_peer.py's ddp mode, bare and over a compiled module (backend aot_eager: Dynamo and AOTAutograd,
 # forward and backward, without Inductor's C++ code generation, which takes over a minute here), end
@@ -97,6 +98,14 @@ torchrun2 gpt_ddp_compile "$gpt" --mode ddp --ddp-microbatch 2 --compile --compi
 ddp_checks gpt_ddp_compile true
 ok "gpt_peer ddp over the compiled module: $(field gpt_ddp_compile graphs) graph(s), last loss $(same_loss gpt_eager gpt_ddp_compile)"
 
+# 1b. gpt_peer's torch.distributed.pipelining on 2 ranks, 4 micro-batches of 2: one stage per rank (1F1B)
+# and two per rank (interleaved 1F1B, interleaved zero-bubble), each with one process's last loss.
+# (zbv is not run here: its middle rank passes activations to itself, which gloo has no pair for.)
+for sch in 1f1b interleaved-1f1b zb-interleaved; do
+  torchrun2 "gpt_pipe_$sch" "$gpt" --mode pipeline --schedule "$sch" --microbatches 4 "${small[@]}"
+  ok "gpt_peer pipeline $sch on 2 ranks, split $(field "gpt_pipe_$sch" split): last loss $(same_loss gpt_eager "gpt_pipe_$sch"), as one process"
+done
+
 # 2. llama_peer (Hugging Face's LlamaForCausalLM): the same.
 run llama_train "$llama" --mode train "${small[@]}"
 torchrun2 llama_ddp "$llama" --mode ddp --ddp-microbatch 2 "${small[@]}"
@@ -110,6 +119,9 @@ ok "llama_peer ddp over the compiled module: $(field llama_ddp_compile graphs) g
 refused "llama ddp without torchrun" "needs torchrun" "$py" "$llama" --mode ddp "${small[@]}"
 refused "llama train under torchrun" "single-process" env WORLD_SIZE=2 "$py" "$llama" --mode train "${small[@]}"
 refused "gpt pipeline --compile" "--compile applies to --mode eager, infer and ddp" "$py" "$gpt" --mode pipeline --compile "${small[@]}"
+refused "gpt pipeline interleaved-1f1b, one count per rank" "must have 4 block counts (one per stage, two per rank)" \
+  "$py" -m torch.distributed.run --standalone --nproc_per_node=2 "$gpt" --mode pipeline --schedule interleaved-1f1b \
+  --split 2,2 "${small[@]}"
 refused "llama ddp, batch 6 on 2 ranks in micro-batches of 2" "3 sequences per rank are not divisible by --ddp-microbatch 2" \
   "$py" -m torch.distributed.run --standalone --nproc_per_node=2 "$llama" --mode ddp --ddp-microbatch 2 \
   --device cpu --preset tiny --global-batch 6 --steps 1
@@ -123,11 +135,13 @@ fi
 for fam in gpt llama; do
   OUT=$t/list "$bench" $fam --list >"$t/$fam.rows" || fail "$fam --list"
   for r in train_1gpu train_1gpu_eager train_1gpu_compile train_2gpu_ddp train_2gpu_ddp_compile train_4gpu_ddp \
-      train_4gpu_ddp_compile train_4gpu_1f1b_m8 infer_1gpu_compile; do
+      train_4gpu_ddp_compile train_4gpu_1f1b_m8 infer_1gpu_compile train_2gpu_zbv_m32 train_4gpu_i1f1b_m8 \
+      train_2gpu_dp2_zero1; do
     grep -q "^$r	" "$t/$fam.rows" || fail "$fam has no row $r: $(cat "$t/$fam.rows")"
   done
   [ "$(cut -f1 "$t/$fam.rows" | sort | uniq -d)" = "" ] || fail "$fam: a row name twice: $(cut -f1 "$t/$fam.rows" | sort | uniq -d)"
 done
+grep -q "^train_4gpu_pp_zbv_m8	4	peer" "$t/gpt.rows" || fail "gpt has no peer row train_4gpu_pp_zbv_m8"
 [ "$("$bench" --list 'train_2gpu_ddp*' | cut -f1 | tr '\n' ' ')" = "train_2gpu_ddp train_2gpu_ddp_compile " ] \
   || fail "a pattern's rows: $("$bench" --list 'train_2gpu_ddp*')"
 [ ! -e "$t/list" ] || fail "--list made its output directory"

@@ -15,9 +15,13 @@ Modes:
   ddp             torchrun: DistributedDataParallel, GB/world sequences per rank as micro-batches of
                   --ddp-microbatch (8), no_sync for all but the last; with --compile the module is
                   compiled (module.compile()) and then wrapped in DDP.
-  pipeline        torchrun: torch.distributed.pipelining, one stage per rank, manual split by --split
-                  (block counts; embedding with the first stage, head + loss with the last), each stage's
-                  nn.Module built directly, ScheduleGPipe or Schedule1F1B with --microbatches.
+  pipeline        torchrun: torch.distributed.pipelining, manual split by --split (block counts;
+                  embedding with the first stage, head + loss with the last), each stage's nn.Module
+                  built directly, --microbatches micro-batches. --schedule gpipe or 1f1b (ScheduleGPipe,
+                  Schedule1F1B): one stage per rank. With two stages per rank (2 x world; --split has
+                  that many counts): interleaved-1f1b (ScheduleInterleaved1F1B) and zb-interleaved
+                  (ScheduleInterleavedZeroBubble), stage v on rank v mod world; zbv (ScheduleZBVZeroBubble),
+                  rank r holding stages r and 2 world - 1 - r, so rank 0 has the embedding and the head.
   infer           1 GPU: forward only (eval, no_grad, autocast) over --infer-batch (64) sequences in
                   chunks of --infer-chunk (16).
   infer-pipeline  torchrun: forward-only ScheduleGPipe (no loss_fn) over --infer-batch sequences as
@@ -29,6 +33,8 @@ Run on the GPU host (from the repository root):
   torchrun --standalone --nproc_per_node=2 tools/peer/gpt_peer.py --mode=ddp [--compile --warmup=6]
   torchrun --standalone --nproc_per_node=2 tools/peer/gpt_peer.py --mode=pipeline --schedule=1f1b \
       --microbatches=8 --split=12,12
+  torchrun --standalone --nproc_per_node=4 tools/peer/gpt_peer.py --mode=pipeline --schedule=zbv \
+      --microbatches=8
   torchrun --standalone --nproc_per_node=2 tools/peer/gpt_peer.py --mode=infer-pipeline \
       --microbatches=16 --split=13,11
 On a machine without a GPU (tests): add `--device cpu --preset tiny --global-batch 8` (gloo, fp32, no
@@ -63,6 +69,17 @@ PRESETS = {
     "tiny": dict(vocab=256, hidden=64, heads=4, layers=4, seq=32),
 }
 DIST_MODES = ("ddp", "pipeline", "infer-pipeline")
+# Schedules with two stages per rank, and where they put stage v of 2 W.
+MULTI_SCHEDULES = ("interleaved-1f1b", "zb-interleaved", "zbv")
+
+
+def stages_of_rank(schedule, rank, world):
+    """The pipeline stages rank `rank` holds under `schedule` (of `world` ranks), in order."""
+    if schedule == "zbv":
+        return [rank, 2 * world - 1 - rank]
+    if schedule in MULTI_SCHEDULES:
+        return [rank, rank + world]
+    return [rank]
 
 
 def parse_args(argv=None):
@@ -79,10 +96,12 @@ def parse_args(argv=None):
     p.add_argument("--global-batch", type=int, default=32, help="GB sequences per training step")
     p.add_argument("--eager-microbatches", type=int, default=4, help="eager: micro-batches per step (M)")
     p.add_argument("--ddp-microbatch", type=int, default=8, help="ddp: sequences per micro-batch per rank")
-    p.add_argument("--schedule", default="gpipe", choices=("gpipe", "1f1b"), help="pipeline schedule")
+    p.add_argument("--schedule", default="gpipe", choices=("gpipe", "1f1b") + MULTI_SCHEDULES,
+                   help="pipeline schedule (interleaved-1f1b, zb-interleaved and zbv: two stages per rank)")
     p.add_argument("--microbatches", type=int, default=8, help="pipeline / infer-pipeline micro-batches")
     p.add_argument("--split", default=None,
-                   help="pipeline: blocks per stage, comma separated, one per rank (default: even)")
+                   help="pipeline: blocks per stage, comma separated, one per stage: one per rank, or two "
+                        "per rank for the two-stage schedules (default: even)")
     p.add_argument("--return-outputs", type=int, default=1, choices=(0, 1),
                    help="pipeline: schedule.step(return_outputs=...); 1 is PyTorch's default")
     p.add_argument("--runtime-shapes", action="store_true",
@@ -320,58 +339,72 @@ def main(argv=None):
             last_loss[0] = peer_harness.accumulation_step(loss_of(ddp), xs, ys, opt, ddp=ddp)
 
     elif a.mode in ("pipeline", "infer-pipeline"):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed import pipelining as pp
+        multi = a.mode == "pipeline" and a.schedule in MULTI_SCHEDULES
+        n_stages = 2 * world if multi else world
         if a.split:
             split = [int(s) for s in a.split.split(",")]
         else:
-            split = [a.layers // world + (1 if r < a.layers % world else 0) for r in range(world)]
-        if len(split) != world or sum(split) != a.layers or min(split) < 0:
-            sys.exit(f"--split {a.split} must have {world} block counts (one per rank) summing to {a.layers}")
+            split = [a.layers // n_stages + (1 if v < a.layers % n_stages else 0) for v in range(n_stages)]
+        if len(split) != n_stages or sum(split) != a.layers or min(split) < 0:
+            sys.exit(f"--split {a.split} must have {n_stages} block counts (one per stage"
+                     f"{', two per rank' if multi else ''}) summing to {a.layers}")
         if nseq % a.microbatches:
             sys.exit(f"{nseq} sequences are not divisible by --microbatches {a.microbatches}")
         microbatches = a.microbatches
-        lo = sum(split[:rank])
-        first, last = rank == 0, rank == world - 1
-        stage_mod = GPTStage(a, lo, lo + split[rank], first, last, device, autocast=use_amp)
-        if a.runtime_shapes:
-            # PyTorch's runtime shape inference: an extra forward in the first step, and the shapes go
-            # from stage to stage by send_object_list (which needs numpy).
-            stage = PipelineStage(stage_mod, rank, world, device)
-        else:
-            # The same shapes, given up front (no numpy needed): stage 0 takes token ids [mb, S]; the
-            # residual stream between stages is fp32 [mb, S, H] (fp32 embedding plus bf16 branch outputs
-            # promote to fp32); the last stage returns logits [mb, S, V], bf16 under autocast.
-            # PipelineStage checks the real tensors against these.
-            mb = nseq // a.microbatches
-            in_meta = (torch.empty(mb, a.seq, dtype=torch.long, device="meta") if first else
-                       torch.empty(mb, a.seq, a.hidden, dtype=torch.float32, device="meta"))
-            out_meta = (torch.empty(mb, a.seq, a.vocab, device="meta",
-                                    dtype=torch.bfloat16 if use_amp else torch.float32) if last else
-                        torch.empty(mb, a.seq, a.hidden, dtype=torch.float32, device="meta"))
-            stage = PipelineStage(stage_mod, rank, world, device, input_args=in_meta, output_args=out_meta)
+        mine = stages_of_rank(a.schedule if a.mode == "pipeline" else "gpipe", rank, world)
+        mb = nseq // a.microbatches
+        stages, stage_mods = [], []
+        for v in mine:
+            lo = sum(split[:v])
+            first_v, last_v = v == 0, v == n_stages - 1
+            stage_mod = GPTStage(a, lo, lo + split[v], first_v, last_v, device, autocast=use_amp)
+            if a.runtime_shapes:
+                # PyTorch's runtime shape inference: an extra forward in the first step, and the shapes go
+                # from stage to stage by send_object_list (which needs numpy).
+                stage = pp.PipelineStage(stage_mod, v, n_stages, device)
+            else:
+                # The same shapes, given up front (no numpy needed): stage 0 takes token ids [mb, S]; the
+                # residual stream between stages is fp32 [mb, S, H] (fp32 embedding plus bf16 branch
+                # outputs promote to fp32); the last stage returns logits [mb, S, V], bf16 under autocast.
+                # PipelineStage checks the real tensors against these.
+                in_meta = (torch.empty(mb, a.seq, dtype=torch.long, device="meta") if first_v else
+                           torch.empty(mb, a.seq, a.hidden, dtype=torch.float32, device="meta"))
+                out_meta = (torch.empty(mb, a.seq, a.vocab, device="meta",
+                                        dtype=torch.bfloat16 if use_amp else torch.float32) if last_v else
+                            torch.empty(mb, a.seq, a.hidden, dtype=torch.float32, device="meta"))
+                stage = pp.PipelineStage(stage_mod, v, n_stages, device, input_args=in_meta, output_args=out_meta)
+            stages.append(stage)
+            stage_mods.append(stage_mod)
+        first, last = 0 in mine, n_stages - 1 in mine
+        # The rank whose stage computes the loss (rank 0 under zbv, the last rank otherwise).
+        loss_rank = 0 if multi and a.schedule == "zbv" else world - 1
         ret = bool(a.return_outputs)
         if a.mode == "pipeline":
             schedule_name = a.schedule
-            cls = ScheduleGPipe if a.schedule == "gpipe" else Schedule1F1B
-            sched = cls(stage, n_microbatches=a.microbatches, loss_fn=ce_loss)
-            opt = make_optimizer(a, stage_mod.parameters())
+            if multi:
+                cls = {"interleaved-1f1b": pp.ScheduleInterleaved1F1B,
+                       "zb-interleaved": pp.ScheduleInterleavedZeroBubble,
+                       "zbv": pp.ScheduleZBVZeroBubble}[a.schedule]
+                sched = cls(stages, n_microbatches=a.microbatches, loss_fn=ce_loss)
+            else:
+                cls = pp.ScheduleGPipe if a.schedule == "gpipe" else pp.Schedule1F1B
+                sched = cls(stages[0], n_microbatches=a.microbatches, loss_fn=ce_loss)
+            opt = make_optimizer(a, [p for m in stage_mods for p in m.parameters()])
 
             def step():
-                if first:
-                    sched.step(x_all, return_outputs=ret)
-                elif last:
-                    losses = []
-                    sched.step(target=y_all, losses=losses, return_outputs=ret)
-                    last_loss[0] = torch.stack(losses).mean().detach()
-                else:
-                    sched.step(return_outputs=ret)
+                args = (x_all,) if first else ()
+                kwargs = dict(target=y_all, losses=[]) if last else {}
+                sched.step(*args, return_outputs=ret, **kwargs)
+                if last:
+                    last_loss[0] = torch.stack(kwargs["losses"]).mean().detach()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
         else:
             # Forward only: a schedule without loss_fn has no backward, and step() may run under no_grad.
             schedule_name = "gpipe"
-            stage_mod.eval()
-            sched = ScheduleGPipe(stage, n_microbatches=a.microbatches, loss_fn=None)
+            stage_mods[0].eval()
+            sched = pp.ScheduleGPipe(stages[0], n_microbatches=a.microbatches, loss_fn=None)
 
             def step():
                 with torch.no_grad():
@@ -403,7 +436,7 @@ def main(argv=None):
                           dtype=torch.float64, device=device)
     # The loss lives on the last stage (pipeline) or is averaged over ranks (ddp).
     if a.mode == "pipeline":
-        dist.broadcast(loss_t, src=world - 1)
+        dist.broadcast(loss_t, src=loss_rank)
     elif a.mode == "ddp":
         dist.all_reduce(loss_t)
         loss_t /= world
