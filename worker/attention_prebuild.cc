@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <utility>
@@ -63,9 +64,7 @@ std::string Describe(const AttentionCall& c) {
 std::vector<AttentionCall> DistinctAttentionCalls(const std::vector<AttentionCall>& calls) {
   std::vector<AttentionCall> out;
   for (const AttentionCall& c : calls) {
-    bool seen = false;
-    for (const AttentionCall& o : out) seen = seen || o == c;
-    if (!seen) out.push_back(c);
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
   }
   return out;
 }
