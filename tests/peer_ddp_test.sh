@@ -29,17 +29,24 @@ fail() { echo "peer_ddp_test: FAILED: $*"; exit 1; }
 passed=0
 ok() { echo "peer_ddp_test: ok: $*"; passed=$((passed + 1)); }
 
+# show_log NAME: a failed run's whole log, the workers' own output (their tracebacks, a C++ abort's
+# message) included, not only torchrun's summary at its end (bounded: the last 400 lines).
+show_log() {
+  echo "---- $1: its output ($(wc -l <"$t/$1.log") lines, the last 400 shown) ----"
+  tail -n 400 "$t/$1.log"
+  echo "---- end of $1's output ----"
+}
 small=(--device cpu --preset tiny --global-batch 8 --warmup 1 --steps 2)
 # run NAME PEER ARGS...: one process; torchrun NAME PEER ARGS...: two. Each bounded; the log kept in $t.
 run() {
   local name=$1 rc=0; shift
   timeout -k 10 180 "$py" "$@" >"$t/$name.log" 2>&1 || rc=$?
-  [ "$rc" = 0 ] || { tail -n 20 "$t/$name.log"; fail "$name exited $rc"; }
+  [ "$rc" = 0 ] || { show_log "$name"; fail "$name exited $rc"; }
 }
 torchrun2() {
   local name=$1 rc=0; shift
   timeout -k 10 240 "$py" -m torch.distributed.run --standalone --nproc_per_node=2 "$@" >"$t/$name.log" 2>&1 || rc=$?
-  [ "$rc" = 0 ] || { tail -n 20 "$t/$name.log"; fail "$name exited $rc"; }
+  [ "$rc" = 0 ] || { show_log "$name"; fail "$name exited $rc"; }
 }
 # field NAME KEY: the RESULT line's KEY (JSON).
 field() {
