@@ -493,9 +493,12 @@ PartitionFn Partitioner(const JobSpec& job) {
     if (!predicted.ok()) return predicted.status();
     Partition out{plan->layers_per_stage,
                   absl::StrCat(Describe(job, *schedule, *plan, costs, profiled, *predicted), ClockText(job, clocks)), {}};
-    // From the workers' measured profile, else from a built-in family's estimate (made for its GPUs:
-    // the report says which); a user's family without either predicts nothing.
-    out.predicted_from = profiled ? "profile" : FindBuiltinModel(job.model()) != nullptr ? "estimate" : "";
+    // From the workers' measured profile, else on GPUs from a built-in family's estimate (made for its
+    // GPUs: the report says which; against CPU workers it is orders of magnitude off); a user's family
+    // without a profile predicts nothing.
+    out.predicted_from = profiled                                                                  ? "profile"
+                         : FindBuiltinModel(job.model()) != nullptr && job.device() == "cuda" ? "estimate"
+                                                                                               : "";
     if (!out.predicted_from.empty()) {
       out.predicted_step_ms = predicted->makespan;
       for (int replica = 0; replica < std::max(1, job.data_parallel()); ++replica) {
