@@ -365,9 +365,10 @@ void JobRun::Interrupt(int signal, bool force) {
   supervisor_->Interrupt(signal, force);
 }
 
-JobRunEnd JobRun::Finish(int first_signal) {
+JobRunEnd JobRun::Finish(int first_signal, absl::string_view note) {
   progress_.Update(state_);
   progress_.Done();
+  if (!note.empty()) listener_->Text(note);
   const absl::Duration elapsed = absl::Now() - supervisor_->launch_time();
   server_->Stop();
   Files& files = *files_;

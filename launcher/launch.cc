@@ -278,9 +278,9 @@ LaunchResult Launch(const LaunchOptions& options) {
   result.run_dir = run->run_dir();
   result.started = true;
   const int first_signal = Supervise(*run, out);
-  JobRunEnd end = run->Finish(first_signal);
   prefetcher.Cancel();  // the job is over: what is left of the readahead (nothing, normally) is moot
-  out.Text(PrefetchLine(prefetcher.Join()));
+  // Before the run's closing lines: the last line printed is the verdict (the root cause of a failure).
+  JobRunEnd end = run->Finish(first_signal, PrefetchLine(prefetcher.Join()));
   result.exit_code = end.exit_code;
   result.report = std::move(end.report);
   return result;
