@@ -231,10 +231,10 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
     return run;  // the workers start once every node has joined (StartWorld)
   }
   run->supervisor_ = std::make_unique<Supervisor>(&run->state_, spawner, run->WorkerOptions());
-  listener->Text(absl::StrFormat("stagehand: job %s: %d %s worker%s, %d steps of %s; coordinator %s; run directory %s\n",
+  listener->Text(absl::StrFormat("stagehand: job %s: %d %s worker%s, %d step%s of %s; coordinator %s; run directory %s\n",
                                  o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
-                                 spec.workers() == 1 ? "" : "s", spec.steps(), spec.model(), run->server_->address(),
-                                 o.run_dir));
+                                 spec.workers() == 1 ? "" : "s", spec.steps(), spec.steps() == 1 ? "" : "s",
+                                 spec.model(), run->server_->address(), o.run_dir));
   (void)run->supervisor_->Start();  // a spawn failure is an incident: the ticks stop the job
   exit_code = kExitSuccess;
   return run;
@@ -296,8 +296,9 @@ bool JobRun::StartWorld() {
   google::protobuf::TextFormat::PrintToString(state_.job(), &text);
   files_->Error(WriteFileAtomically(options_.run_dir + "/job.textproto", text));  // the whole job, not node 0's part
   supervisor_ = std::make_unique<Supervisor>(&state_, spawner_, WorkerOptions());
-  listener_->Text(absl::StrFormat("stagehand: all %d nodes joined: %d workers, %d steps of %s: %s\n", nodes.size(),
-                                  world, spec->steps(), spec->model(), DescribeNodes(state_.Nodes())));
+  listener_->Text(absl::StrFormat("stagehand: all %d nodes joined: %d workers, %d step%s of %s: %s\n", nodes.size(),
+                                  world, spec->steps(), spec->steps() == 1 ? "" : "s", spec->model(),
+                                  DescribeNodes(state_.Nodes())));
   (void)supervisor_->Start();
   return true;
 }

@@ -17,6 +17,9 @@ namespace {
 // launcher/liveness.h's, for this job's heartbeat interval.
 absl::Duration StopNotice(const Timeouts& t) { return stagehand::StopNotice(t.heartbeat_interval_ms()); }
 
+// "1 step", "3 steps".
+std::string Steps(int64_t n) { return absl::StrCat(n, n == 1 ? " step" : " steps"); }
+
 std::string SignalName(int sig) {
   const char* d = strsignal(sig);
   return absl::StrCat(sig, " (", d ? d : "?", ")");
@@ -205,8 +208,10 @@ void Supervisor::CheckRemote() {
                               absl::FormatDuration(absl::Trunc(now - n.last_heartbeat, absl::Milliseconds(1))),
                               "): the host or its network is down, or the agent hangs");
     Record(n.lost ? Kind::kCrash : Kind::kHang, n.lost ? kExitWorkerFailed : kExitWorkerHung,
-           absl::StrCat("node ", k, " at ", n.address, " (host ", n.host, ", agent pid ", n.pid, ", ranks ",
-                        n.first_rank, "-", n.first_rank + n.workers - 1, ") was lost: ", what));
+           absl::StrCat("node ", k, " at ", n.address, " (host ", n.host, ", agent pid ", n.pid, ", ",
+                        n.workers == 1 ? absl::StrCat("rank ", n.first_rank)
+                                       : absl::StrCat("ranks ", n.first_rank, "-", n.first_rank + n.workers - 1),
+                        ") was lost: ", what));
   }
 }
 
@@ -234,7 +239,7 @@ void Supervisor::Judge(int rank, int exit_code, int signal) {
   if (signal == 0 && stopping_ && !w.registered) return;
   std::string how = signal != 0 ? absl::StrCat("was killed by signal ", SignalName(signal))
                                   : absl::StrCat("exited with code ", exit_code);
-  Record(Kind::kCrash, kExitWorkerFailed, absl::StrCat(Describe(rank), " ", how, " after ", w.steps_done, " steps"));
+  Record(Kind::kCrash, kExitWorkerFailed, absl::StrCat(Describe(rank), " ", how, " after ", Steps(w.steps_done)));
 }
 
 void Supervisor::CheckReports() {
@@ -244,7 +249,7 @@ void Supervisor::CheckReports() {
     if (reported_[r] || !workers[r].failed_before_stop) continue;
     reported_[r] = true;
     Record(Kind::kReportedFailure, kExitWorkerFailed,
-           absl::StrCat(Describe(r), " failed after ", workers[r].steps_done, " steps: ", workers[r].error));
+           absl::StrCat(Describe(r), " failed after ", Steps(workers[r].steps_done), ": ", workers[r].error));
   }
 }
 
@@ -272,13 +277,13 @@ void Supervisor::CheckDeadlines() {
       return Record(Kind::kHang, kExitWorkerHung,
                     absl::StrCat(Describe(r), " stopped heartbeating (none for ",
                                  absl::FormatDuration(absl::Trunc(now - w.last_heartbeat, absl::Milliseconds(1))),
-                                 ") after ", w.steps_done, " steps"));
+                                 ") after ", Steps(w.steps_done)));
     }
     if (now - w.last_progress > absl::Milliseconds(t.progress_timeout_ms())) {
       return Record(Kind::kHang, kExitWorkerHung,
                     absl::StrCat(Describe(r), " made no progress for ",
                                  absl::FormatDuration(absl::Milliseconds(t.progress_timeout_ms())), " (stuck after ",
-                                 w.steps_done, " steps)"));
+                                 Steps(w.steps_done), ")"));
     }
   }
 }

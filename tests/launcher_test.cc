@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -258,8 +259,33 @@ TEST(Launcher, Sigint_GracefulStop_Exits130) {
   ASSERT_TRUE(l.WaitForWorkersUp(2, std::chrono::seconds(30))) << l.output();
   kill(l.pid(), SIGINT);
   EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 130) << l.output();
-  EXPECT_NE(l.output().find("interrupted by SIGINT"), std::string::npos) << l.output();
+  EXPECT_NE(l.output().find("stagehand: stopped by SIGINT (exit 130); "), std::string::npos) << l.output();
+  EXPECT_EQ(l.output().find("FAILED"), std::string::npos) << l.output();
   ExpectNothingLeft(job, std::chrono::milliseconds(500));
+}
+
+int StepRowsNow(const std::string& run_dir);  // below
+
+// The last line of an output ("" when there is none).
+std::string LastLine(const std::string& out) {
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  return lines.empty() ? "" : lines.back();
+}
+
+// Ctrl-C of a pipeline printed "rank 0 failed at the marked action of its schedule" with its grid,
+// then "FAILED (exit 130)": a stop is no failure, and its line is the last.
+TEST(Launcher, SigintDuringAPipeline_StoppedNotFailedNoDiagram) {
+  Launcher l({"--device=cpu", "--workers=2", "--model=tiny", "--steps=100000", "--micro_batches=2",
+              "--global_batch=4"});
+  std::string job = l.JobId();
+  ASSERT_TRUE(WaitFor([&] { return StepRowsNow(l.run_dir()) >= 2 * 3; }, std::chrono::seconds(60))) << l.output();
+  kill(l.pid(), SIGINT);
+  EXPECT_EQ(l.Wait(std::chrono::seconds(15)), 130) << l.output();
+  const std::string out = l.output();
+  EXPECT_EQ(out.find("FAILED"), std::string::npos) << out;
+  EXPECT_EQ(out.find("failed at the marked action"), std::string::npos) << out;
+  EXPECT_TRUE(absl::StartsWith(LastLine(out), "stagehand: stopped by SIGINT (exit 130); ")) << out;
+  ExpectNothingLeft(job, std::chrono::seconds(1));
 }
 
 TEST(Launcher, Sigterm_GracefulStop_Exits143) {
@@ -589,7 +615,8 @@ TEST(Launcher, Sighup_HandledAsSigterm_Exits143WithResults) {
   ASSERT_TRUE(WaitFor([&] { return StepRowsNow(l.run_dir()) >= 2 * 10; }, std::chrono::seconds(30))) << l.output();
   kill(l.pid(), SIGHUP);
   EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 143) << l.output();
-  EXPECT_NE(l.output().find("interrupted by SIGHUP"), std::string::npos) << l.output();
+  EXPECT_NE(l.output().find("stagehand: stopped by SIGHUP (handled as SIGTERM; exit 143); "), std::string::npos)
+      << l.output();
   std::optional<stagehand::RunReport> report = ReportIfPresent(l.run_dir());
   ASSERT_TRUE(report.has_value()) << "no report.json after SIGHUP";
   EXPECT_EQ(report->exit_code(), 143);
