@@ -68,7 +68,7 @@ void NodeAgent::Start(const std::string& run_dir) {
   so.local_workers = options_.workers;
   so.worker_args = WorkerNodeArgs(options_.tls, joined_.address());
   so.worker_args.push_back("--run_dir=" + run_dir);  // node 0's run directory is on node 0's host
-  so.report_exit = [this](int rank, const ProcessExit& e) {
+  so.report_exit = [this, run_dir](int rank, const ProcessExit& e) {
     ReportWorkerExitRequest r;
     r.set_node_rank(options_.node.node_rank);
     r.set_incarnation(options_.incarnation);
@@ -76,6 +76,8 @@ void NodeAgent::Start(const std::string& run_dir) {
     r.set_pid(e.pid);
     r.set_exit_code(e.exit_code);
     r.set_signal(e.signal);
+    // Why, in the worker's own words: its log is on this host, node 0 names the cause.
+    if (e.signal != 0 || e.exit_code != 0) r.set_last_error(WorkerLastError(absl::StrCat(run_dir, "/rank", rank, ".log")));
     unreported_.push_back(r);
     exits_.push_back(r);
   };
