@@ -762,4 +762,21 @@ TEST(Launcher, Help_NoSentinelDefaultBesideStatedOne) {
   EXPECT_EQ(out.find("--micro-batches"), std::string::npos) << out;
 }
 
+// --help's first example said "--gpus=2 --steps=100: a checked all-reduce per step" though the default
+// model on GPUs trains gpt-1.3b; exit code 75 was missing; "GPT:" labelled flags that Llama takes too.
+TEST(Launcher, Help_ExamplesExitCodesAndLabelsTrue) {
+  Launcher l({"--help"});
+  EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 0);
+  const std::string out = l.output();
+  std::smatch example;
+  ASSERT_TRUE(std::regex_search(out, example, std::regex("launcher --gpus=2 --steps=100 [^\n]*"))) << out;
+  EXPECT_EQ(example.str().find("all-reduce"), std::string::npos) << example.str();
+  EXPECT_NE(out.find("--model=allreduce      two GPUs, a checked all-reduce per step"), std::string::npos) << out;
+  for (const char* code : {" 75 stopped by SIGTERM or SIGHUP after every rank wrote a checkpoint", "130 stopped by SIGINT",
+                           "143 stopped by SIGTERM"}) {
+    EXPECT_NE(out.find(code), std::string::npos) << code << " in:\n" << out;
+  }
+  EXPECT_EQ(out.find("GPT:"), std::string::npos) << out;
+}
+
 }  // namespace
