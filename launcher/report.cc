@@ -595,9 +595,13 @@ std::string PredictionLine(const RunReport& report, bool action_timing) {
 
 std::string SummaryLines(const RunReport& report, bool action_timing) {
   const bool gpu = report.job().device() == "cuda";
-  std::string line = absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s  %s", report.step_seconds(),
-                                     report.tokens_per_second(), FlopsText(report.tflops()));
-  if (gpu) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * report.mfu()));
+  std::string line = absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s", report.step_seconds(),
+                                     report.tokens_per_second());
+  // A family of the user's has no FLOP count: no FLOP/s and no MFU rather than zeros.
+  if (report.tflops() > 0) {
+    absl::StrAppend(&line, "  ", FlopsText(report.tflops()));
+    if (gpu) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * report.mfu()));
+  }
   if (report.inference_perplexity() > 0) {  // inference with weights: over every step's batch
     absl::StrAppend(&line, absl::StrFormat("  loss %.4f  perplexity %.3f", report.inference_loss(),
                                            report.inference_perplexity()));

@@ -79,8 +79,8 @@ std::string FlopsText(double tflops);
 // A time in seconds to three significant digits, without an exponent: "0.940", "0.0440", "12.3".
 std::string SecondsText(double seconds);
 
-// The lines that end a model run (each "stagehand: ...\n"): the summary (step time, tokens/s, FLOP/s,
-// MFU on GPUs, the measured bubble with `action_timing`) and, where one is meaningful, the predicted
+// The lines that end a model run (each "stagehand: ...\n"): the summary (step time, tokens/s, FLOP/s
+// and MFU on GPUs where the model's FLOPs are known, the measured bubble with `action_timing`) and, where one is meaningful, the predicted
 // step beside the measured one: from the workers' measured profile, or from a built-in family's
 // estimate on GPUs (its figures are a GPU's: on CPU workers it predicts nothing worth printing). A
 // prediction missed by 3x or more says so in words ("measured 0.940 s/step, 21x the predicted

@@ -707,6 +707,12 @@ TEST(SummaryLines, CpuWithTheFamilysEstimate_NoPredictionAndGflops) {
   EXPECT_THAT(SummaryLines(r, false), Not(HasSubstr("predicted")));
 }
 
+// A family of the user's has no FLOP count: "0.0 TFLOP/s  MFU 0.0%" said it ran at zero.
+TEST(SummaryLines, NoFlopCount_NoFlopsNorMfu) {
+  RunReport r = ModelRun("cuda", 0.0131, 0);
+  EXPECT_EQ(SummaryLines(r, false), "stagehand: 0.0131 s/step  1000 tokens/s (after 3 warm-up steps)\n");
+}
+
 TEST(SummaryLines, ProfiledPredictionWithinThreeTimes_PercentAndBubbles) {
   RunReport r = ModelRun("cpu", 0.11, 0.02);
   r.set_predicted_step_seconds(0.1);
