@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "models/registry.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/util/json_util.h"
