@@ -18,6 +18,7 @@ namespace stagehand {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 JobSpec TinyJob(int stages, const std::string& schedule, int microbatches) {
   JobSpec job;
@@ -137,6 +138,10 @@ TEST(Partitioner, Unprofiled_OnCpuWorkers_PredictsNothing) {
   EXPECT_EQ(p->predicted_from, "");
   EXPECT_EQ(p->predicted_step_ms, 0);
   EXPECT_TRUE(p->predicted_rank_bubble.empty());
+  // Nor in the partition's line, which said "stage ms 0.00 (estimated); predicted step 0.0 ms".
+  EXPECT_THAT(p->description, Not(HasSubstr("predicted step")));
+  EXPECT_THAT(p->description, Not(HasSubstr(" ms")));
+  EXPECT_THAT(p->description, HasSubstr("no time predicted on CPU workers"));
 }
 
 // A zero-bubble split holds each micro-batch until its W: rank 0 of zb-h1 on 2 ranks keeps 2, as 1F1B.

@@ -705,6 +705,22 @@ TEST(Launcher, CpuModel_TimingOff_NoBubbleMfuOrGpuColumnsOnePartitionLine) {
   EXPECT_NE(ReadFile(l.run_dir() + "/startup_ledger.tsv").find("\tn/a\t"), std::string::npos);
 }
 
+// AdamW at --lr=10 with --weight_decay=10 multiplies every weight by -99 a step: the loss overflows to
+// NaN by step 4 and stays there. Such a run exited 0; now it stops after 5 non-finite steps in a row.
+TEST(Launcher, LossNaNStepAfterStep_StopsExit1AdvisingALowerLr) {
+  Launcher l({"--device=cpu", "--workers=1", "--model=tiny", "--lr=10", "--weight_decay=10", "--steps=1000"});
+  ASSERT_EQ(l.Wait(std::chrono::seconds(60)), 1) << l.output();
+  const std::string out = l.output();
+  EXPECT_NE(ReadFile(l.run_dir() + "/steps.csv").find(",nan,"), std::string::npos) << "the flags gave no NaN";
+  EXPECT_TRUE(std::regex_search(LastLine(out), std::regex("^stagehand: FAILED \\(exit 1\\): the loss was (NaN|infinite) "
+                                                          "at 5 steps in a row \\([0-9]+-[0-9]+\\) on rank 0: the "
+                                                          "training diverged; pass a lower --lr \\(this run's: 10\\)")))
+      << out;
+  std::optional<stagehand::RunReport> report = ReportIfPresent(l.run_dir());
+  ASSERT_TRUE(report.has_value());
+  EXPECT_LT(report->steps_done(), 1000);
+}
+
 std::string WriteTemp(const std::string& name, const std::string& text) {
   const std::string path = absl::StrCat(TempDir(), "/", name);
   std::ofstream(path, std::ios::binary) << text;
