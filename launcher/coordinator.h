@@ -78,6 +78,7 @@ struct RemoteExit {
   int exit_code = -1;
   int signal = 0;
   std::string spawn_error;  // not empty: it was never started, and why
+  std::string last_error;   // its own last error line, as its agent read it from its log ("": none)
 };
 
 // kAgentHeartbeatInterval and kAgentTimeout: launcher/liveness.h, with every other failure timing.

@@ -208,6 +208,7 @@ absl::Status CoordinatorState::ReportWorkerExit(const ReportWorkerExitRequest& r
   e.exit_code = request.exit_code();
   e.signal = request.signal();
   e.spawn_error = request.spawn_error();
+  e.last_error = request.last_error().substr(0, 1024);  // one line is what the agent sends; bounded here too
   if (remote_exits_.emplace(request.rank(), e).second) {
     LOG(INFO) << "rank " << request.rank() << " (node " << request.node_rank() << ", pid " << e.pid << ") ended: "
               << (!e.spawn_error.empty() ? absl::StrCat("could not be started: ", e.spawn_error)

@@ -29,18 +29,18 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, -1,
 ABSL_FLAG(int64_t, progress_timeout_ms, -1, "a run with no finished step for this long is stalled (default 300000)");
 ABSL_FLAG(int64_t, register_timeout_ms, -1, "every worker must register within this (default 60000)");
 ABSL_FLAG(int64_t, nccl_init_timeout_ms, -1, "communicator setup deadline (default 60000)");
-ABSL_FLAG(int, pipeline_stages, -1, "GPT: pipeline stages, one per worker (default: the worker count)");
+ABSL_FLAG(int, pipeline_stages, -1, "model: pipeline stages, one per worker (default: the worker count)");
 ABSL_FLAG(std::string, schedule, "",
-          "GPT: gpipe, 1f1b, interleaved-1f1b (--stage_chunks per worker), zb-h1 or zb-v (zero-bubble; two "
+          "model: gpipe, 1f1b, interleaved-1f1b (--stage_chunks per worker), zb-h1 or zb-v (zero-bubble; two "
           "chunks per worker in a V) (default 1f1b)");
 ABSL_FLAG(int, stage_chunks, -1,
-          "GPT: model chunks per worker, virtual stages r, r+p, ... (interleaved-1f1b, default 2; zb-v: 2; else 1)");
-ABSL_FLAG(int, micro_batches, -1, "GPT: micro-batches per step (default max(8, stages); at most 65536)");
-ABSL_FLAG(int64_t, global_batch, -1, "GPT: sequences per step (default 32)");
-ABSL_FLAG(std::string, partition, "", "GPT: auto (profiled, balanced), uniform, or pipeline-layer counts like 27,23 (the embedding, each block's attention and MLP halves, the head)");
-ABSL_FLAG(int64_t, vocab, -1, "GPT: vocabulary size (default: the preset's)");
-ABSL_FLAG(int64_t, hidden, -1, "GPT: hidden size (default: the preset's)");
-ABSL_FLAG(int64_t, heads, -1, "GPT: attention heads (default: the preset's)");
+          "model: model chunks per worker, virtual stages r, r+p, ... (interleaved-1f1b, default 2; zb-v: 2; else 1)");
+ABSL_FLAG(int, micro_batches, -1, "model: micro-batches per step (default max(8, stages); at most 65536)");
+ABSL_FLAG(int64_t, global_batch, -1, "model: sequences per step (default 32)");
+ABSL_FLAG(std::string, partition, "", "model: auto (profiled, balanced), uniform, or pipeline-layer counts like 27,23 (the embedding, each block's attention and MLP halves, the head)");
+ABSL_FLAG(int64_t, vocab, -1, "model: vocabulary size (default: the preset's)");
+ABSL_FLAG(int64_t, hidden, -1, "model: hidden size (default: the preset's)");
+ABSL_FLAG(int64_t, heads, -1, "GPT and Llama: attention heads (default: the preset's)");
 ABSL_FLAG(int64_t, kv_heads, -1, "Llama: key/value heads of grouped-query attention (default: the preset's)");
 ABSL_FLAG(int64_t, ffn_hidden, -1, "Llama: the SwiGLU MLP's inner width (default: the preset's)");
 ABSL_FLAG(std::vector<std::string>, model_option, {},
@@ -52,19 +52,19 @@ ABSL_FLAG(std::vector<std::string>, model_option, {},
           "cutlass_residual_gemm=false runs the residual GEMM as cuBLASLt's, not ours (both)");
 ABSL_FLAG(std::string, schedule_file, "",
           "a pipeline schedule as data: one line of actions per rank (\"0F0 0SEND_F0 ...\", see schedule/schedule.h)");
-ABSL_FLAG(int64_t, layers, -1, "GPT: transformer blocks (default: the preset's)");
-ABSL_FLAG(int64_t, seq, -1, "GPT: sequence length (default: the preset's; at most 131072)");
-ABSL_FLAG(bool, fp32, false, "GPT: no bf16 autocast");
+ABSL_FLAG(int64_t, layers, -1, "model: layers, transformer blocks for GPT and Llama (default: the preset's)");
+ABSL_FLAG(int64_t, seq, -1, "model: sequence length (default: the preset's; at most 131072)");
+ABSL_FLAG(bool, fp32, false, "model: no bf16 autocast");
 ABSL_FLAG(bool, fused_layernorm, true,
-          "GPT on GPUs: each LayerNorm that feeds a GEMM writes its bf16 output in one kernel of ours "
-          "(false: ATen's fp32 LayerNorm, then a cast, as PyTorch's autocast runs it)");
+          "GPT and Llama on GPUs: each norm that feeds a GEMM (GPT's LayerNorm, Llama's RMSNorm) writes its bf16 "
+          "output in one kernel of ours (false: ATen's fp32 norm, then a cast, as PyTorch's autocast runs it)");
 ABSL_FLAG(std::string, attention, "",
-          "GPT on GPUs: the attention kernel, cudnn (default; cuDNN's fused attention), flash "
+          "GPT and Llama on GPUs: the attention kernel, cudnn (default; cuDNN's fused attention), flash "
           "(FlashAttention-2), or torch (LibTorch's own choice, as PyTorch makes it)");
-ABSL_FLAG(std::string, data, "", "GPT: a file of uint16 tokens (nanoGPT layout); default: the synthetic corpus");
-ABSL_FLAG(double, lr, -1, "GPT: AdamW learning rate, finite, 0 < lr <= 10 (default 1e-4; 3e-3 for the bare CPU run)");
-ABSL_FLAG(bool, inference, false, "GPT: forward-only pipeline over --global_batch sequences per step");
-ABSL_FLAG(bool, save_params, false, "GPT: each rank writes its final parameters to the run directory");
+ABSL_FLAG(std::string, data, "", "model: a file of uint16 tokens (nanoGPT layout); default: the synthetic corpus");
+ABSL_FLAG(double, lr, -1, "model: AdamW learning rate, finite, 0 < lr <= 10 (default 1e-4; 3e-3 for the bare CPU run)");
+ABSL_FLAG(bool, inference, false, "model: forward-only pipeline over --global_batch sequences per step");
+ABSL_FLAG(bool, save_params, false, "model: each rank writes its final parameters to the run directory");
 ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and trace.json)");
 ABSL_FLAG(bool, telemetry, true,
           "GPU workers sample their GPU's clocks, power, temperature and throttle reasons through NVML (10 Hz) "
@@ -113,10 +113,10 @@ ABSL_FLAG(double, replica_gbps, -1,
           "--layout=auto: the bandwidth of the replicas' all-reduce in GB/s (default 285 on GPUs, as measured on "
           "2 x H200, 1 on CPUs)");
 ABSL_FLAG(int64_t, grace_period_ms, -1, "between SIGTERM and SIGKILL when stopping workers (default 3000)");
-ABSL_FLAG(int64_t, checkpoint_every, -1, "GPT: write a checkpoint every N steps and at the end, into "
+ABSL_FLAG(int64_t, checkpoint_every, -1, "model: write a checkpoint every N steps and at the end, into "
                                          "<run_dir>/checkpoints/ (asynchronous; default: none)");
-ABSL_FLAG(int, keep_checkpoints, -1, "GPT: keep the newest N complete checkpoints (default 2)");
-ABSL_FLAG(std::string, resume, "", "GPT: continue from the newest complete checkpoint of this run directory (any "
+ABSL_FLAG(int, keep_checkpoints, -1, "model: keep the newest N complete checkpoints (default 2)");
+ABSL_FLAG(std::string, resume, "", "model: continue from the newest complete checkpoint of this run directory (any "
                                    "stage count, partition or worker count); the new run has its own --run_dir");
 ABSL_FLAG(std::string, export_dir, "",
           "at the end of the run, write the model's weights (fp32 safetensors and config.json) into this new "
@@ -127,12 +127,12 @@ ABSL_FLAG(std::string, init_from, "",
           "directory, any stage count; its config.json must match the model's sizes");
 ABSL_FLAG(int, max_restarts, -1, "after a worker fails, restart every worker from the newest checkpoint, up to N "
                                  "times (default 0)");
-ABSL_FLAG(int64_t, warmup_steps, -1, "GPT: linear learning-rate warm-up over N steps, then a cosine decay to --min_lr "
+ABSL_FLAG(int64_t, warmup_steps, -1, "model: linear learning-rate warm-up over N steps, then a cosine decay to --min_lr "
                                      "(default: a constant --lr unless --warmup_steps, --lr_decay_steps or --min_lr is set)");
-ABSL_FLAG(int64_t, lr_decay_steps, -1, "GPT: the step the cosine decay reaches --min_lr (default: --steps)");
-ABSL_FLAG(double, min_lr, -1, "GPT: the learning rate's floor, 0 <= X <= 10 (default --lr / 10 with a schedule)");
-ABSL_FLAG(double, weight_decay, -1, "GPT: AdamW's decoupled weight decay, 0 <= X <= 10 (default 0.1)");
-ABSL_FLAG(double, grad_clip, -1, "GPT: clip the global gradient norm (across all stages) to X > 0 (default: no clipping)");
+ABSL_FLAG(int64_t, lr_decay_steps, -1, "model: the step the cosine decay reaches --min_lr (default: --steps)");
+ABSL_FLAG(double, min_lr, -1, "model: the learning rate's floor, 0 <= X <= 10 (default --lr / 10 with a schedule)");
+ABSL_FLAG(double, weight_decay, -1, "model: AdamW's decoupled weight decay, 0 <= X <= 10 (default 0.1)");
+ABSL_FLAG(double, grad_clip, -1, "model: clip the global gradient norm (across all stages) to X > 0 (default: no clipping)");
 ABSL_FLAG(double, val_fraction, -1,
           "hold out the last F of --data (0 <= F < 1, rounded down to whole sequences of --seq + 1 tokens) and never "
           "train on it; evaluated every --eval_every steps and at the end: val_loss and ppl in the progress lines, "

@@ -147,11 +147,18 @@ std::string Describe(const JobSpec& job, const Schedule& schedule, const Plan& p
   for (size_t i = 0; i < plan.layers_per_stage.size(); ++i) {
     absl::StrAppend(&counts, i ? "/" : "", plan.layers_per_stage[i]);
   }
-  std::string out = absl::StrCat(job.pipeline().partition(), ": ", counts, " pipeline layers; stage ms");
-  for (double ms : plan.stage_ms) absl::StrAppend(&out, absl::StrFormat(" %.2f", ms));
-  absl::StrAppend(&out, profiled ? " (profiled)" : " (estimated)");
-  absl::StrAppend(&out, absl::StrFormat("; predicted step %.1f ms, bubble %.1f%%", predicted.makespan,
-                                        100 * predicted.bubble_fraction));
+  std::string out = absl::StrCat(job.pipeline().partition(), ": ", counts, " pipeline layers");
+  // A family's estimate is in a GPU's milliseconds: against CPU workers its times mean nothing.
+  const bool timed = profiled || job.device() == "cuda";
+  if (timed) {
+    absl::StrAppend(&out, "; stage ms");
+    for (double ms : plan.stage_ms) absl::StrAppend(&out, absl::StrFormat(" %.2f", ms));
+    absl::StrAppend(&out, profiled ? " (profiled)" : " (estimated)");
+    absl::StrAppend(&out, absl::StrFormat("; predicted step %.1f ms, bubble %.1f%%", predicted.makespan,
+                                          100 * predicted.bubble_fraction));
+  } else {
+    absl::StrAppend(&out, " (no profile: no time predicted on CPU workers)");
+  }
   // The simulator's memory in flight: per rank, the most micro-batches whose activations it holds at
   // once (until the backward, or the W of a split one), and what that is in bytes.
   absl::StrAppend(&out, "; in flight per rank");
@@ -169,7 +176,7 @@ std::string Describe(const JobSpec& job, const Schedule& schedule, const Plan& p
   // Each kind of layer, forward + backward ms per micro-batch (its first one): what the partition was
   // made from. Only a built-in family's kinds are known here.
   const ModelDescription* d = FindBuiltinModel(job.model());
-  if (d != nullptr && static_cast<int>(layers.size()) == d->NumLayers(job.model_spec())) {
+  if (timed && d != nullptr && static_cast<int>(layers.size()) == d->NumLayers(job.model_spec())) {
     std::vector<bool> seen(d->NumLayerKinds());
     absl::StrAppend(&out, "; layer ms (forward + backward):");
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -493,9 +500,12 @@ PartitionFn Partitioner(const JobSpec& job) {
     if (!predicted.ok()) return predicted.status();
     Partition out{plan->layers_per_stage,
                   absl::StrCat(Describe(job, *schedule, *plan, costs, profiled, *predicted), ClockText(job, clocks)), {}};
-    // From the workers' measured profile, else from a built-in family's estimate (made for its GPUs:
-    // the report says which); a user's family without either predicts nothing.
-    out.predicted_from = profiled ? "profile" : FindBuiltinModel(job.model()) != nullptr ? "estimate" : "";
+    // From the workers' measured profile, else on GPUs from a built-in family's estimate (made for its
+    // GPUs: the report says which; against CPU workers it is orders of magnitude off); a user's family
+    // without a profile predicts nothing.
+    out.predicted_from = profiled                                                                  ? "profile"
+                         : FindBuiltinModel(job.model()) != nullptr && job.device() == "cuda" ? "estimate"
+                                                                                               : "";
     if (!out.predicted_from.empty()) {
       out.predicted_step_ms = predicted->makespan;
       for (int replica = 0; replica < std::max(1, job.data_parallel()); ++replica) {

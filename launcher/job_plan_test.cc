@@ -18,6 +18,7 @@ namespace stagehand {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 JobSpec TinyJob(int stages, const std::string& schedule, int microbatches) {
   JobSpec job;
@@ -105,14 +106,18 @@ TEST(Partitioner, Profiled_GivesEveryRankItsListAndPredictsTheStep) {
   for (double b : p->predicted_rank_bubble) EXPECT_TRUE(b > 0 && b < 1) << b;
 }
 
-// Without a measured profile (one stage registers without one) the step is still predicted, from the
-// family's estimate, and the report says so; replicas get their pipeline's per-rank figures.
-TEST(Partitioner, Unprofiled_PredictsFromTheEstimateAndSaysSo) {
+// Without a measured profile (one stage registers without one) the step is still predicted on GPUs,
+// from the family's estimate, and the report says so; replicas get their pipeline's per-rank figures.
+TEST(Partitioner, Unprofiled_OnGpus_PredictsFromTheEstimateAndSaysSo) {
   JobSpec job = TinyJob(1, "1f1b", 4);
+  job.set_device("cuda");
   job.set_workers(2);
   job.set_data_parallel(2);
   std::vector<WorkerState> workers(2);
-  for (WorkerState& w : workers) w.profile.add_layers();  // a layer count only, no times
+  for (WorkerState& w : workers) {
+    w.profile.add_layers();  // a layer count only, no times
+    w.device.set_free_bytes(int64_t{80} << 30);
+  }
   absl::StatusOr<Partition> p = Partitioner(job)(workers);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->predicted_from, "estimate");
@@ -120,6 +125,23 @@ TEST(Partitioner, Unprofiled_PredictsFromTheEstimateAndSaysSo) {
   EXPECT_EQ(p->predicted_rank_bubble.size(), 2u);
   EXPECT_THAT(p->description, HasSubstr("(estimated)"));
   EXPECT_THAT(p->description, HasSubstr("in flight per rank 1 micro-batches"));
+}
+
+// On CPU workers the family's estimate (a GPU's figures) predicted 0.0000 s/step against a measured
+// 0.5 s: without a profile there, nothing is predicted.
+TEST(Partitioner, Unprofiled_OnCpuWorkers_PredictsNothing) {
+  JobSpec job = TinyJob(1, "1f1b", 4);
+  std::vector<WorkerState> workers(1);
+  workers[0].profile.add_layers();
+  absl::StatusOr<Partition> p = Partitioner(job)(workers);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->predicted_from, "");
+  EXPECT_EQ(p->predicted_step_ms, 0);
+  EXPECT_TRUE(p->predicted_rank_bubble.empty());
+  // Nor in the partition's line, which said "stage ms 0.00 (estimated); predicted step 0.0 ms".
+  EXPECT_THAT(p->description, Not(HasSubstr("predicted step")));
+  EXPECT_THAT(p->description, Not(HasSubstr(" ms")));
+  EXPECT_THAT(p->description, HasSubstr("no time predicted on CPU workers"));
 }
 
 // A zero-bubble split holds each micro-batch until its W: rank 0 of zb-h1 on 2 ranks keeps 2, as 1F1B.

@@ -29,37 +29,6 @@ namespace {
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
-// The summary line: what the run achieved and where the time went. MFU only against a GPU's peak,
-// the bubble only when the workers timed their actions.
-std::string SummaryLine(const RunReport& report, const std::vector<ReportStepRequest>& steps, bool gpu) {
-  std::string line = absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s  %.1f TFLOP/s", report.step_seconds(),
-                                     report.tokens_per_second(), report.tflops());
-  if (gpu) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * report.mfu()));
-  if (report.inference_perplexity() > 0) {  // inference with weights: over every step's batch
-    absl::StrAppend(&line, absl::StrFormat("  loss %.4f  perplexity %.3f", report.inference_loss(),
-                                           report.inference_perplexity()));
-  }
-  if (HasActionTiming(steps)) {
-    absl::StrAppend(&line, "  bubble");
-    for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
-  }
-  std::string out = absl::StrFormat("%s (after %d warm-up steps)\n", line, static_cast<int>(report.warmup_steps()));
-  if (report.predicted_step_seconds() > 0 && report.step_seconds() > 0) {
-    std::string line = absl::StrFormat(
-        "stagehand: predicted %.4f s/step (from %s), measured %.4f s/step (%+.0f%%)", report.predicted_step_seconds(),
-        report.predicted_from() == "profile" ? "the measured profile" : "the model's estimate", report.step_seconds(),
-        100 * (report.step_seconds() / report.predicted_step_seconds() - 1));
-    if (HasActionTiming(steps)) {
-      absl::StrAppend(&line, "; bubble per rank predicted");
-      for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.predicted_bubble_fraction()));
-      absl::StrAppend(&line, ", measured");
-      for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
-    }
-    absl::StrAppend(&out, line, "\n");
-  }
-  return out;
-}
-
 RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& supervisor, double peak_tflops,
                          int exit_code, const std::string& root_cause) {
   ReportInput in;
@@ -262,10 +231,10 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
     return run;  // the workers start once every node has joined (StartWorld)
   }
   run->supervisor_ = std::make_unique<Supervisor>(&run->state_, spawner, run->WorkerOptions());
-  listener->Text(absl::StrFormat("stagehand: job %s: %d %s worker%s, %d steps of %s; coordinator %s; run directory %s\n",
+  listener->Text(absl::StrFormat("stagehand: job %s: %d %s worker%s, %d step%s of %s; coordinator %s; run directory %s\n",
                                  o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
-                                 spec.workers() == 1 ? "" : "s", spec.steps(), spec.model(), run->server_->address(),
-                                 o.run_dir));
+                                 spec.workers() == 1 ? "" : "s", spec.steps(), spec.steps() == 1 ? "" : "s",
+                                 spec.model(), run->server_->address(), o.run_dir));
   (void)run->supervisor_->Start();  // a spawn failure is an incident: the ticks stop the job
   exit_code = kExitSuccess;
   return run;
@@ -327,8 +296,9 @@ bool JobRun::StartWorld() {
   google::protobuf::TextFormat::PrintToString(state_.job(), &text);
   files_->Error(WriteFileAtomically(options_.run_dir + "/job.textproto", text));  // the whole job, not node 0's part
   supervisor_ = std::make_unique<Supervisor>(&state_, spawner_, WorkerOptions());
-  listener_->Text(absl::StrFormat("stagehand: all %d nodes joined: %d workers, %d steps of %s: %s\n", nodes.size(),
-                                  world, spec->steps(), spec->model(), DescribeNodes(state_.Nodes())));
+  listener_->Text(absl::StrFormat("stagehand: all %d nodes joined: %d workers, %d step%s of %s: %s\n", nodes.size(),
+                                  world, spec->steps(), spec->steps() == 1 ? "" : "s", spec->model(),
+                                  DescribeNodes(state_.Nodes())));
   (void)supervisor_->Start();
   return true;
 }
@@ -396,9 +366,10 @@ void JobRun::Interrupt(int signal, bool force) {
   supervisor_->Interrupt(signal, force);
 }
 
-JobRunEnd JobRun::Finish(int first_signal) {
+JobRunEnd JobRun::Finish(int first_signal, absl::string_view note) {
   progress_.Update(state_);
   progress_.Done();
+  if (!note.empty()) listener_->Text(note);
   const absl::Duration elapsed = absl::Now() - supervisor_->launch_time();
   server_->Stop();
   Files& files = *files_;
@@ -445,7 +416,9 @@ JobRunEnd JobRun::Finish(int first_signal) {
   end.report.set_root_cause(cause);
   end.exit_code = code;
   const JobSpec& spec = state_.job();  // several hosts: the whole job's
-  if (IsModelJob(state_.job()) && end.report.step_seconds() > 0) listener_->Text(SummaryLine(end.report, state_.Steps(), gpu));
+  if (IsModelJob(state_.job()) && end.report.step_seconds() > 0) {
+    listener_->Text(SummaryLines(end.report, HasActionTiming(state_.Steps())));
+  }
   if (const std::string line = GpuSummaryLine(end.report); !line.empty()) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
   for (const std::string& line : PredictedVsMeasuredLines(end.report)) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
   if (!spec.export_dir().empty()) {
@@ -453,17 +426,12 @@ JobRunEnd JobRun::Finish(int first_signal) {
     RemovePartialExports(spec.export_dir(), state_.job_id());
     if (code == kExitSuccess) listener_->Text(absl::StrCat("stagehand: weights exported to ", spec.export_dir(), "\n"));
   }
-  if (code == kExitSuccess) {
-    listener_->Text(absl::StrFormat("stagehand: done: %d workers, %d steps in %.2f s; run directory %s\n", spec.workers(),
-                                    spec.steps(), absl::ToDoubleSeconds(elapsed), run_dir()));
-  } else if (code == kExitCheckpointedOnTerm) {
-    listener_->Text(absl::StrFormat("stagehand: stopped (exit %d): %s of %d; continue with --resume=%s\n", code,
-                                    end.report.root_cause(), spec.steps(), run_dir()));
-  } else {
+  // A stop by a signal is no failure: no schedule diagram, and the line says what stopped it.
+  if (code != kExitSuccess && code != kExitCheckpointedOnTerm && !StoppedBySignal(code)) {
     if (std::string grids = FailedActions(state_); !grids.empty()) listener_->Text(grids);
-    listener_->Text(absl::StrFormat("stagehand: FAILED (exit %d): %s; %d of %d steps done; run directory %s\n", code,
-                                    end.report.root_cause(), end.report.steps_done(), spec.steps(), run_dir()));
   }
+  listener_->Text(EndLine({code, end.report.root_cause(), end.report.steps_done(), spec.steps(), spec.workers(),
+                           absl::ToDoubleSeconds(elapsed), run_dir()}));
   return end;
 }
 

@@ -93,8 +93,9 @@ class JobRun {
   // the job has no checkpoints or is not running, so the caller interrupts instead.
   bool CheckpointAndStop(int signal);
   // Once Tick() returned true: the reports, then the closing lines. `first_signal` is the first
-  // signal taken (0: none; SIGHUP is named in the root cause).
-  JobRunEnd Finish(int first_signal);
+  // signal taken (0: none; SIGHUP is named in the root cause). `note` (whole lines, or "") is printed
+  // after the progress and before the summary, so that the last line is the verdict.
+  JobRunEnd Finish(int first_signal, absl::string_view note = "");
 
   const std::string& run_dir() const { return options_.run_dir; }
   const std::string& coordinator_address() const;

@@ -278,9 +278,9 @@ LaunchResult Launch(const LaunchOptions& options) {
   result.run_dir = run->run_dir();
   result.started = true;
   const int first_signal = Supervise(*run, out);
-  JobRunEnd end = run->Finish(first_signal);
   prefetcher.Cancel();  // the job is over: what is left of the readahead (nothing, normally) is moot
-  out.Text(PrefetchLine(prefetcher.Join()));
+  // Before the run's closing lines: the last line printed is the verdict (the root cause of a failure).
+  JobRunEnd end = run->Finish(first_signal, PrefetchLine(prefetcher.Join()));
   result.exit_code = end.exit_code;
   result.report = std::move(end.report);
   return result;
@@ -340,7 +340,8 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
     LaunchOptions o = plan.runs[i];
     o.overwrite = true;
     if (absl::StatusOr<Checked> c = CheckLaunch(o, "check"); !c.ok()) {
-      std::fprintf(stderr, "stagehand: sweep: %d workers: %s\n", plan.points[i].workers, Message(c.status()).c_str());
+      std::fprintf(stderr, "stagehand: sweep: %d worker%s: %s\n", plan.points[i].workers,
+                   plan.points[i].workers == 1 ? "" : "s", Message(c.status()).c_str());
       return kExitUsage;
     }
   }
@@ -356,7 +357,7 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
   for (size_t i = 0; i < plan.points.size(); ++i) {
     SweepPoint& p = plan.points[i];
     if (!p.note.empty()) {
-      std::printf("stagehand: sweep: skipping %d workers: %s\n", p.workers, p.note.c_str());
+      std::printf("stagehand: sweep: skipping %d worker%s: %s\n", p.workers, p.workers == 1 ? "" : "s", p.note.c_str());
       continue;
     }
     LaunchOptions o = plan.runs[i];

@@ -68,7 +68,7 @@ void NodeAgent::Start(const std::string& run_dir) {
   so.local_workers = options_.workers;
   so.worker_args = WorkerNodeArgs(options_.tls, joined_.address());
   so.worker_args.push_back("--run_dir=" + run_dir);  // node 0's run directory is on node 0's host
-  so.report_exit = [this](int rank, const ProcessExit& e) {
+  so.report_exit = [this, run_dir](int rank, const ProcessExit& e) {
     ReportWorkerExitRequest r;
     r.set_node_rank(options_.node.node_rank);
     r.set_incarnation(options_.incarnation);
@@ -76,6 +76,8 @@ void NodeAgent::Start(const std::string& run_dir) {
     r.set_pid(e.pid);
     r.set_exit_code(e.exit_code);
     r.set_signal(e.signal);
+    // Why, in the worker's own words: its log is on this host, node 0 names the cause.
+    if (e.signal != 0 || e.exit_code != 0) r.set_last_error(WorkerLastError(absl::StrCat(run_dir, "/rank", rank, ".log")));
     unreported_.push_back(r);
     exits_.push_back(r);
   };
@@ -174,10 +176,12 @@ int NodeAgent::exit_code() const {
 }
 
 std::string NodeAgent::verdict() const {
-  const std::string ranks = absl::StrCat("ranks ", joined_.first_rank(), "-", joined_.first_rank() + options_.workers - 1);
+  const std::string ranks = options_.workers == 1 ? absl::StrCat("rank ", joined_.first_rank())
+                                                 : absl::StrCat("ranks ", joined_.first_rank(), "-",
+                                                                joined_.first_rank() + options_.workers - 1);
   if (interrupt_signal_ != 0) {
-    return absl::StrCat("stagehand: ", Name(), ": interrupted by ", interrupt_signal_ == SIGINT ? "SIGINT" : "SIGTERM",
-                        "; stopped this node's workers (", ranks, ")");
+    return absl::StrCat("stagehand: ", Name(), ": stopped by ", interrupt_signal_ == SIGINT ? "SIGINT" : "SIGTERM",
+                        " (exit ", exit_code(), "); this node's workers (", ranks, ") are stopped");
   }
   if (supervisor_ != nullptr && supervisor_->exit_code() == kExitLaunchFailed) {
     return absl::StrCat("stagehand: ", Name(), ": ", supervisor_->root_cause());
@@ -278,8 +282,10 @@ int RunAgent(const AgentLaunch& launch) {
     Line(absl::StrCat("stagehand: ", Message(s)));
     return kExitLaunchFailed;  // node 0 sees this node's ranks never register
   }
-  Line(absl::StrFormat("stagehand: job %s: node %d at %s runs ranks %d-%d of %d; run directory %s", j.job_id(),
-                       launch.node.node_rank, j.address(), j.first_rank(), j.first_rank() + o.workers - 1,
+  Line(absl::StrFormat("stagehand: job %s: node %d at %s runs %s of %d; run directory %s", j.job_id(),
+                       launch.node.node_rank, j.address(),
+                       o.workers == 1 ? absl::StrCat("rank ", j.first_rank())
+                                      : absl::StrCat("ranks ", j.first_rank(), "-", j.first_rank() + o.workers - 1),
                        j.job().workers(), run_dir));
   agent.Start(run_dir);
   Drive(agent);

@@ -4,6 +4,9 @@
 // fake clock; and the checks and notes of nodes.h.
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <fstream>
 #include <memory>
@@ -13,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -277,6 +281,24 @@ TEST_F(NodeZeroSupervisor, RemoteWorkerKilled_IsTheRootCause_NamingNodeHostAndRa
   EXPECT_TRUE(state_.stopping());
 }
 
+// The worker's own last error line, which its agent read from its log, is in node 0's root cause.
+TEST_F(NodeZeroSupervisor, RemoteWorkerExitsWithAnError_RootCauseCarriesItsLastErrorLine) {
+  StartWorld();
+  ReportWorkerExitRequest e;
+  e.set_node_rank(1);
+  e.set_incarnation(5);
+  e.set_rank(2);
+  e.set_pid(4243);
+  e.set_exit_code(1);
+  e.set_last_error("profiling the model on this worker's device failed: INVALID_ARGUMENT: drop --heads");
+  ASSERT_TRUE(state_.ReportWorkerExit(e).ok());
+  supervisor_->Tick();
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(),
+              HasSubstr("exited with code 1 after 0 steps: profiling the model on this worker's device failed: "
+                        "INVALID_ARGUMENT: drop --heads"));
+}
+
 TEST_F(NodeZeroSupervisor, RemoteWorkerNeverStarted_StopsTheJobAtOnceWithExit4_NamingRankAndWhy) {
   StartWorld();
   ReportWorkerExitRequest e;
@@ -391,6 +413,24 @@ TEST_F(AgentTest, WorkersSucceed_EachExitReported_Exit0) {
   EXPECT_EQ(client_.exits()[1].rank(), 3);
   EXPECT_EQ(agent_->exit_code(), 0);
   EXPECT_THAT(agent_->verdict(), HasSubstr("done"));
+}
+
+// A worker that exits non-zero: its agent sends its last error line from its log with the exit report.
+TEST_F(AgentTest, WorkerFails_ItsLastErrorLineFromItsLogGoesWithTheExitReport) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/agent_run_", getpid());
+  ASSERT_TRUE(mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST);
+  std::ofstream(dir + "/rank2.log") << "I12:00:00.000 w2 a.cc:1] starting\n"
+                                       "E12:00:01.000 w2 worker_main.cc:328] profiling failed: drop --heads\n";
+  ASSERT_TRUE(agent_->Join().ok());
+  agent_->Start(dir);
+  spawner_.Exit(FakeProcessSpawner::kFirstPid, 1);
+  spawner_.Exit(FakeProcessSpawner::kFirstPid + 1, 0);
+  EXPECT_TRUE(agent_->Tick());
+  ASSERT_THAT(client_.exits(), SizeIs(2));
+  EXPECT_EQ(client_.exits()[0].last_error(), "profiling failed: drop --heads");
+  EXPECT_EQ(client_.exits()[1].last_error(), "");  // exited 0: nothing read
+  unlink((dir + "/rank2.log").c_str());
+  rmdir(dir.c_str());
 }
 
 TEST_F(AgentTest, SpawnFails_EachRankNotStartedIsReportedOnTheFirstTick_Exit4) {

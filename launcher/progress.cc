@@ -75,8 +75,8 @@ void Progress::PrintStep(const ReportStepRequest& r, const JobSpec& job) {
 void Progress::Done() {
   if (bar_ && drawn_) write_("\n");
   if (busbw_count_ > 0) {
-    write_(absl::StrFormat("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : %.3f GB/s (%d ranks, %d steps)\n",
-                 busbw_sum_ / busbw_count_, ranks_, busbw_count_));
+    write_(absl::StrFormat("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : %.3f GB/s (%d rank%s, %d step%s)\n",
+                 busbw_sum_ / busbw_count_, ranks_, ranks_ == 1 ? "" : "s", busbw_count_, busbw_count_ == 1 ? "" : "s"));
     busbw_count_ = 0;
   }
 }

@@ -2,6 +2,8 @@
 // alone (no clocks, no files), so every figure the launcher prints can be checked by hand in a test.
 #include "launcher/report.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -16,7 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "models/registry.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/util/json_util.h"
@@ -545,6 +549,110 @@ std::string ChromeTrace(const std::vector<ReportStepRequest>& steps, int ranks) 
   for (std::string& e : CounterEvents(reports, TraceOrigin(reports))) events.push_back(std::move(e));
   return absl::StrCat("{\"traceEvents\":[\n", absl::StrJoin(events, ",\n"),
                       "\n],\n\"displayTimeUnit\":\"ms\"}\n");
+}
+
+std::string FlopsText(double tflops) {
+  if (!(tflops > 0)) return "0 FLOP/s";
+  if (tflops >= 1) return absl::StrFormat("%.1f TFLOP/s", tflops);
+  if (tflops >= 1e-3) return absl::StrFormat("%.1f GFLOP/s", tflops * 1e3);
+  return absl::StrFormat("%.1f MFLOP/s", tflops * 1e6);
+}
+
+std::string SecondsText(double seconds) {
+  if (!(seconds > 0) || !std::isfinite(seconds)) return absl::StrFormat("%.4f", seconds);
+  const int magnitude = static_cast<int>(std::floor(std::log10(seconds)));
+  const int decimals = std::min(9, std::max(0, 2 - magnitude));
+  return absl::StrFormat("%.*f", decimals, seconds);
+}
+
+namespace {
+
+// Measured against predicted: "+12%", or in words once it is 3x or more either way.
+std::string PredictionLine(const RunReport& report, bool action_timing) {
+  const double predicted = report.predicted_step_seconds(), measured = report.step_seconds();
+  const std::string from = report.predicted_from() == "profile" ? "the measured profile" : "the model's estimate";
+  const double ratio = measured / predicted;
+  std::string line;
+  if (ratio >= 3 || ratio <= 1.0 / 3) {
+    const double off = ratio >= 1 ? ratio : 1 / ratio;
+    const std::string times = off >= 10 ? absl::StrFormat("%.0fx", off) : absl::StrFormat("%.1fx", off);
+    line = absl::StrCat("stagehand: measured ", SecondsText(measured), " s/step, ", times,
+                        ratio >= 1 ? " the predicted " : " faster than the predicted ", SecondsText(predicted),
+                        " s (from ", from, ")");
+  } else {
+    line = absl::StrFormat("stagehand: predicted %s s/step (from %s), measured %s s/step (%+.0f%%)",
+                           SecondsText(predicted), from, SecondsText(measured), 100 * (ratio - 1));
+  }
+  if (action_timing) {
+    absl::StrAppend(&line, "; bubble per rank predicted");
+    for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.predicted_bubble_fraction()));
+    absl::StrAppend(&line, ", measured");
+    for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
+  }
+  return absl::StrCat(line, "\n");
+}
+
+}  // namespace
+
+std::string SummaryLines(const RunReport& report, bool action_timing) {
+  const bool gpu = report.job().device() == "cuda";
+  std::string line = absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s", report.step_seconds(),
+                                     report.tokens_per_second());
+  // A family of the user's has no FLOP count: no FLOP/s and no MFU rather than zeros.
+  if (report.tflops() > 0) {
+    absl::StrAppend(&line, "  ", FlopsText(report.tflops()));
+    if (gpu) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * report.mfu()));
+  }
+  if (report.inference_perplexity() > 0) {  // inference with weights: over every step's batch
+    absl::StrAppend(&line, absl::StrFormat("  loss %.4f  perplexity %.3f", report.inference_loss(),
+                                           report.inference_perplexity()));
+  }
+  if (action_timing) {
+    absl::StrAppend(&line, "  bubble");
+    for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
+  }
+  std::string out = absl::StrFormat("%s (after %d warm-up step%s)\n", line, static_cast<int>(report.warmup_steps()),
+                                    report.warmup_steps() == 1 ? "" : "s");
+  // A family's estimate is made with a GPU's figures: against CPU workers it is off by orders of
+  // magnitude and says nothing about the run.
+  const bool meaningful = report.predicted_from() == "profile" || (report.predicted_from() == "estimate" && gpu);
+  if (meaningful && report.predicted_step_seconds() > 0 && report.step_seconds() > 0) {
+    absl::StrAppend(&out, PredictionLine(report, action_timing));
+  }
+  return out;
+}
+
+bool StoppedBySignal(int exit_code) { return exit_code == 128 + SIGINT || exit_code == 128 + SIGTERM; }
+
+std::string EndLine(const RunEnd& end) {
+  const std::string of_steps = absl::StrCat(end.steps_done, " of ", end.steps, end.steps == 1 ? " step" : " steps");
+  if (end.exit_code == 0) {
+    return absl::StrFormat("stagehand: done: %d worker%s, %d step%s in %.2f s; run directory %s\n", end.workers,
+                           end.workers == 1 ? "" : "s", end.steps, end.steps == 1 ? "" : "s", end.seconds, end.run_dir);
+  }
+  if (end.exit_code == 75) {  // kExitCheckpointedOnTerm
+    return absl::StrFormat("stagehand: stopped (exit %d): %s of %d; continue with --resume=%s\n", end.exit_code,
+                           end.root_cause, end.steps, end.run_dir);
+  }
+  if (StoppedBySignal(end.exit_code)) {
+    // "interrupted by SIGHUP (handled as SIGTERM)" -> "stopped by SIGHUP (handled as SIGTERM; exit 143)";
+    // "interrupted by SIGTERM; no complete checkpoint ..." -> "stopped by SIGTERM (exit 143); no complete ...".
+    absl::string_view rest = end.root_cause;
+    std::string signal = end.exit_code == 128 + SIGINT ? "SIGINT" : "SIGTERM";
+    std::string detail;
+    if (absl::ConsumePrefix(&rest, "interrupted by ") && !rest.empty()) {
+      const size_t cut = rest.find_first_of(" ;");
+      signal = std::string(rest.substr(0, cut));
+      detail = cut == absl::string_view::npos ? "" : std::string(rest.substr(cut));
+    }
+    std::string text = absl::StrCat("stopped by ", signal, " (exit ", end.exit_code, ")", detail);
+    if (absl::StartsWith(detail, " (") && absl::EndsWith(detail, ")") && detail.find(')') == detail.size() - 1) {
+      text = absl::StrCat("stopped by ", signal, detail.substr(0, detail.size() - 1), "; exit ", end.exit_code, ")");
+    }
+    return absl::StrCat("stagehand: ", text, "; ", of_steps, " done; run directory ", end.run_dir, "\n");
+  }
+  return absl::StrCat("stagehand: FAILED (exit ", end.exit_code, "): ", end.root_cause, "; ", of_steps,
+                      " done; run directory ", end.run_dir, "\n");
 }
 
 }  // namespace stagehand

@@ -72,6 +72,41 @@ std::string GpuSummaryLine(const RunReport& report);
 // Empty for CPU runs, without timing or without a measured profile.
 std::vector<std::string> PredictedVsMeasuredLines(const RunReport& report);
 
+// FLOP/s in the unit its magnitude reads in: "3.2 TFLOP/s" on GPUs, "41.7 GFLOP/s" or "512.0 MFLOP/s"
+// on CPU workers (never "0.0 TFLOP/s").
+std::string FlopsText(double tflops);
+
+// A time in seconds to three significant digits, without an exponent: "0.940", "0.0440", "12.3".
+std::string SecondsText(double seconds);
+
+// The lines that end a model run (each "stagehand: ...\n"): the summary (step time, tokens/s, FLOP/s
+// and MFU on GPUs where the model's FLOPs are known, the measured bubble with `action_timing`) and, where one is meaningful, the predicted
+// step beside the measured one: from the workers' measured profile, or from a built-in family's
+// estimate on GPUs (its figures are a GPU's: on CPU workers it predicts nothing worth printing). A
+// prediction missed by 3x or more says so in words ("measured 0.940 s/step, 21x the predicted
+// 0.0440 s ...").
+std::string SummaryLines(const RunReport& report, bool action_timing);
+
+// Whether a run's exit code is a stop by SIGINT (130) or by SIGTERM/SIGHUP (143): not a failure.
+bool StoppedBySignal(int exit_code);
+
+// How a run ended, for its last line.
+struct RunEnd {
+  int exit_code = 0;
+  std::string root_cause;  // "" on success
+  int64_t steps_done = 0;
+  int64_t steps = 0;
+  int workers = 0;
+  double seconds = 0;
+  std::string run_dir;
+};
+
+// The run's last line (with its newline): "stagehand: done: 1 worker, 10 steps in 2.10 s; run
+// directory D", "stagehand: stopped by SIGINT (exit 130); 3 of 10 steps done; run directory D",
+// "stagehand: stopped (exit 75): ... of 10; continue with --resume=D" or "stagehand: FAILED (exit 1):
+// <root cause>; 0 of 10 steps done; run directory D".
+std::string EndLine(const RunEnd& end);
+
 }  // namespace stagehand
 
 #endif  // STAGEHAND_LAUNCHER_REPORT_H_

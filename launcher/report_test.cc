@@ -667,5 +667,113 @@ TEST(BuildReport, PartitionPredictions_PerRankInReportJson) {
   EXPECT_TRUE(PredictedVsMeasuredLines(r).empty());  // CPU ranks: no GPU line
 }
 
+TEST(FlopsText, ChoosesTheUnitByMagnitude) {
+  EXPECT_EQ(FlopsText(312.44), "312.4 TFLOP/s");
+  EXPECT_EQ(FlopsText(1.0), "1.0 TFLOP/s");
+  EXPECT_EQ(FlopsText(0.0417), "41.7 GFLOP/s");  // a CPU worker: was "0.0 TFLOP/s"
+  EXPECT_EQ(FlopsText(0.001), "1.0 GFLOP/s");
+  EXPECT_EQ(FlopsText(0.000512), "512.0 MFLOP/s");
+  EXPECT_EQ(FlopsText(0), "0 FLOP/s");
+}
+
+TEST(SecondsText, ThreeSignificantDigitsWithoutAnExponent) {
+  EXPECT_EQ(SecondsText(0.94), "0.940");
+  EXPECT_EQ(SecondsText(0.044), "0.0440");
+  EXPECT_EQ(SecondsText(12.345), "12.3");
+  EXPECT_EQ(SecondsText(0.0000797), "0.0000797");  // was "0.0000"
+  EXPECT_EQ(SecondsText(1234.4), "1234");
+}
+
+RunReport ModelRun(const std::string& device, double step_seconds, double tflops) {
+  RunReport r;
+  r.mutable_job()->set_device(device);
+  r.set_step_seconds(step_seconds);
+  r.set_tokens_per_second(1000);
+  r.set_tflops(tflops);
+  r.set_warmup_steps(3);
+  r.add_ranks();
+  return r;
+}
+
+// A 1-worker sweep point on CPU printed "predicted 0.0000 s/step (from the model's estimate),
+// measured 0.9400 s/step (+1179263%)" and "0.0 TFLOP/s".
+TEST(SummaryLines, CpuWithTheFamilysEstimate_NoPredictionAndGflops) {
+  RunReport r = ModelRun("cpu", 0.94, 0.0000417);
+  r.set_predicted_step_seconds(0.0000797);
+  r.set_predicted_from("estimate");
+  EXPECT_EQ(SummaryLines(r, false), "stagehand: 0.9400 s/step  1000 tokens/s  41.7 MFLOP/s (after 3 warm-up steps)\n");
+  r.set_tflops(0.0123);
+  EXPECT_THAT(SummaryLines(r, false), HasSubstr("12.3 GFLOP/s"));
+  EXPECT_THAT(SummaryLines(r, false), Not(HasSubstr("predicted")));
+}
+
+// A family of the user's has no FLOP count: "0.0 TFLOP/s  MFU 0.0%" said it ran at zero.
+TEST(SummaryLines, NoFlopCount_NoFlopsNorMfu) {
+  RunReport r = ModelRun("cuda", 0.0131, 0);
+  EXPECT_EQ(SummaryLines(r, false), "stagehand: 0.0131 s/step  1000 tokens/s (after 3 warm-up steps)\n");
+}
+
+TEST(SummaryLines, ProfiledPredictionWithinThreeTimes_PercentAndBubbles) {
+  RunReport r = ModelRun("cpu", 0.11, 0.02);
+  r.set_predicted_step_seconds(0.1);
+  r.set_predicted_from("profile");
+  r.mutable_ranks(0)->set_bubble_fraction(0.25);
+  r.mutable_ranks(0)->set_predicted_bubble_fraction(0.2);
+  EXPECT_EQ(SummaryLines(r, true),
+            "stagehand: 0.1100 s/step  1000 tokens/s  20.0 GFLOP/s  bubble 25.0% (after 3 warm-up steps)\n"
+            "stagehand: predicted 0.100 s/step (from the measured profile), measured 0.110 s/step (+10%); bubble "
+            "per rank predicted 20.0%, measured 25.0%\n");
+}
+
+TEST(SummaryLines, PredictionMissedByThreeTimesOrMore_SaysSoInWords) {
+  RunReport r = ModelRun("cuda", 0.94, 300);
+  r.set_mfu(0.3);
+  r.set_predicted_step_seconds(0.044);
+  r.set_predicted_from("estimate");
+  EXPECT_THAT(SummaryLines(r, false),
+              HasSubstr("\nstagehand: measured 0.940 s/step, 21x the predicted 0.0440 s (from the model's estimate)\n"));
+  EXPECT_THAT(SummaryLines(r, false), HasSubstr("300.0 TFLOP/s  MFU 30.0%"));
+  r.set_step_seconds(0.01);
+  r.set_predicted_step_seconds(0.05);
+  EXPECT_THAT(SummaryLines(r, false),
+              HasSubstr("stagehand: measured 0.0100 s/step, 5.0x faster than the predicted 0.0500 s (from the "
+                        "model's estimate)\n"));
+}
+
+TEST(EndLine, Success_SingularAndPlural) {
+  EXPECT_EQ(EndLine({0, "", 1, 1, 1, 0.5, "runs/a"}), "stagehand: done: 1 worker, 1 step in 0.50 s; run directory runs/a\n");
+  EXPECT_EQ(EndLine({0, "", 10, 10, 2, 2.1, "runs/a"}),
+            "stagehand: done: 2 workers, 10 steps in 2.10 s; run directory runs/a\n");
+}
+
+// Ctrl-C printed "FAILED (exit 130): interrupted by SIGINT" (after a "failed at the marked action"
+// diagram): a stop by a signal is no failure.
+TEST(EndLine, StoppedBySignal_SaysSoWithoutFailed) {
+  EXPECT_EQ(EndLine({130, "interrupted by SIGINT", 3, 200, 2, 1, "D"}),
+            "stagehand: stopped by SIGINT (exit 130); 3 of 200 steps done; run directory D\n");
+  EXPECT_EQ(EndLine({143, "interrupted by SIGTERM", 3, 200, 2, 1, "D"}),
+            "stagehand: stopped by SIGTERM (exit 143); 3 of 200 steps done; run directory D\n");
+  EXPECT_EQ(EndLine({143, "interrupted by SIGHUP (handled as SIGTERM)", 0, 1, 2, 1, "D"}),
+            "stagehand: stopped by SIGHUP (handled as SIGTERM; exit 143); 0 of 1 step done; run directory D\n");
+  EXPECT_EQ(EndLine({143, "interrupted by SIGTERM; no complete checkpoint after step 4", 3, 9, 2, 1, "D"}),
+            "stagehand: stopped by SIGTERM (exit 143); no complete checkpoint after step 4; 3 of 9 steps done; run "
+            "directory D\n");
+  EXPECT_EQ(EndLine({130, "interrupted by SIGINT before every node joined", 0, 9, 2, 1, "D"}),
+            "stagehand: stopped by SIGINT (exit 130) before every node joined; 0 of 9 steps done; run directory D\n");
+  EXPECT_TRUE(StoppedBySignal(130));
+  EXPECT_TRUE(StoppedBySignal(143));
+  EXPECT_FALSE(StoppedBySignal(1));
+  EXPECT_FALSE(StoppedBySignal(75));
+}
+
+TEST(EndLine, FailureAndCheckpointedStop) {
+  EXPECT_EQ(EndLine({1, "rank 0 (pid 7) exited with code 1 after 0 steps", 0, 10, 1, 1, "D"}),
+            "stagehand: FAILED (exit 1): rank 0 (pid 7) exited with code 1 after 0 steps; 0 of 10 steps done; run "
+            "directory D\n");
+  EXPECT_EQ(EndLine({75, "stopped by SIGTERM after a checkpoint at step 6", 6, 12, 2, 1, "D"}),
+            "stagehand: stopped (exit 75): stopped by SIGTERM after a checkpoint at step 6 of 12; continue with "
+            "--resume=D\n");
+}
+
 }  // namespace
 }  // namespace stagehand

@@ -3,12 +3,21 @@
 
 #include <signal.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/logging.h"
 
 namespace stagehand {
@@ -17,12 +26,78 @@ namespace {
 // launcher/liveness.h's, for this job's heartbeat interval.
 absl::Duration StopNotice(const Timeouts& t) { return stagehand::StopNotice(t.heartbeat_interval_ms()); }
 
+// "1 step", "3 steps".
+std::string Steps(int64_t n) { return absl::StrCat(n, n == 1 ? " step" : " steps"); }
+
 std::string SignalName(int sig) {
   const char* d = strsignal(sig);
   return absl::StrCat(sig, " (", d ? d : "?", ")");
 }
 
+// A line of stagehand's logger at severity E or F: "E12:34:56.789 ...] message" -> "message".
+std::optional<absl::string_view> LoggedError(absl::string_view line) {
+  if (line.size() < 14 || (line[0] != 'E' && line[0] != 'F') || !absl::ascii_isdigit(line[1]) || line[3] != ':' ||
+      line[6] != ':' || line[9] != '.') {
+    return std::nullopt;
+  }
+  const size_t end = line.find("] ");
+  if (end == absl::string_view::npos) return std::nullopt;
+  return line.substr(end + 2);
+}
+
+bool LoggedLine(absl::string_view line) {
+  return line.size() >= 14 && (line[0] == 'I' || line[0] == 'W' || line[0] == 'E' || line[0] == 'F') &&
+         absl::ascii_isdigit(line[1]) && line[3] == ':' && line[6] == ':' && line[9] == '.';
+}
+
+// Printable, one line, at most kLastErrorChars (not cutting a UTF-8 character).
+std::string OneLine(absl::string_view text) {
+  std::string out;
+  for (char c : absl::StripAsciiWhitespace(text)) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    out.push_back(u < 0x20 || u == 0x7f ? ' ' : c);
+  }
+  if (out.size() > kLastErrorChars) {
+    size_t cut = kLastErrorChars - 3;
+    while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;
+    out = absl::StrCat(out.substr(0, cut), "...");
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string LastErrorLine(absl::string_view log_tail) {
+  std::vector<absl::string_view> lines = absl::StrSplit(log_tail, '\n', absl::SkipWhitespace());
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    if (std::optional<absl::string_view> error = LoggedError(*it)) return OneLine(*error);
+  }
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    if (LoggedLine(*it)) continue;  // stagehand's own info and warnings are no error
+    const std::string lower = absl::AsciiStrToLower(*it);
+    if (absl::StrContains(lower, "error") || absl::StrContains(lower, "exception") ||
+        absl::StrContains(lower, "terminate called")) {
+      return OneLine(*it);
+    }
+  }
+  return "";
+}
+
+std::string WorkerLastError(const std::string& log_path) {
+  const int fd = open(log_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  constexpr off_t kTail = 64 << 10;
+  const off_t size = lseek(fd, 0, SEEK_END);
+  std::string tail(static_cast<size_t>(std::clamp<off_t>(size, 0, kTail)), '\0');
+  const ssize_t n = size > 0 ? pread(fd, tail.data(), tail.size(), size - static_cast<off_t>(tail.size())) : 0;
+  close(fd);
+  tail.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  if (static_cast<off_t>(tail.size()) == kTail) {  // the first line may be cut: drop it
+    const size_t newline = tail.find('\n');
+    tail.erase(0, newline == std::string::npos ? tail.size() : newline + 1);
+  }
+  return LastErrorLine(tail);
+}
 
 Supervisor::Supervisor(CoordinatorState* state, ProcessSpawner* spawner, SupervisorOptions options,
                        std::function<absl::Time()> now)
@@ -33,6 +108,9 @@ Supervisor::Supervisor(CoordinatorState* state, ProcessSpawner* spawner, Supervi
       launch_(options_.launch == absl::InfinitePast() ? now_() : options_.launch),
       slots_(state->job().workers()),
       reported_(state->job().workers(), false),
+      non_finite_(state->job().workers(), 0),
+      first_non_finite_(state->job().workers(), 0),
+      finite_(state->job().workers(), 0),
       attempt_start_(launch_) {
   // An agent watches only its own ranks: the others are not its to wait for.
   for (int r = 0; r < static_cast<int>(slots_.size()); ++r) slots_[r].exited = agent() && !IsLocal(r);
@@ -186,7 +264,7 @@ void Supervisor::CheckRemote() {
       Record(Kind::kLaunch, kExitLaunchFailed, absl::StrCat(Describe(rank), " could not be started: ", x.spawn_error));
       continue;
     }
-    Judge(rank, x.exit_code, x.signal);
+    Judge(rank, x.exit_code, x.signal, &x.last_error);
   }
   const std::vector<NodeState> nodes = state_->Nodes();
   const absl::Time now = now_();
@@ -205,12 +283,14 @@ void Supervisor::CheckRemote() {
                               absl::FormatDuration(absl::Trunc(now - n.last_heartbeat, absl::Milliseconds(1))),
                               "): the host or its network is down, or the agent hangs");
     Record(n.lost ? Kind::kCrash : Kind::kHang, n.lost ? kExitWorkerFailed : kExitWorkerHung,
-           absl::StrCat("node ", k, " at ", n.address, " (host ", n.host, ", agent pid ", n.pid, ", ranks ",
-                        n.first_rank, "-", n.first_rank + n.workers - 1, ") was lost: ", what));
+           absl::StrCat("node ", k, " at ", n.address, " (host ", n.host, ", agent pid ", n.pid, ", ",
+                        n.workers == 1 ? absl::StrCat("rank ", n.first_rank)
+                                       : absl::StrCat("ranks ", n.first_rank, "-", n.first_rank + n.workers - 1),
+                        ") was lost: ", what));
   }
 }
 
-void Supervisor::Judge(int rank, int exit_code, int signal) {
+void Supervisor::Judge(int rank, int exit_code, int signal, const std::string* remote_error) {
   CheckReports();  // a failure it reported before exiting is the better description
   // The coordinator stopped the job by itself (the health gate refused a GPU, the model could not be
   // partitioned) and refused this worker's registration: that stop is the cause, though this exit may
@@ -234,7 +314,12 @@ void Supervisor::Judge(int rank, int exit_code, int signal) {
   if (signal == 0 && stopping_ && !w.registered) return;
   std::string how = signal != 0 ? absl::StrCat("was killed by signal ", SignalName(signal))
                                   : absl::StrCat("exited with code ", exit_code);
-  Record(Kind::kCrash, kExitWorkerFailed, absl::StrCat(Describe(rank), " ", how, " after ", w.steps_done, " steps"));
+  // Its own last error line says why, which is otherwise only in its log.
+  const std::string error = remote_error != nullptr
+                                ? OneLine(*remote_error)
+                                : WorkerLastError(absl::StrCat(options_.run_dir, "/rank", rank, ".log"));
+  Record(Kind::kCrash, kExitWorkerFailed, absl::StrCat(Describe(rank), " ", how, " after ", Steps(w.steps_done),
+                                                       error.empty() ? "" : ": ", error));
 }
 
 void Supervisor::CheckReports() {
@@ -244,12 +329,46 @@ void Supervisor::CheckReports() {
     if (reported_[r] || !workers[r].failed_before_stop) continue;
     reported_[r] = true;
     Record(Kind::kReportedFailure, kExitWorkerFailed,
-           absl::StrCat(Describe(r), " failed after ", workers[r].steps_done, " steps: ", workers[r].error));
+           absl::StrCat(Describe(r), " failed after ", Steps(workers[r].steps_done), ": ", workers[r].error));
   }
+}
+
+// A training run whose loss is NaN or infinite step after step is going nowhere: it stops (exit 1)
+// after kNonFiniteLossSteps of them in a row on a rank, and also when it ended with every loss of a
+// rank non-finite (`at_end`, a run shorter than that), with one line that says what to change.
+void Supervisor::CheckLoss(bool at_end) {
+  const JobSpec& job = state_->job();
+  if (job.pipeline().inference()) return;  // not training: nothing the learning rate could change
+  const std::vector<ReportStepRequest> fresh = state_->StepsSince(steps_seen_);
+  steps_seen_ += fresh.size();
+  int diverged = -1;
+  for (const ReportStepRequest& r : fresh) {
+    const int rank = r.rank();
+    if (!r.has_loss() || rank < 0 || rank >= static_cast<int>(non_finite_.size())) continue;
+    if (std::isfinite(r.loss())) {
+      non_finite_[rank] = 0;
+      ++finite_[rank];
+      continue;
+    }
+    if (non_finite_[rank]++ == 0) first_non_finite_[rank] = r.step();
+    last_loss_ = r.loss();
+    if (non_finite_[rank] >= kNonFiniteLossSteps && diverged < 0) diverged = rank;
+  }
+  for (int rank = 0; at_end && diverged < 0 && rank < static_cast<int>(non_finite_.size()); ++rank) {
+    if (non_finite_[rank] > 0 && finite_[rank] == 0) diverged = rank;
+  }
+  if (diverged < 0) return;
+  const int64_t first = first_non_finite_[diverged] + 1, n = non_finite_[diverged];  // steps 1-based, as printed
+  Record(Kind::kReportedFailure, kExitWorkerFailed,
+         absl::StrCat("the loss was ", std::isnan(last_loss_) ? "NaN" : "infinite", " at ",
+                      n == 1 ? absl::StrCat("step ", first) : absl::StrCat(n, " steps in a row (", first, "-", first + n - 1, ")"),
+                      " on rank ", diverged, ": the training diverged; pass a lower --lr (this run's: ",
+                      absl::StrFormat("%g", job.lr()), ")"));
 }
 
 void Supervisor::CheckDeadlines() {
   CheckReports();
+  CheckLoss(/*at_end=*/false);
   // The coordinator stopped the job by itself (it could not partition the model, say).
   if (std::optional<std::string> reason = state_->stop_reason(); reason && !stopping_) {
     return Record(Kind::kLaunch, kExitLaunchFailed, *reason);
@@ -272,13 +391,13 @@ void Supervisor::CheckDeadlines() {
       return Record(Kind::kHang, kExitWorkerHung,
                     absl::StrCat(Describe(r), " stopped heartbeating (none for ",
                                  absl::FormatDuration(absl::Trunc(now - w.last_heartbeat, absl::Milliseconds(1))),
-                                 ") after ", w.steps_done, " steps"));
+                                 ") after ", Steps(w.steps_done)));
     }
     if (now - w.last_progress > absl::Milliseconds(t.progress_timeout_ms())) {
       return Record(Kind::kHang, kExitWorkerHung,
                     absl::StrCat(Describe(r), " made no progress for ",
                                  absl::FormatDuration(absl::Milliseconds(t.progress_timeout_ms())), " (stuck after ",
-                                 w.steps_done, " steps)"));
+                                 Steps(w.steps_done), ")"));
     }
   }
 }
@@ -329,6 +448,8 @@ void Supervisor::BeginRestart() {
   if (absl::Status s = state_->Restart(); !s.ok()) LOG(ERROR) << s.message();
   incidents_.clear();
   reported_.assign(reported_.size(), false);
+  std::fill(non_finite_.begin(), non_finite_.end(), 0);
+  std::fill(finite_.begin(), finite_.end(), 0);
   stopping_ = sent_term_ = sent_kill_ = false;
   for (Slot& s : slots_) s = Slot{0, absl::InfinitePast(), /*exited=*/true, -1, 0};
   ++incarnation_;
@@ -353,6 +474,7 @@ bool Supervisor::Tick() {
   }
   bool all_gone = true;
   for (const Slot& s : slots_) all_gone = all_gone && s.exited;
+  if (all_gone && !agent()) CheckLoss(/*at_end=*/true);
   if (all_gone && ShouldRestart()) {
     BeginRestart();
     return false;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/worker_contract.h"
 #include "launcher/coordinator.h"
@@ -49,6 +50,19 @@ struct SupervisorOptions {
   // An agent: each of its ranks that could not be started, and why (set with report_exit).
   std::function<void(int rank, const std::string& why)> report_spawn_failure;
 };
+
+// A worker's own last error, for the root cause of its exit: from the tail of its log (rank<N>.log),
+// the last line stagehand's logger wrote at severity E or F, less its prefix ("E12:34:56.789 w0
+// worker_main.cc:328] "), else the last other line that names an error or an exception ("Traceback
+// ...", "terminate called after throwing ..."). One line of printable text, at most
+// kLastErrorChars characters ("..." ends a longer one); "" when there is none.
+inline constexpr size_t kLastErrorChars = 300;
+std::string LastErrorLine(absl::string_view log_tail);
+// The same from the file's last 64 KiB ("" when it cannot be read).
+std::string WorkerLastError(const std::string& log_path);
+
+// The non-finite losses that stop a training run (CheckLoss): this many steps in a row.
+inline constexpr int kNonFiniteLossSteps = 5;
 
 struct RankLedger {
   int rank = 0;
@@ -108,7 +122,9 @@ class Supervisor {
   ProcessSpec SpecFor(int index) const;
   bool IsLocal(int rank) const;
   bool agent() const { return static_cast<bool>(options_.report_exit); }
-  void Judge(int rank, int exit_code, int signal);
+  // `remote_error`: a remote rank's last error line as its agent read it; a local rank's is read here.
+  void Judge(int rank, int exit_code, int signal, const std::string* remote_error = nullptr);
+  void CheckLoss(bool at_end);
   void CheckRemote();
   bool ShouldRestart() const;
   void BeginRestart();
@@ -134,6 +150,11 @@ class Supervisor {
   bool sent_kill_ = false;
   std::vector<Incident> incidents_;
   std::vector<bool> reported_;  // per rank: its Finish(ok=false) is among the incidents
+  size_t steps_seen_ = 0;             // step reports CheckLoss has read
+  std::vector<int64_t> non_finite_;   // per rank: its last losses that were NaN or infinite, in a row
+  std::vector<int64_t> first_non_finite_;  // per rank: the step that began that run of them
+  std::vector<int64_t> finite_;       // per rank: its finite losses so far
+  double last_loss_ = 0;              // the last non-finite loss seen (NaN or an infinity)
   int interrupt_signal_ = 0;    // the first SIGINT/SIGTERM, when it came before any incident
   // Restarts (--max_restarts): every worker again, a newer incarnation, after a backoff.
   int restarts_ = 0;

@@ -3,7 +3,13 @@
 #include "launcher/supervisor.h"
 
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <limits>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -109,7 +115,7 @@ class SupervisorTest : public ::testing::Test {
     SupervisorOptions options;
     options.worker_binary = kWorkerBinary;
     options.coordinator_address = kCoordinatorAddress;
-    options.run_dir = "/tmp/run-1";
+    options.run_dir = run_dir_;
     options.env = {"PATH=/usr/bin:/bin", "NCCL_NVLS_ENABLE=0"};
     if (device == DEVICE_KIND_CUDA) {
       for (int i = 0; i < workers; ++i) {
@@ -185,6 +191,8 @@ class SupervisorTest : public ::testing::Test {
     return supervisor_->Tick();
   }
 
+  // Where the workers' logs would be: a test that writes one sets a directory of its own first.
+  std::string run_dir_ = "/tmp/run-1";
   FakeClock clock_;
   SpawnerFailingAt spawner_;
   std::unique_ptr<CoordinatorState> state_;
@@ -611,6 +619,120 @@ TEST_F(SupervisorTest, Ledger_RecordsSpawnRegistrationAndMilestones) {
   EXPECT_FALSE(ledger[1].cuda_ready.has_value());
   EXPECT_FALSE(ledger[1].nccl_ready.has_value());
   EXPECT_FALSE(ledger[1].first_step.has_value());
+}
+
+TEST(LastErrorLine, TheLoggersLastErrorLessItsPrefix) {
+  EXPECT_EQ(LastErrorLine("I12:00:01.000 w0 worker_main.cc:10] starting\n"
+                          "E12:00:01.500 w0 worker_main.cc:328] profiling the model on this worker's device failed: "
+                          "INVALID_ARGUMENT: --heads are for attention models\n"
+                          "W12:00:01.600 w0 worker_main.cc:360] stopping: an error of its peers\n"),
+            "profiling the model on this worker's device failed: INVALID_ARGUMENT: --heads are for attention models");
+  EXPECT_EQ(LastErrorLine("E12:00:01.500 w0 a.cc:1] first\nF12:00:02.000 w0 b.cc:2] second\n"), "second");
+}
+
+TEST(LastErrorLine, OtherwiseTheLastLineNamingAnErrorOrNothing) {
+  EXPECT_EQ(LastErrorLine("step 1\nterminate called after throwing an instance of 'c10::Error'\n  what():  boom\n"),
+            "terminate called after throwing an instance of 'c10::Error'");
+  EXPECT_EQ(LastErrorLine("W12:00:01.600 w0 worker_main.cc:360] error budget\nall good\n"), "");
+  EXPECT_EQ(LastErrorLine(""), "");
+}
+
+TEST(LastErrorLine, OneLineOfBoundedLength) {
+  const std::string long_error = "E12:00:01.500 w0 a.cc:1] " + std::string(1000, 'x') + "\tend\r\n";
+  const std::string line = LastErrorLine(long_error);
+  EXPECT_EQ(line.size(), kLastErrorChars);
+  EXPECT_TRUE(absl::EndsWith(line, "...")) << line;
+  EXPECT_EQ(line.find_first_of("\t\r\n"), std::string::npos);
+}
+
+// A custom model refused --heads=4 in its worker, which exited 1 before registering: the root cause
+// said only "rank 0 (pid ...) exited with code 1 after 0 steps"; the reason was in rank0.log.
+TEST_F(SupervisorTest, Tick_WorkerExitsWithAnErrorInItsLog_RootCauseCarriesIt) {
+  run_dir_ = absl::StrCat(::testing::TempDir(), "/supervisor_log_", getpid());
+  ASSERT_EQ(mkdir(run_dir_.c_str(), 0755) == 0 || errno == EEXIST, true);
+  std::ofstream(run_dir_ + "/rank0.log")
+      << "I12:00:01.000 w0 worker_main.cc:10] starting\n"
+         "E12:00:01.500 w0 worker_main.cc:328] profiling the model on this worker's device failed: INVALID_ARGUMENT: "
+         "--heads, --kv_heads are for attention models; mlp-lm has no attention: drop them\n";
+  Init(2);
+  ASSERT_TRUE(supervisor_->Start().ok());
+  spawner_.Exit(Pid(0), 1);
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_EQ(supervisor_->root_cause(),
+            absl::StrCat("rank 0 (pid ", Pid(0), ") exited with code 1 after 0 steps: profiling the model on this "
+                         "worker's device failed: INVALID_ARGUMENT: --heads, --kv_heads are for attention models; "
+                         "mlp-lm has no attention: drop them"));
+  unlink((run_dir_ + "/rank0.log").c_str());
+  rmdir(run_dir_.c_str());
+}
+
+class LossTest : public SupervisorTest {
+ protected:
+  void Loss(int rank, int64_t step, double loss) {
+    ReportStepRequest r;
+    r.set_rank(rank);
+    r.set_incarnation(1);
+    r.set_step(step);
+    r.set_step_seconds(0.01);
+    r.set_has_loss(true);
+    r.set_loss(loss);
+    ASSERT_TRUE(state_->ReportStep(r).ok());
+  }
+};
+
+// A run whose loss was NaN on every step exited 0.
+TEST_F(LossTest, NonFiniteFiveStepsInARow_StopsExitOneAdvisingALowerLr) {
+  Init(2);
+  StartAndRegisterAll();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Loss(1, 0, 5.5);
+  for (int step = 1; step <= 4; ++step) Loss(1, step, nan);
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_FALSE(state_->stopping()) << "four in a row are not yet five";
+  Loss(1, 5, nan);
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_TRUE(state_->stopping());
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_EQ(supervisor_->root_cause(),
+            "the loss was NaN at 5 steps in a row (2-6) on rank 1: the training diverged; pass a lower --lr (this "
+            "run's: 0)");
+}
+
+TEST_F(LossTest, AFiniteLossBetween_ResetsTheCount) {
+  Init(1);
+  StartAndRegisterAll();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int step = 0; step < 4; ++step) Loss(0, step, inf);
+  Loss(0, 4, 3.0);
+  for (int step = 5; step < 9; ++step) Loss(0, step, inf);
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_FALSE(state_->stopping());
+  Loss(0, 9, inf);
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("the loss was infinite at 5 steps in a row (6-10) on rank 0"));
+}
+
+// Shorter than five steps, every loss non-finite: the run still fails at its end.
+TEST_F(LossTest, RunEndsWithEveryLossNonFinite_ExitOne) {
+  Init(1);
+  StartAndRegisterAll();
+  for (int step = 0; step < 2; ++step) Loss(0, step, std::nan(""));
+  Finish(0, true, 2);
+  spawner_.Exit(Pid(0), 0);
+  EXPECT_TRUE(supervisor_->Tick());
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("the loss was NaN at 2 steps in a row (1-2) on rank 0"));
+}
+
+TEST_F(LossTest, FiniteLosses_Succeed) {
+  Init(1);
+  StartAndRegisterAll();
+  for (int step = 0; step < 7; ++step) Loss(0, step, 5.0 - step * 0.1);
+  Finish(0, true, 7);
+  spawner_.Exit(Pid(0), 0);
+  EXPECT_TRUE(supervisor_->Tick());
+  EXPECT_EQ(supervisor_->exit_code(), kExitSuccess);
 }
 
 }  // namespace

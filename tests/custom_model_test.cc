@@ -102,6 +102,21 @@ TEST(CustomModel, Launch_WithoutWorkerBinary_IsRefusedNamingTheFlag) {
   EXPECT_NE(run.output.find("--worker_binary"), std::string::npos) << run.output;
 }
 
+// A size the family refuses fails in its workers (the launcher cannot check a family it does not
+// know): the root cause, the last line, carries the worker's own error, not only "exited with code 1".
+TEST(CustomModel, Launch_HeadsTheFamilyRefuses_TheLastLineCarriesTheWorkersError) {
+  std::vector<std::string> job = MlpJob(1, "auto", 5);
+  job.push_back("--heads=4");
+  RunResult run = Launch(job);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  std::vector<std::string> lines = absl::StrSplit(run.output, '\n', absl::SkipEmpty());
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back().rfind("stagehand: FAILED (exit 1): rank 0 ", 0), 0u) << run.output;
+  EXPECT_NE(lines.back().find("exited with code 1 after 0 steps: "), std::string::npos) << run.output;
+  EXPECT_NE(lines.back().find("mlp-lm has no attention: drop them"), std::string::npos) << run.output;
+  EXPECT_LT(lines.back().size(), 600u) << lines.back();
+}
+
 // What docs/custom_model.md shows, with no sizes: fails today because the launcher resolves only
 // built-in families (launcher/job.cc ResolveModel), so the workers' JobSpec has vocab = seq = 0 and the
 // profile (worker/pipeline.cc ProfileLayer) or the synthetic corpus (SIGFPE) fails. Enable once fixed.

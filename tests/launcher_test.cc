@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -258,8 +259,33 @@ TEST(Launcher, Sigint_GracefulStop_Exits130) {
   ASSERT_TRUE(l.WaitForWorkersUp(2, std::chrono::seconds(30))) << l.output();
   kill(l.pid(), SIGINT);
   EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 130) << l.output();
-  EXPECT_NE(l.output().find("interrupted by SIGINT"), std::string::npos) << l.output();
+  EXPECT_NE(l.output().find("stagehand: stopped by SIGINT (exit 130); "), std::string::npos) << l.output();
+  EXPECT_EQ(l.output().find("FAILED"), std::string::npos) << l.output();
   ExpectNothingLeft(job, std::chrono::milliseconds(500));
+}
+
+int StepRowsNow(const std::string& run_dir);  // below
+
+// The last line of an output ("" when there is none).
+std::string LastLine(const std::string& out) {
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  return lines.empty() ? "" : lines.back();
+}
+
+// Ctrl-C of a pipeline printed "rank 0 failed at the marked action of its schedule" with its grid,
+// then "FAILED (exit 130)": a stop is no failure, and its line is the last.
+TEST(Launcher, SigintDuringAPipeline_StoppedNotFailedNoDiagram) {
+  Launcher l({"--device=cpu", "--workers=2", "--model=tiny", "--steps=100000", "--micro_batches=2",
+              "--global_batch=4"});
+  std::string job = l.JobId();
+  ASSERT_TRUE(WaitFor([&] { return StepRowsNow(l.run_dir()) >= 2 * 3; }, std::chrono::seconds(60))) << l.output();
+  kill(l.pid(), SIGINT);
+  EXPECT_EQ(l.Wait(std::chrono::seconds(15)), 130) << l.output();
+  const std::string out = l.output();
+  EXPECT_EQ(out.find("FAILED"), std::string::npos) << out;
+  EXPECT_EQ(out.find("failed at the marked action"), std::string::npos) << out;
+  EXPECT_TRUE(absl::StartsWith(LastLine(out), "stagehand: stopped by SIGINT (exit 130); ")) << out;
+  ExpectNothingLeft(job, std::chrono::seconds(1));
 }
 
 TEST(Launcher, Sigterm_GracefulStop_Exits143) {
@@ -589,7 +615,8 @@ TEST(Launcher, Sighup_HandledAsSigterm_Exits143WithResults) {
   ASSERT_TRUE(WaitFor([&] { return StepRowsNow(l.run_dir()) >= 2 * 10; }, std::chrono::seconds(30))) << l.output();
   kill(l.pid(), SIGHUP);
   EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 143) << l.output();
-  EXPECT_NE(l.output().find("interrupted by SIGHUP"), std::string::npos) << l.output();
+  EXPECT_NE(l.output().find("stagehand: stopped by SIGHUP (handled as SIGTERM; exit 143); "), std::string::npos)
+      << l.output();
   std::optional<stagehand::RunReport> report = ReportIfPresent(l.run_dir());
   ASSERT_TRUE(report.has_value()) << "no report.json after SIGHUP";
   EXPECT_EQ(report->exit_code(), 143);
@@ -678,6 +705,22 @@ TEST(Launcher, CpuModel_TimingOff_NoBubbleMfuOrGpuColumnsOnePartitionLine) {
   EXPECT_NE(ReadFile(l.run_dir() + "/startup_ledger.tsv").find("\tn/a\t"), std::string::npos);
 }
 
+// AdamW at --lr=10 with --weight_decay=10 multiplies every weight by -99 a step: the loss overflows to
+// NaN by step 4 and stays there. Such a run exited 0; now it stops after 5 non-finite steps in a row.
+TEST(Launcher, LossNaNStepAfterStep_StopsExit1AdvisingALowerLr) {
+  Launcher l({"--device=cpu", "--workers=1", "--model=tiny", "--lr=10", "--weight_decay=10", "--steps=1000"});
+  ASSERT_EQ(l.Wait(std::chrono::seconds(60)), 1) << l.output();
+  const std::string out = l.output();
+  EXPECT_NE(ReadFile(l.run_dir() + "/steps.csv").find(",nan,"), std::string::npos) << "the flags gave no NaN";
+  EXPECT_TRUE(std::regex_search(LastLine(out), std::regex("^stagehand: FAILED \\(exit 1\\): the loss was (NaN|infinite) "
+                                                          "at 5 steps in a row \\([0-9]+-[0-9]+\\) on rank 0: the "
+                                                          "training diverged; pass a lower --lr \\(this run's: 10\\)")))
+      << out;
+  std::optional<stagehand::RunReport> report = ReportIfPresent(l.run_dir());
+  ASSERT_TRUE(report.has_value());
+  EXPECT_LT(report->steps_done(), 1000);
+}
+
 std::string WriteTemp(const std::string& name, const std::string& text) {
   const std::string path = absl::StrCat(TempDir(), "/", name);
   std::ofstream(path, std::ios::binary) << text;
@@ -733,6 +776,23 @@ TEST(Launcher, Help_NoSentinelDefaultBesideStatedOne) {
   EXPECT_NE(out.find("--steps"), std::string::npos) << out;
   EXPECT_EQ(out.find("default: -1"), std::string::npos) << out;
   EXPECT_EQ(out.find("--micro-batches"), std::string::npos) << out;
+}
+
+// --help's first example said "--gpus=2 --steps=100: a checked all-reduce per step" though the default
+// model on GPUs trains gpt-1.3b; exit code 75 was missing; "GPT:" labelled flags that Llama takes too.
+TEST(Launcher, Help_ExamplesExitCodesAndLabelsTrue) {
+  Launcher l({"--help"});
+  EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 0);
+  const std::string out = l.output();
+  std::smatch example;
+  ASSERT_TRUE(std::regex_search(out, example, std::regex("launcher --gpus=2 --steps=100 [^\n]*"))) << out;
+  EXPECT_EQ(example.str().find("all-reduce"), std::string::npos) << example.str();
+  EXPECT_NE(out.find("--model=allreduce      two GPUs, a checked all-reduce per step"), std::string::npos) << out;
+  for (const char* code : {" 75 stopped by SIGTERM or SIGHUP after every rank wrote a checkpoint", "130 stopped by SIGINT",
+                           "143 stopped by SIGTERM"}) {
+    EXPECT_NE(out.find(code), std::string::npos) << code << " in:\n" << out;
+  }
+  EXPECT_EQ(out.find("GPT:"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -81,6 +81,12 @@ TEST(Readahead, FirstRunWritesTheList_SecondRunReadsIt) {
   EXPECT_EQ(Count(second.output, "stagehand: library readahead: "), 1) << second.output;
   EXPECT_TRUE(absl::StrContains(second.output, absl::StrCat(list->files.size(), " files"))) << second.output;
   EXPECT_FALSE(absl::StrContains(second.output, "skipped")) << second.output;
+  // The readahead's line comes before the run's closing lines: the last line is the verdict.
+  EXPECT_LT(second.output.find("stagehand: library readahead: "), second.output.find("stagehand: done: "))
+      << second.output;
+  EXPECT_TRUE(absl::StartsWith(second.output.substr(second.output.rfind('\n', second.output.size() - 2) + 1),
+                               "stagehand: done: "))
+      << second.output;
 
   // A file whose size differs from the recorded one is skipped.
   const std::string path = list->files[0].path;

@@ -73,9 +73,10 @@ left=$(pgrep -f -- "--run_dir=$work/run2" || true)
 [ -z "$left" ] || fail "processes of the cancelled job left: $(ps -o pid,args -p "$left")"
 for pid in $(pgrep -f -- "$launcher" || true); do fail "a launcher is left: $(ps -o pid,args -p "$pid")"; done
 # Slurm's SIGTERM reached the launcher, which stopped its workers and wrote its results.
-grep -q 'interrupted by SIGTERM' "$work/run2.out" || fail "the launcher did not stop on SIGTERM: $(tail -n 5 "$work/run2.out")"
+grep -q 'stagehand: stopped by SIGTERM (exit 143)' "$work/run2.out" || fail "the launcher did not stop on SIGTERM: $(tail -n 5 "$work/run2.out")"
 [ -s "$work/run2/report.json" ] || fail "the cancelled run wrote no report.json"
-step "cancelled: $(grep -m1 'interrupted by SIGTERM' "$work/run2.out")"
+grep -q 'FAILED\|failed at the marked action' "$work/run2.out" && fail "a cancelled run reads as a failure: $(tail -n 5 "$work/run2.out")"
+step "cancelled: $(grep -m1 'stopped by SIGTERM' "$work/run2.out")"
 
 # --- Two nodes: node 0 (n1) coordinates at n1:<29500 + job id % 10000>, node 1 (n2) joins it, every
 # hop mutual TLS. One set of flags for both nodes, as srun gives them: %N is each node's name.
@@ -146,7 +147,7 @@ slurm_cluster_wait 20 both_nodes_empty ||
 left=$(pgrep -f -- "--run_dir=$work/run5" || true)
 [ -z "$left" ] || fail "processes of the cancelled two-node job left: $(ps -o pid,args -p "$left")"
 for pid in $(pgrep -f -- "$launcher" || true); do fail "a launcher is left: $(ps -o pid,args -p "$pid")"; done
-grep -q 'interrupted by SIGTERM' "$work/run5.out" || fail "the launchers did not stop on SIGTERM: $(tail -n 8 "$work/run5.out")"
+grep -q 'stagehand: stopped by SIGTERM (exit 143)' "$work/run5.out" || fail "the launchers did not stop on SIGTERM: $(tail -n 8 "$work/run5.out")"
 [ -s "$work/run5/report.json" ] || fail "the cancelled two-node run wrote no report.json"
 step "cancelled on both nodes, nothing left after $((SECONDS - t0)) s"
 

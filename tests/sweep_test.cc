@@ -62,6 +62,19 @@ TEST_F(SweepTest, Sweep_OneTwoFourCpuWorkers_WritesEveryFile) {
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
 }
 
+// The 1-worker point printed "predicted 0.0000 s/step (from the model's estimate) ... (+1179263%)",
+// every point "0.0 TFLOP/s" and "done: 1 workers": on CPU workers the estimate (a GPU's) is not
+// printed, FLOP/s are in a unit that shows them, and one worker is one worker.
+TEST_F(SweepTest, ConsoleLines_NoGpuEstimateOnCpuFlopsInTheirUnitSingular) {
+  const std::string out = ReadFile(*dir_ + ".out");
+  EXPECT_EQ(out.find("from the model's estimate"), std::string::npos) << out;
+  EXPECT_EQ(out.find(" 0.0 TFLOP/s"), std::string::npos) << out;
+  EXPECT_NE(out.find("FLOP/s"), std::string::npos) << out;
+  EXPECT_NE(out.find("stagehand: sweep: 1 worker\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("stagehand: done: 1 worker, 6 steps in "), std::string::npos) << out;
+  EXPECT_EQ(out.find("1 workers"), std::string::npos) << out;
+}
+
 TEST_F(SweepTest, ReportJson_ParsesAndAgreesWithStepsCsv) {
   ASSERT_EQ(exit_code_, 0);
   for (int n : {1, 2, 4}) {
