@@ -62,6 +62,7 @@ struct NodeState {
   int64_t incarnation = 0;
   std::string host;     // its host name, for messages (network namespaces share one: not an identity)
   std::string address;  // its address as the coordinator sees it (node 0: the address it serves on)
+  std::string machine;  // its kernel's boot id ("" unknown): nodes on one machine share its cores
   int pid = 0;
   std::string device;   // "cpu" or "cuda"
   int workers = 0;
@@ -71,6 +72,10 @@ struct NodeState {
   bool lost = false;    // its agent's connection closed while its workers ran
   std::string lost_reason;
 };
+
+// The workers of every registered node on `node`'s machine, its own among them (only its own when its
+// machine is unknown): how many workers share that machine's cores.
+int WorkersOnMachine(const std::vector<NodeState>& nodes, int node);
 
 // An agent's worker that ended, as its agent reported it.
 struct RemoteExit {

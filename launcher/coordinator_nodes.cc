@@ -18,6 +18,16 @@ absl::Status ShuttingDownError() {
 
 }  // namespace
 
+int WorkersOnMachine(const std::vector<NodeState>& nodes, int node) {
+  const NodeState& self = nodes[node];
+  if (self.machine.empty()) return self.workers;
+  int workers = 0;
+  for (const NodeState& n : nodes) {
+    if (n.registered && n.machine == self.machine) workers += n.workers;
+  }
+  return std::max(workers, self.workers);
+}
+
 void CoordinatorState::ExpectNodes(int nodes, NodeState node0) {
   absl::MutexLock lock(&mu_);
   if (nodes <= 1) return;
@@ -126,6 +136,7 @@ absl::Status CoordinatorState::RecordAgent(const RegisterAgentRequest& request, 
   n.incarnation = request.incarnation();
   n.host = request.host();
   n.address = peer_address;
+  n.machine = request.machine();
   n.pid = request.pid();
   n.device = request.device();
   n.workers = request.workers();
@@ -152,6 +163,7 @@ std::optional<absl::StatusOr<RegisterAgentResponse>> CoordinatorState::AgentResu
     r.set_first_rank(n.first_rank);
     r.set_secret(secret_);
     r.set_address(n.address);
+    r.set_workers_on_machine(WorkersOnMachine(nodes_, node));
     return r;
   }
   if (shut_down_) return ShuttingDownError();

@@ -185,6 +185,7 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
   if (o.nodes > 1) {
     NodeState node0;
     node0.host = HostName();
+    node0.machine = MachineId();
     absl::StatusOr<std::string> bind = ListenAddress(o.coordinator_address, o.tls.enabled());
     node0.address = bind.ok() ? HostOf(*bind) : "";
     node0.pid = getpid();
@@ -242,8 +243,10 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
 
 SupervisorOptions JobRun::WorkerOptions() const {
   const JobRunOptions& o = options_;
-  SupervisorOptions so{o.worker_binary, server_->address(), o.run_dir, WorkerEnvironment(o.job.spec.workers()),
-                       o.job.gpus, o.launch};
+  // Several nodes on one machine (loopback, network namespaces) share its cores: count them all.
+  const int on_machine = o.nodes > 1 ? WorkersOnMachine(state_.Nodes(), 0) : o.job.spec.workers();
+  SupervisorOptions so{o.worker_binary, server_->address(), o.run_dir, WorkerEnvironment(on_machine), o.job.gpus,
+                       o.launch};
   if (o.nodes > 1 || o.tls.enabled()) {
     const std::string host = HostOf(server_->address());
     so.worker_args = WorkerNodeArgs(o.tls, host);

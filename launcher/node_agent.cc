@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -42,6 +43,7 @@ absl::Status NodeAgent::Join() {
   r.set_pid(options_.pid);
   r.set_device(options_.device);
   r.set_workers(options_.workers);
+  r.set_machine(options_.machine);
   for (const GpuInfo& g : options_.gpus) {
     NodeGpu* gpu = r.add_gpus();
     gpu->set_uuid(g.uuid);
@@ -61,7 +63,8 @@ void NodeAgent::Start(const std::string& run_dir) {
   so.worker_binary = options_.worker_binary;
   so.coordinator_address = options_.node.coordinator_address;
   so.run_dir = run_dir;
-  so.env = WorkerEnvironment(options_.workers);
+  // Other nodes' workers on this machine (loopback, network namespaces) share its cores with ours.
+  so.env = WorkerEnvironment(std::max(options_.workers, joined_.workers_on_machine()), options_.cores);
   so.gpus = options_.gpus;
   so.launch = options_.launch;
   so.first_rank = joined_.first_rank();
@@ -260,6 +263,7 @@ int RunAgent(const AgentLaunch& launch) {
   o.tls = launch.tls;
   o.incarnation = absl::ToUnixMicros(absl::Now());  // a restarted agent is a newer one
   o.host = HostName();
+  o.machine = MachineId();
   o.pid = getpid();
   if (launch.register_timeout_ms) o.register_timeout = absl::Milliseconds(*launch.register_timeout_ms);
   o.launch = launch.launch;

@@ -35,6 +35,8 @@ struct NodeAgentOptions {
   NodeTls tls;                   // given to the workers (the coordinator's hop needs it)
   int64_t incarnation = 1;       // higher on every start of the agent (the launcher uses the clock)
   std::string host;              // this host's name, for messages
+  std::string machine;           // this machine's identity (common/host.h MachineId)
+  int cores = 0;                 // this machine's cores, shared among its workers (0: as the system says)
   int pid = 0;
   absl::Duration register_timeout = absl::Minutes(2);
   absl::Time launch = absl::InfinitePast();

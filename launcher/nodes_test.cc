@@ -3,6 +3,7 @@
 // over remote ranks, and the agent (NodeAgent) over a FakeAgentClient, a FakeProcessSpawner and one
 // fake clock; and the checks and notes of nodes.h.
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -160,6 +161,35 @@ TEST_F(ThreeNodes, RegisterAgent_JobStopsBeforeTheWorld_IsFailedPreconditionWith
   ASSERT_TRUE(a1_.Get().has_value());
   EXPECT_TRUE(absl::IsFailedPrecondition(a1_.Get()->status()));
   EXPECT_THAT(std::string(a1_.Get()->status().message()), HasSubstr("node 2 did not join"));
+}
+
+// Nodes on one machine (loopback, network namespaces): each agent hears how many workers of the job
+// share its machine's cores, its own among them; an agent whose machine is unknown counts its own.
+TEST(NodesOnOneMachine, RegisterAgent_AnswersTheWorkersOfEveryNodeOnItsMachine) {
+  FakeClock clock;
+  CoordinatorState state(CpuJob(2), "job-1", "secret-of-the-job-0123456789abcd", clock.AsFunction());
+  NodeState node0 = Node0(2);
+  node0.machine = "machine-a";
+  state.ExpectNodes(4, node0);
+  const struct {
+    int workers;
+    const char* machine;
+  } agents[] = {{1, "machine-a"}, {4, "machine-b"}, {1, ""}};
+  Answer answers[3];
+  for (int k = 1; k <= 3; ++k) {
+    RegisterAgentRequest r = Agent(k, agents[k - 1].workers);
+    r.set_machine(agents[k - 1].machine);
+    state.RegisterAgentAsync(r, absl::StrCat("198.18.0.", 11 + k), kFar, answers[k - 1].Callback());
+  }
+  state.SetWorld(CpuJob(2));
+  const int want[] = {3, 4, 1};
+  for (int k = 1; k <= 3; ++k) {
+    ASSERT_TRUE(answers[k - 1].Get().has_value() && answers[k - 1].Get()->ok()) << "node " << k;
+    EXPECT_EQ((*answers[k - 1].Get())->workers_on_machine(), want[k - 1]) << "node " << k;
+  }
+  const std::vector<NodeState> nodes = state.Nodes();
+  EXPECT_EQ(WorkersOnMachine(nodes, 0), 3);  // node 0's own workers share machine-a with node 1's
+  EXPECT_EQ(nodes[1].machine, "machine-a");
 }
 
 TEST_F(ThreeNodes, AgentHeartbeat_StaleIncarnation_IsAborted) {
@@ -400,6 +430,46 @@ TEST_F(AgentTest, Start_SpawnsItsGlobalRanks_ListeningOnItsAddress_OverTls) {
   EXPECT_EQ(spawner_.specs()[0].secret, "secret-of-the-job-0123456789abcd");
   EXPECT_EQ(client_.wait_request().node_rank(), 1);
   EXPECT_EQ(client_.wait_request().incarnation(), 9);
+}
+
+// Two workers here and two of another node on this machine share its 8 cores: 2 threads each, not 4.
+TEST_F(AgentTest, Start_OtherNodesOnThisMachine_ShareItsCores) {
+  unsetenv("OMP_NUM_THREADS");  // the launcher's own setting would win
+  RegisterAgentResponse joined = Joined();
+  joined.set_workers_on_machine(4);
+  FakeAgentClient client(joined);
+  NodeAgentOptions o;
+  o.node = {3, 1, "198.18.0.11:29500"};
+  o.device = "cpu";
+  o.workers = 2;
+  o.worker_binary = "/w";
+  o.machine = "machine-a";
+  o.cores = 8;
+  NodeAgent agent(&client, &spawner_, o, clock_.AsFunction());
+  ASSERT_TRUE(agent.Join().ok());
+  EXPECT_EQ(client.registered().machine(), "machine-a");
+  agent.Start("/tmp/agent-run");
+  ASSERT_THAT(spawner_.specs(), SizeIs(2));
+  for (const ProcessSpec& spec : spawner_.specs()) {
+    EXPECT_THAT(spec.env, Contains("OMP_NUM_THREADS=2"));
+    EXPECT_THAT(spec.env, ::testing::Not(Contains("OMP_NUM_THREADS=4")));
+  }
+}
+
+TEST_F(AgentTest, Start_AloneOnItsMachine_OrAnOlderCoordinator_CountsItsOwnWorkers) {
+  unsetenv("OMP_NUM_THREADS");
+  FakeAgentClient client(Joined());  // no workers_on_machine: an older coordinator's answer
+  NodeAgentOptions o;
+  o.node = {3, 1, "198.18.0.11:29500"};
+  o.device = "cpu";
+  o.workers = 2;
+  o.worker_binary = "/w";
+  o.cores = 8;
+  NodeAgent agent(&client, &spawner_, o, clock_.AsFunction());
+  ASSERT_TRUE(agent.Join().ok());
+  agent.Start("/tmp/agent-run");
+  ASSERT_THAT(spawner_.specs(), SizeIs(2));
+  EXPECT_THAT(spawner_.specs()[0].env, Contains("OMP_NUM_THREADS=4"));
 }
 
 TEST_F(AgentTest, WorkersSucceed_EachExitReported_Exit0) {

@@ -42,10 +42,11 @@ absl::StatusOr<std::string> FindWorker(const std::string& given) {
                                                  "; pass --worker_binary=PATH"));
 }
 
-std::vector<std::string> WorkerEnvironment(int workers) {
+std::vector<std::string> WorkerEnvironment(int workers, int cores) {
   std::vector<std::string> launcher_env;
   for (char** e = environ; *e != nullptr; ++e) launcher_env.emplace_back(*e);
-  return WorkerEnvironmentFrom(launcher_env, workers, static_cast<int>(std::thread::hardware_concurrency()));
+  if (cores <= 0) cores = static_cast<int>(std::thread::hardware_concurrency());
+  return WorkerEnvironmentFrom(launcher_env, workers, cores);
 }
 
 std::vector<std::string> WorkerEnvironmentFrom(const std::vector<std::string>& launcher_env, int workers, int cores) {

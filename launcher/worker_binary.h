@@ -17,8 +17,10 @@ absl::StatusOr<std::string> FindWorker(const std::string& given);
 // shared out among `workers` and NVLink multicast off. Everything else passes unchanged, NCCL's
 // socket and InfiniBand settings among it (NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY, NCCL_IB_HCA,
 // NCCL_IB_DISABLE, NCCL_DEBUG, ...): on several hosts each launcher builds its own workers'
-// environment, so an agent's workers get the agent host's settings.
-std::vector<std::string> WorkerEnvironment(int workers);
+// environment, so an agent's workers get the agent host's settings. `workers` counts every worker on
+// this machine, other launchers' of the job too (several nodes on one machine); `cores` is the
+// machine's (0: std::thread::hardware_concurrency()).
+std::vector<std::string> WorkerEnvironment(int workers, int cores = 0);
 
 // The same from `launcher_env` ("NAME=value" entries) on a machine of `cores` cores.
 std::vector<std::string> WorkerEnvironmentFrom(const std::vector<std::string>& launcher_env, int workers, int cores);

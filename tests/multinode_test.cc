@@ -4,6 +4,7 @@
 // the job within 5 s naming its node; the refusals before anything starts (a non-loopback address
 // without TLS, several nodes on loopback without a job token file, job flags given to an agent).
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -11,10 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
@@ -24,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -206,6 +210,65 @@ TEST(TwoNodes, AgentKilled_EndsTheJobWithin5sNamingItsNode) {
   EXPECT_LT(took, absl::Seconds(5)) << b0.Output();
   EXPECT_TRUE(absl::StrContains(b0.Output(), "FAILED")) << b0.Output();
   EXPECT_TRUE(absl::StrContains(b0.Output(), "node 1 at 127.0.0.1")) << b0.Output();
+}
+
+// The workers whose parent is `pid` (a launcher), from /proc.
+std::vector<int> ChildrenOf(int pid) {
+  std::vector<int> out;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return out;
+  for (dirent* e = readdir(proc); e != nullptr; e = readdir(proc)) {
+    int child = 0;
+    if (!absl::SimpleAtoi(e->d_name, &child)) continue;
+    const std::string stat = ReadFile(absl::StrCat("/proc/", child, "/stat"));
+    const size_t paren = stat.rfind(')');  // "pid (comm) state ppid ...": comm may hold spaces
+    if (paren == std::string::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+    int ppid = 0;
+    char exe[4096];
+    const ssize_t n = readlink(absl::StrCat("/proc/", child, "/exe").c_str(), exe, sizeof(exe) - 1);
+    if (n <= 0 || !absl::EndsWith(absl::string_view(exe, n), "/worker")) continue;
+    if (f.size() > 1 && absl::SimpleAtoi(f[1], &ppid) && ppid == pid) out.push_back(child);
+  }
+  closedir(proc);
+  return out;
+}
+
+// NAME's value in the environment `pid` started with ("" when absent).
+std::string EnvOf(int pid, const std::string& name) {
+  for (absl::string_view entry : absl::StrSplit(ReadFile(absl::StrCat("/proc/", pid, "/environ")), '\0')) {
+    if (absl::ConsumePrefix(&entry, name + "=")) return std::string(entry);
+  }
+  return "";
+}
+
+// Two launchers on one machine share its cores: each worker gets cores / (every node's workers here)
+// threads, not cores / its own launcher's workers (which ran 2x the threads the cores hold, and each
+// step 5x slower, OpenMP's threads spinning against each other).
+TEST(TwoNodes, OnOneMachine_EachWorkersThreadsCountEveryNodesWorkers) {
+  unsetenv("OMP_NUM_THREADS");  // the launchers choose
+  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string token = TokenFile();
+  std::vector<std::string> node0 = TinyJob(1, 2, "tiny");
+  node0[8] = "--steps=100000";  // TinyJob index 8 is --steps  // runs until it is stopped
+  for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
+                               "--job_token_file=" + token, "--run_dir=" + Unique("threads0")}) {
+    node0.push_back(f);
+  }
+  Background b0 = Start(node0);
+  Background b1 = Start({"--nodes=2", "--node_rank=1", "--coordinator_address=" + address, "--job_token_file=" + token,
+                         "--device=cpu", "--workers=1", "--run_dir=" + Unique("threads1")});
+  for (int i = 0; i < 600 && !absl::StrContains(b0.Output(), "step 3/"); ++i) absl::SleepFor(absl::Milliseconds(100));
+  const std::string want = absl::StrCat(std::max(1u, std::thread::hardware_concurrency() / 2));
+  std::vector<std::string> got;
+  for (const Background* b : {&b0, &b1}) {
+    for (int worker : ChildrenOf(b->pid())) got.push_back(EnvOf(worker, "OMP_NUM_THREADS"));
+  }
+  kill(b0.pid(), SIGTERM);  // stops the job on both nodes
+  EXPECT_NE(b0.Wait(absl::Seconds(30)), -1) << b0.Output();
+  EXPECT_NE(b1.Wait(absl::Seconds(30)), -1) << b1.Output();
+  ASSERT_TRUE(absl::StrContains(b0.Output(), "step 3/")) << b0.Output() << "\n--- node 1\n" << b1.Output();
+  EXPECT_EQ(got, std::vector<std::string>({want, want})) << "OMP_NUM_THREADS of the workers of node 0, then node 1";
 }
 
 // A worker that cannot be started on an agent (here its binary names an interpreter that does not

@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -223,6 +224,47 @@ TEST(CpuTransportTest, Connect_PeerWithWrongSecret_IsPermissionDeniedSayingSo) {
   EXPECT_THAT(st1.message(), Not(HasSubstr(o1.secret)));
   EXPECT_EQ(st0.code(), absl::StatusCode::kDeadlineExceeded) << st0;
   EXPECT_THAT(st0.message(), HasSubstr("1 connection(s) were dropped"));
+}
+
+// The process's connected TCP sockets whose peer is one of them too (the mesh of ranks that are threads
+// here), with whether each has TCP_NODELAY. Listeners and half-open strangers are not connected pairs.
+std::vector<bool> MeshSocketsNoDelay() {
+  struct Socket {
+    int fd;
+    sockaddr_storage local, peer;
+    socklen_t local_len, peer_len;
+  };
+  std::vector<Socket> sockets;
+  for (int fd = 0; fd < 4096; ++fd) {
+    Socket s{fd, {}, {}, sizeof(sockaddr_storage), sizeof(sockaddr_storage)};
+    int type = 0;
+    socklen_t len = sizeof(type);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&s.local), &s.local_len) != 0) continue;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&s.peer), &s.peer_len) != 0) continue;
+    sockets.push_back(s);
+  }
+  std::vector<bool> out;
+  for (const Socket& a : sockets) {
+    for (const Socket& b : sockets) {
+      if (a.local_len != b.peer_len || std::memcmp(&a.local, &b.peer, a.local_len) != 0) continue;
+      int nodelay = 0;
+      socklen_t len = sizeof(nodelay);
+      out.push_back(getsockopt(a.fd, IPPROTO_TCP, TCP_NODELAY, &nodelay, &len) == 0 && nodelay != 0);
+    }
+  }
+  return out;
+}
+
+// Every message of a step is a small write followed by a wait for the answer: with Nagle's algorithm
+// on, each would wait for the peer's delayed ACK (40 ms on Linux).
+TEST(CpuTransportTest, Connect_EveryConnectionOfTheMesh_HasTcpNoDelayOnBothEnds) {
+  InMemoryKeyValueStore kv;
+  Transports ts = ConnectAll(3, kv);
+  ASSERT_TRUE(AllConnected(ts));
+  const std::vector<bool> nodelay = MeshSocketsNoDelay();
+  EXPECT_GE(nodelay.size(), 6u);  // 3 connections, both ends
+  for (size_t i = 0; i < nodelay.size(); ++i) EXPECT_TRUE(nodelay[i]) << "socket " << i;
 }
 
 // ---- AllReduceSum ----
