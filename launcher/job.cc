@@ -34,6 +34,22 @@ namespace {
 constexpr int kDefaultCpuWorkers = 2;
 constexpr int64_t kDayMs = int64_t{24} * 3600 * 1000;
 
+// The training defaults each built-in preset carries, whichever way it was chosen (--model, the job
+// file, a submitted spec, or the bare run's choice): the small CPU presets learn visibly at 3e-3, the
+// large ones take the reference runs' 1e-4. A family's own name resolves to its preset first; a preset
+// not listed (a user family's) takes kDefaultLr.
+struct PresetDefaults {
+  const char* preset;
+  double lr;
+};
+constexpr PresetDefaults kPresetDefaults[] = {
+    {"tiny", 3e-3},
+    {"llama-tiny", 3e-3},
+    {"gpt-1.3b", 1e-4},
+    {"tinyllama-1.1b", 1e-4},
+};
+constexpr double kDefaultLr = 1e-4;
+
 absl::Status Invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
 
 // Fills what neither the job file nor a flag set.
@@ -59,6 +75,17 @@ void ApplyDefaults(JobSpec& spec) {
   if (!t.has_nccl_init_ms()) t.set_nccl_init_ms(60000);
   if (!t.has_grace_ms()) t.set_grace_ms(3000);
 }
+
+}  // namespace
+
+double PresetLr(const std::string& preset) {
+  for (const PresetDefaults& d : kPresetDefaults) {
+    if (preset == d.preset) return d.lr;
+  }
+  return kDefaultLr;
+}
+
+namespace {
 
 absl::Status Positive(const char* flag, int64_t v) {
   if (v >= 1) return absl::OkStatus();
@@ -426,7 +453,7 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
   }
   if (!p.has_global_batch()) p.set_global_batch(std::max<int64_t>(32, p.micro_batches()));
   if (p.partition().empty()) p.set_partition("auto");
-  if (!spec.has_lr()) spec.set_lr(1e-4);
+  if (!spec.has_lr()) spec.set_lr(PresetLr(spec.model_spec().preset().empty() ? spec.model() : spec.model_spec().preset()));
   return ValidatePipeline(spec);
 }
 
@@ -457,13 +484,13 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
 
 // The job of a bare `launcher`: a model that visibly learns, sized to what the devices show. On CPU
 // workers the tiny GPT, whose loss falls from ln 256 = 5.5 to about 1 within seconds; on GPUs the
-// reference gpt-1.3b for long enough to show what they give. Flags the user set are kept.
-// `steps_given`, `lr_given`: set by a flag, the job file or a submitted spec, before the defaults.
-void ChooseDefaultModel(const JobRequest& r, bool steps_given, bool lr_given, ResolvedJob& out) {
+// reference gpt-1.3b for long enough to show what they give. Flags the user set are kept; the
+// learning rate is the preset's (kPresetDefaults), as with --model.
+// `steps_given`: set by a flag, the job file or a submitted spec, before the defaults.
+void ChooseDefaultModel(const JobRequest& r, bool steps_given, ResolvedJob& out) {
   const bool cpu = out.spec.device() == "cpu";
   out.spec.set_model(cpu ? "tiny" : "gpt-1.3b");
   if (r.job_file.empty() && !steps_given) out.spec.set_steps(cpu ? 200 : 30);
-  if (r.job_file.empty() && !lr_given) out.spec.set_lr(cpu ? 3e-3 : 1e-4);
   out.notes.push_back(absl::StrCat("no --model given: training ", out.spec.model(), " for ", out.spec.steps(),
                                    " steps (--model=allreduce runs the checked collective instead)"));
 }
@@ -737,13 +764,13 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   out.spec = *std::move(merged);
   // Ranges first, on what the user wrote or typed: a 0 is refused, never taken for "unset".
   if (absl::Status s = ValidateRanges(request, out.spec); !s.ok()) return s;
-  const bool steps_given = out.spec.has_steps(), lr_given = out.spec.has_lr();
+  const bool steps_given = out.spec.has_steps();
   ApplyDefaults(out.spec);
   if (absl::Status s = ValidateRelations(out.spec); !s.ok()) return s;
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
   out.host_workers = out.spec.workers();
   if (request.world_workers) out.spec.set_workers(*request.world_workers);
-  if (out.spec.model().empty()) ChooseDefaultModel(request, steps_given, lr_given, out);
+  if (out.spec.model().empty()) ChooseDefaultModel(request, steps_given, out);
   if (!request.schedule_file.empty()) {
     if (absl::Status s = ReadScheduleFile(request, out.spec); !s.ok()) return s;
   }

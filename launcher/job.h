@@ -92,6 +92,10 @@ struct ResolvedJob {
   int host_workers = 0;            // this host's workers (spec.workers() unless world_workers)
 };
 
+// The learning rate a preset trains at unless --lr (or the job file's lr) says otherwise: one table
+// (launcher/job.cc) for every way the preset was chosen. 1e-4 for a preset it does not list.
+double PresetLr(const std::string& preset);
+
 // The models stagehand's own worker runs ("allreduce" and the built-in presets), for messages.
 const std::vector<std::string>& KnownModels();
 

@@ -62,7 +62,8 @@ ABSL_FLAG(std::string, attention, "",
           "GPT on GPUs: the attention kernel, cudnn (default; cuDNN's fused attention), flash "
           "(FlashAttention-2), or torch (LibTorch's own choice, as PyTorch makes it)");
 ABSL_FLAG(std::string, data, "", "GPT: a file of uint16 tokens (nanoGPT layout); default: the synthetic corpus");
-ABSL_FLAG(double, lr, -1, "GPT: AdamW learning rate, finite, 0 < lr <= 10 (default 1e-4; 3e-3 for the bare CPU run)");
+ABSL_FLAG(double, lr, -1, "GPT: AdamW learning rate, finite, 0 < lr <= 10 (default: the preset's, 3e-3 for tiny and "
+          "llama-tiny, 1e-4 for gpt-1.3b, tinyllama-1.1b and other families)");
 ABSL_FLAG(bool, inference, false, "GPT: forward-only pipeline over --global_batch sequences per step");
 ABSL_FLAG(bool, save_params, false, "GPT: each rank writes its final parameters to the run directory");
 ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and trace.json)");

@@ -603,6 +603,60 @@ TEST(JobTest, ResolveJob_TokenAboveVocab_IsRefusedBeforeStartNamingPosition) {
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "token 255 at position 4321");
 }
 
+// One default per setting: a preset's learning rate is the same whichever way it was chosen.
+TEST(JobTest, ResolveJob_PresetLr_SameForModelFlagJobFileAndBareRun) {
+  absl::StatusOr<ResolvedJob> bare = ResolveJob(JobRequest(), Inventory(0));
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  ASSERT_EQ(bare->spec.model(), "tiny");
+  JobRequest tiny;
+  tiny.model = "tiny";
+  absl::StatusOr<ResolvedJob> typed = ResolveJob(tiny, Inventory(0));
+  ASSERT_TRUE(typed.ok()) << typed.status();
+  EXPECT_DOUBLE_EQ(typed->spec.lr(), bare->spec.lr());
+  EXPECT_DOUBLE_EQ(typed->spec.lr(), 3e-3);
+  JobRequest file;
+  file.job_file = WriteJobFile("preset_lr.textproto", "model: \"llama-tiny\" device: \"cpu\"");
+  absl::StatusOr<ResolvedJob> from_file = ResolveJob(file, Inventory(0));
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  EXPECT_DOUBLE_EQ(from_file->spec.lr(), 3e-3);
+  // A job file without a model: the bare run's choice, still at its preset's rate.
+  JobRequest no_model;
+  no_model.job_file = WriteJobFile("preset_lr_bare.textproto", "device: \"cpu\" steps: 3");
+  absl::StatusOr<ResolvedJob> chosen = ResolveJob(no_model, Inventory(0));
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->spec.model(), "tiny");
+  EXPECT_DOUBLE_EQ(chosen->spec.lr(), 3e-3);
+  // The large presets keep the reference runs' rate, by preset or by family name; the GPU bare run too.
+  for (const char* model : {"gpt-1.3b", "gpt", "tinyllama-1.1b", "llama"}) {
+    JobRequest r;
+    r.model = model;
+    absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(2));
+    ASSERT_TRUE(job.ok()) << model << ": " << job.status();
+    EXPECT_DOUBLE_EQ(job->spec.lr(), 1e-4) << model;
+  }
+  absl::StatusOr<ResolvedJob> gpu_bare = ResolveJob(JobRequest(), Inventory(2));
+  ASSERT_TRUE(gpu_bare.ok()) << gpu_bare.status();
+  EXPECT_DOUBLE_EQ(gpu_bare->spec.lr(), 1e-4);
+  // --lr wins over the preset's.
+  tiny.lr = 5e-4;
+  absl::StatusOr<ResolvedJob> explicit_lr = ResolveJob(tiny, Inventory(0));
+  ASSERT_TRUE(explicit_lr.ok()) << explicit_lr.status();
+  EXPECT_DOUBLE_EQ(explicit_lr->spec.lr(), 5e-4);
+}
+
+TEST(JobTest, PresetLr_EveryBuiltinPresetListed) {
+  for (const std::string& model : KnownModels()) {
+    if (model == "allreduce") continue;
+    const double lr = PresetLr(model);
+    EXPECT_TRUE(lr == 3e-3 || lr == 1e-4) << model;
+  }
+  EXPECT_DOUBLE_EQ(PresetLr("tiny"), 3e-3);
+  EXPECT_DOUBLE_EQ(PresetLr("llama-tiny"), 3e-3);
+  EXPECT_DOUBLE_EQ(PresetLr("gpt-1.3b"), 1e-4);
+  EXPECT_DOUBLE_EQ(PresetLr("tinyllama-1.1b"), 1e-4);
+  EXPECT_DOUBLE_EQ(PresetLr("my-family"), 1e-4);
+}
+
 TEST(JobTest, ResolveJob_RunDirInJobFile_IsKeptResolved) {
   JobRequest r;
   r.job_file = WriteJobFile("run_dir.textproto", "model: \"allreduce\" run_dir: \"/tmp/somewhere\"");
