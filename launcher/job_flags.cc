@@ -118,7 +118,10 @@ ABSL_FLAG(int64_t, checkpoint_every, -1, "GPT: write a checkpoint every N steps 
                                          "<run_dir>/checkpoints/ (asynchronous; default: none)");
 ABSL_FLAG(int, keep_checkpoints, -1, "GPT: keep the newest N complete checkpoints (default 2)");
 ABSL_FLAG(std::string, resume, "", "GPT: continue from the newest complete checkpoint of this run directory (any "
-                                   "stage count, partition or worker count); the new run has its own --run_dir");
+                                   "stage count, partition or worker count); the new run has its own --run_dir. The "
+                                   "job carries on: its model and sizes, optimizer, lr schedule, batch, seed, data, "
+                                   "steps and checkpointing come from the run; typed flags win (a change of the "
+                                   "trajectory is said in one line; a change of the model or its sizes is refused)");
 ABSL_FLAG(std::string, export_dir, "",
           "at the end of the run, write the model's weights (fp32 safetensors and config.json) into this new "
           "directory: Hugging Face's LlamaForCausalLM layout for llama, tools/peer/gpt_peer.py's for gpt "

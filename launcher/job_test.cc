@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -13,12 +14,15 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/checkpoint.h"
+#include "google/protobuf/text_format.h"
 #include "launcher/liveness.h"
 
 namespace stagehand {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -655,6 +659,145 @@ TEST(JobTest, PresetLr_EveryBuiltinPresetListed) {
   EXPECT_DOUBLE_EQ(PresetLr("gpt-1.3b"), 1e-4);
   EXPECT_DOUBLE_EQ(PresetLr("tinyllama-1.1b"), 1e-4);
   EXPECT_DOUBLE_EQ(PresetLr("my-family"), 1e-4);
+}
+
+// A run directory as a training run leaves it: job.textproto (the job it resolved) and one complete
+// checkpoint at `step` (a real shard's bytes, its SHA-256 in the MANIFEST). Returns the run directory.
+std::string FakeRun(const std::string& name, const JobRequest& request, int64_t step, bool with_job = true) {
+  const std::string run_dir = absl::StrCat(::testing::TempDir(), "/", name);
+  absl::StatusOr<ResolvedJob> job = ResolveJob(request, Inventory(0));
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return run_dir;
+  std::filesystem::remove_all(run_dir);
+  const std::string dir = CheckpointDir(run_dir, step);
+  std::filesystem::create_directories(dir);
+  if (with_job) {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(job->spec, &text);
+    std::ofstream(run_dir + "/job.textproto") << text;
+  }
+  CheckpointManifest m;
+  m.set_format(1);
+  m.set_step(step);
+  m.set_model(job->spec.model());
+  *m.mutable_model_spec() = job->spec.model_spec();
+  m.set_seed(job->spec.seed());
+  m.set_data(job->spec.data());
+  absl::StatusOr<DurableFile> shard = DurableFile::Create(dir + "/" + ShardName(0));
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  EXPECT_TRUE(shard->Append("parameters", 10).ok());
+  absl::StatusOr<DurableFile::Committed> done = shard->Commit();
+  EXPECT_TRUE(done.ok()) << done.status();
+  CheckpointShard* s = m.add_shards();
+  s->set_file(ShardName(0));
+  s->set_bytes(done->bytes);
+  s->set_sha256(done->sha256);
+  EXPECT_TRUE(WriteManifest(dir, m).ok());
+  return run_dir;
+}
+
+JobRequest TinyAtLowLr() {
+  JobRequest r;
+  r.device = "cpu";
+  r.model = "tiny";
+  r.lr = 1e-4;
+  r.steps = 50;
+  r.seed = 7;
+  r.global_batch = 16;
+  r.warmup_steps = 5;
+  r.checkpoint_every = 5;
+  r.fp32 = true;
+  return r;
+}
+
+// The command a SIGTERM checkpoint prints (--resume=RUN_DIR alone) continues that job: its model,
+// learning rate, schedule, batch, seed and step target, not the bare run's defaults.
+TEST(ResumeTest, ResumeAlone_ContinuesTheCheckpointedJob) {
+  const std::string run = FakeRun("resume_alone", TinyAtLowLr(), 20);
+  JobRequest r;
+  r.resume = run;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const JobSpec& spec = job->spec;
+  EXPECT_EQ(spec.model(), "tiny");
+  EXPECT_DOUBLE_EQ(spec.lr(), 1e-4);
+  EXPECT_EQ(spec.steps(), 50);
+  EXPECT_EQ(spec.seed(), 7);
+  EXPECT_EQ(spec.warmup_steps(), 5);
+  EXPECT_EQ(spec.pipeline().global_batch(), 16);
+  EXPECT_EQ(spec.checkpoint_every(), 5);
+  EXPECT_TRUE(spec.model_spec().fp32());
+  EXPECT_EQ(spec.resume(), CheckpointDir(run, 20));
+  for (const std::string& note : job->notes) {
+    EXPECT_THAT(note, Not(HasSubstr("no --model given"))) << "the bare run's default was taken";
+    EXPECT_THAT(note, Not(HasSubstr("trajectory")));
+  }
+  // The checkpoint's own directory names the same job.
+  r.resume = CheckpointDir(run, 20);
+  job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_DOUBLE_EQ(job->spec.lr(), 1e-4);
+  EXPECT_EQ(job->spec.steps(), 50);
+}
+
+TEST(ResumeTest, TrajectoryChanges_WinAndAreSaidInOneLine) {
+  const std::string run = FakeRun("resume_changed", TinyAtLowLr(), 20);
+  JobRequest r;
+  r.resume = run;
+  r.lr = 3e-3;
+  r.global_batch = 32;
+  r.workers = 4;  // the layout is this run's: not a change of the trajectory
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_DOUBLE_EQ(job->spec.lr(), 3e-3);
+  EXPECT_EQ(job->spec.pipeline().global_batch(), 32);
+  EXPECT_EQ(job->spec.workers(), 4);
+  int lines = 0;
+  for (const std::string& note : job->notes) {
+    if (note.find("trajectory") == std::string::npos) continue;
+    ++lines;
+    EXPECT_THAT(note, AllOf(HasSubstr("--lr=0.003 (was 0.0001)"), HasSubstr("--global_batch=32 (was 16)"),
+                            Not(HasSubstr("workers")), Not(HasSubstr("\n"))));
+  }
+  EXPECT_EQ(lines, 1);
+  // More steps with a cosine decay that ends at --steps move its end: said too.
+  JobRequest more;
+  more.resume = run;
+  more.steps = 80;
+  job = ResolveJob(more, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.steps(), 80);
+  EXPECT_THAT(job->notes, Contains(HasSubstr("--steps=80 (was 50")));
+}
+
+TEST(ResumeTest, ModelOrSizeChange_RefusedInOneLine) {
+  const std::string run = FakeRun("resume_sizes", TinyAtLowLr(), 20);
+  JobRequest r;
+  r.resume = run;
+  r.layers = 3;
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "keeps its model's sizes: drop --layers");
+  r.layers.reset();
+  r.hidden = 96;
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "drop --hidden");
+  r.hidden.reset();
+  r.model = "llama-tiny";
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "pass --model=tiny");
+  // The same model and sizes, typed again, are no change.
+  r.model = "tiny";
+  EXPECT_TRUE(ResolveJob(r, Inventory(0)).ok());
+}
+
+TEST(ResumeTest, CheckpointWithoutJobFile_TakesTheManifestsModelSeedAndData) {
+  const std::string run = FakeRun("resume_no_job", TinyAtLowLr(), 20, /*with_job=*/false);
+  JobRequest r;
+  r.resume = run;
+  r.steps = 30;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.model(), "tiny");
+  EXPECT_EQ(job->spec.seed(), 7);
+  EXPECT_TRUE(job->spec.model_spec().fp32());
+  EXPECT_THAT(job->notes, Contains(HasSubstr("has no job.textproto")));
 }
 
 TEST(JobTest, ResolveJob_RunDirInJobFile_IsKeptResolved) {
