@@ -70,9 +70,7 @@ class FirstError : public google::protobuf::io::ErrorCollector {
 // refused, never waited on). INVALID_ARGUMENT starting with `what` ("--job=PATH").
 absl::StatusOr<JobSpec> ParseJobFile(const std::string& path, const std::string& what) {
   absl::StatusOr<std::string> text = ReadRegularFile(path, what, int64_t{64} << 20);
-  if (!text.ok()) {
-    return Invalid(absl::StrCat(text.status().message(), "; pass a JobSpec in protobuf text format"));
-  }
+  if (!text.ok()) return Invalid(std::string(text.status().message()));
   JobSpec spec;
   google::protobuf::TextFormat::Parser parser;
   FirstError errors;
@@ -895,13 +893,19 @@ absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
   return spec;
 }
 
+// --schedule_file, a regular file of the user's (relative to where they ran `bazel run`), read whole.
+absl::StatusOr<std::string> ReadScheduleText(const JobRequest& request) {
+  absl::StatusOr<std::string> text = ReadRegularFile(UserPath(request.schedule_file),
+                                                     absl::StrCat("--schedule_file=", request.schedule_file),
+                                                     int64_t{64} << 20);
+  if (!text.ok()) return Invalid(std::string(text.status().message()));
+  return text;
+}
+
 absl::Status ReadScheduleFile(const JobRequest& request, JobSpec& spec) {
-  std::ifstream in(UserPath(request.schedule_file));
-  std::stringstream text;
-  if (!in || !(text << in.rdbuf())) {
-    return Invalid(absl::StrCat("--schedule_file=", request.schedule_file, ": cannot read it: ", std::strerror(errno)));
-  }
-  spec.mutable_pipeline()->set_schedule_text(text.str());
+  absl::StatusOr<std::string> text = ReadScheduleText(request);
+  if (!text.ok()) return text.status();
+  spec.mutable_pipeline()->set_schedule_text(*std::move(text));
   return TakeMicroBatchesFromSchedule(request, spec);
 }
 
@@ -969,12 +973,9 @@ absl::StatusOr<JobSpec> MergeJobRequest(const JobRequest& request) {
   ApplyRequest(request, spec);
   // The schedule is the client's file, the data and run directory the server's: only the first is read here.
   if (!request.schedule_file.empty()) {
-    std::ifstream in(UserPath(request.schedule_file));
-    std::stringstream text;
-    if (!in || !(text << in.rdbuf())) {
-      return Invalid(absl::StrCat("--schedule_file=", request.schedule_file, ": cannot read it: ", std::strerror(errno)));
-    }
-    spec.mutable_pipeline()->set_schedule_text(text.str());
+    absl::StatusOr<std::string> text = ReadScheduleText(request);
+    if (!text.ok()) return text.status();
+    spec.mutable_pipeline()->set_schedule_text(*std::move(text));
   }
   return spec;
 }

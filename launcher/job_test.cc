@@ -2,8 +2,14 @@
 // device inventories (0, 2 or 4 GPUs), and every refusal naming what to change.
 #include "launcher/job.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <future>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -52,6 +58,26 @@ DeviceInventory Inventory(int n, const std::string* cuda_visible_devices = nullp
   inv.cpu_cores = 8;
   inv.memory_bytes = int64_t{64} << 30;
   return inv;
+}
+
+// Runs `read` with `fifo` (a FIFO no one writes) in some input's place: it must come back at once. A
+// reader left waiting for a writer (the defect) is released after 10 s by opening the FIFO's other
+// end, and the test fails.
+template <typename F>
+auto WithinTenSeconds(const std::string& fifo, F read) -> decltype(read()) {
+  auto result = std::async(std::launch::async, read);
+  if (result.wait_for(std::chrono::seconds(10)) == std::future_status::timeout) {
+    ADD_FAILURE() << "still waiting on the FIFO " << fifo << " after 10 s";
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+  }
+  return result.get();
+}
+
+std::string MakeFifo(const std::string& path) {
+  ::unlink(path.c_str());
+  EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  return path;
 }
 
 std::vector<std::string> Uuids(const ResolvedJob& job) {
@@ -798,6 +824,44 @@ TEST(ResumeTest, CheckpointWithoutJobFile_TakesTheManifestsModelSeedAndData) {
   EXPECT_EQ(job->spec.seed(), 7);
   EXPECT_TRUE(job->spec.model_spec().fp32());
   EXPECT_THAT(job->notes, Contains(HasSubstr("has no job.textproto")));
+}
+
+// Every input read at validation is opened as a regular file only: a FIFO in its place is refused at
+// once, in one line naming the flag, where it used to hang the launcher.
+TEST(JobTest, ResolveJob_FifoInputs_RefusedAtOnceNamingTheFlag) {
+  const std::string fifo = MakeFifo(::testing::TempDir() + "/input.fifo");
+  const auto resolve = [&](JobRequest r) { return WithinTenSeconds(fifo, [&] { return ResolveJob(r, Inventory(0)); }); };
+  JobRequest job_file;
+  job_file.job_file = fifo;
+  ExpectOneLineRefusal(resolve(job_file), "--job=" + fifo + ": not a regular file but a FIFO");
+  JobRequest schedule;
+  schedule.model = "tiny";
+  schedule.schedule_file = fifo;
+  ExpectOneLineRefusal(resolve(schedule), "--schedule_file=" + fifo + ": not a regular file but a FIFO");
+  JobRequest data;
+  data.model = "tiny";
+  data.data = fifo;
+  ExpectOneLineRefusal(resolve(data), "--data=" + fifo + ": not a regular file but a FIFO");
+  JobRequest profiles;
+  profiles.model = "tiny";
+  profiles.device = "cpu";
+  profiles.layout = "auto";
+  profiles.layout_profiles = fifo;
+  ExpectOneLineRefusal(resolve(profiles), "--layout_profiles: " + fifo + ": not a regular file but a FIFO");
+  // A checkpoint whose MANIFEST is a FIFO.
+  const std::string run = ::testing::TempDir() + "/fifo_run";
+  std::filesystem::remove_all(run);
+  std::filesystem::create_directories(CheckpointDir(run, 3));
+  const std::string manifest = MakeFifo(CheckpointDir(run, 3) + "/MANIFEST");
+  JobRequest resume;
+  resume.resume = run;
+  absl::StatusOr<ResolvedJob> resumed = WithinTenSeconds(manifest, [&] { return ResolveJob(resume, Inventory(0)); });
+  ExpectOneLineRefusal(resumed, manifest + ": not a regular file but a FIFO");
+  EXPECT_THAT(std::string(resumed.status().message()), HasSubstr("--resume=" + run));
+  // The client's submission reads the schedule file too.
+  absl::StatusOr<JobSpec> merged = WithinTenSeconds(fifo, [&] { return MergeJobRequest(schedule); });
+  ASSERT_FALSE(merged.ok());
+  EXPECT_THAT(std::string(merged.status().message()), HasSubstr("--schedule_file=" + fifo + ": not a regular file"));
 }
 
 TEST(JobTest, ResolveJob_RunDirInJobFile_IsKeptResolved) {

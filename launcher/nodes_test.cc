@@ -4,6 +4,7 @@
 // fake clock; and the checks and notes of nodes.h.
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <memory>
@@ -490,6 +491,14 @@ TEST(JobToken, ReadableByOthers_OrShort_IsRefused) {
   EXPECT_EQ(*ReadJobToken(path), "0123456789abcdef0123456789abcdef");
   std::ofstream(path) << "short\n";
   EXPECT_THAT(std::string(ReadJobToken(path).status().message()), HasSubstr("32 or more"));
+}
+
+TEST(JobToken, Fifo_RefusedNamingTheFlag) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/tok.fifo";
+  unlink(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  EXPECT_THAT(std::string(ReadJobToken(path).status().message()),
+              HasSubstr("--job_token_file=" + path + ": not a regular file but a FIFO"));
 }
 
 TEST(CrossHostLinks, NodeMajorRanks_OneCrossingPerNodeBoundary) {
