@@ -719,7 +719,13 @@ std::string WriteTemp(const std::string& name, const std::string& text) {
 // The input cases of issue 11, through the real binary: one line, exit 2, no run directory, no worker.
 TEST(Launcher, InvalidInput_OneLineExit2NoRunDirectory) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--lr=nan"}, "--lr=nan: out of range"},
+      {{"--lr=nan"}, "--lr=nan: not a finite number"},
+      {{"--peak_tflops=nan"}, "--peak_tflops=nan: not a finite number"},
+      {{"--peak_tflops=inf"}, "--peak_tflops=inf: not a finite number"},
+      {{"--peak_tflops=0"}, "--peak_tflops=0: pass the peak TFLOP/s of one device, a number above 0"},
+      {{"--peak_tflops=-5"}, "--peak_tflops=-5: pass the peak TFLOP/s"},
+      {{"--val_fraction=1e999"}, "--val_fraction=1e999: not a finite number"},
+      {{"--replica_gbps=-inf"}, "--replica_gbps=-inf: not a finite number"},
       {{"--lr=-1"}, "--lr=-1: out of range"},
       {{"--micro_batches=0"}, "--micro_batches=0: out of range"},
       {{"--model=tiny", "--seq=1000000"}, "--seq=1000000: out of range"},
