@@ -239,7 +239,7 @@ std::vector<Ranged> RangedFields(const JobRequest& r, const JobSpec& s) {
       {"seq", "model_spec.seq", m.has_seq(), r.seq.has_value(), m.seq(), 1, kMaxSeq},
       {"pipeline_stages", "pipeline.stages", p.has_stages(), r.pipeline_stages.has_value(), p.stages(), 1, kMaxWorkers},
       {"micro_batches", "pipeline.micro_batches", p.has_micro_batches(), r.micro_batches.has_value(),
-       p.micro_batches(), 1, 1 << 16},
+       p.micro_batches(), 1, kMaxMicroBatches},
       {"global_batch", "pipeline.global_batch", p.has_global_batch(), r.global_batch.has_value(), p.global_batch(),
        1, int64_t{1} << 24},
       {"checkpoint_every", "checkpoint_every", s.has_checkpoint_every(), r.checkpoint_every.has_value(),
@@ -413,6 +413,16 @@ absl::Status ValidatePipeline(const JobSpec& job) {
     return Invalid("--checkpoint_every and --resume with --data_parallel are not supported yet: drop one of them");
   }
   if (p.micro_batches() < 1) return Invalid("--micro_batches must be at least 1");
+  // What the schedule's checks cost before the start (kMaxPipelinePairs).
+  const int64_t chunks = std::max(1, p.stage_chunks());
+  const int64_t pairs = int64_t{p.stages()} * chunks * p.micro_batches();
+  if (pairs > kMaxPipelinePairs) {
+    return Invalid(absl::StrCat("--micro_batches=", p.micro_batches(), " on ", p.stages(), " stages",
+                                chunks > 1 ? absl::StrCat(" x ", chunks, " chunks") : "", " is ", pairs,
+                                " (stage, micro-batch) pairs, more than the ", kMaxPipelinePairs,
+                                " a schedule is checked for before the start; pass --micro_batches=",
+                                std::max<int64_t>(1, kMaxPipelinePairs / (p.stages() * chunks)), " or fewer"));
+  }
   if (p.global_batch() < 1 || p.global_batch() % (int64_t{p.micro_batches()} * d) != 0) {
     if (d == 1) {
       return Invalid(absl::StrCat("--global_batch=", p.global_batch(), " does not split into ", p.micro_batches(),
@@ -499,9 +509,9 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
   }
   // The same bound as --micro_batches (ValidateRanges): a list naming micro-batch 10^9 must not size
   // the simulator's tables.
-  if (m > (1 << 16)) {
+  if (m > kMaxMicroBatches) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " names micro-batch ", m - 1,
-                                "; a schedule runs at most 65536 micro-batches"));
+                                "; a schedule runs at most ", kMaxMicroBatches, " micro-batches"));
   }
     if (r.micro_batches && *r.micro_batches != m) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " runs ", m, " micro-batches but --micro_batches=",

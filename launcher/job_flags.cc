@@ -35,7 +35,8 @@ ABSL_FLAG(std::string, schedule, "",
           "chunks per worker in a V) (default 1f1b)");
 ABSL_FLAG(int, stage_chunks, -1,
           "GPT: model chunks per worker, virtual stages r, r+p, ... (interleaved-1f1b, default 2; zb-v: 2; else 1)");
-ABSL_FLAG(int, micro_batches, -1, "GPT: micro-batches per step (default max(8, stages); at most 65536)");
+ABSL_FLAG(int, micro_batches, -1, "GPT: micro-batches per step (default max(8, stages); at most 1024, and stages x "
+                                   "chunks per worker x micro-batches at most 4096)");
 ABSL_FLAG(int64_t, global_batch, -1, "GPT: sequences per step (default 32)");
 ABSL_FLAG(std::string, partition, "", "GPT: auto (profiled, balanced), uniform, or pipeline-layer counts like 27,23 (the embedding, each block's attention and MLP halves, the head)");
 ABSL_FLAG(int64_t, vocab, -1, "GPT: vocabulary size (default: the preset's)");

@@ -22,7 +22,9 @@
 #include "gtest/gtest.h"
 #include "common/checkpoint.h"
 #include "google/protobuf/text_format.h"
+#include "launcher/job_plan.h"
 #include "launcher/liveness.h"
+#include "schedule/schedule.h"
 
 namespace stagehand {
 namespace {
@@ -862,6 +864,42 @@ TEST(JobTest, ResolveJob_FifoInputs_RefusedAtOnceNamingTheFlag) {
   absl::StatusOr<JobSpec> merged = WithinTenSeconds(fifo, [&] { return MergeJobRequest(schedule); });
   ASSERT_FALSE(merged.ok());
   EXPECT_THAT(std::string(merged.status().message()), HasSubstr("--schedule_file=" + fifo + ": not a regular file"));
+}
+
+// --micro_batches within its stated range starts within seconds: the schedule of the largest accepted
+// counts is lowered, checked and simulated quickly (it grew past 25 s at 4096 and never ended at
+// 65536, the old bound); beyond the bounds, one line saying the limit.
+TEST(JobTest, MicroBatches_LargestAcceptedCheckedWithinSeconds_BeyondRefusedNamingTheLimit) {
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {4, "1f1b"}, {4, "gpipe"}, {8, "1f1b"}, {2, "interleaved-1f1b"}, {2, "zb-v"}, {4, "zb-h1"}};
+  for (const auto& [workers, schedule] : layouts) {
+    JobRequest r;
+    r.device = "cpu";
+    r.workers = workers;
+    r.model = "tiny";
+    r.schedule = schedule;
+    const int m = static_cast<int>(std::min<int64_t>(kMaxMicroBatches, kMaxPipelinePairs / (workers * DefaultChunks(schedule))));
+    r.micro_batches = m;
+    r.global_batch = m;
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+    ASSERT_TRUE(job.ok()) << schedule << " x " << m << ": " << job.status();
+    EXPECT_TRUE(CheckModelJob(job->spec, {}, int64_t{64} << 30).ok()) << schedule;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15)) << workers << " x " << schedule << " x " << m;
+  }
+  JobRequest r;
+  r.device = "cpu";
+  r.model = "tiny";
+  r.micro_batches = kMaxMicroBatches + 1;
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "--micro_batches=1025: out of range; pass --micro_batches=N with 1 <= N <= 1024");
+  r.workers = 8;
+  r.micro_batches = 1024;
+  r.global_batch = 1024;
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "more than the 4096 a schedule is checked for before the start; "
+                                                    "pass --micro_batches=512 or fewer");
+  r.workers = 4;
+  r.schedule = "interleaved-1f1b";
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "on 4 stages x 2 chunks is 8192");
 }
 
 TEST(JobTest, ResolveJob_RunDirInJobFile_IsKeptResolved) {
