@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/input_file.h"
 #include "google/protobuf/text_format.h"
 
 namespace stagehand {
@@ -158,12 +159,15 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& man
 
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kManifestName);
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": ", ErrnoText(errno)));
-  std::stringstream text;
-  text << in.rdbuf();
+  // A regular file only: a FIFO in its place must not hang the launcher (common/input_file.h).
+  absl::StatusOr<std::string> text = ReadRegularFile(path, path, int64_t{64} << 20);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) return text.status();
+    return absl::DataLossError(absl::StrCat(text.status().message(), "; remove ", dir,
+                                            " to resume from an older checkpoint"));
+  }
   CheckpointManifest m;
-  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &m) || m.format() != 1 || m.shards_size() == 0) {
+  if (!google::protobuf::TextFormat::ParseFromString(*text, &m) || m.format() != 1 || m.shards_size() == 0) {
     return absl::DataLossError(absl::StrCat(path, ": not a checkpoint manifest of format 1; remove ", dir,
                                             " to resume from an older checkpoint"));
   }
@@ -201,8 +205,9 @@ absl::StatusOr<FoundCheckpoint> NewestCheckpoint(const std::string& path) {
 
 absl::Status VerifyShard(const std::string& dir, const CheckpointShard& shard) {
   const std::string path = dir + "/" + shard.file();
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return absl::DataLossError(absl::StrCat("checkpoint shard ", path, ": ", ErrnoText(errno)));
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path, absl::StrCat("checkpoint shard ", path));
+  if (!file.ok()) return absl::DataLossError(file.status().message());
+  UniqueFd fd = std::move(file->fd);
   Sha256Stream sha;
   std::vector<char> buf(size_t{8} << 20);
   int64_t bytes = 0;

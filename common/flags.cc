@@ -2,11 +2,13 @@
 #include "common/flags.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace stagehand {
@@ -60,6 +62,15 @@ absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv) {
         value = argv[++i];
       } else {
         return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+    }
+    // Every real-valued flag is a finite number: nan and inf parse, and would pass any range check
+    // written as "v < lo || v > hi", so they are refused here, once for every binary.
+    if (flag->IsOfType<double>() || flag->IsOfType<float>()) {
+      double v = 0;
+      if (absl::SimpleAtod(value, &v) && !std::isfinite(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, "=", value, ": not a finite number; pass a number like --", name, "=1.5"));
       }
     }
     std::string error;

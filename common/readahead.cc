@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/cache_dir.h"
+#include "common/input_file.h"
 #include "common/fd.h"
 
 namespace stagehand {
@@ -215,11 +216,10 @@ std::string ReadaheadListPath(const std::string& dir, const std::string& key) {
 }
 
 absl::StatusOr<ReadaheadList> ReadReadaheadList(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("no readahead list at ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseReadaheadList(text.str());
+  // A regular file only (input_file.h): a FIFO in the cache must not hang the prefetcher.
+  absl::StatusOr<std::string> text = ReadRegularFile(path, path, int64_t{64} << 20);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("no readahead list at ", path, " (", text.status().message(), ")"));
+  return ParseReadaheadList(*text);
 }
 
 absl::Status WriteReadaheadList(const std::string& path, const ReadaheadList& list) {

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fd.h"
+#include "common/input_file.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -165,10 +166,12 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsPrefix(const std::string& pref
 }
 
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return absl::NotFoundError(absl::StrCat(path, ": ", ErrnoText(errno)));
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": ", ErrnoText(errno)));
+  // A regular file only (common/input_file.h): a FIFO in a shard's place must not hang the reader.
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path, path);
+  if (absl::IsNotFound(file.status())) return absl::NotFoundError(std::string(file.status().message()));
+  if (!file.ok()) return absl::DataLossError(std::string(file.status().message()));
+  const UniqueFd fd = std::move(file->fd);
+  const struct stat st = file->st;
   std::string len(8, '\0');
   if (pread(fd.get(), len.data(), 8, 0) != 8) return absl::DataLossError(absl::StrCat(path, ": not a safetensors file: too short"));
   uint64_t n = 0;
@@ -187,8 +190,10 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
 
 absl::Status ReadSafetensorsData(const std::string& path, const SafetensorsHeader& header, const SafetensorsEntry& e,
                                  void* out) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return absl::NotFoundError(absl::StrCat(path, ": ", ErrnoText(errno)));
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path, path);
+  if (absl::IsNotFound(file.status())) return absl::NotFoundError(std::string(file.status().message()));
+  if (!file.ok()) return absl::DataLossError(std::string(file.status().message()));
+  const UniqueFd fd = std::move(file->fd);
   char* dst = static_cast<char*>(out);
   int64_t off = header.data_start + e.begin, left = e.end - e.begin;
   while (left > 0) {

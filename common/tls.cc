@@ -6,6 +6,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -15,6 +16,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/input_file.h"
 #include "grpcpp/security/credentials.h"
 
 namespace stagehand {
@@ -118,17 +121,22 @@ std::string ExplainUnavailable(const grpc::Status& s, const ClientTlsInfo& info)
 }  // namespace
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::string& path, PemKind kind) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return Bad(flag, path, absl::StrCat("cannot read it: ", std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) return Bad(flag, path, "not a file; pass a PEM file");
-  std::ifstream in(path);
-  std::stringstream text;
-  if (!in || !(text << in.rdbuf()) || in.bad()) {
-    // An empty file makes the stream insertion fail too: tell the two apart.
-    if (in && st.st_size == 0) return Bad(flag, path, "the file is empty; pass a PEM file");
-    return Bad(flag, path, absl::StrCat("cannot read it: ", std::strerror(errno)));
+  // A regular file only (common/input_file.h): a FIFO would block open() until a writer came.
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path, "");
+  if (!file.ok()) {
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return Bad(flag, path, absl::StrCat("not a regular file but ", FileKind(st.st_mode), "; pass a PEM file"));
+    }
+    return Bad(flag, path, absl::StripPrefix(file.status().message(), ": "));
   }
-  std::string pem = text.str();
+  if (file->st.st_size > (int64_t{1} << 20)) return Bad(flag, path, "more than 1 MiB: not a PEM file");
+  std::string pem(static_cast<size_t>(file->st.st_size), '\0');
+  ssize_t n;
+  while ((n = ::pread(file->fd.get(), pem.data(), pem.size(), 0)) < 0 && errno == EINTR) {
+  }
+  if (n < 0) return Bad(flag, path, absl::StrCat("cannot read it: ", std::strerror(errno)));
+  pem.resize(static_cast<size_t>(n));
   if (absl::StripAsciiWhitespace(pem).empty()) return Bad(flag, path, "the file is empty; pass a PEM file");
   const bool want_cert = kind == PemKind::kCertificates;
   if (!absl::StrContains(pem, "-----BEGIN ")) {

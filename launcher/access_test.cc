@@ -1,8 +1,12 @@
 // Tests of tokens and roles (access.h) over a real job store under TEST_TMPDIR.
 #include "launcher/access.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <future>
 
 #include <cstdlib>
 #include <fstream>
@@ -223,6 +227,23 @@ TEST_F(AccessTest, EnsureAdminToken_GroupWritableDir_IsRefused) {
   EXPECT_EQ(line.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(line.status().message()), HasSubstr("chmod go-w"));
   EXPECT_NE(::access((dir_ + "/admin.token").c_str(), F_OK), 0);
+}
+
+// A FIFO as --token_file is refused at once; it used to block open() until a writer came. (A reader
+// left waiting, the defect, is released after 10 s by opening the other end, and the test fails.)
+TEST(ReadTokenFileTest, ReadTokenFile_Fifo_RefusedAtOnce) {
+  const std::string path = TempPath();
+  ::unlink(path.c_str());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto result = std::async(std::launch::async, [&] { return ReadTokenFile(path); });
+  if (result.wait_for(std::chrono::seconds(10)) == std::future_status::timeout) {
+    ADD_FAILURE() << "still waiting on the FIFO after 10 s";
+    const int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+  }
+  absl::StatusOr<TokenFile> file = result.get();
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(file.status().message()), HasSubstr("--token_file=" + path + ": not a regular file but a FIFO"));
 }
 
 TEST(ReadTokenFileTest, ReadTokenFile_WhitespaceAround_IsTrimmed) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/fd.h"
+#include "common/input_file.h"
 
 namespace stagehand {
 namespace {
@@ -22,13 +23,15 @@ constexpr off_t kMaxTokenFileBytes = 4096;
 }  // namespace
 
 absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
-    return absl::InvalidArgumentError(absl::StrCat("--token_file=", path, ": cannot read it: ", ErrnoText(errno),
-                                                   "; pass the file holding the token you were given"));
+  // A regular file only (common/input_file.h): a FIFO would block open() until a writer came.
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path, absl::StrCat("--token_file=", path));
+  if (!file.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.status().message(), "; pass the file holding the token you were given"));
   }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxTokenFileBytes) {
+  const UniqueFd fd = std::move(file->fd);
+  const struct stat st = file->st;
+  if (st.st_size > kMaxTokenFileBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("--token_file=", path, ": not a small regular file; it should hold the token alone"));
   }

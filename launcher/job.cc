@@ -21,6 +21,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "common/checkpoint.h"
+#include "common/input_file.h"
 #include "launcher/liveness.h"
 #include "launcher/run_dir.h"
 #include "launcher/token_file.h"
@@ -34,7 +35,51 @@ namespace {
 constexpr int kDefaultCpuWorkers = 2;
 constexpr int64_t kDayMs = int64_t{24} * 3600 * 1000;
 
+// The training defaults each built-in preset carries, whichever way it was chosen (--model, the job
+// file, a submitted spec, or the bare run's choice): the small CPU presets learn visibly at 3e-3, the
+// large ones take the reference runs' 1e-4. A family's own name resolves to its preset first; a preset
+// not listed (a user family's) takes kDefaultLr.
+struct PresetDefaults {
+  const char* preset;
+  double lr;
+};
+constexpr PresetDefaults kPresetDefaults[] = {
+    {"tiny", 3e-3},
+    {"llama-tiny", 3e-3},
+    {"gpt-1.3b", 1e-4},
+    {"tinyllama-1.1b", 1e-4},
+};
+constexpr double kDefaultLr = 1e-4;
+
 absl::Status Invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+// Collects the parser's errors: the first one becomes the single line of the refusal (the default
+// collector would log each to stderr besides).
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+// A JobSpec in protobuf text format from a regular file (common/input_file.h: a FIFO or a device is
+// refused, never waited on). INVALID_ARGUMENT starting with `what` ("--job=PATH").
+absl::StatusOr<JobSpec> ParseJobFile(const std::string& path, const std::string& what) {
+  absl::StatusOr<std::string> text = ReadRegularFile(path, what, int64_t{64} << 20);
+  if (!text.ok()) return Invalid(std::string(text.status().message()));
+  JobSpec spec;
+  google::protobuf::TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(*text, &spec)) {
+    return Invalid(absl::StrCat(what, ": ", errors.first(), " (a JobSpec in protobuf text format: protos/job.proto)"));
+  }
+  return spec;
+}
 
 // Fills what neither the job file nor a flag set.
 void ApplyDefaults(JobSpec& spec) {
@@ -59,6 +104,17 @@ void ApplyDefaults(JobSpec& spec) {
   if (!t.has_nccl_init_ms()) t.set_nccl_init_ms(60000);
   if (!t.has_grace_ms()) t.set_grace_ms(3000);
 }
+
+}  // namespace
+
+double PresetLr(const std::string& preset) {
+  for (const PresetDefaults& d : kPresetDefaults) {
+    if (preset == d.preset) return d.lr;
+  }
+  return kDefaultLr;
+}
+
+namespace {
 
 absl::Status Positive(const char* flag, int64_t v) {
   if (v >= 1) return absl::OkStatus();
@@ -183,7 +239,7 @@ std::vector<Ranged> RangedFields(const JobRequest& r, const JobSpec& s) {
       {"seq", "model_spec.seq", m.has_seq(), r.seq.has_value(), m.seq(), 1, kMaxSeq},
       {"pipeline_stages", "pipeline.stages", p.has_stages(), r.pipeline_stages.has_value(), p.stages(), 1, kMaxWorkers},
       {"micro_batches", "pipeline.micro_batches", p.has_micro_batches(), r.micro_batches.has_value(),
-       p.micro_batches(), 1, 1 << 16},
+       p.micro_batches(), 1, kMaxMicroBatches},
       {"global_batch", "pipeline.global_batch", p.has_global_batch(), r.global_batch.has_value(), p.global_batch(),
        1, int64_t{1} << 24},
       {"checkpoint_every", "checkpoint_every", s.has_checkpoint_every(), r.checkpoint_every.has_value(),
@@ -357,6 +413,16 @@ absl::Status ValidatePipeline(const JobSpec& job) {
     return Invalid("--checkpoint_every and --resume with --data_parallel are not supported yet: drop one of them");
   }
   if (p.micro_batches() < 1) return Invalid("--micro_batches must be at least 1");
+  // What the schedule's checks cost before the start (kMaxPipelinePairs).
+  const int64_t chunks = std::max(1, p.stage_chunks());
+  const int64_t pairs = int64_t{p.stages()} * chunks * p.micro_batches();
+  if (pairs > kMaxPipelinePairs) {
+    return Invalid(absl::StrCat("--micro_batches=", p.micro_batches(), " on ", p.stages(), " stages",
+                                chunks > 1 ? absl::StrCat(" x ", chunks, " chunks") : "", " is ", pairs,
+                                " (stage, micro-batch) pairs, more than the ", kMaxPipelinePairs,
+                                " a schedule is checked for before the start; pass --micro_batches=",
+                                std::max<int64_t>(1, kMaxPipelinePairs / (p.stages() * chunks)), " or fewer"));
+  }
   if (p.global_batch() < 1 || p.global_batch() % (int64_t{p.micro_batches()} * d) != 0) {
     if (d == 1) {
       return Invalid(absl::StrCat("--global_batch=", p.global_batch(), " does not split into ", p.micro_batches(),
@@ -426,7 +492,7 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
   }
   if (!p.has_global_batch()) p.set_global_batch(std::max<int64_t>(32, p.micro_batches()));
   if (p.partition().empty()) p.set_partition("auto");
-  if (!spec.has_lr()) spec.set_lr(1e-4);
+  if (!spec.has_lr()) spec.set_lr(PresetLr(spec.model_spec().preset().empty() ? spec.model() : spec.model_spec().preset()));
   return ValidatePipeline(spec);
 }
 
@@ -443,9 +509,9 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
   }
   // The same bound as --micro_batches (ValidateRanges): a list naming micro-batch 10^9 must not size
   // the simulator's tables.
-  if (m > (1 << 16)) {
+  if (m > kMaxMicroBatches) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " names micro-batch ", m - 1,
-                                "; a schedule runs at most 65536 micro-batches"));
+                                "; a schedule runs at most ", kMaxMicroBatches, " micro-batches"));
   }
     if (r.micro_batches && *r.micro_batches != m) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " runs ", m, " micro-batches but --micro_batches=",
@@ -457,13 +523,13 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
 
 // The job of a bare `launcher`: a model that visibly learns, sized to what the devices show. On CPU
 // workers the tiny GPT, whose loss falls from ln 256 = 5.5 to about 1 within seconds; on GPUs the
-// reference gpt-1.3b for long enough to show what they give. Flags the user set are kept.
-// `steps_given`, `lr_given`: set by a flag, the job file or a submitted spec, before the defaults.
-void ChooseDefaultModel(const JobRequest& r, bool steps_given, bool lr_given, ResolvedJob& out) {
+// reference gpt-1.3b for long enough to show what they give. Flags the user set are kept; the
+// learning rate is the preset's (kPresetDefaults), as with --model.
+// `steps_given`: set by a flag, the job file or a submitted spec, before the defaults.
+void ChooseDefaultModel(const JobRequest& r, bool steps_given, ResolvedJob& out) {
   const bool cpu = out.spec.device() == "cpu";
   out.spec.set_model(cpu ? "tiny" : "gpt-1.3b");
   if (r.job_file.empty() && !steps_given) out.spec.set_steps(cpu ? 200 : 30);
-  if (r.job_file.empty() && !lr_given) out.spec.set_lr(cpu ? 3e-3 : 1e-4);
   out.notes.push_back(absl::StrCat("no --model given: training ", out.spec.model(), " for ", out.spec.steps(),
                                    " steps (--model=allreduce runs the checked collective instead)"));
 }
@@ -575,29 +641,181 @@ absl::Status SameModel(const std::string& flag, const CheckpointManifest& m, con
   return absl::OkStatus();
 }
 
+// The refusal of a --resume whose checkpoint cannot be found or read.
+absl::Status ResumeNotFound(const std::string& flag, const absl::Status& s) {
+  return Invalid(absl::StrCat(flag, ": ", s.message(),
+                              absl::IsNotFound(s) ? "; pass a run directory written with --checkpoint_every" : ""));
+}
+
+// The run directory a checkpoint's directory belongs to (<run_dir>/checkpoints/step_N), or "" when it
+// lies elsewhere (a checkpoint copied out of its run).
+std::string RunDirOfCheckpoint(const std::string& dir) {
+  const size_t slash = dir.rfind('/');
+  if (slash == std::string::npos || slash == 0) return "";
+  const std::string parent = dir.substr(0, slash);
+  const size_t up = parent.rfind('/');
+  if (parent.substr(up == std::string::npos ? 0 : up + 1) != "checkpoints") return "";
+  return up == std::string::npos ? "." : up == 0 ? "/" : parent.substr(0, up);
+}
+
+std::string Text(double v) { return absl::StrCat(v); }
+std::string Text(int64_t v) { return absl::StrCat(v); }
+std::string Text(bool v) { return v ? "true" : "false"; }
+std::string DataText(const std::string& d) { return d.empty() || d == "synthetic" ? "synthetic" : d; }
+
+// What the resumed job changes of the checkpointed one, for its one line.
+class Changes {
+ public:
+  // A setting of the trajectory: the user's value (set: given) over the checkpointed job's (had: it set
+  // one). Not given: the checkpointed value is taken. Given and different: a change, said.
+  template <typename T, typename Has, typename Get, typename Set>
+  void Setting(const char* flag, JobSpec& spec, const JobSpec& job, Has has, Get get, Set set) {
+    if (!has(spec)) {
+      if (has(job)) set(spec, get(job));
+    } else if (!has(job) || get(job) != get(spec)) {
+      Add(flag, Text(static_cast<T>(get(spec))), has(job) ? Text(static_cast<T>(get(job))) : "unset");
+    }
+  }
+  void Add(const std::string& flag, const std::string& now, const std::string& was) {
+    list_.push_back(absl::StrCat("--", flag, "=", now, " (was ", was, ")"));
+  }
+  bool empty() const { return list_.empty(); }
+  std::string Line() const { return absl::StrJoin(list_, ", "); }
+
+ private:
+  std::vector<std::string> list_;
+};
+
+// --resume continues the job it resumes: the model and its sizes come from the checkpoint's manifest,
+// the optimizer's, the learning-rate schedule's, the batch's, the data's and the checkpointing settings
+// from the run's job.textproto (the job as that run resolved it). `spec` is what the user asked for (the
+// job file and the flags); what it sets wins, except the model and its sizes, which a checkpoint cannot
+// change (refused); a changed setting of the trajectory is said in one note. The layout (devices,
+// workers, stages, schedule, micro-batches, partition) is this run's own: a checkpoint resumes on any.
+absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std::string>& notes) {
+  const std::string flag = absl::StrCat("--resume=", r.resume.empty() ? spec.resume() : r.resume);
+  absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(spec.resume());
+  if (!found.ok()) return ResumeNotFound(flag, found.status());
+  const CheckpointManifest& manifest = found->manifest;
+  JobSpec job;
+  const std::string run_dir = RunDirOfCheckpoint(found->dir);
+  const std::string job_path = run_dir.empty() ? "" : run_dir + "/job.textproto";
+  struct stat st;
+  if (!job_path.empty() && lstat(job_path.c_str(), &st) == 0) {
+    absl::StatusOr<JobSpec> read = ParseJobFile(job_path, absl::StrCat(flag, ": the checkpointed job ", job_path));
+    if (!read.ok()) return read.status();
+    job = *std::move(read);
+  } else {
+    job.set_seed(manifest.seed());
+    job.set_data(manifest.data());
+    notes.push_back(absl::StrCat("--resume: ", found->dir, " has no job.textproto beside it: continuing its model, "
+                                 "seed and data; the other settings are this run's flags and the defaults"));
+  }
+  // The model: the checkpoint's, whose parameters these are.
+  if (!spec.model().empty() && spec.model() != manifest.model()) {
+    return Invalid(absl::StrCat(flag, ": the checkpoint is of ", manifest.model(), " but --model=", spec.model(),
+                                "; a resumed run continues its model: drop --model (or pass --model=", manifest.model(),
+                                ")"));
+  }
+  spec.set_model(manifest.model());
+  const ModelSpec &had = manifest.model_spec(), &asked = spec.model_spec();
+  const std::vector<std::tuple<const char*, bool, bool, double, double>> sizes = {
+      {"vocab", had.has_vocab(), asked.has_vocab(), double(had.vocab()), double(asked.vocab())},
+      {"hidden", had.has_hidden(), asked.has_hidden(), double(had.hidden()), double(asked.hidden())},
+      {"heads", had.has_heads(), asked.has_heads(), double(had.heads()), double(asked.heads())},
+      {"kv_heads", had.has_kv_heads(), asked.has_kv_heads(), double(had.kv_heads()), double(asked.kv_heads())},
+      {"ffn_hidden", had.has_ffn_hidden(), asked.has_ffn_hidden(), double(had.ffn_hidden()), double(asked.ffn_hidden())},
+      {"layers", had.has_layers(), asked.has_layers(), double(had.layers()), double(asked.layers())},
+      {"seq", had.has_seq(), asked.has_seq(), double(had.seq()), double(asked.seq())},
+      {"rope_theta", had.has_rope_theta(), asked.has_rope_theta(), had.rope_theta(), asked.rope_theta()},
+      {"norm_eps", had.has_norm_eps(), asked.has_norm_eps(), had.norm_eps(), asked.norm_eps()},
+  };
+  for (const auto& [name, has_had, has_asked, was, now] : sizes) {
+    if (has_asked && has_had && was != now) {
+      return Invalid(absl::StrCat(flag, ": --", name, "=", now, " but the checkpointed model has ", name, " ", was,
+                                  "; a resumed run keeps its model's sizes: drop --", name, " (or pass --", name, "=",
+                                  was, ")"));
+    }
+  }
+  Changes changes;
+  if (asked.has_fp32() && asked.fp32() != (had.has_fp32() && had.fp32())) {
+    changes.Add("fp32", Text(asked.fp32()), Text(had.has_fp32() && had.fp32()));
+  }
+  ModelSpec model = had;
+  model.MergeFrom(asked);  // the sizes agree; the user's kernels, fp32 and options win
+  *spec.mutable_model_spec() = std::move(model);
+  // The trajectory: the optimizer, the learning-rate schedule, the batch, the seed and the data.
+#define STAGEHAND_SETTING(T, flag, field)                                                              \
+  changes.Setting<T>(flag, spec, job, [](const JobSpec& j) { return j.has_##field(); },              \
+                     [](const JobSpec& j) { return j.field(); }, [](JobSpec& j, auto v) { j.set_##field(v); })
+  STAGEHAND_SETTING(double, "lr", lr);
+  STAGEHAND_SETTING(double, "min_lr", min_lr);
+  STAGEHAND_SETTING(double, "weight_decay", weight_decay);
+  STAGEHAND_SETTING(double, "grad_clip", grad_clip);
+  STAGEHAND_SETTING(int64_t, "warmup_steps", warmup_steps);
+  STAGEHAND_SETTING(int64_t, "lr_decay_steps", lr_decay_steps);
+  STAGEHAND_SETTING(int64_t, "seed", seed);
+  STAGEHAND_SETTING(double, "val_fraction", val_fraction);
+#undef STAGEHAND_SETTING
+  changes.Setting<int64_t>(
+      "global_batch", spec, job, [](const JobSpec& j) { return j.pipeline().has_global_batch(); },
+      [](const JobSpec& j) { return j.pipeline().global_batch(); },
+      [](JobSpec& j, int64_t v) { j.mutable_pipeline()->set_global_batch(v); });
+  if (spec.data().empty()) {
+    spec.set_data(job.data());
+  } else if (DataText(spec.data()) != DataText(job.data())) {
+    changes.Add("data", DataText(spec.data()), DataText(job.data()));
+  }
+  // The steps: the checkpointed job's target unless given. More steps change nothing already run,
+  // except the cosine decay's end when it follows the steps.
+  const bool decay_follows_steps = (spec.has_warmup_steps() || spec.has_min_lr()) && !spec.has_lr_decay_steps();
+  if (!spec.has_steps()) {
+    if (job.has_steps()) spec.set_steps(job.steps());
+  } else if (decay_follows_steps && job.has_steps() && spec.steps() != job.steps()) {
+    changes.Add("steps", Text(spec.steps()), absl::StrCat(job.steps(), ": the cosine decay ends at --steps"));
+  }
+  // Checkpointing, evaluation and the export carry on as the job had them.
+  if (!spec.has_checkpoint_every() && job.has_checkpoint_every()) spec.set_checkpoint_every(job.checkpoint_every());
+  if (!spec.has_keep_checkpoints() && job.has_keep_checkpoints()) spec.set_keep_checkpoints(job.keep_checkpoints());
+  if (!spec.has_max_restarts() && job.has_max_restarts()) spec.set_max_restarts(job.max_restarts());
+  if (!spec.has_term_checkpoint_timeout_ms() && job.has_term_checkpoint_timeout_ms()) {
+    spec.set_term_checkpoint_timeout_ms(job.term_checkpoint_timeout_ms());
+  }
+  if (spec.val_fraction() > 0) {
+    if (!spec.has_eval_every() && job.has_eval_every()) spec.set_eval_every(job.eval_every());
+    if (!spec.has_eval_batches() && job.has_eval_batches()) spec.set_eval_batches(job.eval_batches());
+  }
+  if (spec.export_dir().empty()) spec.set_export_dir(job.export_dir());
+  if (!spec.has_save_params() && job.has_save_params()) spec.set_save_params(job.save_params());
+  if (spec.name().empty()) spec.set_name(job.name());
+  if (!changes.empty()) {
+    notes.push_back(absl::StrCat("--resume: changed from the checkpointed job, so the run's trajectory differs from "
+                                 "an uninterrupted one: ", changes.Line()));
+  }
+  return absl::OkStatus();
+}
+
 // --resume=RUN_DIR: its newest complete checkpoint, whole (every shard's SHA-256 checked), of the same
-// model, and short of --steps. The job then names that checkpoint's directory.
-absl::Status ResolveResume(const JobRequest& r, bool steps_given, ResolvedJob& out) {
+// model, and short of --steps. The job then names that checkpoint's directory. `steps_given`,
+// `export_given`: the user asked for them (the job file or the flags), not the checkpointed job.
+absl::Status ResolveResume(const JobRequest& r, bool steps_given, bool export_given, ResolvedJob& out) {
   JobSpec& spec = out.spec;
   const std::string flag = absl::StrCat("--resume=", r.resume.empty() ? spec.resume() : r.resume);
   if (!IsModelJob(spec)) return Invalid(absl::StrCat(flag, ": only a model's training resumes; drop --resume"));
   absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(spec.resume());
-  if (!found.ok()) {
-    return Invalid(absl::StrCat(flag, ": ", found.status().message(),
-                                absl::IsNotFound(found.status()) ? "; pass a run directory written with --checkpoint_every" : ""));
-  }
+  if (!found.ok()) return ResumeNotFound(flag, found.status());
   for (const CheckpointShard& shard : found->manifest.shards()) {
     if (absl::Status s = VerifyShard(found->dir, shard); !s.ok()) return Invalid(absl::StrCat(flag, ": ", s.message()));
   }
   if (absl::Status s = SameModel(flag, found->manifest, spec); !s.ok()) return s;
   const int64_t step = found->manifest.step();
   // With --export_dir and no --steps (or --steps at the checkpoint's): export it, train nothing.
-  const bool export_only = !spec.export_dir().empty() && (!steps_given || spec.steps() == step);
+  const bool export_only = export_given && (!steps_given || spec.steps() == step);
   if (export_only) spec.set_steps(step);
   if (step >= spec.steps() && !export_only) {
     return Invalid(absl::StrCat(flag, ": its newest checkpoint has done ", step, " steps but --steps=", spec.steps(),
                                 "; pass --steps=N with N > ", step,
-                                spec.export_dir().empty() ? "" : " (or no --steps, to export it without training)"));
+                                export_given ? " (or no --steps, to export it without training)" : ""));
   }
   for (const std::string& skipped : found->skipped) {
     out.notes.push_back(absl::StrCat("skipping ", skipped, ": it has no manifest (its write was cut short)"));
@@ -659,42 +877,7 @@ const std::vector<std::string>& KnownModels() {
   return *models;
 }
 
-// Collects the parser's errors: the first one becomes the single line of the refusal (the default
-// collector would log each to stderr besides).
-class FirstError : public google::protobuf::io::ErrorCollector {
- public:
-  void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
-  }
-  const std::string& first() const { return first_; }
-
- private:
-  std::string first_;
-};
-
-absl::StatusOr<JobSpec> ReadJobFile(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    return Invalid(absl::StrCat("--job=", path, ": not a file; pass a JobSpec in protobuf text format"));
-  }
-  std::ifstream in(path);
-  if (!in) return Invalid(absl::StrCat("--job=", path, ": cannot read it: ", std::strerror(errno)));
-  std::stringstream text;
-  text << in.rdbuf();
-  // A read that fails midway (/proc/self/mem opens, then reads fail) must not pass as an empty job.
-  if (in.bad() || (in.fail() && !in.eof()) || text.fail()) {
-    return Invalid(absl::StrCat("--job=", path, ": cannot read it; pass a readable JobSpec file"));
-  }
-  JobSpec spec;
-  google::protobuf::TextFormat::Parser parser;
-  FirstError errors;
-  parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(text.str(), &spec)) {
-    return Invalid(absl::StrCat("--job=", path, ": ", errors.first(),
-                                " (a JobSpec in protobuf text format: protos/job.proto)"));
-  }
-  return spec;
-}
+absl::StatusOr<JobSpec> ReadJobFile(const std::string& path) { return ParseJobFile(path, "--job=" + path); }
 
 // The job file and the token file are the user's paths: relative to where they ran `bazel run`.
 absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
@@ -720,13 +903,19 @@ absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
   return spec;
 }
 
+// --schedule_file, a regular file of the user's (relative to where they ran `bazel run`), read whole.
+absl::StatusOr<std::string> ReadScheduleText(const JobRequest& request) {
+  absl::StatusOr<std::string> text = ReadRegularFile(UserPath(request.schedule_file),
+                                                     absl::StrCat("--schedule_file=", request.schedule_file),
+                                                     int64_t{64} << 20);
+  if (!text.ok()) return Invalid(std::string(text.status().message()));
+  return text;
+}
+
 absl::Status ReadScheduleFile(const JobRequest& request, JobSpec& spec) {
-  std::ifstream in(UserPath(request.schedule_file));
-  std::stringstream text;
-  if (!in || !(text << in.rdbuf())) {
-    return Invalid(absl::StrCat("--schedule_file=", request.schedule_file, ": cannot read it: ", std::strerror(errno)));
-  }
-  spec.mutable_pipeline()->set_schedule_text(text.str());
+  absl::StatusOr<std::string> text = ReadScheduleText(request);
+  if (!text.ok()) return text.status();
+  spec.mutable_pipeline()->set_schedule_text(*std::move(text));
   return TakeMicroBatchesFromSchedule(request, spec);
 }
 
@@ -737,13 +926,17 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   out.spec = *std::move(merged);
   // Ranges first, on what the user wrote or typed: a 0 is refused, never taken for "unset".
   if (absl::Status s = ValidateRanges(request, out.spec); !s.ok()) return s;
-  const bool steps_given = out.spec.has_steps(), lr_given = out.spec.has_lr();
+  // What the user asked for, before a resumed job's settings fill the rest (CarryResumedJob).
+  const bool steps_given = out.spec.has_steps(), export_given = !out.spec.export_dir().empty();
+  if (!out.spec.resume().empty()) {
+    if (absl::Status s = CarryResumedJob(request, out.spec, out.notes); !s.ok()) return s;
+  }
   ApplyDefaults(out.spec);
   if (absl::Status s = ValidateRelations(out.spec); !s.ok()) return s;
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
   out.host_workers = out.spec.workers();
   if (request.world_workers) out.spec.set_workers(*request.world_workers);
-  if (out.spec.model().empty()) ChooseDefaultModel(request, steps_given, lr_given, out);
+  if (out.spec.model().empty()) ChooseDefaultModel(request, steps_given, out);
   if (!request.schedule_file.empty()) {
     if (absl::Status s = ReadScheduleFile(request, out.spec); !s.ok()) return s;
   }
@@ -762,7 +955,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   }
   if (absl::Status s = ResolveEval(out.spec); !s.ok()) return s;
   if (!out.spec.resume().empty()) {
-    if (absl::Status s = ResolveResume(request, steps_given, out); !s.ok()) return s;
+    if (absl::Status s = ResolveResume(request, steps_given, export_given, out); !s.ok()) return s;
   }
   if (absl::Status s = ResolveExport(out); !s.ok()) return s;
   if (out.spec.name().empty()) out.spec.set_name(out.spec.model());
@@ -790,12 +983,9 @@ absl::StatusOr<JobSpec> MergeJobRequest(const JobRequest& request) {
   ApplyRequest(request, spec);
   // The schedule is the client's file, the data and run directory the server's: only the first is read here.
   if (!request.schedule_file.empty()) {
-    std::ifstream in(UserPath(request.schedule_file));
-    std::stringstream text;
-    if (!in || !(text << in.rdbuf())) {
-      return Invalid(absl::StrCat("--schedule_file=", request.schedule_file, ": cannot read it: ", std::strerror(errno)));
-    }
-    spec.mutable_pipeline()->set_schedule_text(text.str());
+    absl::StatusOr<std::string> text = ReadScheduleText(request);
+    if (!text.ok()) return text.status();
+    spec.mutable_pipeline()->set_schedule_text(*std::move(text));
   }
   return spec;
 }

@@ -92,6 +92,10 @@ struct ResolvedJob {
   int host_workers = 0;            // this host's workers (spec.workers() unless world_workers)
 };
 
+// The learning rate a preset trains at unless --lr (or the job file's lr) says otherwise: one table
+// (launcher/job.cc) for every way the preset was chosen. 1e-4 for a preset it does not list.
+double PresetLr(const std::string& preset);
+
 // The models stagehand's own worker runs ("allreduce" and the built-in presets), for messages.
 const std::vector<std::string>& KnownModels();
 
@@ -105,6 +109,11 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
 inline constexpr int kMaxWorkers = 1024;
 inline constexpr int kCpuWorkersPerCore = 8;              // CPU workers beyond this many per core are refused
 inline constexpr int64_t kMaxSeq = int64_t{1} << 17;
+// The schedule is lowered, checked and simulated before the start, in time that grows with the
+// (stage, micro-batch) pairs of a worker's lists (worse than linearly for 1F1B's grouping of crossing
+// sends): within these every accepted job starts within about a second of checking.
+inline constexpr int kMaxMicroBatches = 1024;
+inline constexpr int64_t kMaxPipelinePairs = 4096;  // stages x chunks per worker x micro-batches
 
 // An agent of several hosts: only this host's devices, from --device, --gpus and --workers (the job
 // itself comes from node 0). The same checks and messages as ResolveJob's; INVALID_ARGUMENT (exit 2).

@@ -35,7 +35,8 @@ ABSL_FLAG(std::string, schedule, "",
           "chunks per worker in a V) (default 1f1b)");
 ABSL_FLAG(int, stage_chunks, -1,
           "model: model chunks per worker, virtual stages r, r+p, ... (interleaved-1f1b, default 2; zb-v: 2; else 1)");
-ABSL_FLAG(int, micro_batches, -1, "model: micro-batches per step (default max(8, stages); at most 65536)");
+ABSL_FLAG(int, micro_batches, -1, "model: micro-batches per step (default max(8, stages); at most 1024, and stages x "
+                                   "chunks per worker x micro-batches at most 4096)");
 ABSL_FLAG(int64_t, global_batch, -1, "model: sequences per step (default 32)");
 ABSL_FLAG(std::string, partition, "", "model: auto (profiled, balanced), uniform, or pipeline-layer counts like 27,23 (the embedding, each block's attention and MLP halves, the head)");
 ABSL_FLAG(int64_t, vocab, -1, "model: vocabulary size (default: the preset's)");
@@ -62,7 +63,8 @@ ABSL_FLAG(std::string, attention, "",
           "GPT and Llama on GPUs: the attention kernel, cudnn (default; cuDNN's fused attention), flash "
           "(FlashAttention-2), or torch (LibTorch's own choice, as PyTorch makes it)");
 ABSL_FLAG(std::string, data, "", "model: a file of uint16 tokens (nanoGPT layout); default: the synthetic corpus");
-ABSL_FLAG(double, lr, -1, "model: AdamW learning rate, finite, 0 < lr <= 10 (default 1e-4; 3e-3 for the bare CPU run)");
+ABSL_FLAG(double, lr, -1, "model: AdamW learning rate, finite, 0 < lr <= 10 (default: the preset's, 3e-3 for tiny and "
+          "llama-tiny, 1e-4 for gpt-1.3b, tinyllama-1.1b and other families)");
 ABSL_FLAG(bool, inference, false, "model: forward-only pipeline over --global_batch sequences per step");
 ABSL_FLAG(bool, save_params, false, "model: each rank writes its final parameters to the run directory");
 ABSL_FLAG(bool, timing, true, "workers time every action (for report.json and trace.json)");
@@ -117,7 +119,10 @@ ABSL_FLAG(int64_t, checkpoint_every, -1, "model: write a checkpoint every N step
                                          "<run_dir>/checkpoints/ (asynchronous; default: none)");
 ABSL_FLAG(int, keep_checkpoints, -1, "model: keep the newest N complete checkpoints (default 2)");
 ABSL_FLAG(std::string, resume, "", "model: continue from the newest complete checkpoint of this run directory (any "
-                                   "stage count, partition or worker count); the new run has its own --run_dir");
+                                   "stage count, partition or worker count); the new run has its own --run_dir. The "
+                                   "job carries on: its model and sizes, optimizer, lr schedule, batch, seed, data, "
+                                   "steps and checkpointing come from the run; typed flags win (a change of the "
+                                   "trajectory is said in one line; a change of the model or its sizes is refused)");
 ABSL_FLAG(std::string, export_dir, "",
           "at the end of the run, write the model's weights (fp32 safetensors and config.json) into this new "
           "directory: Hugging Face's LlamaForCausalLM layout for llama, tools/peer/gpt_peer.py's for gpt "

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/input_file.h"
 #include "google/protobuf/text_format.h"
 #include "launcher/layout.h"
 #include "launcher/plan_clocks.h"
@@ -304,11 +305,11 @@ namespace {
 absl::StatusOr<std::vector<LayerProfileAt>> ReadLayoutProfiles(const std::string& list, int layers) {
   std::vector<LayerProfileAt> out;
   for (absl::string_view path : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-    std::ifstream in{std::string(path)};
-    std::stringstream text;
-    text << in.rdbuf();
+    absl::StatusOr<std::string> text =
+        ReadRegularFile(std::string(path), absl::StrCat("--layout_profiles: ", path), int64_t{64} << 20);
+    if (!text.ok()) return Invalid(absl::StrCat(text.status().message(), " (a LayerProfile in text format)"));
     LayerProfile profile;
-    if (!in || !google::protobuf::TextFormat::ParseFromString(text.str(), &profile)) {
+    if (!google::protobuf::TextFormat::ParseFromString(*text, &profile)) {
       return Invalid(absl::StrCat("--layout_profiles: ", path, " is not a readable LayerProfile in text format "
                                   "(protos/job.proto; launcher/testdata/ holds examples)"));
     }

@@ -2,8 +2,15 @@
 // device inventories (0, 2 or 4 GPUs), and every refusal naming what to change.
 #include "launcher/job.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <future>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -13,12 +20,17 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/checkpoint.h"
+#include "google/protobuf/text_format.h"
+#include "launcher/job_plan.h"
 #include "launcher/liveness.h"
+#include "schedule/schedule.h"
 
 namespace stagehand {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -48,6 +60,26 @@ DeviceInventory Inventory(int n, const std::string* cuda_visible_devices = nullp
   inv.cpu_cores = 8;
   inv.memory_bytes = int64_t{64} << 30;
   return inv;
+}
+
+// Runs `read` with `fifo` (a FIFO no one writes) in some input's place: it must come back at once. A
+// reader left waiting for a writer (the defect) is released after 10 s by opening the FIFO's other
+// end, and the test fails.
+template <typename F>
+auto WithinTenSeconds(const std::string& fifo, F read) -> decltype(read()) {
+  auto result = std::async(std::launch::async, read);
+  if (result.wait_for(std::chrono::seconds(10)) == std::future_status::timeout) {
+    ADD_FAILURE() << "still waiting on the FIFO " << fifo << " after 10 s";
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+  }
+  return result.get();
+}
+
+std::string MakeFifo(const std::string& path) {
+  ::unlink(path.c_str());
+  EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  return path;
 }
 
 std::vector<std::string> Uuids(const ResolvedJob& job) {
@@ -601,6 +633,273 @@ TEST(JobTest, ResolveJob_TokenAboveVocab_IsRefusedBeforeStartNamingPosition) {
   r.vocab = 200;
   r.data = path;
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "token 255 at position 4321");
+}
+
+// One default per setting: a preset's learning rate is the same whichever way it was chosen.
+TEST(JobTest, ResolveJob_PresetLr_SameForModelFlagJobFileAndBareRun) {
+  absl::StatusOr<ResolvedJob> bare = ResolveJob(JobRequest(), Inventory(0));
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  ASSERT_EQ(bare->spec.model(), "tiny");
+  JobRequest tiny;
+  tiny.model = "tiny";
+  absl::StatusOr<ResolvedJob> typed = ResolveJob(tiny, Inventory(0));
+  ASSERT_TRUE(typed.ok()) << typed.status();
+  EXPECT_DOUBLE_EQ(typed->spec.lr(), bare->spec.lr());
+  EXPECT_DOUBLE_EQ(typed->spec.lr(), 3e-3);
+  JobRequest file;
+  file.job_file = WriteJobFile("preset_lr.textproto", "model: \"llama-tiny\" device: \"cpu\"");
+  absl::StatusOr<ResolvedJob> from_file = ResolveJob(file, Inventory(0));
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  EXPECT_DOUBLE_EQ(from_file->spec.lr(), 3e-3);
+  // A job file without a model: the bare run's choice, still at its preset's rate.
+  JobRequest no_model;
+  no_model.job_file = WriteJobFile("preset_lr_bare.textproto", "device: \"cpu\" steps: 3");
+  absl::StatusOr<ResolvedJob> chosen = ResolveJob(no_model, Inventory(0));
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(chosen->spec.model(), "tiny");
+  EXPECT_DOUBLE_EQ(chosen->spec.lr(), 3e-3);
+  // The large presets keep the reference runs' rate, by preset or by family name; the GPU bare run too.
+  for (const char* model : {"gpt-1.3b", "gpt", "tinyllama-1.1b", "llama"}) {
+    JobRequest r;
+    r.model = model;
+    absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(2));
+    ASSERT_TRUE(job.ok()) << model << ": " << job.status();
+    EXPECT_DOUBLE_EQ(job->spec.lr(), 1e-4) << model;
+  }
+  absl::StatusOr<ResolvedJob> gpu_bare = ResolveJob(JobRequest(), Inventory(2));
+  ASSERT_TRUE(gpu_bare.ok()) << gpu_bare.status();
+  EXPECT_DOUBLE_EQ(gpu_bare->spec.lr(), 1e-4);
+  // --lr wins over the preset's.
+  tiny.lr = 5e-4;
+  absl::StatusOr<ResolvedJob> explicit_lr = ResolveJob(tiny, Inventory(0));
+  ASSERT_TRUE(explicit_lr.ok()) << explicit_lr.status();
+  EXPECT_DOUBLE_EQ(explicit_lr->spec.lr(), 5e-4);
+}
+
+TEST(JobTest, PresetLr_EveryBuiltinPresetListed) {
+  for (const std::string& model : KnownModels()) {
+    if (model == "allreduce") continue;
+    const double lr = PresetLr(model);
+    EXPECT_TRUE(lr == 3e-3 || lr == 1e-4) << model;
+  }
+  EXPECT_DOUBLE_EQ(PresetLr("tiny"), 3e-3);
+  EXPECT_DOUBLE_EQ(PresetLr("llama-tiny"), 3e-3);
+  EXPECT_DOUBLE_EQ(PresetLr("gpt-1.3b"), 1e-4);
+  EXPECT_DOUBLE_EQ(PresetLr("tinyllama-1.1b"), 1e-4);
+  EXPECT_DOUBLE_EQ(PresetLr("my-family"), 1e-4);
+}
+
+// A run directory as a training run leaves it: job.textproto (the job it resolved) and one complete
+// checkpoint at `step` (a real shard's bytes, its SHA-256 in the MANIFEST). Returns the run directory.
+std::string FakeRun(const std::string& name, const JobRequest& request, int64_t step, bool with_job = true) {
+  const std::string run_dir = absl::StrCat(::testing::TempDir(), "/", name);
+  absl::StatusOr<ResolvedJob> job = ResolveJob(request, Inventory(0));
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return run_dir;
+  std::filesystem::remove_all(run_dir);
+  const std::string dir = CheckpointDir(run_dir, step);
+  std::filesystem::create_directories(dir);
+  if (with_job) {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(job->spec, &text);
+    std::ofstream(run_dir + "/job.textproto") << text;
+  }
+  CheckpointManifest m;
+  m.set_format(1);
+  m.set_step(step);
+  m.set_model(job->spec.model());
+  *m.mutable_model_spec() = job->spec.model_spec();
+  m.set_seed(job->spec.seed());
+  m.set_data(job->spec.data());
+  absl::StatusOr<DurableFile> shard = DurableFile::Create(dir + "/" + ShardName(0));
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  EXPECT_TRUE(shard->Append("parameters", 10).ok());
+  absl::StatusOr<DurableFile::Committed> done = shard->Commit();
+  EXPECT_TRUE(done.ok()) << done.status();
+  CheckpointShard* s = m.add_shards();
+  s->set_file(ShardName(0));
+  s->set_bytes(done->bytes);
+  s->set_sha256(done->sha256);
+  EXPECT_TRUE(WriteManifest(dir, m).ok());
+  return run_dir;
+}
+
+JobRequest TinyAtLowLr() {
+  JobRequest r;
+  r.device = "cpu";
+  r.model = "tiny";
+  r.lr = 1e-4;
+  r.steps = 50;
+  r.seed = 7;
+  r.global_batch = 16;
+  r.warmup_steps = 5;
+  r.checkpoint_every = 5;
+  r.fp32 = true;
+  return r;
+}
+
+// The command a SIGTERM checkpoint prints (--resume=RUN_DIR alone) continues that job: its model,
+// learning rate, schedule, batch, seed and step target, not the bare run's defaults.
+TEST(ResumeTest, ResumeAlone_ContinuesTheCheckpointedJob) {
+  const std::string run = FakeRun("resume_alone", TinyAtLowLr(), 20);
+  JobRequest r;
+  r.resume = run;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const JobSpec& spec = job->spec;
+  EXPECT_EQ(spec.model(), "tiny");
+  EXPECT_DOUBLE_EQ(spec.lr(), 1e-4);
+  EXPECT_EQ(spec.steps(), 50);
+  EXPECT_EQ(spec.seed(), 7);
+  EXPECT_EQ(spec.warmup_steps(), 5);
+  EXPECT_EQ(spec.pipeline().global_batch(), 16);
+  EXPECT_EQ(spec.checkpoint_every(), 5);
+  EXPECT_TRUE(spec.model_spec().fp32());
+  EXPECT_EQ(spec.resume(), CheckpointDir(run, 20));
+  for (const std::string& note : job->notes) {
+    EXPECT_THAT(note, Not(HasSubstr("no --model given"))) << "the bare run's default was taken";
+    EXPECT_THAT(note, Not(HasSubstr("trajectory")));
+  }
+  // The checkpoint's own directory names the same job.
+  r.resume = CheckpointDir(run, 20);
+  job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_DOUBLE_EQ(job->spec.lr(), 1e-4);
+  EXPECT_EQ(job->spec.steps(), 50);
+}
+
+TEST(ResumeTest, TrajectoryChanges_WinAndAreSaidInOneLine) {
+  const std::string run = FakeRun("resume_changed", TinyAtLowLr(), 20);
+  JobRequest r;
+  r.resume = run;
+  r.lr = 3e-3;
+  r.global_batch = 32;
+  r.workers = 4;  // the layout is this run's: not a change of the trajectory
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_DOUBLE_EQ(job->spec.lr(), 3e-3);
+  EXPECT_EQ(job->spec.pipeline().global_batch(), 32);
+  EXPECT_EQ(job->spec.workers(), 4);
+  int lines = 0;
+  for (const std::string& note : job->notes) {
+    if (note.find("trajectory") == std::string::npos) continue;
+    ++lines;
+    EXPECT_THAT(note, AllOf(HasSubstr("--lr=0.003 (was 0.0001)"), HasSubstr("--global_batch=32 (was 16)"),
+                            Not(HasSubstr("workers")), Not(HasSubstr("\n"))));
+  }
+  EXPECT_EQ(lines, 1);
+  // More steps with a cosine decay that ends at --steps move its end: said too.
+  JobRequest more;
+  more.resume = run;
+  more.steps = 80;
+  job = ResolveJob(more, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.steps(), 80);
+  EXPECT_THAT(job->notes, Contains(HasSubstr("--steps=80 (was 50")));
+}
+
+TEST(ResumeTest, ModelOrSizeChange_RefusedInOneLine) {
+  const std::string run = FakeRun("resume_sizes", TinyAtLowLr(), 20);
+  JobRequest r;
+  r.resume = run;
+  r.layers = 3;
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "keeps its model's sizes: drop --layers");
+  r.layers.reset();
+  r.hidden = 96;
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "drop --hidden");
+  r.hidden.reset();
+  r.model = "llama-tiny";
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "pass --model=tiny");
+  // The same model and sizes, typed again, are no change.
+  r.model = "tiny";
+  EXPECT_TRUE(ResolveJob(r, Inventory(0)).ok());
+}
+
+TEST(ResumeTest, CheckpointWithoutJobFile_TakesTheManifestsModelSeedAndData) {
+  const std::string run = FakeRun("resume_no_job", TinyAtLowLr(), 20, /*with_job=*/false);
+  JobRequest r;
+  r.resume = run;
+  r.steps = 30;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.model(), "tiny");
+  EXPECT_EQ(job->spec.seed(), 7);
+  EXPECT_TRUE(job->spec.model_spec().fp32());
+  EXPECT_THAT(job->notes, Contains(HasSubstr("has no job.textproto")));
+}
+
+// Every input read at validation is opened as a regular file only: a FIFO in its place is refused at
+// once, in one line naming the flag, where it used to hang the launcher.
+TEST(JobTest, ResolveJob_FifoInputs_RefusedAtOnceNamingTheFlag) {
+  const std::string fifo = MakeFifo(::testing::TempDir() + "/input.fifo");
+  const auto resolve = [&](JobRequest r) { return WithinTenSeconds(fifo, [&] { return ResolveJob(r, Inventory(0)); }); };
+  JobRequest job_file;
+  job_file.job_file = fifo;
+  ExpectOneLineRefusal(resolve(job_file), "--job=" + fifo + ": not a regular file but a FIFO");
+  JobRequest schedule;
+  schedule.model = "tiny";
+  schedule.schedule_file = fifo;
+  ExpectOneLineRefusal(resolve(schedule), "--schedule_file=" + fifo + ": not a regular file but a FIFO");
+  JobRequest data;
+  data.model = "tiny";
+  data.data = fifo;
+  ExpectOneLineRefusal(resolve(data), "--data=" + fifo + ": not a regular file but a FIFO");
+  JobRequest profiles;
+  profiles.model = "tiny";
+  profiles.device = "cpu";
+  profiles.layout = "auto";
+  profiles.layout_profiles = fifo;
+  ExpectOneLineRefusal(resolve(profiles), "--layout_profiles: " + fifo + ": not a regular file but a FIFO");
+  // A checkpoint whose MANIFEST is a FIFO.
+  const std::string run = ::testing::TempDir() + "/fifo_run";
+  std::filesystem::remove_all(run);
+  std::filesystem::create_directories(CheckpointDir(run, 3));
+  const std::string manifest = MakeFifo(CheckpointDir(run, 3) + "/MANIFEST");
+  JobRequest resume;
+  resume.resume = run;
+  absl::StatusOr<ResolvedJob> resumed = WithinTenSeconds(manifest, [&] { return ResolveJob(resume, Inventory(0)); });
+  ExpectOneLineRefusal(resumed, manifest + ": not a regular file but a FIFO");
+  EXPECT_THAT(std::string(resumed.status().message()), HasSubstr("--resume=" + run));
+  // The client's submission reads the schedule file too.
+  absl::StatusOr<JobSpec> merged = WithinTenSeconds(fifo, [&] { return MergeJobRequest(schedule); });
+  ASSERT_FALSE(merged.ok());
+  EXPECT_THAT(std::string(merged.status().message()), HasSubstr("--schedule_file=" + fifo + ": not a regular file"));
+}
+
+// --micro_batches within its stated range starts within seconds: the schedule of the largest accepted
+// counts is lowered, checked and simulated quickly (it grew past 25 s at 4096 and never ended at
+// 65536, the old bound); beyond the bounds, one line saying the limit.
+TEST(JobTest, MicroBatches_LargestAcceptedCheckedWithinSeconds_BeyondRefusedNamingTheLimit) {
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {4, "1f1b"}, {4, "gpipe"}, {8, "1f1b"}, {2, "interleaved-1f1b"}, {2, "zb-v"}, {4, "zb-h1"}};
+  for (const auto& [workers, schedule] : layouts) {
+    JobRequest r;
+    r.device = "cpu";
+    r.workers = workers;
+    r.model = "tiny";
+    r.schedule = schedule;
+    const int m = static_cast<int>(std::min<int64_t>(kMaxMicroBatches, kMaxPipelinePairs / (workers * DefaultChunks(schedule))));
+    r.micro_batches = m;
+    r.global_batch = m;
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+    ASSERT_TRUE(job.ok()) << schedule << " x " << m << ": " << job.status();
+    EXPECT_TRUE(CheckModelJob(job->spec, {}, int64_t{64} << 30).ok()) << schedule;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15)) << workers << " x " << schedule << " x " << m;
+  }
+  JobRequest r;
+  r.device = "cpu";
+  r.model = "tiny";
+  r.micro_batches = kMaxMicroBatches + 1;
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "--micro_batches=1025: out of range; pass --micro_batches=N with 1 <= N <= 1024");
+  r.workers = 8;
+  r.micro_batches = 1024;
+  r.global_batch = 1024;
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "more than the 4096 a schedule is checked for before the start; "
+                                                    "pass --micro_batches=512 or fewer");
+  r.workers = 4;
+  r.schedule = "interleaved-1f1b";
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "on 4 stages x 2 chunks is 8192");
 }
 
 TEST(JobTest, ResolveJob_RunDirInJobFile_IsKeptResolved) {

@@ -6,9 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -52,6 +57,62 @@ std::string RunDirOf(const LaunchOptions& options, const JobSpec& spec, const st
                                spec.name(), "-", job_id));
 }
 
+// SIGINT, SIGTERM and SIGHUP while the job is checked, before anything is created: main() blocks them
+// in every thread (so that Supervise takes them with sigtimedwait once workers run), and a check can
+// take seconds (a large token file scanned, a checkpoint's SHA-256). This thread takes them meanwhile
+// and ends the launcher at once, 130 (SIGINT) or 143, nothing having been created. Stopped before
+// anything is; a signal after that stays pending for Supervise, as before. Does nothing where the
+// signals are not blocked (a test calling Launch() in its own process).
+class ValidationSignalWatcher {
+ public:
+  ValidationSignalWatcher() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGHUP);
+    sigset_t blocked;
+    if (pthread_sigmask(SIG_BLOCK, nullptr, &blocked) != 0) return;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      if (!sigismember(&blocked, sig)) return;
+    }
+    thread_ = std::thread([this] { Watch(); });
+  }
+  ~ValidationSignalWatcher() { Stop(); }
+  ValidationSignalWatcher(const ValidationSignalWatcher&) = delete;
+  ValidationSignalWatcher& operator=(const ValidationSignalWatcher&) = delete;
+
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Watch() {
+    while (!stop_) {
+      timespec tick{0, 20 * 1000 * 1000};
+      const int sig = sigtimedwait(&set_, nullptr, &tick);
+      if (sig != SIGINT && sig != SIGTERM && sig != SIGHUP) continue;
+      // Raw write and _exit: nothing to flush or unwind, and the other threads only read.
+      const std::string line = absl::StrCat("stagehand: ", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP",
+                                            " while the job was being checked: stopped, nothing was started\n");
+      ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+      (void)ignored;
+      _exit(sig == SIGINT ? kExitInterrupted : 128 + SIGTERM);
+    }
+  }
+
+  sigset_t set_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Tests only (tests/launcher_test.cc): a check that takes this many milliseconds (at most 60000), to
+// stop with a signal.
+void TestOnlySlowValidation() {
+  const char* ms = std::getenv("STAGEHAND_TEST_SLOW_VALIDATION_MS");
+  if (ms != nullptr) absl::SleepFor(absl::Milliseconds(std::clamp(std::atoi(ms), 0, 60000)));
+}
+
 // What a launch needs once everything that can refuse the job has said yes.
 struct Checked {
   ResolvedJob job;
@@ -63,6 +124,7 @@ struct Checked {
 // model's fit, the run directory (new or empty unless --overwrite). Creates nothing, so a sweep can
 // ask it of every point before the first runs.
 absl::StatusOr<Checked> CheckLaunch(const LaunchOptions& options, const std::string& job_id) {
+  TestOnlySlowValidation();
   absl::StatusOr<ValidatedLaunch> valid = ValidateLaunch(options, QueryDevices());
   if (!valid.ok()) return valid.status();
   const std::string run_dir = RunDirOf(options, valid->job.spec, job_id);
@@ -230,9 +292,9 @@ int LaunchAgent(const LaunchOptions& options) {
   return RunAgent(a);
 }
 
-}  // namespace
-
-LaunchResult Launch(const LaunchOptions& options) {
+// One launch; `watch_signals`: a signal while the job is checked ends the launcher at once
+// (ValidationSignalWatcher); a sweep's later runs leave it pending for their supervision instead.
+LaunchResult LaunchOne(const LaunchOptions& options, bool watch_signals) {
   LaunchResult result;
   result.exit_code = kExitUsage;
   if (options.node.node_rank > 0) {
@@ -240,6 +302,8 @@ LaunchResult Launch(const LaunchOptions& options) {
     result.started = result.exit_code != kExitUsage;
     return result;
   }
+  std::optional<ValidationSignalWatcher> watcher;
+  if (watch_signals) watcher.emplace();
   LibraryPrefetcher prefetcher;
   StartPrefetch(options, prefetcher);
   const std::string job_id = RandomHex(4);
@@ -270,6 +334,7 @@ LaunchResult Launch(const LaunchOptions& options) {
   StdoutListener out;
   std::unique_ptr<ProcessSpawner> spawner = NewPosixProcessSpawner();
   const std::string run_dir = ro.run_dir;
+  if (watcher) watcher->Stop();  // from here on things are created: Supervise takes the signals
   std::unique_ptr<JobRun> run = JobRun::Start(std::move(ro), spawner.get(), &out, result.exit_code);
   if (run == nullptr) {
     if (result.exit_code == kExitWriteFailed) result.run_dir = run_dir;
@@ -285,6 +350,10 @@ LaunchResult Launch(const LaunchOptions& options) {
   result.report = std::move(end.report);
   return result;
 }
+
+}  // namespace
+
+LaunchResult Launch(const LaunchOptions& options) { return LaunchOne(options, /*watch_signals=*/true); }
 
 }  // namespace stagehand
 
@@ -326,6 +395,7 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
                                         ? absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(),
                                                                                  absl::LocalTimeZone()), "-sweep")
                                         : options.run_dir);
+  std::optional<ValidationSignalWatcher> watcher(std::in_place);  // until the base directory is made
   SweepPlan plan = PlanSweep(options, counts, base);
   // Every point is checked before the first runs, so that a count the job cannot take is refused with
   // nothing started (exit 2) rather than after the others ran.
@@ -347,6 +417,7 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
   }
   struct stat st;
   const bool base_existed = stat(base.c_str(), &st) == 0;
+  watcher.reset();
   if (absl::Status s = PrepareRunDir(base, options.overwrite); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", Message(s).c_str());
     return kExitUsage;
@@ -364,7 +435,7 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
     o.launch = absl::Now();  // each run's ledger counts from its own start
     std::printf("stagehand: sweep: %d worker%s\n", p.workers, p.workers == 1 ? "" : "s");
     std::fflush(stdout);
-    LaunchResult r = Launch(o);
+    LaunchResult r = LaunchOne(o, /*watch_signals=*/false);
     // 2 says "nothing started"; once a run of the sweep has, a refused point is a run that could not
     // be started.
     if (r.exit_code == kExitUsage && any_started) r.exit_code = kExitLaunchFailed;

@@ -317,6 +317,11 @@ int main(int argc, char** argv) {
     std::fputs(stagehand::FlagsHelp(kUsage, {"launcher/main.cc", stagehand::kJobFlagsFile}).c_str(), stdout);
     return 0;
   }
+  if (!(absl::GetFlag(FLAGS_peak_tflops) > 0)) {  // finite already (ParseFlags)
+    std::fprintf(stderr, "stagehand: --peak_tflops=%g: pass the peak TFLOP/s of one device, a number above 0\n",
+                 absl::GetFlag(FLAGS_peak_tflops));
+    return stagehand::kExitUsage;
+  }
   if (absl::GetFlag(FLAGS_version)) {
     std::printf("stagehand launcher %s (coordinator protocol %d)\n", stagehand::kVersion, stagehand::kProtocolVersion);
     return 0;

@@ -2,7 +2,9 @@
 #include "launcher/nodes.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <fstream>
 #include <sstream>
 
@@ -10,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/input_file.h"
 #include "launcher/coordinator_service.h"
 #include "launcher/run_dir.h"
 
@@ -68,19 +71,28 @@ absl::Status CheckNodeOptions(const NodeOptions& n, const NodeTls& tls, const st
 
 absl::StatusOr<std::string> ReadJobToken(const std::string& path) {
   const std::string full = UserPath(path);
-  struct stat st;
-  if (stat(full.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return Invalid(absl::StrCat("--job_token_file=", path, ": not a readable file; write a secret of 32 or more "
-                                "characters into it (e.g. openssl rand -hex 32 > FILE; chmod 600 FILE)"));
+  // A regular file only (common/input_file.h): a FIFO would block the launcher in open() or read().
+  absl::StatusOr<RegularFile> file = OpenRegularFile(full, absl::StrCat("--job_token_file=", path));
+  if (!file.ok()) {
+    return Invalid(absl::StrCat(file.status().message(), "; write a secret of 32 or more characters into a file "
+                                "(e.g. openssl rand -hex 32 > FILE; chmod 600 FILE)"));
   }
+  const struct stat st = file->st;
   if ((st.st_mode & 077) != 0) {
     return Invalid(absl::StrCat("--job_token_file=", path, ": readable by others (mode ", absl::StrCat(st.st_mode & 0777),
                                 "); chmod 600 it"));
   }
-  std::ifstream in(full);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string token(absl::StripAsciiWhitespace(text.str()));
+  constexpr int64_t kMaxTokenBytes = 4096;
+  if (st.st_size > kMaxTokenBytes) {
+    return Invalid(absl::StrCat("--job_token_file=", path, ": ", st.st_size, " bytes; it should hold the secret alone"));
+  }
+  std::string text(kMaxTokenBytes, '\0');
+  ssize_t n;
+  while ((n = ::pread(file->fd.get(), text.data(), text.size(), 0)) < 0 && errno == EINTR) {
+  }
+  if (n < 0) return Invalid(absl::StrCat("--job_token_file=", path, ": cannot read it: ", ErrnoText(errno)));
+  text.resize(static_cast<size_t>(n));
+  std::string token(absl::StripAsciiWhitespace(text));
   if (token.size() < 32) {
     return Invalid(absl::StrCat("--job_token_file=", path, ": the secret is ", token.size(),
                                 " characters; write 32 or more (openssl rand -hex 32)"));

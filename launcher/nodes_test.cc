@@ -602,6 +602,14 @@ TEST(JobToken, ReadableByOthers_OrShort_IsRefused) {
   EXPECT_THAT(std::string(ReadJobToken(path).status().message()), HasSubstr("32 or more"));
 }
 
+TEST(JobToken, Fifo_RefusedNamingTheFlag) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/tok.fifo";
+  unlink(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  EXPECT_THAT(std::string(ReadJobToken(path).status().message()),
+              HasSubstr("--job_token_file=" + path + ": not a regular file but a FIFO"));
+}
+
 TEST(CrossHostLinks, NodeMajorRanks_OneCrossingPerNodeBoundary) {
   std::vector<NodeState> nodes(3);
   nodes[0].workers = 2;

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/input_file.h"
 
 namespace stagehand {
 namespace {
@@ -62,12 +63,14 @@ int64_t FirstTokenAtOrAbove(const uint16_t* tokens, int64_t count, int64_t vocab
 }
 
 absl::Status CheckTokenFile(const std::string& path, int64_t seq, int64_t vocab) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    return Bad(path, absl::StrCat(std::strerror(errno), "; pass a file of uint16 tokens, or drop --data for the "
-                                                        "synthetic corpus"));
+  // Opened, then fstat'd: a FIFO opens at once (O_NONBLOCK) and is refused, never read (input_file.h).
+  absl::StatusOr<RegularFile> file = OpenRegularFile(path, absl::StrCat("--data=", path));
+  if (absl::IsNotFound(file.status())) {
+    return absl::InvalidArgumentError(absl::StrCat(file.status().message(), "; pass a file of uint16 tokens, or drop "
+                                                   "--data for the synthetic corpus"));
   }
-  if (!S_ISREG(st.st_mode)) return Bad(path, "not a regular file; pass a file of uint16 tokens");
+  if (!file.ok()) return absl::InvalidArgumentError(file.status().message());
+  const struct stat st = file->st;
   if (st.st_size % 2 != 0) {
     return Bad(path, absl::StrCat(st.st_size, " bytes, an odd count: not uint16 tokens (nanoGPT's train.bin layout)"));
   }
@@ -77,11 +80,9 @@ absl::Status CheckTokenFile(const std::string& path, int64_t seq, int64_t vocab)
                                   "; pass a larger file or a smaller --seq"));
   }
   if (vocab <= 0 || vocab > 0xffff) return absl::OkStatus();  // unknown (a user's family) or nothing to check
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Bad(path, absl::StrCat("cannot open it: ", std::strerror(errno)));
-  void* map = mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* map = mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, file->fd.get(), 0);
   const int map_errno = errno;
-  close(fd);
+  file->fd.reset();
   if (map == MAP_FAILED) return Bad(path, absl::StrCat("cannot map it: ", std::strerror(map_errno)));
   madvise(map, st.st_size, MADV_SEQUENTIAL);
   const auto* tokens = static_cast<const uint16_t*>(map);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/input_file.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "models/decoder_layers.h"
@@ -44,13 +45,12 @@ std::string Number(double v) { return absl::StrFormat("%.15g", v); }
 
 std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
 
+// A regular file only (common/input_file.h): a FIFO or a device is refused, never waited on.
 absl::StatusOr<std::string> ReadWhole(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return absl::NotFoundError(path);
-  std::ifstream in(path);
-  std::stringstream text;
-  if (!in || !(text << in.rdbuf())) return Invalid(absl::StrCat("cannot read ", path));
-  return text.str();
+  absl::StatusOr<std::string> text = ReadRegularFile(path, path, int64_t{16} << 20);
+  if (absl::IsNotFound(text.status())) return absl::NotFoundError(path);
+  if (!text.ok()) return Invalid(std::string(text.status().message()));
+  return text;
 }
 
 absl::StatusOr<google::protobuf::Struct> ParseJson(const std::string& path, const std::string& text) {
@@ -173,6 +173,7 @@ absl::StatusOr<ExportDirectory> ReadExportDirectory(const std::string& dir) {
   const std::string config = dir + "/" + kExportConfig;
   absl::StatusOr<std::string> text = ReadWhole(config);
   if (!text.ok()) {
+    if (!absl::IsNotFound(text.status())) return text.status();  // "<path>: not a regular file but a FIFO; ..."
     return Invalid(absl::StrCat(config, " is missing: pass a directory written by --export_dir (or Hugging Face's "
                                 "save_pretrained)"));
   }
@@ -181,6 +182,7 @@ absl::StatusOr<ExportDirectory> ReadExportDirectory(const std::string& dir) {
   std::map<std::string, std::string> index;  // tensor -> file, from the index
   const std::string index_path = dir + "/" + kExportIndex;
   absl::StatusOr<std::string> index_text = ReadWhole(index_path);
+  if (!index_text.ok() && !absl::IsNotFound(index_text.status())) return index_text.status();
   if (index_text.ok()) {
     absl::StatusOr<google::protobuf::Struct> root = ParseJson(index_path, *index_text);
     if (!root.ok()) return root.status();

@@ -1,14 +1,41 @@
 // The export layout without LibTorch: GPT's names, the tensor lists, config.json checked both ways.
 #include "models/export_layout.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <future>
 
 #include "gtest/gtest.h"
 #include "models/registry.h"
 
 namespace stagehand {
 namespace {
+
+// Runs `read` with `fifo` (a FIFO no one writes) in some input's place: it must come back at once. A
+// reader left waiting for a writer (the defect) is released after 10 s by opening the FIFO's other
+// end, and the test fails.
+template <typename F>
+auto WithinTenSeconds(const std::string& fifo, F read) -> decltype(read()) {
+  auto result = std::async(std::launch::async, read);
+  if (result.wait_for(std::chrono::seconds(10)) == std::future_status::timeout) {
+    ADD_FAILURE() << "still waiting on the FIFO " << fifo << " after 10 s";
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+  }
+  return result.get();
+}
+
+std::string MakeFifo(const std::string& path) {
+  ::unlink(path.c_str());
+  EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  return path;
+}
 
 ModelSpec Resolved(const std::string& preset) {
   absl::StatusOr<ModelSpec> s = FindBuiltinModel(preset)->Resolve(preset, ModelSpec());
@@ -71,6 +98,22 @@ TEST(ReadExportDirectory, NoConfig_IsOneLine) {
   absl::StatusOr<ExportDirectory> e = ReadExportDirectory("/nonexistent-export");
   EXPECT_TRUE(absl::IsInvalidArgument(e.status()));
   EXPECT_NE(e.status().message().find("config.json is missing"), std::string::npos);
+}
+
+TEST(ReadExportDirectory, FifoInPlaceOfConfigOrShard_RefusedAtOnce) {
+  const std::string dir = ::testing::TempDir() + "/export_fifo";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string config = MakeFifo(dir + "/config.json");
+  absl::StatusOr<ExportDirectory> e = WithinTenSeconds(config, [&] { return ReadExportDirectory(dir); });
+  EXPECT_TRUE(absl::IsInvalidArgument(e.status())) << e.status();
+  EXPECT_NE(e.status().message().find(config + ": not a regular file but a FIFO"), std::string::npos) << e.status();
+  ::unlink(config.c_str());
+  std::ofstream(config) << ExportConfigJson("llama-tiny", Resolved("llama-tiny"));
+  const std::string shard = MakeFifo(dir + "/model.safetensors");
+  e = WithinTenSeconds(shard, [&] { return ReadExportDirectory(dir); });
+  EXPECT_TRUE(absl::IsInvalidArgument(e.status())) << e.status();
+  EXPECT_NE(e.status().message().find(shard + ": not a regular file but a FIFO"), std::string::npos) << e.status();
 }
 
 TEST(ExportShardName, HuggingFacesNames) {

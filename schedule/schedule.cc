@@ -7,11 +7,13 @@
 #include <cstddef>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -402,7 +404,8 @@ std::optional<Action> Transfer(const Schedule& s, const Action& c, bool input) {
 }
 
 // (kind, stage, micro-batch) -> index in one rank's list, for the communication actions.
-using CommIndex = std::map<std::tuple<ActionKind, int, int>, size_t>;
+// A hash map: the lowering looks up every receive once per send it might be posted with.
+using CommIndex = absl::flat_hash_map<std::tuple<ActionKind, int, int>, size_t>;
 
 CommIndex IndexComm(const std::vector<Action>& list) {
   CommIndex index;
@@ -419,18 +422,6 @@ std::optional<size_t> OtherEnd(const CommIndex& peer, const Action& a) {
   return it->second;
 }
 
-// Whether a receive from the peer, later in the list than our send to it, must be posted with the
-// send: the peer runs the other end of the receive (its send) before the other end of ours (its
-// receive), so both ranks would block in their sends. Posting the receive with our send lets the
-// peer's send complete and the peer reach our send's other end; the group then completes exactly
-// when our send alone would have.
-bool MustPostWith(const Action& send, const Action& recv, const CommIndex& peer) {
-  if (!IsCommunication(recv.kind) || IsSend(recv.kind) || recv.peer != send.peer) return false;
-  const std::optional<size_t> their_recv = OtherEnd(peer, send);
-  const std::optional<size_t> their_send = OtherEnd(peer, recv);
-  return their_recv && their_send && *their_send < *their_recv;
-}
-
 // End of the run of actions sharing list[i]'s group (i + 1 when alone).
 size_t GroupEnd(const std::vector<Action>& list, size_t i) {
   size_t end = i + 1;
@@ -440,17 +431,38 @@ size_t GroupEnd(const std::vector<Action>& list, size_t i) {
 
 // Moves the receives after list[i]'s group that must be posted with the send list[i] into that
 // group, keeping their order. A gradient's receive does not move above its own activation's send.
+// Linear in the list (a set of the forward sends kept): it runs for every send of every pass.
 bool HoistReceives(std::vector<Action>& list, size_t i, const CommIndex& peer, int* next_group) {
   const size_t end = GroupEnd(list, i);
-  std::vector<Action> moved, kept;
-  for (size_t j = end; j < list.size(); ++j) {
+  const std::optional<size_t> their_recv = OtherEnd(peer, list[i]);
+  if (!their_recv) return false;
+  // Whether a receive from the peer, later in the list than our send to it, must be posted with the
+  // send: the peer runs the other end of the receive (its send) before the other end of ours (its
+  // receive), so both ranks would block in their sends. Posting the receive with our send lets the
+  // peer's send complete and the peer reach our send's other end; the group then completes exactly
+  // when our send alone would have.
+  const auto must = [&](const Action& a) {
+    if (!IsCommunication(a.kind) || IsSend(a.kind) || a.peer != list[i].peer) return false;
+    const std::optional<size_t> their_send = OtherEnd(peer, a);
+    return their_send && *their_send < *their_recv;
+  };
+  size_t first = end;
+  while (first < list.size() && !must(list[first])) ++first;
+  if (first == list.size()) return false;  // the common case: nothing to move, nothing copied
+  std::vector<Action> moved, kept(list.begin() + end, list.begin() + first);
+  std::set<std::pair<int, int>> kept_forward_sends;  // (stage, micro-batch)
+  for (const Action& k : kept) {
+    if (k.kind == ActionKind::kSendForward) kept_forward_sends.insert({k.stage, k.microbatch});
+  }
+  for (size_t j = first; j < list.size(); ++j) {
     const Action& a = list[j];
-    const bool blocked = a.kind == ActionKind::kRecvBackward &&
-                         std::any_of(kept.begin(), kept.end(), [&](const Action& k) {
-                           return k.kind == ActionKind::kSendForward && k.stage == a.stage &&
-                                  k.microbatch == a.microbatch;
-                         });
-    (MustPostWith(list[i], a, peer) && !blocked ? moved : kept).push_back(a);
+    const bool blocked = a.kind == ActionKind::kRecvBackward && kept_forward_sends.count({a.stage, a.microbatch}) > 0;
+    if (must(a) && !blocked) {
+      moved.push_back(a);
+    } else {
+      kept.push_back(a);
+      if (a.kind == ActionKind::kSendForward) kept_forward_sends.insert({a.stage, a.microbatch});
+    }
   }
   if (moved.empty()) return false;
   if (list[i].group < 0) list[i].group = (*next_group)++;
@@ -478,15 +490,21 @@ void RenumberGroups(std::vector<Action>& list) {
 // send_backward_recv_forward pairs and nothing else.
 void GroupCrossingPairs(std::vector<std::vector<Action>>& lists) {
   std::vector<int> next_group(lists.size(), 0);
+  // Each rank's index, rebuilt when its list changes: a rank's sends look up their peers' (never
+  // their own), which do not change while it is hoisting.
+  std::vector<CommIndex> index(lists.size());
+  for (size_t r = 0; r < lists.size(); ++r) index[r] = IndexComm(lists[r]);
   for (bool changed = true; changed;) {
     changed = false;
     for (size_t r = 0; r < lists.size(); ++r) {
       std::vector<Action>& list = lists[r];
+      bool moved = false;
       for (size_t i = 0; i < list.size(); ++i) {
         if (!IsSend(list[i].kind)) continue;
-        const CommIndex peer = IndexComm(lists[list[i].peer]);
-        changed = HoistReceives(list, i, peer, &next_group[r]) || changed;
+        moved = HoistReceives(list, i, index[list[i].peer], &next_group[r]) || moved;
       }
+      if (moved) index[r] = IndexComm(list);
+      changed = changed || moved;
     }
   }
   for (std::vector<Action>& list : lists) RenumberGroups(list);
@@ -567,9 +585,11 @@ double MeetingTime(const std::vector<TimedCompute>& a, const std::vector<TimedCo
                    double consumed) {
   std::vector<double> candidates{produced, consumed};
   for (const auto* times : {&a, &b}) {
-    for (const TimedCompute& c : *times) {
-      if (c.end > produced && c.end < consumed) candidates.push_back(c.end);
-    }
+    // A rank's computes run one after another: their ends ascend, so those inside the window are
+    // found by bisection (every transfer asks this; a scan of the whole list made it quadratic).
+    auto it = std::upper_bound(times->begin(), times->end(), produced,
+                               [](double x, const TimedCompute& c) { return x < c.end; });
+    for (; it != times->end() && it->end < consumed; ++it) candidates.push_back(it->end);
   }
   std::sort(candidates.begin(), candidates.end());
   for (double t : candidates) {
@@ -1166,14 +1186,12 @@ absl::Status CheckOrder(const Schedule& s, int rank, size_t i, const Action& a, 
 
 // Group ids must mark one run of consecutive actions each, or "posted together" is ambiguous.
 absl::Status CheckGroups(int rank, const std::vector<Action>& list) {
-  std::vector<int> closed;
+  std::set<int> closed;
   for (size_t i = 0; i < list.size(); ++i) {
     const int g = list[i].group;
     if (g < 0) continue;
-    if (std::find(closed.begin(), closed.end(), g) != closed.end()) {
-      return Malformed(rank, i, list[i], "group id reused after its group ended");
-    }
-    if (i + 1 == list.size() || list[i + 1].group != g) closed.push_back(g);
+    if (closed.count(g) > 0) return Malformed(rank, i, list[i], "group id reused after its group ended");
+    if (i + 1 == list.size() || list[i + 1].group != g) closed.insert(g);
   }
   return absl::OkStatus();
 }

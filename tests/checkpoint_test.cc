@@ -153,6 +153,36 @@ TEST(Resume, TwoStageCheckpointWithThreeStages_GivesTheTwoStageLosses) {
   ExpectSameLosses(Losses(reference.run_dir), got, 1e-5);
 }
 
+// The command a stopped run prints, --resume=RUN_DIR with nothing of the job typed again, continues
+// that job (its model, fp32, learning rate, batch, seed and steps come from the run), and gives the
+// uninterrupted run's losses. The layout (workers, micro-batches, partition) is this run's to choose.
+TEST(Resume, ResumeAlone_ContinuesTheJobWithItsSettings) {
+  setenv("OMP_NUM_THREADS", "1", 1);
+  const RunResult& reference = Uninterrupted();
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  std::vector<std::string> flags = Job(2);
+  flags.push_back("--checkpoint_every=6");
+  RunResult first = Launch(flags, "alone_first");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  // As if stopped after step 6: the final checkpoint is not there.
+  ASSERT_EQ(std::system(absl::StrCat("rm -r '", first.run_dir, "/checkpoints/step_00000012'").c_str()), 0);
+  RunResult r = Launch({"--device=cpu", "--workers=2", "--micro_batches=4", "--partition=uniform",
+                        "--resume=" + first.run_dir}, "alone");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from step 6 of "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("no --model given"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("trajectory"), std::string::npos) << r.output;
+  const std::map<int, double> got = Losses(r.run_dir);
+  ASSERT_EQ(got.size(), 6u) << ReadFile(r.run_dir + "/steps.csv");
+  EXPECT_EQ(got.begin()->first, 6);
+  ExpectSameLosses(Losses(reference.run_dir), got, 1e-5);
+  // A typed learning rate wins, and is said.
+  RunResult faster = Launch({"--device=cpu", "--workers=2", "--micro_batches=4", "--partition=uniform", "--lr=0.01",
+                             "--steps=7", "--resume=" + first.run_dir}, "alone_lr");
+  ASSERT_EQ(faster.exit_code, 0) << faster.output;
+  EXPECT_NE(faster.output.find("--lr=0.01 (was 0.003)"), std::string::npos) << faster.output;
+}
+
 TEST(Resume, CheckpointCutShort_TakesTheOneBefore) {
   setenv("OMP_NUM_THREADS", "1", 1);
   const RunResult& reference = Uninterrupted();

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -295,6 +296,37 @@ TEST(Launcher, Sigterm_GracefulStop_Exits143) {
   kill(l.pid(), SIGTERM);
   EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 143) << l.output();
   ExpectNothingLeft(job, std::chrono::milliseconds(500));
+}
+
+// Whether process `pid` blocks `sig` (its main thread's mask, /proc/PID/status).
+bool Blocks(int pid, int sig) {
+  std::istringstream status(ReadFile(absl::StrCat("/proc/", pid, "/status")));
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("SigBlk:", 0) != 0) continue;
+    const uint64_t mask = std::stoull(line.substr(7), nullptr, 16);
+    return (mask >> (sig - 1)) & 1;
+  }
+  return false;
+}
+
+// A signal while the job is still being checked (a large token file scanned, a checkpoint hashed:
+// here a check made to take 30 s) ends the launcher at once, 143 or 130, with nothing created; it
+// used to be held blocked until the workers had started.
+TEST(Launcher, SignalDuringSlowValidation_ExitsAtOnceNothingCreated) {
+  for (const int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    setenv("STAGEHAND_TEST_SLOW_VALIDATION_MS", "30000", 1);
+    Launcher l(CpuJob(2, 5));
+    unsetenv("STAGEHAND_TEST_SLOW_VALIDATION_MS");
+    // Once main() has blocked the signals (before that one would kill it by default, also 143).
+    ASSERT_TRUE(WaitFor([&] { return Blocks(l.pid(), sig); }, std::chrono::seconds(20))) << l.output();
+    ASSERT_EQ(l.Wait(std::chrono::milliseconds(1)), -1) << "ended before the signal: " << l.output();
+    kill(l.pid(), sig);
+    EXPECT_EQ(l.Wait(std::chrono::seconds(3)), sig == SIGINT ? 130 : 143) << strsignal(sig) << ": " << l.output();
+    EXPECT_NE(l.output().find("while the job was being checked: stopped, nothing was started"), std::string::npos)
+        << l.output();
+    struct stat st;
+    EXPECT_NE(stat(l.run_dir().c_str(), &st), 0) << "a run directory was created: " << l.run_dir();
+  }
 }
 
 // Slurm signals every process of a step: a worker ignores a SIGTERM that is not its launcher's (the
@@ -730,7 +762,13 @@ std::string WriteTemp(const std::string& name, const std::string& text) {
 // The input cases of issue 11, through the real binary: one line, exit 2, no run directory, no worker.
 TEST(Launcher, InvalidInput_OneLineExit2NoRunDirectory) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--lr=nan"}, "--lr=nan: out of range"},
+      {{"--lr=nan"}, "--lr=nan: not a finite number"},
+      {{"--peak_tflops=nan"}, "--peak_tflops=nan: not a finite number"},
+      {{"--peak_tflops=inf"}, "--peak_tflops=inf: not a finite number"},
+      {{"--peak_tflops=0"}, "--peak_tflops=0: pass the peak TFLOP/s of one device, a number above 0"},
+      {{"--peak_tflops=-5"}, "--peak_tflops=-5: pass the peak TFLOP/s"},
+      {{"--val_fraction=1e999"}, "--val_fraction=1e999: not a finite number"},
+      {{"--replica_gbps=-inf"}, "--replica_gbps=-inf: not a finite number"},
       {{"--lr=-1"}, "--lr=-1: out of range"},
       {{"--micro_batches=0"}, "--micro_batches=0: out of range"},
       {{"--model=tiny", "--seq=1000000"}, "--seq=1000000: out of range"},
