@@ -109,12 +109,17 @@ std::string FreeAdminName(const std::vector<TokenRecord>& tokens) {
 
 }  // namespace
 
+std::string ClipInput(absl::string_view input, size_t max_bytes) {
+  if (input.size() <= max_bytes) return absl::CHexEscape(input);
+  return absl::StrCat(absl::CHexEscape(input.substr(0, max_bytes)), "... (", input.size(), " bytes)");
+}
+
 absl::Status ValidateName(absl::string_view name, absl::string_view what) {
   const bool chars_ok = std::all_of(name.begin(), name.end(), [](char c) {
     return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
   });
   if (!name.empty() && name.size() <= kMaxNameLength && chars_ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, " '", absl::CHexEscape(name), "' is not 1 to ", kMaxNameLength,
+  return absl::InvalidArgumentError(absl::StrCat(what, " '", ClipInput(name, kMaxNameLength + 8), "' is not 1 to ", kMaxNameLength,
                                                  " of the characters A-Z a-z 0-9 . _ -"));
 }
 

@@ -73,47 +73,59 @@ class EventSink : public TerminalSink {
   JobEvents* const events_;
 };
 
-// `path` (relative, as a client names it) inside `run_dir`, or INVALID_ARGUMENT: no absolute path, no
-// "..", and no link that leads out (the real path must stay under the run directory's).
-absl::StatusOr<std::string> ConfinedPath(const std::string& run_dir, const std::string& path) {
-  auto refuse = [&path](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("fetch ", path, ": ", why,
+// `path` (relative, as a client names it) opened inside `run_dir`, or INVALID_ARGUMENT: no absolute
+// path, no "..", no link anywhere on the way, nothing but a regular file. Each component is opened
+// relative to the descriptor of the one before with O_NOFOLLOW, so that what is read is what was
+// checked: a link swapped in after a check is never followed (there is no check apart from the open).
+// O_NONBLOCK: a FIFO planted there opens at once, and fstat then refuses it.
+absl::StatusOr<UniqueFd> OpenConfined(const std::string& run_dir, const std::string& path, absl::string_view verb) {
+  auto refuse = [&path, verb](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(verb, " ", ClipInput(path), ": ", why,
                                                    "; name a file of the job's run directory, like steps.csv"));
   };
   if (path.empty()) return refuse("no file named");
   if (path[0] == '/') return refuse("an absolute path");
+  std::vector<absl::string_view> parts;
   for (absl::string_view part : absl::StrSplit(path, '/')) {
     if (part == "..") return refuse("a path with ..");
+    if (!part.empty() && part != ".") parts.push_back(part);
   }
-  char* real_dir = realpath(run_dir.c_str(), nullptr);
-  if (real_dir == nullptr) return absl::NotFoundError(absl::StrCat("the job's run directory is gone: ", run_dir));
-  const std::string dir(real_dir);
-  free(real_dir);
-  const std::string full = absl::StrCat(run_dir, "/", path);
-  char* real = realpath(full.c_str(), nullptr);
-  if (real == nullptr) return absl::NotFoundError(absl::StrCat("fetch ", path, ": no such file in the job's run directory"));
-  const std::string resolved(real);
-  free(real);
-  if (!absl::StartsWith(resolved, dir + "/")) return refuse("a link that leads out of the run directory");
+  if (parts.empty()) return refuse("not a file");
+  UniqueFd dir(::open(run_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir.valid()) return absl::NotFoundError(absl::StrCat("the job's run directory is gone: ", run_dir));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string name(parts[i]);
+    const bool last = i + 1 == parts.size();
+    const int flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (last ? 0 : O_DIRECTORY);
+    UniqueFd next(::openat(dir.get(), name.c_str(), flags));
+    if (!next.valid()) {
+      const int err = errno;
+      if (err == ENOENT) {
+        return absl::NotFoundError(absl::StrCat(verb, " ", ClipInput(path), ": no such file in the job's run directory"));
+      }
+      if (err == ELOOP || err == ENOTDIR) return refuse("a link, or a path through one (links are not followed)");
+      return absl::PermissionDeniedError(absl::StrCat(verb, " ", ClipInput(path), ": cannot open it: ", ErrnoText(err)));
+    }
+    dir = std::move(next);
+  }
   struct stat st;
-  if (stat(resolved.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return refuse("not a regular file");
-  return resolved;
+  if (::fstat(dir.get(), &st) != 0 || !S_ISREG(st.st_mode)) return refuse("not a regular file");
+  return dir;
 }
 
-// Up to max_bytes of `path` from `offset`; the file's size.
-absl::StatusOr<std::pair<std::string, int64_t>> ReadAt(const std::string& path, int64_t offset, int64_t max_bytes) {
-  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", ErrnoText(errno)));
+// Up to max_bytes of the open file `fd` (`name` for messages) from `offset`; the file's size.
+absl::StatusOr<std::pair<std::string, int64_t>> ReadAt(int fd, absl::string_view name, int64_t offset,
+                                                       int64_t max_bytes) {
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) return absl::InternalError(absl::StrCat("stat ", path, ": ", ErrnoText(errno)));
+  if (fstat(fd, &st) != 0) return absl::InternalError(absl::StrCat("stat ", name, ": ", ErrnoText(errno)));
   const int64_t size = st.st_size;
   if (offset < 0 || offset > size) {
-    return absl::OutOfRangeError(absl::StrCat("offset ", offset, " is outside ", path, " (", size, " bytes)"));
+    return absl::OutOfRangeError(absl::StrCat("offset ", offset, " is outside ", name, " (", size, " bytes)"));
   }
   std::string data(static_cast<size_t>(std::min<int64_t>(max_bytes, size - offset)), '\0');
   size_t got = 0;
   while (got < data.size()) {
-    const ssize_t n = pread(fd.get(), data.data() + got, data.size() - got, offset + got);
+    const ssize_t n = pread(fd, data.data() + got, data.size() - got, offset + got);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     got += n;
@@ -363,7 +375,7 @@ absl::StatusOr<LogRead> JobServer::ReadLog(const Caller& caller, const std::stri
   if (rank < 0 || rank >= record->spec.workers()) {
     return absl::NotFoundError(absl::StrCat("job ", id, " has ranks 0 to ", record->spec.workers() - 1, ", not ", rank));
   }
-  const std::string path = absl::StrCat(record->run_dir, "/rank", rank, ".log");
+  const std::string name = absl::StrCat("rank", rank, ".log");
   const absl::Time deadline = absl::Now() + wait;
   while (true) {
     std::shared_ptr<Live> live = LiveJob(id);
@@ -372,7 +384,9 @@ absl::StatusOr<LogRead> JobServer::ReadLog(const Caller& caller, const std::stri
       absl::MutexLock lock(&mu_);
       running = live->running;
     }
-    absl::StatusOr<std::pair<std::string, int64_t>> read = ReadAt(path, offset, max_bytes);
+    absl::StatusOr<UniqueFd> fd = OpenConfined(record->run_dir, name, "logs");
+    absl::StatusOr<std::pair<std::string, int64_t>> read =
+        fd.ok() ? ReadAt(fd->get(), name, offset, max_bytes) : absl::StatusOr<std::pair<std::string, int64_t>>(fd.status());
     if (!read.ok() && !(running && absl::IsNotFound(read.status()))) return read.status();
     LogRead out;
     out.offset = offset;
@@ -389,9 +403,9 @@ absl::StatusOr<FileRead> JobServer::ReadFile(const Caller& caller, const std::st
   absl::StatusOr<JobRecord> record = Record(id);
   if (!record.ok()) return record.status();
   if (record->run_dir.empty()) return absl::NotFoundError(absl::StrCat("job ", id, " has not started: no files yet"));
-  absl::StatusOr<std::string> full = ConfinedPath(record->run_dir, path);
-  if (!full.ok()) return full.status();
-  absl::StatusOr<std::pair<std::string, int64_t>> read = ReadAt(*full, offset, max_bytes);
+  absl::StatusOr<UniqueFd> fd = OpenConfined(record->run_dir, path, "fetch");
+  if (!fd.ok()) return fd.status();
+  absl::StatusOr<std::pair<std::string, int64_t>> read = ReadAt(fd->get(), ClipInput(path), offset, max_bytes);
   if (!read.ok()) return read.status();
   FileRead out;
   out.total_bytes = read->second;

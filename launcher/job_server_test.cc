@@ -3,12 +3,23 @@
 // are tests/serve_test's.
 #include "launcher/job_server.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "launcher/job_store.h"
 
 namespace stagehand {
 namespace {
@@ -27,6 +38,114 @@ control::SubmitJobRequest TinyJob(const std::string& submission) {
   r.mutable_job()->set_steps(3);
   r.mutable_job()->set_model("tiny");
   return r;
+}
+
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// A state directory whose store holds job `id`, started with run directory <state>/runs/<id> (made),
+// then ended in `state` (or left running: the next server marks it lost).
+std::string StateWithJob(const std::string& id, control::JobState state = control::JOB_STATE_SUCCEEDED,
+                         int64_t steps = 3) {
+  const std::string dir = StateDir();
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir);
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (!store.ok()) return dir;
+  JobRecord r;
+  r.id = id;
+  r.submission_id = "sub-" + id;
+  r.submitted_by = "admin";
+  r.spec = TinyJob("x").job();
+  r.spec.set_steps(steps);
+  r.devices.set_cpu_workers(1);
+  r.submitted = absl::Now();
+  r.spec_digest = "digest";
+  const std::string run_dir = absl::StrCat(dir, "/runs/", id);
+  EXPECT_EQ(mkdir((dir + "/runs").c_str(), 0700), 0);
+  EXPECT_EQ(mkdir(run_dir.c_str(), 0700), 0);
+  EXPECT_TRUE((*store)->Insert(r).ok());
+  EXPECT_TRUE((*store)->MarkRunning(id, absl::Now(), r.devices, run_dir).ok());
+  if (state != control::JOB_STATE_RUNNING) {
+    EXPECT_TRUE((*store)->MarkEnded(id, state, absl::Now(), 0, "", steps).ok());
+  }
+  return dir;
+}
+
+std::unique_ptr<JobServer> OpenServer(const std::string& dir) {
+  JobServerOptions o;
+  o.state_dir = dir;
+  o.inventory.cpu_cores = 1;
+  std::vector<std::string> notes;
+  absl::StatusOr<std::unique_ptr<JobServer>> server = JobServer::Open(o, notes);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+const Caller kViewer{"viewer", control::ROLE_VIEW};
+
+TEST(JobServerTest, FetchAndLogs_RefuseLinksAndFifos_InsideTheRunDirectoryToo) {
+  const std::string dir = StateWithJob("j1");
+  const std::string run = dir + "/runs/j1";
+  WriteFile(run + "/steps.csv", "step,rank\n0,0\n");
+  WriteFile(dir + "/secret", "the admin's secret\n");
+  ASSERT_EQ(symlink("steps.csv", (run + "/inside").c_str()), 0);
+  ASSERT_EQ(symlink((dir + "/secret").c_str(), (run + "/rank0.log").c_str()), 0);
+  ASSERT_EQ(mkdir((run + "/sub").c_str(), 0700), 0);
+  WriteFile(run + "/sub/f.txt", "in a subdirectory\n");
+  ASSERT_EQ(symlink("sub", (run + "/linked_dir").c_str()), 0);
+  ASSERT_EQ(mkfifo((run + "/pipe").c_str(), 0600), 0);
+  std::unique_ptr<JobServer> server = OpenServer(dir);
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<FileRead> ok = server->ReadFile(kViewer, "j1", "steps.csv", 0, 1 << 20);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->data, "step,rank\n0,0\n");
+  absl::StatusOr<FileRead> nested = server->ReadFile(kViewer, "j1", "sub/f.txt", 0, 1 << 20);
+  ASSERT_TRUE(nested.ok()) << nested.status();
+  for (const char* path : {"inside", "linked_dir/f.txt", "pipe", "rank0.log"}) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<FileRead> refused = server->ReadFile(kViewer, "j1", path, 0, 1 << 20);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << path << ": " << refused.status();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << path;
+  }
+  absl::StatusOr<LogRead> log = server->ReadLog(kViewer, "j1", 0, 0, 1 << 20, absl::ZeroDuration());
+  EXPECT_EQ(log.status().code(), absl::StatusCode::kInvalidArgument) << log.status();
+  EXPECT_TRUE(!log.ok() || !absl::StrContains(log->data, "secret"));
+}
+
+// A link swapped in and out under a fetch: whatever the timing, the outside file is never read.
+TEST(JobServerTest, Fetch_ALinkSwappedInDuringTheFetch_IsNeverFollowed) {
+  const std::string dir = StateWithJob("j2");
+  const std::string run = dir + "/runs/j2";
+  WriteFile(dir + "/secret", "the admin's secret\n");
+  WriteFile(run + "/plain", "plain\n");
+  ASSERT_EQ(symlink((dir + "/secret").c_str(), (run + "/link").c_str()), 0);
+  WriteFile(run + "/report.json", "plain\n");
+  std::unique_ptr<JobServer> server = OpenServer(dir);
+  ASSERT_NE(server, nullptr);
+  std::atomic<bool> stop{false};
+  std::thread swapper([&] {
+    // report.json flips between a regular file and a link out, by rename (atomic).
+    for (int i = 0; !stop && i < 2000000; ++i) {
+      if (i % 2 == 0) {
+        (void)link((run + "/plain").c_str(), (run + "/plain2").c_str());
+        (void)rename((run + "/plain2").c_str(), (run + "/report.json").c_str());
+      } else {
+        (void)symlink((dir + "/secret").c_str(), (run + "/link2").c_str());
+        (void)rename((run + "/link2").c_str(), (run + "/report.json").c_str());
+      }
+    }
+  });
+  int leaked = 0, served = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (int i = 0; i < 20000 && std::chrono::steady_clock::now() < deadline; ++i) {
+    absl::StatusOr<FileRead> read = server->ReadFile(kViewer, "j2", "report.json", 0, 1 << 20);
+    if (read.ok()) {
+      ++served;
+      leaked += absl::StrContains(read->data, "secret");
+    }
+  }
+  stop = true;
+  swapper.join();
+  EXPECT_EQ(leaked, 0) << "of " << served << " fetches served";
 }
 
 TEST(JobServerTest, EndedJobs_OnlyTheNewestKeepTheirEvents) {
