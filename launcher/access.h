@@ -88,6 +88,12 @@ class Access {
 // the store or read a token planted for them.
 absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string& dir, bool mint_new = false);
 
+// Before the store is opened: the state directory's own files (jobs.db and its -wal, -shm and
+// -journal, jobs.lock, every *.token) that exist must be regular files, not links, owned by this user
+// and writable by no one else; token files readable by no one else either. FAILED_PRECONDITION with
+// one line naming the file and what to run (chmod, or move it away); OK when `dir` does not exist yet.
+absl::Status CheckStateFiles(const std::string& dir);
+
 
 }  // namespace stagehand
 

@@ -165,6 +165,8 @@ absl::StatusOr<std::unique_ptr<JobServer>> JobServer::Open(JobServerOptions opti
   if (options.state_dir.empty()) return absl::InvalidArgumentError("--serve needs --state_dir=DIR (the job store and run directories)");
   options.state_dir = UserPath(options.state_dir);
   if (options.max_cpu_workers <= 0) options.max_cpu_workers = std::max(1, options.inventory.cpu_cores);
+  // Before anything is opened: a planted link or a foreign file is refused, not followed.
+  if (absl::Status s = CheckStateFiles(options.state_dir); !s.ok()) return s;
   if (absl::Status s = MakeDirs(options.state_dir + "/runs"); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--state_dir=", options.state_dir, ": ", s.message()));
   }

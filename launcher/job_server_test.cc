@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -146,6 +147,65 @@ TEST(JobServerTest, Fetch_ALinkSwappedInDuringTheFetch_IsNeverFollowed) {
   stop = true;
   swapper.join();
   EXPECT_EQ(leaked, 0) << "of " << served << " fetches served";
+}
+
+// Each of the state directory's files planted or loosened: the server refuses to open, in one line
+// naming the file, and mints nothing.
+TEST(JobServerTest, Open_StateFilesThatAreLinksForeignOrLoose_AreRefused) {
+  struct Case {
+    const char* what;
+    std::function<void(const std::string& dir)> plant;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"jobs.db a link", [](const std::string& d) {
+         WriteFile(d + "/elsewhere.db", "");
+         ASSERT_EQ(symlink((d + "/elsewhere.db").c_str(), (d + "/jobs.db").c_str()), 0);
+       }, "jobs.db is a symbolic link"},
+      {"jobs.db-wal a link", [](const std::string& d) {
+         ASSERT_EQ(symlink("/nonexistent", (d + "/jobs.db-wal").c_str()), 0);
+       }, "jobs.db-wal is a symbolic link"},
+      {"jobs.lock world-writable", [](const std::string& d) {
+         WriteFile(d + "/jobs.lock", "");
+         ASSERT_EQ(chmod((d + "/jobs.lock").c_str(), 0666), 0);
+       }, "chmod go-w"},
+      {"jobs.db group-writable", [](const std::string& d) {
+         WriteFile(d + "/jobs.db", "");
+         ASSERT_EQ(chmod((d + "/jobs.db").c_str(), 0660), 0);
+       }, "writable by group or others"},
+      {"admin.token readable by others", [](const std::string& d) {
+         WriteFile(d + "/admin.token", "sh_x\n");
+         ASSERT_EQ(chmod((d + "/admin.token").c_str(), 0644), 0);
+       }, "chmod 600"},
+      {"a token a link", [](const std::string& d) {
+         ASSERT_EQ(symlink("/etc/passwd", (d + "/alice.token").c_str()), 0);
+       }, "alice.token is a symbolic link"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = StateDir();
+    ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+    c.plant(dir);
+    JobServerOptions o;
+    o.state_dir = dir;
+    o.inventory.cpu_cores = 1;
+    std::vector<std::string> notes;
+    absl::StatusOr<std::unique_ptr<JobServer>> server = JobServer::Open(o, notes);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition) << c.what << ": " << server.status();
+    EXPECT_TRUE(absl::StrContains(server.status().message(), c.expect)) << c.what << ": " << server.status();
+    EXPECT_EQ(std::string(server.status().message()).find('\n'), std::string::npos);
+  }
+  if (geteuid() == 0) {  // another user's file needs root to make
+    const std::string dir = StateDir();
+    ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+    WriteFile(dir + "/jobs.db", "");
+    ASSERT_EQ(chown((dir + "/jobs.db").c_str(), 65534, 65534), 0);
+    JobServerOptions o;
+    o.state_dir = dir;
+    std::vector<std::string> notes;
+    absl::StatusOr<std::unique_ptr<JobServer>> server = JobServer::Open(o, notes);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition) << server.status();
+    EXPECT_TRUE(absl::StrContains(server.status().message(), "owned by uid 65534")) << server.status();
+  }
 }
 
 TEST(JobServerTest, EndedJobs_OnlyTheNewestKeepTheirEvents) {

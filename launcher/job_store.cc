@@ -161,7 +161,7 @@ absl::Status MakeStateDir(const std::string& dir) {
 // on one state directory would each run the other's queued jobs and mark its running ones LOST.
 absl::StatusOr<UniqueFd> LockStateDir(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/jobs.lock");
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd.valid()) {
     return absl::Status(ErrnoCode(errno), absl::StrCat("cannot open ", path, ": ", ErrnoText(errno)));
   }
@@ -312,8 +312,13 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& dir)
   if (!lock.ok()) return lock.status();
   const std::string path = absl::StrCat(dir, "/jobs.db");
   sqlite3* db = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                                 nullptr);
+#ifdef SQLITE_OPEN_NOFOLLOW
+  constexpr int kNoFollow = SQLITE_OPEN_NOFOLLOW;  // a link planted at jobs.db is refused, not followed
+#else
+  constexpr int kNoFollow = 0;
+#endif
+  const int rc = sqlite3_open_v2(path.c_str(), &db,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | kNoFollow, nullptr);
   if (rc != SQLITE_OK) {
     absl::Status s(CodeOf(rc), absl::StrCat(path, ": cannot open it: ",
                                             db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc)));
