@@ -157,6 +157,9 @@ absl::Status Allow(const Caller& caller, Verb verb, const std::string& job_owner
     case Verb::kMint:
       if (role == control::ROLE_ADMIN) return absl::OkStatus();
       return Denied(caller, "minting, listing and revoking tokens needs an admin token");
+    case Verb::kDelete:
+      if (role == control::ROLE_ADMIN) return absl::OkStatus();
+      return Denied(caller, "deleting a job needs an admin token");
   }
   return absl::InternalError("unknown verb");
 }

@@ -21,8 +21,9 @@
 
 namespace stagehand {
 
-// What a call does, as far as roles go. kMint covers revoking too: both are the admin's.
-enum class Verb { kView, kSubmit, kCancel, kMint };
+// What a call does, as far as roles go. kMint covers revoking too: both are the admin's, as is
+// kDelete (removing an ended job from the store).
+enum class Verb { kView, kSubmit, kCancel, kMint, kDelete };
 
 // Token names and submission ids: [A-Za-z0-9._-]{1,64}, so that they are safe in a path, a log line
 // and a shell. INVALID_ARGUMENT naming `what` ("token name").

@@ -37,7 +37,7 @@ ABSL_FLAG(bool, follow, false, "logs: keep reading until the job ends (reconnect
 ABSL_FLAG(int64_t, offset, 0, "logs: start at this byte of the log");
 ABSL_FLAG(std::string, output, "", "fetch: where to write the file (default: its base name in the current directory)");
 ABSL_FLAG(std::string, role, "", "token mint: view, submit or admin");
-ABSL_FLAG(int, limit, 0, "list: at most this many jobs, newest first (default 100)");
+ABSL_FLAG(int, limit, 0, "list: at most this many jobs, newest first (default: all of them)");
 
 namespace stagehand {
 namespace {
@@ -50,6 +50,8 @@ constexpr char kUsage[] =
     "  client status ID                                   one job\n"
     "  client watch ID [--no_lines]                       its output as a foreground run prints it\n"
     "  client cancel ID                                   stop it, and wait for it to end\n"
+    "  client delete ID                                   remove an ended job from the server's list (admin;\n"
+    "                                                     its run directory stays on the server)\n"
     "  client logs ID [--rank=N] [--offset=B] [--follow]  a rank's log\n"
     "  client fetch ID FILE [--output=PATH]               a file of its run directory\n"
     "  client token mint NAME --role=view|submit|admin    a new token (admin); printed once\n"
@@ -176,6 +178,11 @@ int Submit(ControlClient& client, const ParsedFlags& parsed) {
   submit.set_submission_id(*submission_id);  // the client's retries reuse it: queued once
   *submit.mutable_job() = *std::move(spec);
   if (request.gpus) submit.set_gpus(*request.gpus);
+  if (const size_t bytes = submit.ByteSizeLong(); bytes > 256 * 1024) {  // the server's kMaxSubmissionBytes
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "the job is ", bytes / 1024, " KiB serialized; a server takes at most 256 KiB (a --schedule_file or --job "
+        "file that large is too): make it smaller")));
+  }
   absl::StatusOr<control::JobInfo> job = client.Submit(submit);
   if (!job.ok()) return Fail(job.status());
   if (job->queue_position() > 0) std::fprintf(stderr, "queued, position %d\n", job->queue_position());
@@ -185,16 +192,25 @@ int Submit(ControlClient& client, const ParsedFlags& parsed) {
 }
 
 int List(ControlClient& client) {
-  control::ListJobsRequest request;
-  request.set_limit(absl::GetFlag(FLAGS_limit));
-  absl::StatusOr<control::ListJobsResponse> jobs = client.List(request);
+  absl::StatusOr<std::vector<control::JobInfo>> jobs = client.ListAll({}, std::max(0, absl::GetFlag(FLAGS_limit)));
   if (!jobs.ok()) return Fail(jobs.status());
   const char* format = "%-18s %-20s %-10s %-14s %-14s %-5s %s\n";
   std::printf(format, "ID", "NAME", "STATE", "DEVICES", "SUBMITTED BY", "AGE", "EXIT");
-  for (const control::JobInfo& j : jobs->jobs()) {
+  for (const control::JobInfo& j : *jobs) {
     std::printf(format, j.id().c_str(), j.name().c_str(), StateName(j.state()).c_str(), Devices(j).c_str(),
                 j.submitted_by().c_str(), Age(j.submit_time_ms()).c_str(),
                 IsFinal(j.state()) ? absl::StrCat(j.exit_code()).c_str() : "-");
+  }
+  return 0;
+}
+
+int Delete(ControlClient& client, const std::string& id) {
+  absl::StatusOr<std::string> run_dir = client.Delete(id);
+  if (!run_dir.ok()) return Fail(run_dir.status());
+  if (run_dir->empty()) {
+    std::printf("deleted job %s (it never started: no run directory)\n", id.c_str());
+  } else {
+    std::printf("deleted job %s; its run directory stays on the server: %s\n", id.c_str(), run_dir->c_str());
   }
   return 0;
 }
@@ -339,11 +355,11 @@ bool Arity(const std::vector<std::string>& words, size_t n) { return words.size(
 
 int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
   const std::string& verb = words[0];
-  static const char* kVerbs[] = {"submit", "list", "status", "watch", "cancel", "logs", "fetch", "token", "info"};
+  static const char* kVerbs[] = {"submit", "list", "status", "watch", "cancel", "delete", "logs", "fetch", "token", "info"};
   if (std::find(std::begin(kVerbs), std::end(kVerbs), verb) == std::end(kVerbs)) {
-    return Usage(absl::StrCat("unknown verb '", verb, "': use submit, list, status, watch, cancel, logs, fetch, token or info"));
+    return Usage(absl::StrCat("unknown verb '", verb, "': use submit, list, status, watch, cancel, delete, logs, fetch, token or info"));
   }
-  const bool one_id = verb == "status" || verb == "watch" || verb == "cancel" || verb == "logs";
+  const bool one_id = verb == "status" || verb == "watch" || verb == "cancel" || verb == "delete" || verb == "logs";
   if (one_id && !Arity(words, 2)) return Usage(absl::StrCat("`", verb, "` takes one job id: client ", verb, " ID"));
   if (verb == "fetch" && !Arity(words, 3)) return Usage("`fetch` takes a job id and a file: client fetch ID FILE");
   if ((verb == "submit" || verb == "list" || verb == "info") && !Arity(words, 1)) {
@@ -357,6 +373,7 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
   if (verb == "status") return Status(c, words[1]);
   if (verb == "watch") return Watch(c, words[1], absl::GetFlag(FLAGS_no_lines));
   if (verb == "cancel") return Cancel(c, words[1]);
+  if (verb == "delete") return Delete(c, words[1]);
   if (verb == "logs") return Logs(c, words[1]);
   if (verb == "fetch") return Fetch(c, words[1], words[2]);
   if (verb == "token") return Token(c, words);

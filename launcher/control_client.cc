@@ -171,6 +171,34 @@ absl::StatusOr<control::ListJobsResponse> ControlClient::List(const control::Lis
   return response;
 }
 
+absl::StatusOr<std::vector<control::JobInfo>> ControlClient::ListAll(const control::ListJobsRequest& base, int limit) {
+  control::ListJobsRequest request = base;
+  std::vector<control::JobInfo> jobs;
+  // Bounded: a server that kept answering with a next page would otherwise hold the client forever.
+  for (int page = 0; page < 100000; ++page) {
+    if (limit > 0) request.set_page_size(std::min(100, limit - static_cast<int>(jobs.size())));
+    absl::StatusOr<control::ListJobsResponse> reply = List(request);
+    if (!reply.ok()) return reply.status();
+    for (control::JobInfo& j : *reply->mutable_jobs()) jobs.push_back(std::move(j));
+    if (reply->next_page_token().empty() || (limit > 0 && static_cast<int>(jobs.size()) >= limit)) break;
+    if (reply->next_page_token() == request.page_token()) {
+      return absl::InternalError("the server gave the same page twice; list again");
+    }
+    request.set_page_token(reply->next_page_token());
+  }
+  if (limit > 0 && static_cast<int>(jobs.size()) > limit) jobs.resize(limit);
+  return jobs;
+}
+
+absl::StatusOr<std::string> ControlClient::Delete(const std::string& id) {
+  control::DeleteJobRequest request;
+  request.set_id(id);
+  control::DeleteJobResponse response;
+  grpc::Status s = stub_->DeleteJob(Context(true).get(), request, &response);
+  if (!s.ok()) return Explain(s);
+  return response.run_dir();
+}
+
 absl::StatusOr<control::JobInfo> ControlClient::Cancel(const std::string& id) {
   control::CancelJobRequest request;
   request.set_id(id);

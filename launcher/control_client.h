@@ -41,7 +41,12 @@ class ControlClient {
   // submission id, which the server makes idempotent: a job is never queued twice.
   absl::StatusOr<control::JobInfo> Submit(const control::SubmitJobRequest& request);
   absl::StatusOr<control::JobInfo> Get(const std::string& id);
+  // One page (the request's page_token and page_size).
   absl::StatusOr<control::ListJobsResponse> List(const control::ListJobsRequest& request);
+  // Every page, newest first, until `limit` jobs (0: all of them).
+  absl::StatusOr<std::vector<control::JobInfo>> ListAll(const control::ListJobsRequest& request, int limit);
+  // Removes an ended job from the server's store (admin); returns its run directory, kept there.
+  absl::StatusOr<std::string> Delete(const std::string& id);
   absl::StatusOr<control::JobInfo> Cancel(const std::string& id);
 
   // Calls `on_event` for each event after `after_seq`, in order and once each across reconnects,

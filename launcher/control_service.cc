@@ -80,10 +80,15 @@ grpc::Status ControlService::GetJob(Context* context, const control::GetJobReque
 grpc::Status ControlService::ListJobs(Context* context, const control::ListJobsRequest* request,
                                       control::ListJobsResponse* response) {
   STAGEHAND_AUTHENTICATE(caller, context);
-  absl::StatusOr<std::vector<control::JobInfo>> jobs = service_->List(*caller, *request);
-  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
-  for (control::JobInfo& job : *jobs) *response->add_jobs() = std::move(job);
-  return grpc::Status::OK;
+  return Reply(service_->List(*caller, *request), response);
+}
+
+grpc::Status ControlService::DeleteJob(Context* context, const control::DeleteJobRequest* request,
+                                       control::DeleteJobResponse* response) {
+  STAGEHAND_AUTHENTICATE(caller, context);
+  absl::StatusOr<std::string> run_dir = service_->Delete(*caller, request->id());
+  if (run_dir.ok()) response->set_run_dir(*run_dir);
+  return ToGrpcStatus(run_dir.status());
 }
 
 grpc::Status ControlService::WatchJob(Context* context, const control::WatchJobRequest* request,
@@ -221,6 +226,8 @@ void ConfigureBuilder(grpc::ServerBuilder& builder, int max_threads) {
   // The client pings every 30 s to notice a dead connection under a quiet stream; allow it.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A submission is at most 256 KiB (job_server.h); nothing a client sends needs more than this.
+  builder.SetMaxReceiveMessageSize(1 << 20);
   grpc::ResourceQuota quota("control");
   quota.SetMaxThreads(max_threads);
   builder.SetResourceQuota(quota);

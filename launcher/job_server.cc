@@ -17,6 +17,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -253,6 +254,11 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const control::SubmitJobRequest& 
 absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const control::SubmitJobRequest& request) {
   if (absl::Status s = Allow(caller, Verb::kSubmit); !s.ok()) return s;
   if (absl::Status s = ValidateName(request.submission_id(), "submission id"); !s.ok()) return s;
+  if (const size_t bytes = request.ByteSizeLong(); bytes > kMaxSubmissionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job is ", bytes / 1024, " KiB serialized; this server takes at most ", kMaxSubmissionBytes / 1024,
+        " KiB (a --schedule_file or job file that large is too): make it smaller"));
+  }
   absl::StatusOr<ResolvedJob> job = Resolve(request);
   if (!job.ok()) return job.status();
   JobRecord record;
@@ -291,18 +297,49 @@ absl::StatusOr<control::JobInfo> JobServer::Get(const Caller& caller, const std:
   return Info(*record);
 }
 
-absl::StatusOr<std::vector<control::JobInfo>> JobServer::List(const Caller& caller,
-                                                              const control::ListJobsRequest& request) {
+absl::StatusOr<control::ListJobsResponse> JobServer::List(const Caller& caller,
+                                                          const control::ListJobsRequest& request) {
   if (absl::Status s = Allow(caller, Verb::kView); !s.ok()) return s;
   std::vector<control::JobState> states;
   for (int s : request.states()) states.push_back(static_cast<control::JobState>(s));
-  absl::StatusOr<std::vector<JobRecord>> records =
-      store_->List(request.limit() > 0 ? std::min(request.limit(), 10000) : 100, states);
+  int64_t before_seq = 0;
+  if (!request.page_token().empty() && (!absl::SimpleAtoi(request.page_token(), &before_seq) || before_seq <= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token '", ClipInput(request.page_token()), "' is not one this server gave; list from the start"));
+  }
+  const int asked = request.page_size() > 0 ? request.page_size() : request.limit() > 0 ? request.limit() : 100;
+  const int page = std::min(asked, 1000);
+  // One more than the page: whether there is a next page.
+  absl::StatusOr<std::vector<JobRecord>> records = store_->List(page + 1, states, before_seq);
   if (!records.ok()) return records.status();
-  std::vector<control::JobInfo> out;
+  control::ListJobsResponse out;
+  size_t bytes = 0;
   absl::MutexLock lock(&mu_);
-  for (const JobRecord& r : *records) out.push_back(Info(r));
+  for (size_t i = 0; i < records->size(); ++i) {
+    const JobRecord& r = (*records)[i];
+    control::JobInfo info = Info(r);
+    const size_t size = info.ByteSizeLong();
+    if (out.jobs_size() >= page || (out.jobs_size() > 0 && bytes + size > kMaxListReplyBytes)) {
+      out.set_next_page_token(absl::StrCat((*records)[i - 1].seq));
+      break;
+    }
+    bytes += size;
+    *out.add_jobs() = std::move(info);
+  }
   return out;
+}
+
+absl::StatusOr<std::string> JobServer::Delete(const Caller& caller, const std::string& id) {
+  if (absl::Status s = Allow(caller, Verb::kDelete); !s.ok()) return s;
+  absl::StatusOr<JobRecord> record = Record(id);
+  if (!record.ok()) return record.status();
+  if (absl::Status s = store_->Delete(id); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  live_.erase(id);  // a watcher holding it reads on
+  ended_.erase(std::remove(ended_.begin(), ended_.end(), id), ended_.end());
+  options_.log(absl::StrCat("job ", id, ": deleted by ", caller.name, record->run_dir.empty() ? "" : "; its run directory stays: ",
+                            record->run_dir));
+  return record->run_dir;
 }
 
 absl::StatusOr<EventBatch> JobServer::Events(const Caller& caller, const std::string& id, int64_t after_seq, bool lines,

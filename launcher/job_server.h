@@ -27,6 +27,12 @@
 
 namespace stagehand {
 
+// The most a SubmitJobRequest may carry, serialized (a job file, a --schedule_file's text): every
+// job comes back whole in `client list` and `status`, and a reply must stay far below gRPC's 4 MiB.
+inline constexpr size_t kMaxSubmissionBytes = 256 * 1024;
+// A ListJobs reply stops adding jobs past this many bytes (its next page starts there).
+inline constexpr size_t kMaxListReplyBytes = 1024 * 1024;
+
 struct JobServerOptions {
   std::string state_dir;              // jobs.db, admin.token, runs/<job id>
   std::string worker_binary;          // "" to find it beside the launcher
@@ -66,8 +72,9 @@ class JobServer : public JobService {
   absl::StatusOr<Caller> Authenticate(absl::string_view token) override;
   absl::StatusOr<control::JobInfo> Submit(const Caller& caller, const control::SubmitJobRequest& request) override;
   absl::StatusOr<control::JobInfo> Get(const Caller& caller, const std::string& id) override;
-  absl::StatusOr<std::vector<control::JobInfo>> List(const Caller& caller,
-                                                     const control::ListJobsRequest& request) override;
+  absl::StatusOr<control::ListJobsResponse> List(const Caller& caller,
+                                                 const control::ListJobsRequest& request) override;
+  absl::StatusOr<std::string> Delete(const Caller& caller, const std::string& id) override;
   absl::StatusOr<EventBatch> Events(const Caller& caller, const std::string& id, int64_t after_seq, bool lines,
                                     absl::Duration wait) override;
   absl::StatusOr<control::JobInfo> Cancel(const Caller& caller, const std::string& id) override;

@@ -208,6 +208,89 @@ TEST(JobServerTest, Open_StateFilesThatAreLinksForeignOrLoose_AreRefused) {
   }
 }
 
+TEST(JobServerTest, Submit_OverTheBound_IsRefusedWithTheBound) {
+  std::unique_ptr<JobServer> server = OpenServer(StateDir());
+  ASSERT_NE(server, nullptr);
+  control::SubmitJobRequest big = TinyJob("big");
+  big.mutable_job()->mutable_pipeline()->set_schedule_text(std::string(300 * 1024, 'F'));
+  absl::StatusOr<control::JobInfo> refused = server->Submit(Caller{"alice", control::ROLE_SUBMIT}, big);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "at most 256 KiB")) << refused.status();
+  EXPECT_LT(refused.status().message().size(), 400u);
+}
+
+// 40 jobs of 200 KiB each (8 MiB, twice gRPC's limit): each page stays near 1 MiB, and the pages
+// together are every job once, newest first.
+TEST(JobServerTest, List_LargeJobs_ComeInPagesUnderOneMiB) {
+  const std::string dir = StateDir();
+  {
+    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int i = 0; i < 40; ++i) {
+      JobRecord r;
+      r.id = absl::StrCat("j", i);
+      r.submission_id = r.id;
+      r.submitted_by = "admin";
+      r.spec = TinyJob("x").job();
+      r.spec.mutable_pipeline()->set_schedule_text(std::string(200 * 1024, 'F'));
+      r.devices.set_cpu_workers(1);
+      r.submitted = absl::Now();
+      r.spec_digest = "d";
+      ASSERT_TRUE((*store)->Insert(r).ok());
+      ASSERT_TRUE((*store)->MarkEnded(r.id, control::JOB_STATE_CANCELLED, absl::Now(), 143, "", 0).ok());
+    }
+  }
+  std::unique_ptr<JobServer> server = OpenServer(dir);
+  ASSERT_NE(server, nullptr);
+  std::vector<std::string> seen;
+  control::ListJobsRequest request;
+  request.set_page_size(1000);
+  int pages = 0;
+  for (; pages < 100; ++pages) {
+    absl::StatusOr<control::ListJobsResponse> page = server->List(kViewer, request);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LE(page->ByteSizeLong(), kMaxListReplyBytes + kMaxSubmissionBytes);
+    for (const control::JobInfo& j : page->jobs()) seen.push_back(j.id());
+    if (page->next_page_token().empty()) break;
+    request.set_page_token(page->next_page_token());
+  }
+  EXPECT_GT(pages, 4);
+  ASSERT_EQ(seen.size(), 40u);
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(seen[i], absl::StrCat("j", 39 - i));
+  // page_size alone pages too.
+  control::ListJobsRequest two;
+  two.set_page_size(2);
+  absl::StatusOr<control::ListJobsResponse> first = server->List(kViewer, two);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->jobs_size(), 2);
+  EXPECT_FALSE(first->next_page_token().empty());
+  two.set_page_token("not-a-token");
+  EXPECT_EQ(server->List(kViewer, two).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobServerTest, Delete_AdminOnly_EndedOnly_KeepsTheRunDirectory) {
+  const std::string dir = StateWithJob("done");
+  std::unique_ptr<JobServer> server = OpenServer(dir);
+  ASSERT_NE(server, nullptr);
+  const Caller admin{"admin", control::ROLE_ADMIN};
+  absl::StatusOr<control::JobInfo> queued = server->Submit(admin, TinyJob("q"));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  EXPECT_EQ(server->Delete(admin, queued->id()).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(server->Delete(Caller{"alice", control::ROLE_SUBMIT}, "done").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<std::string> run_dir = server->Delete(admin, "done");
+  ASSERT_TRUE(run_dir.ok()) << run_dir.status();
+  EXPECT_EQ(*run_dir, dir + "/runs/done");
+  struct stat st;
+  EXPECT_EQ(stat(run_dir->c_str(), &st), 0) << "the run directory was removed";
+  EXPECT_EQ(server->Get(admin, "done").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(server->Delete(admin, "done").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<control::ListJobsResponse> list = server->List(admin, {});
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->jobs_size(), 1);
+  EXPECT_EQ(list->jobs(0).id(), queued->id());
+}
+
 TEST(JobServerTest, EndedJobs_OnlyTheNewestKeepTheirEvents) {
   JobServerOptions o;
   o.state_dir = StateDir();

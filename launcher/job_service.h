@@ -52,8 +52,11 @@ class JobService {
   // The errors of each method are those of the RPC of the same name (protos/control.proto).
   virtual absl::StatusOr<control::JobInfo> Submit(const Caller& caller, const control::SubmitJobRequest& request) = 0;
   virtual absl::StatusOr<control::JobInfo> Get(const Caller& caller, const std::string& id) = 0;
-  virtual absl::StatusOr<std::vector<control::JobInfo>> List(const Caller& caller,
-                                                             const control::ListJobsRequest& request) = 0;
+  // One page of jobs, newest first, and the token of the next ("" after the last).
+  virtual absl::StatusOr<control::ListJobsResponse> List(const Caller& caller,
+                                                         const control::ListJobsRequest& request) = 0;
+  // Removes an ended job from the store; returns its run directory (kept on the server). Admin only.
+  virtual absl::StatusOr<std::string> Delete(const Caller& caller, const std::string& id) = 0;
 
   // The events after `after_seq`, waiting up to `wait` for the first when there is none yet (an
   // empty batch then, not an error). `lines`: include output lines.

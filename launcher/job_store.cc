@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -78,8 +79,10 @@ constexpr char kSelectById[] = "SELECT " STAGEHAND_JOB_COLUMNS " FROM jobs WHERE
 constexpr char kSelectBySubmission[] =
     "SELECT " STAGEHAND_JOB_COLUMNS " FROM jobs WHERE submitted_by = ?1 AND submission_id = ?2";
 // ?1: a bit mask of the states wanted.
+// ?3: only seqs below it (a page after the job with that seq).
 constexpr char kSelectList[] =
-    "SELECT " STAGEHAND_JOB_COLUMNS " FROM jobs WHERE (?1 >> state) & 1 ORDER BY seq DESC LIMIT ?2";
+    "SELECT " STAGEHAND_JOB_COLUMNS " FROM jobs WHERE (?1 >> state) & 1 AND seq < ?3 ORDER BY seq DESC LIMIT ?2";
+constexpr char kDeleteJob[] = "DELETE FROM jobs WHERE id = ?1 AND state NOT IN (?2, ?3)";
 constexpr char kSelectQueued[] = "SELECT " STAGEHAND_JOB_COLUMNS " FROM jobs WHERE state = ?1 ORDER BY seq";
 constexpr char kInsertJob[] =
     "INSERT INTO jobs (id, submission_id, submitted_by, cancelled_by, run_dir, root_cause, state, spec, devices, "
@@ -539,12 +542,23 @@ absl::StatusOr<std::optional<JobRecord>> JobStore::Get(const std::string& id) {
   return GetLocked(id);
 }
 
-absl::StatusOr<std::vector<JobRecord>> JobStore::List(int limit, const std::vector<control::JobState>& states) {
+absl::StatusOr<std::vector<JobRecord>> JobStore::List(int limit, const std::vector<control::JobState>& states,
+                                                      int64_t before_seq) {
   absl::MutexLock l(&mu_);
   absl::StatusOr<Statement> st = Prepare(kSelectList);
   if (!st.ok()) return st.status();
   st->Int(1, StateMask(states)).Int(2, limit > 0 ? limit : -1);  // a negative LIMIT is none
+  st->Int(3, before_seq > 0 ? before_seq : INT64_MAX);
   return Rows(*st);
+}
+
+absl::Status JobStore::Delete(const std::string& id) {
+  absl::MutexLock l(&mu_);
+  absl::StatusOr<Statement> st = Prepare(kDeleteJob);
+  if (!st.ok()) return st.status();
+  st->Text(1, id).Int(2, control::JOB_STATE_QUEUED).Int(3, control::JOB_STATE_RUNNING);
+  if (int rc = st->Step(); rc != SQLITE_DONE) return Error(rc, absl::StrCat("cannot delete job ", id));
+  return Changed(id, "ended (cancel it first)");
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::Queued() {

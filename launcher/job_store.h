@@ -90,8 +90,14 @@ class JobStore {
 
   absl::StatusOr<std::optional<JobRecord>> Get(const std::string& id);
 
-  // Newest first, at most `limit` (0: no limit), of the given states (empty: every state).
-  absl::StatusOr<std::vector<JobRecord>> List(int limit, const std::vector<control::JobState>& states = {});
+  // Newest first, at most `limit` (0: no limit), of the given states (empty: every state), and only
+  // those older than the job with seq `before_seq` when it is > 0 (the next page after that job).
+  absl::StatusOr<std::vector<JobRecord>> List(int limit, const std::vector<control::JobState>& states = {},
+                                              int64_t before_seq = 0);
+
+  // Removes an ended job's row. NOT_FOUND for an unknown id; FAILED_PRECONDITION when it is queued or
+  // running.
+  absl::Status Delete(const std::string& id);
 
   // The queued jobs, oldest first: the order to enqueue them in after a restart.
   absl::StatusOr<std::vector<JobRecord>> Queued();

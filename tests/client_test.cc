@@ -120,6 +120,37 @@ TEST_F(ClientTest, ListAndStatus_ShowTheJob) {
   EXPECT_TRUE(absl::StrContains(status.out, "job j (j): running")) << status.out;
 }
 
+TEST_F(ClientTest, List_ManyPages_ShowsEveryJob) {
+  fake_.SetPageSize(2);
+  for (const char* id : {"a1", "a2", "a3", "a4", "a5"}) fake_.AddJob(id);
+  Result list = Client("list");
+  EXPECT_EQ(list.code, 0) << list.err;
+  for (const char* id : {"a1", "a2", "a3", "a4", "a5"}) EXPECT_TRUE(absl::StrContains(list.out, id)) << id << list.out;
+  Result limited = Client("list --limit=3");
+  EXPECT_EQ(limited.code, 0) << limited.err;
+  EXPECT_TRUE(absl::StrContains(limited.out, "a3")) << limited.out;
+  EXPECT_FALSE(absl::StrContains(limited.out, "a4")) << limited.out;
+}
+
+TEST_F(ClientTest, Delete_EndedJob_SaysTheRunDirectoryStays) {
+  fake_.AddJob("j");
+  Result running = Client("delete j");
+  EXPECT_EQ(running.code, 1);
+  fake_.EndJob("j", control::JOB_STATE_SUCCEEDED, 0);
+  Result r = Client("delete j");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "deleted job j; its run directory stays on the server: /runs/j")) << r.out;
+  EXPECT_EQ(Client("status j").code, 1);
+}
+
+TEST_F(ClientTest, Submit_OverTheBound_RefusedBeforeSending) {
+  std::ofstream(Tmp() + "/big.txt") << std::string(300 * 1024, 'F');
+  Result r = Client("submit --schedule_file=big.txt");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "at most 256 KiB")) << r.err;
+  EXPECT_EQ(fake_.submit_calls(), 0);
+}
+
 TEST_F(ClientTest, TokenMint_PrintsTheToken) {
   Result r = Client("token mint carol --role=view");
   EXPECT_EQ(r.code, 0) << r.err;
