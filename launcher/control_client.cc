@@ -127,10 +127,11 @@ absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Create(const Contr
   return std::unique_ptr<ControlClient>(new ControlClient(options, control::Control::NewStub(channel), info));
 }
 
-std::unique_ptr<grpc::ClientContext> ControlClient::Context(bool unary) const {
+std::unique_ptr<grpc::ClientContext> ControlClient::Context(bool unary, absl::Duration timeout) const {
   auto context = std::make_unique<grpc::ClientContext>();
   if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
-  if (unary) context->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  if (timeout <= absl::ZeroDuration()) timeout = options_.rpc_timeout;
+  if (unary) context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   return context;
 }
 
@@ -146,9 +147,13 @@ absl::StatusOr<control::JobInfo> ControlClient::Submit(const control::SubmitJobR
   grpc::Status s;
   for (int attempt = 1; attempt <= kSubmitAttempts; ++attempt) {
     control::JobInfo response;
-    s = stub_->SubmitJob(Context(true).get(), request, &response);
+    const absl::Time start = absl::Now();
+    s = stub_->SubmitJob(Context(true, options_.submit_timeout).get(), request, &response);
     if (s.ok()) return response;
     if (!Retryable(s)) break;
+    // DEADLINE_EXCEEDED before our own deadline is the server's answer (it gave up checking the
+    // job): asking again would only wait as long again.
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && absl::Now() - start < options_.submit_timeout) break;
     if (attempt < kSubmitAttempts) absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }

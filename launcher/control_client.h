@@ -22,6 +22,8 @@ struct ControlClientOptions {
   std::string token;             // sent as "authorization: Bearer <token>"; "" sends none
   ClientTlsFiles tls;            // all empty: plaintext
   absl::Duration rpc_timeout = absl::Seconds(10);  // unary calls
+  // SubmitJob: the server may check a job for up to 20 s (job_server.h) before it answers.
+  absl::Duration submit_timeout = absl::Seconds(30);
   // A cut watch stream (UNAVAILABLE) is resumed from the last seq seen, at most this many times
   // within the window; the count starts over once a resumed stream delivers an event.
   int watch_retries = 20;
@@ -74,8 +76,8 @@ class ControlClient {
   ControlClient(const ControlClientOptions& options, std::unique_ptr<control::Control::Stub> stub, ClientTlsInfo info)
       : options_(options), stub_(std::move(stub)), info_(std::move(info)) {}
 
-  // A context with the token and, for unary calls, the deadline.
-  std::unique_ptr<grpc::ClientContext> Context(bool unary) const;
+  // A context with the token and, for unary calls, the deadline (`timeout`, else rpc_timeout).
+  std::unique_ptr<grpc::ClientContext> Context(bool unary, absl::Duration timeout = absl::ZeroDuration()) const;
   absl::Status Explain(const grpc::Status& status) const { return ExplainRpcError(status, info_); }
 
   // One WatchJob stream from `last_seq`, advancing it; `final_state` set when the job's end arrived.

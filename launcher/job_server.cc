@@ -5,13 +5,17 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -135,7 +139,63 @@ absl::StatusOr<std::pair<std::string, int64_t>> ReadAt(int fd, absl::string_view
   return std::make_pair(std::move(data), size);
 }
 
+// `path` (a job's input, `flag` naming it) must be a regular file (`dir`: a directory): opened
+// without blocking (O_NONBLOCK: a FIFO's open returns at once) and fstat'd, so that the check that
+// reads it next cannot hang on a pipe, a FIFO or a device. INVALID_ARGUMENT naming the flag.
+absl::Status CheckInputPath(const std::string& path, absl::string_view flag, bool dir) {
+  const std::string shown = absl::StrCat("--", flag, "=", ClipInput(path));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (dir ? O_DIRECTORY : 0)));
+  if (!fd.valid()) {
+    const int err = errno;
+    if (err == ENOENT) return absl::InvalidArgumentError(absl::StrCat(shown, ": no such ", dir ? "directory" : "file", " on the server"));
+    return absl::InvalidArgumentError(absl::StrCat(shown, ": the server cannot open it: ", ErrnoText(err)));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0 || (dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))) {
+    return absl::InvalidArgumentError(absl::StrCat(shown, ": not a ", dir ? "directory" : "regular file",
+                                                   " (the server reads regular files only, no pipes or devices)"));
+  }
+  return absl::OkStatus();
+}
+
+// The server's paths a job reads, each checked by CheckInputPath before the job is validated.
+absl::Status CheckJobInputs(const JobSpec& spec) {
+  if (!spec.data().empty() && spec.data() != "synthetic") {
+    if (absl::Status s = CheckInputPath(UserPath(spec.data()), "data", false); !s.ok()) return s;
+  }
+  for (absl::string_view p : absl::StrSplit(spec.layout_profiles(), ',', absl::SkipWhitespace())) {
+    if (absl::Status s = CheckInputPath(UserPath(std::string(absl::StripAsciiWhitespace(p))), "layout_profiles", false);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!spec.init_from().empty()) {
+    const std::string dir = UserPath(spec.init_from());
+    if (absl::Status s = CheckInputPath(dir, "init_from", true); !s.ok()) return s;
+    if (::access((dir + "/config.json").c_str(), F_OK) == 0) {
+      if (absl::Status s = CheckInputPath(dir + "/config.json", "init_from", false); !s.ok()) return s;
+    }
+  }
+  if (!spec.resume().empty()) {
+    if (absl::Status s = CheckInputPath(UserPath(spec.resume()), "resume", true); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+struct JobServer::Validations {
+  struct One {
+    bool done = false;
+    absl::StatusOr<ResolvedJob> result = absl::UnknownError("not checked yet");
+    pid_t tid = 0;  // the checking thread's, for setpriority once it is abandoned
+  };
+  absl::Mutex mu;
+  int running ABSL_GUARDED_BY(mu) = 0;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  // By caller, submission id and digest: a client's retry joins the check of its first try.
+  std::map<std::string, std::shared_ptr<One>> in_flight ABSL_GUARDED_BY(mu);
+};
 
 struct JobServer::Live {
   explicit Live(int64_t first_seq = 1) : events(first_seq) {}
@@ -158,6 +218,7 @@ JobServer::JobServer(JobServerOptions options, std::unique_ptr<JobStore> store, 
     : options_(std::move(options)),
       store_(std::move(store)),
       access_(std::move(access)),
+      validations_(std::make_shared<Validations>()),
       queue_(static_cast<int>(options_.inventory.gpus.size()), options_.max_cpu_workers) {}
 
 JobServer::~JobServer() = default;
@@ -237,8 +298,11 @@ std::shared_ptr<JobServer::Live> JobServer::LiveJob(const std::string& id) {
   return it == live_.end() ? nullptr : it->second;
 }
 
-// The submission as a foreground launch would take it: the same validation, against this host.
-absl::StatusOr<ResolvedJob> JobServer::Resolve(const control::SubmitJobRequest& request) const {
+// The submission as a foreground launch would take it: the same validation, against this host, on a
+// thread of its own (see JobServerOptions::validate): the caller waits for it up to the deadline or
+// the server's shutdown, whichever comes first, and then leaves it.
+absl::StatusOr<ResolvedJob> JobServer::Resolve(const Caller& caller, const control::SubmitJobRequest& request) {
+  if (absl::Status s = CheckJobInputs(request.job()); !s.ok()) return s;
   LaunchOptions lo;
   lo.job.spec = request.job();
   lo.job.spec->clear_run_dir();  // the server's: <state_dir>/runs/<job id>
@@ -246,9 +310,51 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const control::SubmitJobRequest& 
   lo.job.custom_worker = !options_.worker_binary.empty();
   lo.worker_binary = options_.worker_binary;
   lo.coordinator_address = "127.0.0.1:0";
-  absl::StatusOr<ValidatedLaunch> valid = ValidateLaunch(lo, options_.inventory);
-  if (!valid.ok()) return valid.status();
-  return std::move(valid->job);
+  const std::string key = absl::StrCat(caller.name, "/", request.submission_id(), "/", SubmissionDigest(request));
+  const std::shared_ptr<Validations> v = validations_;
+  std::shared_ptr<Validations::One> one;
+  absl::MutexLock lock(&v->mu);
+  if (v->stopping) return absl::UnavailableError("the server is stopping; submit again once it is back");
+  if (auto it = v->in_flight.find(key); it != v->in_flight.end()) {
+    one = it->second;
+  } else {
+    if (v->running >= options_.max_validations) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          v->running, " submissions are being checked already (at most ", options_.max_validations,
+          " at once); submit again in a few seconds"));
+    }
+    one = std::make_shared<Validations::One>();
+    // The thread owns copies of all it uses: it may outlive this server (abandoned at shutdown).
+    auto check = [v, one, key, lo = std::move(lo), inventory = options_.inventory, validate = options_.validate] {
+      {
+        absl::MutexLock l(&v->mu);
+        one->tid = static_cast<pid_t>(::syscall(SYS_gettid));
+      }
+      absl::StatusOr<ValidatedLaunch> valid = validate(lo, inventory);
+      absl::MutexLock l(&v->mu);
+      one->result = valid.ok() ? absl::StatusOr<ResolvedJob>(std::move(valid->job)) : valid.status();
+      one->done = true;
+      --v->running;
+      if (auto it = v->in_flight.find(key); it != v->in_flight.end() && it->second == one) v->in_flight.erase(it);
+    };
+    try {
+      std::thread(std::move(check)).detach();
+    } catch (const std::system_error& e) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot start a thread to check the job: ", e.what(),
+                                                       "; submit again in a few seconds"));
+    }
+    ++v->running;
+    v->in_flight[key] = one;
+  }
+  auto ready = [&v, &one]() { return one->done || v->stopping; };
+  v->mu.AwaitWithTimeout(absl::Condition(&ready), options_.validation_deadline);
+  if (one->done) return one->result;
+  if (v->stopping) return absl::UnavailableError("the server is stopping; submit again once it is back");
+  if (one->tid > 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(one->tid), 19);  // abandoned: it yields
+  return absl::DeadlineExceededError(absl::StrCat(
+      "checking the job took over ", absl::FormatDuration(options_.validation_deadline),
+      " on the server, and was given up: make it smaller (micro-batches, layers, schedule) or check its input "
+      "files"));
 }
 
 absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const control::SubmitJobRequest& request) {
@@ -259,7 +365,7 @@ absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const c
         "the job is ", bytes / 1024, " KiB serialized; this server takes at most ", kMaxSubmissionBytes / 1024,
         " KiB (a --schedule_file or job file that large is too): make it smaller"));
   }
-  absl::StatusOr<ResolvedJob> job = Resolve(request);
+  absl::StatusOr<ResolvedJob> job = Resolve(caller, request);
   if (!job.ok()) return job.status();
   JobRecord record;
   record.id = RandomHex(4);
@@ -612,9 +718,18 @@ void JobServer::Publish(const std::string& id, Live& live, bool final) {
 }
 
 void JobServer::Shutdown(bool force) {
+  {
+    absl::MutexLock lock(&validations_->mu);
+    validations_->stopping = true;  // their waiters return now
+  }
   absl::MutexLock lock(&mu_);
   shutting_down_ = true;
   force_ = force_ || force;
+}
+
+int JobServer::ValidationsRunning() const {
+  absl::MutexLock lock(&validations_->mu);
+  return validations_->running;
 }
 
 int JobServer::Running() const {

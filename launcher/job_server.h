@@ -23,6 +23,7 @@
 #include "launcher/job_run.h"
 #include "launcher/job_service.h"
 #include "launcher/job_store.h"
+#include "launcher/launch.h"
 #include "launcher/terminal.h"
 
 namespace stagehand {
@@ -43,6 +44,14 @@ struct JobServerOptions {
   // an older one gets its final state only, as for jobs that ended before a restart.
   size_t ended_jobs_with_events = 64;
   double peak_tflops_per_device = 989.0;
+  // Each submission is checked (ValidateLaunch, which reads its input files) on a thread of its own,
+  // at most max_validations at once (RESOURCE_EXHAUSTED beyond), for at most validation_deadline
+  // (DEADLINE_EXCEEDED; the check is abandoned at low priority), so that no job can hold a gRPC thread
+  // or the server's shutdown. `validate` is the check (tests replace it).
+  int max_validations = 4;
+  absl::Duration validation_deadline = absl::Seconds(20);
+  std::function<absl::StatusOr<ValidatedLaunch>(const LaunchOptions&, const DeviceInventory&)> validate =
+      ValidateLaunch;
   bool tls = false;                   // for GetServerInfo
   bool mutual_tls = false;
   // The server's own log: a line when a job is queued, starts and ends (serve.cc prints them).
@@ -63,9 +72,13 @@ class JobServer : public JobService {
   void Tick();
   // The server is stopping: every running job is stopped (SIGTERM, SIGKILL after its grace period;
   // `force`: SIGKILL now) and recorded as cancelled by the server; queued jobs stay queued for the
-  // next start. Keep calling Tick() until Running() is 0.
+  // next start. Keep calling Tick() until Running() is 0. Submissions being checked are answered
+  // UNAVAILABLE at once; their checks are abandoned (ValidationsRunning()).
   void Shutdown(bool force);
   int Running() const;
+  // Submission checks still running (abandoned ones too): the process must then end with _exit,
+  // since their threads may use anything static.
+  int ValidationsRunning() const;
 
   // JobService.
   control::GetServerInfoResponse Info() override;
@@ -88,9 +101,10 @@ class JobServer : public JobService {
 
  private:
   struct Live;  // a job this server process knows: its events and, while it runs, its run
+  struct Validations;  // the submission checks in flight, shared with their threads (which may outlive this)
 
   JobServer(JobServerOptions options, std::unique_ptr<JobStore> store, std::unique_ptr<Access> access);
-  absl::StatusOr<ResolvedJob> Resolve(const control::SubmitJobRequest& request) const;
+  absl::StatusOr<ResolvedJob> Resolve(const Caller& caller, const control::SubmitJobRequest& request);
   absl::StatusOr<JobRecord> Record(const std::string& id) const;
   control::JobInfo Info(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Live> LiveJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -105,6 +119,7 @@ class JobServer : public JobService {
   const JobServerOptions options_;
   const std::unique_ptr<JobStore> store_;
   const std::unique_ptr<Access> access_;
+  const std::shared_ptr<Validations> validations_;
   mutable absl::Mutex mu_;
   DeviceQueue queue_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Live>> live_ ABSL_GUARDED_BY(mu_);

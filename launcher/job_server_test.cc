@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "launcher/job_store.h"
@@ -289,6 +290,104 @@ TEST(JobServerTest, Delete_AdminOnly_EndedOnly_KeepsTheRunDirectory) {
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->jobs_size(), 1);
   EXPECT_EQ(list->jobs(0).id(), queued->id());
+}
+
+// A FIFO named as an input: refused at once, before anything reads it (a read would block forever).
+TEST(JobServerTest, Submit_FifoAsAnInput_IsRefusedAtOnce) {
+  const std::string dir = StateDir();
+  std::unique_ptr<JobServer> server = OpenServer(dir);
+  ASSERT_NE(server, nullptr);
+  const std::string fifo = dir + "/profiles.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const char* field : {"layout_profiles", "data"}) {
+    control::SubmitJobRequest r = TinyJob(absl::StrCat("fifo-", field));
+    if (std::string(field) == "data") {
+      r.mutable_job()->set_data(fifo);
+    } else {
+      r.mutable_job()->set_layout("auto");
+      r.mutable_job()->set_layout_profiles(fifo);
+    }
+    auto result = std::make_shared<absl::StatusOr<control::JobInfo>>(absl::UnknownError("no answer"));
+    auto done = std::make_shared<absl::Notification>();
+    JobServer* s = server.get();
+    std::thread([s, r, result, done] {
+      *result = s->Submit(Caller{"alice", control::ROLE_SUBMIT}, r);
+      done->Notify();
+    }).detach();
+    const bool answered = done->WaitForNotificationWithTimeout(absl::Seconds(10));
+    if (!answered) {  // unblock the reader, so that the thread ends before the server does
+      const int w = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (w >= 0) close(w);
+      done->WaitForNotificationWithTimeout(absl::Seconds(10));
+    }
+    ASSERT_TRUE(answered) << field << ": the submission blocked on a FIFO";
+    EXPECT_EQ(result->status().code(), absl::StatusCode::kInvalidArgument) << field << ": " << result->status();
+    EXPECT_TRUE(absl::StrContains(result->status().message(), "not a regular file")) << result->status();
+  }
+}
+
+// Checks run on threads of their own: a slow one is answered DEADLINE_EXCEEDED at the deadline, a
+// retry joins it, no more than max_validations run at once, and Shutdown answers a waiting one at once.
+TEST(JobServerTest, Submit_SlowChecks_DeadlineBoundAndShutdown) {
+  auto gate = std::make_shared<absl::Notification>();
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  JobServerOptions o;
+  o.state_dir = StateDir();
+  o.inventory.cpu_cores = 1;
+  o.max_validations = 2;
+  o.validation_deadline = absl::Milliseconds(300);
+  o.validate = [gate, calls](const LaunchOptions& lo, const DeviceInventory& inventory) {
+    ++*calls;
+    gate->WaitForNotificationWithTimeout(absl::Seconds(60));
+    return ValidateLaunch(lo, inventory);
+  };
+  std::vector<std::string> notes;
+  absl::StatusOr<std::unique_ptr<JobServer>> opened = JobServer::Open(o, notes);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  JobServer& server = **opened;
+  const Caller alice{"alice", control::ROLE_SUBMIT};
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(server.Submit(alice, TinyJob("a")).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(server.ValidationsRunning(), 1);
+  EXPECT_EQ(server.Submit(alice, TinyJob("a")).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(calls->load(), 1) << "a retry started a second check";
+  EXPECT_EQ(server.Submit(alice, TinyJob("b")).status().code(), absl::StatusCode::kDeadlineExceeded);
+  absl::StatusOr<control::JobInfo> third = server.Submit(alice, TinyJob("c"));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  gate->Notify();
+  for (int i = 0; i < 500 && server.ValidationsRunning() > 0; ++i) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_EQ(server.ValidationsRunning(), 0);
+  absl::StatusOr<control::JobInfo> now = server.Submit(alice, TinyJob("c"));
+  EXPECT_TRUE(now.ok()) << now.status();
+
+  // Shutdown while a check runs: its caller is answered at once, not at the deadline.
+  auto gate2 = std::make_shared<absl::Notification>();
+  JobServerOptions o2 = o;
+  o2.state_dir = StateDir();
+  o2.validation_deadline = absl::Seconds(60);
+  o2.validate = [gate2](const LaunchOptions& lo, const DeviceInventory& inventory) {
+    gate2->WaitForNotificationWithTimeout(absl::Seconds(60));
+    return ValidateLaunch(lo, inventory);
+  };
+  absl::StatusOr<std::unique_ptr<JobServer>> second = JobServer::Open(o2, notes);
+  ASSERT_TRUE(second.ok()) << second.status();
+  JobServer* s2 = second->get();
+  auto answer = std::make_shared<absl::StatusOr<control::JobInfo>>(absl::UnknownError("no answer"));
+  auto answered = std::make_shared<absl::Notification>();
+  std::thread([s2, alice, answer, answered] {
+    *answer = s2->Submit(alice, TinyJob("slow"));
+    answered->Notify();
+  }).detach();
+  absl::SleepFor(absl::Milliseconds(200));
+  const auto stop = std::chrono::steady_clock::now();
+  s2->Shutdown(false);
+  ASSERT_TRUE(answered->WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_LT(std::chrono::steady_clock::now() - stop, std::chrono::seconds(2));
+  EXPECT_EQ(answer->status().code(), absl::StatusCode::kUnavailable) << answer->status();
+  EXPECT_EQ(s2->ValidationsRunning(), 1);
+  gate2->Notify();
+  for (int i = 0; i < 500 && s2->ValidationsRunning() > 0; ++i) absl::SleepFor(absl::Milliseconds(20));
 }
 
 TEST(JobServerTest, EndedJobs_OnlyTheNewestKeepTheirEvents) {

@@ -461,6 +461,35 @@ TEST_F(ServeTest, Watch_FiftyWatchersAndAResumedOne_EachSeesEveryEventOnce) {
   EXPECT_EQ(resumed, std::vector<int64_t>(seqs[0].begin() + k, seqs[0].end()));
 }
 
+// Submissions that would wedge a server thread: a FIFO as an input is refused at once; a job whose
+// check takes long does not keep SIGTERM from stopping the server.
+TEST_F(ServeTest, WedgingSubmissions_FifoRefused_SigtermStopsTheServerWhileAJobIsChecked) {
+  const std::string state = StateDir();
+  Server server(state);
+  ASSERT_FALSE(server.address().empty()) << server.log();
+  const std::string fifo = TempDir() + "/profiles_" + std::to_string(getpid()) + ".fifo";
+  unlink(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const auto start = Clock::now();
+  ClientResult refused = RunClient(server, absl::StrCat("submit --device=cpu --workers=2 --model=tiny --steps=3 "
+                                                        "--layout=auto --layout_profiles=", fifo));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_TRUE(absl::StrContains(refused.output, "not a regular file")) << refused.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
+  // A check that may run long, from a client in the background; then SIGTERM.
+  const std::string command = absl::StrCat(
+      "STAGEHAND_SERVER=", server.address(), " STAGEHAND_TOKEN_FILE=", server.token_file(), " timeout 60 ",
+      Runfile("launcher/client"), " submit --device=cpu --workers=2 --model=tiny --steps=3 --micro_batches=16384 "
+      "--global_batch=16384 >/dev/null 2>&1 &");
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const auto stop = Clock::now();
+  kill(server.pid(), SIGTERM);
+  EXPECT_TRUE(WaitFor([&] { return !server.Running(); }, std::chrono::seconds(10))) << server.log();
+  EXPECT_LT(Clock::now() - stop, std::chrono::seconds(8)) << server.log();
+  unlink(fifo.c_str());
+}
+
 TEST_F(ServeTest, ServerFlags_WithoutServe_AndJobFlagsWithServe_AreRefused) {
   const std::string command = absl::StrCat(Runfile("launcher/launcher"), " --state_dir=", TempDir(), "/x >/dev/null 2>&1");
   const int status = std::system(command.c_str());
