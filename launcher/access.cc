@@ -208,6 +208,7 @@ absl::StatusOr<std::string> Access::Mint(const std::string& name, control::Role 
 }
 
 absl::Status Access::Revoke(const std::string& name) {
+  if (absl::Status s = ValidateName(name, "token name"); !s.ok()) return s;  // echoed clipped, not whole
   if (absl::Status s = store_->RevokeToken(name, absl::Now()); !s.ok()) return s;
   return Load();
 }

@@ -2,6 +2,7 @@
 // status, cancel, logs, fetch, tokens). Flags are defined here and in job_flags.cc only.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -73,7 +75,11 @@ constexpr int kExitFailure = 1;
 
 // Prints the one line of `status` and returns the exit code it means.
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "client: %s\n", std::string(status.message()).c_str());
+  // One line of reasonable length, whatever a message echoes (a server's is cut at 2 KiB too).
+  std::string message(status.message());
+  if (message.size() > 2048) message = absl::StrCat(message.substr(0, 2000), "... (cut: ", message.size(), " bytes)");
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  std::fprintf(stderr, "client: %s\n", message.c_str());
   return status.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
 }
 int Usage(const std::string& message) { return Fail(absl::InvalidArgumentError(message + "; see --help")); }
@@ -357,13 +363,13 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
   const std::string& verb = words[0];
   static const char* kVerbs[] = {"submit", "list", "status", "watch", "cancel", "delete", "logs", "fetch", "token", "info"};
   if (std::find(std::begin(kVerbs), std::end(kVerbs), verb) == std::end(kVerbs)) {
-    return Usage(absl::StrCat("unknown verb '", verb, "': use submit, list, status, watch, cancel, delete, logs, fetch, token or info"));
+    return Usage(absl::StrCat("unknown verb '", absl::CHexEscape(verb.substr(0, 200)), verb.size() > 200 ? "..." : "", "': use submit, list, status, watch, cancel, delete, logs, fetch, token or info"));
   }
   const bool one_id = verb == "status" || verb == "watch" || verb == "cancel" || verb == "delete" || verb == "logs";
   if (one_id && !Arity(words, 2)) return Usage(absl::StrCat("`", verb, "` takes one job id: client ", verb, " ID"));
   if (verb == "fetch" && !Arity(words, 3)) return Usage("`fetch` takes a job id and a file: client fetch ID FILE");
   if ((verb == "submit" || verb == "list" || verb == "info") && !Arity(words, 1)) {
-    return Usage(absl::StrCat("`", verb, "` takes no arguments, got '", words[1], "'"));
+    return Usage(absl::StrCat("`", verb, "` takes no arguments, got '", absl::CHexEscape(words[1].substr(0, 200)), "'"));
   }
   absl::StatusOr<std::unique_ptr<ControlClient>> client = Connect();
   if (!client.ok()) return Fail(client.status());

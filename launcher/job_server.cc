@@ -288,7 +288,7 @@ control::JobInfo JobServer::Info(const JobRecord& record) const {
 absl::StatusOr<JobRecord> JobServer::Record(const std::string& id) const {
   absl::StatusOr<std::optional<JobRecord>> r = store_->Get(id);
   if (!r.ok()) return r.status();
-  if (!r->has_value()) return absl::NotFoundError(absl::StrCat("no job ", id, " on this server; `client list` shows them"));
+  if (!r->has_value()) return absl::NotFoundError(absl::StrCat("no job ", ClipInput(id), " on this server; `client list` shows them"));
   return **r;
 }
 
@@ -314,7 +314,7 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const Caller& caller, const contr
   const std::shared_ptr<Validations> v = validations_;
   std::shared_ptr<Validations::One> one;
   absl::MutexLock lock(&v->mu);
-  if (v->stopping) return absl::UnavailableError("the server is stopping; submit again once it is back");
+  if (v->stopping) return absl::UnavailableError("the server is shutting down; submit again once it is back");
   if (auto it = v->in_flight.find(key); it != v->in_flight.end()) {
     one = it->second;
   } else {
@@ -349,7 +349,7 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const Caller& caller, const contr
   auto ready = [&v, &one]() { return one->done || v->stopping; };
   v->mu.AwaitWithTimeout(absl::Condition(&ready), options_.validation_deadline);
   if (one->done) return one->result;
-  if (v->stopping) return absl::UnavailableError("the server is stopping; submit again once it is back");
+  if (v->stopping) return absl::UnavailableError("the server is shutting down; submit again once it is back");
   if (one->tid > 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(one->tid), 19);  // abandoned: it yields
   return absl::DeadlineExceededError(absl::StrCat(
       "checking the job took over ", absl::FormatDuration(options_.validation_deadline),

@@ -390,6 +390,24 @@ TEST(JobServerTest, Submit_SlowChecks_DeadlineBoundAndShutdown) {
   for (int i = 0; i < 500 && s2->ValidationsRunning() > 0; ++i) absl::SleepFor(absl::Milliseconds(20));
 }
 
+// Whatever a client sends, an error echoes at most about 200 bytes of it.
+TEST(JobServerTest, Errors_EchoAtMost200BytesOfInput) {
+  std::unique_ptr<JobServer> server = OpenServer(StateDir());
+  ASSERT_NE(server, nullptr);
+  const std::string huge(1 << 20, 'x');
+  const Caller admin{"admin", control::ROLE_ADMIN};
+  absl::StatusOr<control::JobInfo> get = server->Get(admin, huge);
+  EXPECT_EQ(get.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(get.status().message().size(), 400u);
+  EXPECT_LT(server->MintToken(admin, huge, control::ROLE_VIEW).status().message().size(), 400u);
+  EXPECT_LT(server->RevokeToken(admin, huge).message().size(), 400u);
+  EXPECT_LT(server->Submit(admin, TinyJob(huge)).status().message().size(), 400u);
+  EXPECT_LT(server->Delete(admin, huge).status().message().size(), 400u);
+  control::ListJobsRequest list;
+  list.set_page_token(huge);
+  EXPECT_LT(server->List(admin, list).status().message().size(), 400u);
+}
+
 TEST(JobServerTest, EndedJobs_OnlyTheNewestKeepTheirEvents) {
   JobServerOptions o;
   o.state_dir = StateDir();

@@ -172,6 +172,17 @@ TEST_F(ClientTest, Errors_OneLineEach_WithTheirExitCodes) {
   EXPECT_TRUE(absl::StrContains(bad_token.err, "--token_file=/nonexistent")) << bad_token.err;
 }
 
+TEST_F(ClientTest, Errors_EchoingLargeInput_StayShort) {
+  Result r = Client(absl::StrCat("status ", std::string(100 * 1024, 'y')));
+  EXPECT_EQ(r.code, 1) << r.err.substr(0, 300);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+  EXPECT_LT(r.err.size(), 2200u);
+  EXPECT_FALSE(absl::StrContains(r.err, "Stream removed")) << r.err.substr(0, 300);
+  Result verb = Client(std::string(100 * 1024, 'v'));
+  EXPECT_EQ(verb.code, 2);
+  EXPECT_LT(verb.err.size(), 600u);
+}
+
 TEST_F(ClientTest, Help_ListsVerbsAndExitCodes) {
   Result r = Client("--help");
   EXPECT_EQ(r.code, 0);
