@@ -113,6 +113,9 @@ bool IsFinal(control::JobState s) {
          s == control::JOB_STATE_LOST;
 }
 
+// A lost job has none: its launcher died with the server.
+bool HasExitCode(const control::JobInfo& j) { return IsFinal(j.state()) && j.state() != control::JOB_STATE_LOST; }
+
 std::string StateName(control::JobState s) {
   return absl::AsciiStrToLower(absl::StripPrefix(control::JobState_Name(s), "JOB_STATE_"));
 }
@@ -153,7 +156,7 @@ void PrintEvent(const control::JobEvent& e, bool no_lines) {
   } else if (e.has_state()) {  // with the lines too: the watch's last line is the final state
     const control::JobInfo& j = e.state();
     std::printf("job %s: %s%s%s\n", j.id().c_str(), StateName(j.state()).c_str(),
-                IsFinal(j.state()) ? absl::StrCat(" (exit code ", j.exit_code(), ")").c_str() : "",
+                HasExitCode(j) ? absl::StrCat(" (exit code ", j.exit_code(), ")").c_str() : "",
                 j.root_cause().empty() ? "" : absl::StrCat(": ", j.root_cause()).c_str());
   }
   std::fflush(stdout);
@@ -205,7 +208,7 @@ int List(ControlClient& client) {
   for (const control::JobInfo& j : *jobs) {
     std::printf(format, j.id().c_str(), j.name().c_str(), StateName(j.state()).c_str(), Devices(j).c_str(),
                 j.submitted_by().c_str(), Age(j.submit_time_ms()).c_str(),
-                IsFinal(j.state()) ? absl::StrCat(j.exit_code()).c_str() : "-");
+                HasExitCode(j) ? absl::StrCat(j.exit_code()).c_str() : "-");
   }
   return 0;
 }
@@ -231,7 +234,8 @@ int Status(ControlClient& client, const std::string& id) {
   std::printf("  devices: %s\n", Devices(j).c_str());
   if (j.start_time_ms() > 0) std::printf("  started %s ago\n", Age(j.start_time_ms()).c_str());
   std::printf("  steps done: %lld of %lld\n", static_cast<long long>(j.steps_done()), static_cast<long long>(j.spec().steps()));
-  if (IsFinal(j.state())) std::printf("  exit code: %d, ended %s ago\n", j.exit_code(), Age(j.end_time_ms()).c_str());
+  if (HasExitCode(j)) std::printf("  exit code: %d, ended %s ago\n", j.exit_code(), Age(j.end_time_ms()).c_str());
+  if (j.state() == control::JOB_STATE_LOST) std::printf("  no exit code (lost), ended %s ago\n", Age(j.end_time_ms()).c_str());
   if (!j.cancelled_by().empty()) std::printf("  cancelled by: %s\n", j.cancelled_by().c_str());
   if (!j.root_cause().empty()) std::printf("  root cause: %s\n", j.root_cause().c_str());
   if (!j.run_dir().empty()) std::printf("  run dir (on the server): %s\n", j.run_dir().c_str());
@@ -254,7 +258,8 @@ int Cancel(ControlClient& client, const std::string& id) {
     return 0;
   }
   if (IsFinal(job->state())) {
-    std::printf("job %s had already ended: %s (exit code %d)\n", id.c_str(), StateName(job->state()).c_str(), job->exit_code());
+    std::printf("job %s had already ended: %s%s\n", id.c_str(), StateName(job->state()).c_str(),
+                HasExitCode(*job) ? absl::StrCat(" (exit code ", job->exit_code(), ")").c_str() : "");
     return 0;
   }
   return Fail(absl::DeadlineExceededError(absl::StrCat("job ", id, " is still ", StateName(job->state()), " ",

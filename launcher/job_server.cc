@@ -139,6 +139,30 @@ absl::StatusOr<std::pair<std::string, int64_t>> ReadAt(int fd, absl::string_view
   return std::make_pair(std::move(data), size);
 }
 
+// The steps a run did by its steps.csv (the first column, numbered from 0, one row per rank and step):
+// the largest step + 1 among the rows of the file's last MiB, where the newest are; 0 without one.
+int64_t StepsDoneFromCsv(const std::string& run_dir) {
+  if (run_dir.empty()) return 0;
+  absl::StatusOr<UniqueFd> fd = OpenConfined(run_dir, "steps.csv", "steps");
+  if (!fd.ok()) return 0;
+  struct stat st;
+  if (::fstat(fd->get(), &st) != 0) return 0;
+  constexpr int64_t kTail = 1 << 20;
+  const int64_t from = std::max<int64_t>(0, st.st_size - kTail);
+  absl::StatusOr<std::pair<std::string, int64_t>> read = ReadAt(fd->get(), "steps.csv", from, kTail);
+  if (!read.ok()) return 0;
+  int64_t done = 0;
+  bool first = true;
+  for (absl::string_view line : absl::StrSplit(read->first, '\n')) {
+    const bool partial = first && from > 0;  // the tail may start inside a row
+    first = false;
+    if (partial) continue;
+    int64_t step = 0;
+    if (absl::SimpleAtoi(line.substr(0, line.find(',')), &step) && step >= 0) done = std::max(done, step + 1);
+  }
+  return done;
+}
+
 // `path` (a job's input, `flag` naming it) must be a regular file (`dir`: a directory): opened
 // without blocking (O_NONBLOCK: a FIFO's open returns at once) and fstat'd, so that the check that
 // reads it next cannot hang on a pipe, a FIFO or a device. INVALID_ARGUMENT naming the flag.
@@ -237,7 +261,12 @@ absl::StatusOr<std::unique_ptr<JobServer>> JobServer::Open(JobServerOptions opti
   absl::StatusOr<std::vector<JobRecord>> lost =
       (*store)->MarkRunningLost(absl::Now(), "lost: the server ended while the job ran");
   if (!lost.ok()) return lost.status();
-  for (const JobRecord& r : *lost) notes.push_back(absl::StrCat("job ", r.id, " was running when the server ended: marked lost"));
+  for (const JobRecord& r : *lost) {
+    // Its steps as far as its run directory got (the server that counted them is gone).
+    const int64_t steps = StepsDoneFromCsv(r.run_dir);
+    if (steps > 0) (void)(*store)->SetStepsDone(r.id, steps);
+    notes.push_back(absl::StrCat("job ", r.id, " was running when the server ended: marked lost after ", steps, " steps"));
+  }
   absl::StatusOr<std::string> admin = EnsureAdminToken(**store, options.state_dir, options.new_admin_token);
   if (!admin.ok()) return admin.status();
   if (!admin->empty()) notes.push_back(*admin);

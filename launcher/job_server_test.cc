@@ -408,6 +408,22 @@ TEST(JobServerTest, Errors_EchoAtMost200BytesOfInput) {
   EXPECT_LT(server->List(admin, list).status().message().size(), 400u);
 }
 
+// A job the server died under: its steps are counted from its steps.csv (two ranks, 120 steps).
+TEST(JobServerTest, LostJob_StepsDoneFromItsStepsCsv) {
+  const std::string dir = StateWithJob("lost", control::JOB_STATE_RUNNING, 100000);
+  std::string csv = "step,rank,loss,seconds,tokens,peak_memory_bytes\n";
+  for (int step = 0; step < 120; ++step) {
+    for (int rank = 0; rank < 2; ++rank) absl::StrAppend(&csv, step, ",", rank, ",1.5,0.01,64,0\n");
+  }
+  WriteFile(dir + "/runs/lost/steps.csv", csv);
+  std::unique_ptr<JobServer> server = OpenServer(dir);
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<control::JobInfo> job = server->Get(kViewer, "lost");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), control::JOB_STATE_LOST);
+  EXPECT_EQ(job->steps_done(), 120);
+}
+
 TEST(JobServerTest, EndedJobs_OnlyTheNewestKeepTheirEvents) {
   JobServerOptions o;
   o.state_dir = StateDir();

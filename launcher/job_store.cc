@@ -93,6 +93,7 @@ constexpr char kMarkRunning[] =
 constexpr char kMarkEnded[] =
     "UPDATE jobs SET state = ?2, ended_us = ?3, exit_code = ?4, root_cause = ?5, steps_done = ?6 "
     "WHERE id = ?1 AND state IN (?7, ?8)";
+constexpr char kSetStepsDone[] = "UPDATE jobs SET steps_done = ?2 WHERE id = ?1";
 constexpr char kSetCancelledBy[] = "UPDATE jobs SET cancelled_by = ?2 WHERE id = ?1";
 constexpr char kMarkLost[] = "UPDATE jobs SET state = ?1, ended_us = ?2, root_cause = ?3 WHERE state = ?4";
 constexpr char kInsertToken[] = "INSERT INTO tokens (name, role, hash, created_us) VALUES (?1, ?2, ?3, ?4)";
@@ -605,6 +606,16 @@ absl::Status JobStore::MarkEnded(const std::string& id, control::JobState state,
   st->Int(7, control::JOB_STATE_QUEUED).Int(8, control::JOB_STATE_RUNNING);
   if (int rc = st->Step(); rc != SQLITE_DONE) return Error(rc, absl::StrCat("cannot mark job ", id, " ended"));
   return Changed(id, "queued or running");
+}
+
+absl::Status JobStore::SetStepsDone(const std::string& id, int64_t steps_done) {
+  absl::MutexLock l(&mu_);
+  absl::StatusOr<Statement> st = Prepare(kSetStepsDone);
+  if (!st.ok()) return st.status();
+  st->Text(1, id).Int(2, steps_done);
+  if (int rc = st->Step(); rc != SQLITE_DONE) return Error(rc, absl::StrCat("cannot record the steps of ", id));
+  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no job ", id));
+  return absl::OkStatus();
 }
 
 absl::Status JobStore::SetCancelledBy(const std::string& id, const std::string& name) {

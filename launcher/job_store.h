@@ -111,6 +111,9 @@ class JobStore {
   absl::Status MarkEnded(const std::string& id, control::JobState state, absl::Time ended, int exit_code,
                          const std::string& root_cause, int64_t steps_done);
 
+  // The steps a job did, as its run directory says (a lost job's, counted after the fact).
+  absl::Status SetStepsDone(const std::string& id, int64_t steps_done);
+
   // Who asked to cancel (set before the job's processes are stopped). NOT_FOUND for an unknown id.
   absl::Status SetCancelledBy(const std::string& id, const std::string& name);
 

@@ -94,6 +94,19 @@ TEST_F(ClientTest, Watch_NoLines_PrintsStates) {
   EXPECT_TRUE(absl::StrContains(r.out, "job j: succeeded (exit code 0)")) << r.out;
 }
 
+TEST_F(ClientTest, LostJob_ShowsNoExitCode) {
+  fake_.AddJob("j");
+  fake_.EndJob("j", control::JOB_STATE_LOST, 0);
+  Result watch = Client("watch j");
+  EXPECT_EQ(watch.code, 1) << watch.err;
+  EXPECT_TRUE(absl::StrContains(watch.out, "job j: lost\n")) << watch.out;
+  EXPECT_FALSE(absl::StrContains(watch.out, "exit code")) << watch.out;
+  Result status = Client("status j");
+  EXPECT_EQ(status.code, 0) << status.err;
+  EXPECT_FALSE(absl::StrContains(status.out, "exit code:")) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "no exit code (lost)")) << status.out;
+}
+
 TEST_F(ClientTest, Cancel_RunningJob_PrintsCancelled) {
   fake_.AddJob("j");
   Result r = Client("cancel j");
