@@ -247,9 +247,57 @@ JobServer::JobServer(JobServerOptions options, std::unique_ptr<JobStore> store, 
 
 JobServer::~JobServer() = default;
 
+namespace {
+
+StartCreated WhatAStartWouldCreate(const std::string& state_dir) {
+  auto exists = [](const std::string& path) {
+    struct stat st;
+    return ::lstat(path.c_str(), &st) == 0;
+  };
+  StartCreated c;
+  // The directories, deepest first: runs/, the state directory, and its missing parents.
+  for (std::string dir = state_dir + "/runs"; !dir.empty() && dir != "/" && !exists(dir);) {
+    c.dirs.push_back(dir);
+    const size_t slash = dir.rfind('/');
+    if (slash == std::string::npos || slash == 0) break;
+    dir = dir.substr(0, slash);
+  }
+  // The store's files only with a store this start made: an existing one keeps its -wal (and the
+  // admin token minted into it keeps its file).
+  if (!exists(state_dir + "/jobs.db")) {
+    for (const char* name : {"jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "admin.token", ".admin.token.tmp"}) {
+      if (!exists(absl::StrCat(state_dir, "/", name))) c.files.push_back(absl::StrCat(state_dir, "/", name));
+    }
+  }
+  if (!exists(state_dir + "/jobs.lock")) c.files.push_back(state_dir + "/jobs.lock");
+  return c;
+}
+
+}  // namespace
+
+void RemoveCreated(const StartCreated& created) {
+  for (const std::string& f : created.files) ::unlink(f.c_str());
+  for (const std::string& d : created.dirs) ::rmdir(d.c_str());  // only when empty
+}
+
 absl::StatusOr<std::unique_ptr<JobServer>> JobServer::Open(JobServerOptions options, std::vector<std::string>& notes) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("--serve needs --state_dir=DIR (the job store and run directories)");
   options.state_dir = UserPath(options.state_dir);
+  StartCreated created = WhatAStartWouldCreate(options.state_dir);
+  bool locked = false;
+  absl::StatusOr<std::unique_ptr<JobServer>> server = OpenAt(std::move(options), notes, locked);
+  if (!server.ok()) {
+    // Files only when this start held the lock: another server starting beside it owns them.
+    if (!locked) created.files.clear();
+    RemoveCreated(created);  // OpenAt's store is closed by now
+    return server;
+  }
+  (*server)->created_ = created;
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<JobServer>> JobServer::OpenAt(JobServerOptions options, std::vector<std::string>& notes,
+                                                             bool& locked) {
   if (options.max_cpu_workers <= 0) options.max_cpu_workers = std::max(1, options.inventory.cpu_cores);
   // Before anything is opened: a planted link or a foreign file is refused, not followed.
   if (absl::Status s = CheckStateFiles(options.state_dir); !s.ok()) return s;
@@ -258,6 +306,7 @@ absl::StatusOr<std::unique_ptr<JobServer>> JobServer::Open(JobServerOptions opti
   }
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(options.state_dir);
   if (!store.ok()) return store.status();
+  locked = true;
   absl::StatusOr<std::vector<JobRecord>> lost =
       (*store)->MarkRunningLost(absl::Now(), "lost: the server ended while the job ran");
   if (!lost.ok()) return lost.status();

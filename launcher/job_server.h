@@ -58,13 +58,26 @@ struct JobServerOptions {
   std::function<void(const std::string&)> log = [](const std::string&) {};
 };
 
+// What a server's start created in its state directory (the paths that were not there), so that a
+// start that fails leaves nothing behind.
+struct StartCreated {
+  std::vector<std::string> files;
+  std::vector<std::string> dirs;  // deepest first
+};
+// Removes them: the files, then the directories that are empty. Call it with the store closed.
+void RemoveCreated(const StartCreated& created);
+
 class JobServer : public JobService {
  public:
   // Opens (or creates) the state directory and its store; jobs the store says were running are
   // marked lost (the server that ran them is gone); queued ones are queued again in their order;
   // on a first start, mints the admin token into <state_dir>/admin.token. `notes` gets the lines to
-  // print. INVALID_ARGUMENT for a state directory or store that cannot be used.
+  // print. INVALID_ARGUMENT for a state directory or store that cannot be used; a failed Open removes
+  // what it created.
   static absl::StatusOr<std::unique_ptr<JobServer>> Open(JobServerOptions options, std::vector<std::string>& notes);
+  // What this start created: a caller that cannot serve after all destroys the server, then calls
+  // RemoveCreated with it.
+  const StartCreated& created() const { return created_; }
   ~JobServer() override;
 
   // The serve loop's pass: starts the queued jobs whose devices are free, drives the running ones,
@@ -104,6 +117,9 @@ class JobServer : public JobService {
   struct Validations;  // the submission checks in flight, shared with their threads (which may outlive this)
 
   JobServer(JobServerOptions options, std::unique_ptr<JobStore> store, std::unique_ptr<Access> access);
+  // Open's work; `locked` is set once the store (and its lock) is this server's.
+  static absl::StatusOr<std::unique_ptr<JobServer>> OpenAt(JobServerOptions options, std::vector<std::string>& notes,
+                                                           bool& locked);
   absl::StatusOr<ResolvedJob> Resolve(const Caller& caller, const control::SubmitJobRequest& request);
   absl::StatusOr<JobRecord> Record(const std::string& id) const;
   control::JobInfo Info(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -120,6 +136,7 @@ class JobServer : public JobService {
   const std::unique_ptr<JobStore> store_;
   const std::unique_ptr<Access> access_;
   const std::shared_ptr<Validations> validations_;
+  StartCreated created_;
   mutable absl::Mutex mu_;
   DeviceQueue queue_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Live>> live_ ABSL_GUARDED_BY(mu_);

@@ -71,6 +71,9 @@ int Serve(const ServeOptions& options) {
   co.tls_client_ca = options.tls_client_ca;
   absl::StatusOr<std::unique_ptr<ControlServer>> control = ControlServer::Start(co, server->get());
   if (!control.ok()) {
+    const StartCreated created = (*server)->created();
+    server->reset();  // the store closed first
+    RemoveCreated(created);
     std::fprintf(stderr, "stagehand: %s\n", std::string(control.status().message()).c_str());
     return control.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitLaunchFailed;
   }

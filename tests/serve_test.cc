@@ -490,6 +490,31 @@ TEST_F(ServeTest, WedgingSubmissions_FifoRefused_SigtermStopsTheServerWhileAJobI
   unlink(fifo.c_str());
 }
 
+// A server that cannot listen (the port is another's) leaves no state directory behind; one whose
+// state directory existed keeps it, its store included.
+TEST_F(ServeTest, FailedStart_PortTaken_RemovesWhatItCreated) {
+  Server first(StateDir());
+  ASSERT_FALSE(first.address().empty()) << first.log();
+  const std::string fresh = StateDir() + "/nested/state";
+  Server second(fresh, {"--listen=" + first.address()});
+  EXPECT_TRUE(WaitFor([&] { return !second.Running(); }, std::chrono::seconds(30)));
+  EXPECT_NE(second.Stop(), 0) << second.log();
+  struct stat st;
+  EXPECT_NE(stat(fresh.c_str(), &st), 0) << "the failed start left " << fresh;
+  EXPECT_NE(stat((fresh + "/..").c_str(), &st), 0) << "the failed start left the state directory's parent";
+  // An existing state directory: its store stays.
+  const std::string kept = StateDir();
+  {
+    Server once(kept);
+    ASSERT_FALSE(once.address().empty()) << once.log();
+    EXPECT_EQ(once.Stop(), 0);
+  }
+  Server again(kept, {"--listen=" + first.address()});
+  EXPECT_TRUE(WaitFor([&] { return !again.Running(); }, std::chrono::seconds(30)));
+  EXPECT_EQ(stat((kept + "/jobs.db").c_str(), &st), 0);
+  EXPECT_EQ(stat((kept + "/admin.token").c_str(), &st), 0);
+}
+
 TEST_F(ServeTest, ServerFlags_WithoutServe_AndJobFlagsWithServe_AreRefused) {
   const std::string command = absl::StrCat(Runfile("launcher/launcher"), " --state_dir=", TempDir(), "/x >/dev/null 2>&1");
   const int status = std::system(command.c_str());
