@@ -37,7 +37,10 @@ ABSL_FLAG(bool, no_lines, false, "watch: print state changes and step reports in
 ABSL_FLAG(int, rank, 0, "logs: whose log (rank<N>.log)");
 ABSL_FLAG(bool, follow, false, "logs: keep reading until the job ends (reconnecting when the server restarts)");
 ABSL_FLAG(int64_t, offset, 0, "logs: start at this byte of the log");
-ABSL_FLAG(std::string, output, "", "fetch: where to write the file (default: its base name in the current directory)");
+ABSL_FLAG(std::string, output, "",
+          "fetch: where to write the file (default: its base name in the current directory; - for stdout); "
+          "token mint: a file to write the token to (mode 0600) instead of stdout");
+ABSL_FLAG(bool, launcher, false, "logs: the launcher's own lines (launcher.log) instead of a rank's log");
 ABSL_FLAG(std::string, role, "", "token mint: view, submit or admin");
 ABSL_FLAG(int, limit, 0, "list: at most this many jobs, newest first (default: all of them)");
 
@@ -54,8 +57,8 @@ constexpr char kUsage[] =
     "  client cancel ID                                   stop it, and wait for it to end\n"
     "  client delete ID                                   remove an ended job from the server's list (admin;\n"
     "                                                     its run directory stays on the server)\n"
-    "  client logs ID [--rank=N] [--offset=B] [--follow]  a rank's log\n"
-    "  client fetch ID FILE [--output=PATH]               a file of its run directory\n"
+    "  client logs ID [--rank=N] [--offset=B] [--follow]  a rank's log (--launcher: the launcher's own lines)\n"
+    "  client fetch ID FILE [--output=PATH]               a file of its run directory (--output=-: to stdout)\n"
     "  client token mint NAME --role=view|submit|admin    a new token (admin); printed once\n"
     "  client token revoke NAME                           it is refused from then on; its name is never reused\n"
     "  client token list                                  every token's name, role and times (admin)\n"
@@ -267,7 +270,8 @@ int Cancel(ControlClient& client, const std::string& id) {
 }
 
 int Logs(ControlClient& client, const std::string& id) {
-  absl::Status s = client.Logs(id, absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_offset), absl::GetFlag(FLAGS_follow), [](absl::string_view data) {
+  const int rank = absl::GetFlag(FLAGS_launcher) ? -1 : absl::GetFlag(FLAGS_rank);  // -1: launcher.log
+  absl::Status s = client.Logs(id, rank, absl::GetFlag(FLAGS_offset), absl::GetFlag(FLAGS_follow), [](absl::string_view data) {
     std::fwrite(data.data(), 1, data.size(), stdout);
     std::fflush(stdout);
   });
@@ -276,6 +280,16 @@ int Logs(ControlClient& client, const std::string& id) {
 
 int Fetch(ControlClient& client, const std::string& id, const std::string& path) {
   std::string local = absl::GetFlag(FLAGS_output);
+  if (local == "-") {
+    absl::StatusOr<int64_t> bytes = client.FetchTo(id, path, [](absl::string_view data) {
+      if (std::fwrite(data.data(), 1, data.size(), stdout) != data.size()) {
+        return absl::FailedPreconditionError("cannot write to stdout");
+      }
+      return absl::OkStatus();
+    });
+    std::fflush(stdout);
+    return bytes.ok() ? 0 : Fail(bytes.status());
+  }
   if (local.empty()) local = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
   local = UserPath(local);  // `bazel run` runs in the runfiles: the user's directory is elsewhere
   absl::StatusOr<int64_t> bytes = client.Fetch(id, path, local);

@@ -263,7 +263,11 @@ absl::Status ControlClient::Logs(const std::string& id, int rank, int64_t offset
                                  const std::function<void(absl::string_view)>& on_data) {
   control::LogsRequest request;
   request.set_id(id);
-  request.set_rank(rank);
+  if (rank < 0) {
+    request.set_launcher(true);
+  } else {
+    request.set_rank(rank);
+  }
   request.set_follow(follow);
   Reconnects reconnects(options_);
   for (;;) {
@@ -292,6 +296,14 @@ absl::StatusOr<int64_t> ControlClient::Fetch(const std::string& id, const std::s
                                              const std::string& local_path) {
   AtomicFile file(local_path);
   if (absl::Status s = file.Open(); !s.ok()) return s;
+  absl::StatusOr<int64_t> written = FetchTo(id, path, [&file](absl::string_view data) { return file.Write(data); });
+  if (!written.ok()) return written.status();
+  if (absl::Status s = file.Commit(); !s.ok()) return s;
+  return written;
+}
+
+absl::StatusOr<int64_t> ControlClient::FetchTo(const std::string& id, const std::string& path,
+                                               const std::function<absl::Status(absl::string_view)>& write) {
   control::FetchFileRequest request;
   request.set_id(id);
   request.set_path(path);
@@ -302,7 +314,7 @@ absl::StatusOr<int64_t> ControlClient::Fetch(const std::string& id, const std::s
   absl::Status write_error;
   while (write_error.ok() && reader->Read(&chunk)) {
     if (total < 0) total = chunk.total_bytes();
-    write_error = file.Write(chunk.data());
+    write_error = write(chunk.data());
     written += static_cast<int64_t>(chunk.data().size());
   }
   if (!write_error.ok()) {
@@ -314,7 +326,6 @@ absl::StatusOr<int64_t> ControlClient::Fetch(const std::string& id, const std::s
   if (written != total) {
     return absl::DataLossError(absl::StrCat(path, ": got ", written, " of ", total, " bytes; fetch it again"));
   }
-  if (absl::Status s = file.Commit(); !s.ok()) return s;
   return written;
 }
 

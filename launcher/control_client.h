@@ -57,7 +57,8 @@ class ControlClient {
   absl::StatusOr<control::JobInfo> Watch(const std::string& id, bool no_lines, int64_t after_seq,
                                          const std::function<void(const control::JobEvent&)>& on_event);
 
-  // Rank `rank`'s log from `offset`, each chunk to `on_data`; with `follow`, until the job ends.
+  // Rank `rank`'s log (rank -1: the launcher's own, launcher.log) from `offset`, each chunk to
+  // `on_data`; with `follow`, until the job ends.
   absl::Status Logs(const std::string& id, int rank, int64_t offset, bool follow,
                     const std::function<void(absl::string_view)>& on_data);
 
@@ -65,6 +66,9 @@ class ControlClient {
   // it renamed at the end, so that a failed fetch leaves nothing (and an old file as it was). The
   // bytes written. DATA_LOSS when the stream ends short of the size the server announced.
   absl::StatusOr<int64_t> Fetch(const std::string& id, const std::string& path, const std::string& local_path);
+  // The same, each chunk to `write` (stdout, say); a failed write ends the fetch with its status.
+  absl::StatusOr<int64_t> FetchTo(const std::string& id, const std::string& path,
+                                  const std::function<absl::Status(absl::string_view)>& write);
 
   absl::StatusOr<std::string> Mint(const std::string& name, control::Role role);
   absl::Status Revoke(const std::string& name);

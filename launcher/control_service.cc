@@ -138,7 +138,8 @@ grpc::Status ControlService::Logs(Context* context, const control::LogsRequest* 
   for (;;) {
     if (context->IsCancelled()) return ClientGone();
     if (stopping_) return Unavailable(absl::StrCat("the server is shutting down; resume from offset ", offset));
-    absl::StatusOr<LogRead> read = service_->ReadLog(*caller, request->id(), request->rank(), offset, kChunkBytes, wait);
+    absl::StatusOr<LogRead> read = service_->ReadLog(*caller, request->id(), request->launcher() ? kLauncherLogRank : request->rank(),
+                                                       offset, kChunkBytes, wait);
     if (!read.ok()) return ToGrpc(read.status());
     if (!read->data.empty()) {
       control::LogChunk chunk;

@@ -35,6 +35,7 @@ namespace stagehand {
 namespace {
 
 constexpr char kProtocol[] = "control protocol";
+constexpr char kLauncherLog[] = "launcher.log";
 constexpr int kControlProtocolVersion = 1;
 
 std::string RandomHex(int bytes) {
@@ -49,20 +50,53 @@ std::string RandomHex(int bytes) {
 
 // A job's output as events: the launcher's lines (JobListener) and the workers' (the terminal writer
 // that the job's spawner forwards them to).
+// The launcher's lines go to the events and to <run_dir>/launcher.log (`client logs ID --launcher`);
+// the lines that come before the run directory exists are kept until it does.
 class EventListener : public JobListener {
  public:
-  explicit EventListener(JobEvents* events) : events_(events) {}
-  void Text(absl::string_view text) override { events_->AddText(text); }
+  EventListener(JobEvents* events, std::string run_dir) : events_(events), run_dir_(std::move(run_dir)) {}
+  void Text(absl::string_view text) override {
+    events_->AddText(text);
+    Log(text);
+  }
   void Refusal(absl::string_view line) override {
     refusal_ = std::string(line);
     events_->AddLine(line);
+    Log(absl::StrCat(line, "\n"));
   }
   void Step(const ReportStepRequest& step) override { events_->AddStep(step); }
   const std::string& refusal() const { return refusal_; }
+  // Writes what waited for the run directory, now that it may exist.
+  void Flush() { Log(""); }
 
  private:
+  void Log(absl::string_view text) {
+    absl::MutexLock lock(&mu_);
+    if (!log_.valid()) {
+      // Opened once the run directory exists; never through a link.
+      log_.reset(::open(absl::StrCat(run_dir_, "/", kLauncherLog).c_str(),
+                        O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644));
+    }
+    if (!log_.valid()) {
+      if (pending_.size() < (1 << 20)) absl::StrAppend(&pending_, text);
+      return;
+    }
+    std::string data = std::exchange(pending_, std::string());
+    absl::StrAppend(&data, text);
+    for (absl::string_view rest = data; !rest.empty();) {
+      const ssize_t n = ::write(log_.get(), rest.data(), rest.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // a full disk: the events still have the lines
+      rest.remove_prefix(static_cast<size_t>(n));
+    }
+  }
+
   JobEvents* const events_;
+  const std::string run_dir_;
   std::string refusal_;
+  absl::Mutex mu_;
+  UniqueFd log_;
+  std::string pending_;
 };
 
 class EventSink : public TerminalSink {
@@ -595,10 +629,10 @@ absl::StatusOr<LogRead> JobServer::ReadLog(const Caller& caller, const std::stri
   absl::StatusOr<JobRecord> record = Record(id);
   if (!record.ok()) return record.status();
   if (record->run_dir.empty()) return absl::NotFoundError(absl::StrCat("job ", id, " has not started: no logs yet"));
-  if (rank < 0 || rank >= record->spec.workers()) {
+  if (rank != kLauncherLogRank && (rank < 0 || rank >= record->spec.workers())) {
     return absl::NotFoundError(absl::StrCat("job ", id, " has ranks 0 to ", record->spec.workers() - 1, ", not ", rank));
   }
-  const std::string name = absl::StrCat("rank", rank, ".log");
+  const std::string name = rank == kLauncherLogRank ? std::string(kLauncherLog) : absl::StrCat("rank", rank, ".log");
   const absl::Time deadline = absl::Now() + wait;
   while (true) {
     std::shared_ptr<Live> live = LiveJob(id);
@@ -694,12 +728,13 @@ void JobServer::StartGranted(const Grant& grant) {
   ro.coordinator_address = "127.0.0.1:0";
   ro.launch = absl::Now();
   ro.peak_tflops_per_device = options_.peak_tflops_per_device;
-  live->listener = std::make_unique<EventListener>(&live->events);
+  live->listener = std::make_unique<EventListener>(&live->events, ro.run_dir);
   live->terminal = std::make_unique<TerminalWriter>(std::make_unique<EventSink>(&live->events));
   live->spawner = NewPosixProcessSpawner(live->terminal.get());
   int exit_code = 0;
   const std::string run_dir = ro.run_dir;
   live->run = JobRun::Start(std::move(ro), live->spawner.get(), live->listener.get(), exit_code);
+  live->listener->Flush();
   if (live->run == nullptr) {
     End(grant.id, *live, control::JOB_STATE_FAILED, exit_code,
         absl::StrCat("could not start: ", live->listener->refusal()), 0);

@@ -40,6 +40,9 @@ struct FileRead {
   bool eof = false;
 };
 
+// ReadLog's rank for the launcher's own log of the job (launcher.log).
+inline constexpr int kLauncherLogRank = -1;
+
 class JobService {
  public:
   virtual ~JobService() = default;
@@ -65,8 +68,8 @@ class JobService {
 
   virtual absl::StatusOr<control::JobInfo> Cancel(const Caller& caller, const std::string& id) = 0;
 
-  // Up to `max_bytes` of rank `rank`'s log from `offset`, waiting up to `wait` for more when there is
-  // none yet and the job still runs.
+  // Up to `max_bytes` of rank `rank`'s log (kLauncherLogRank: the launcher's own, launcher.log) from
+  // `offset`, waiting up to `wait` for more when there is none yet and the job still runs.
   virtual absl::StatusOr<LogRead> ReadLog(const Caller& caller, const std::string& id, int rank, int64_t offset,
                                           int64_t max_bytes, absl::Duration wait) = 0;
 

@@ -122,6 +122,28 @@ TEST_F(ClientTest, Fetch_RelativeOutput_LandsInTheUserDirectory) {
   EXPECT_EQ(ReadFile(Tmp() + "/steps.csv"), "a,b\n1,2\n");
 }
 
+TEST_F(ClientTest, Fetch_OutputDash_WritesToStdout) {
+  fake_.AddJob("j");
+  fake_.SetFile("j", "report.json", "{\"steps\": 3}\n");
+  Result r = Client("fetch j report.json --output=-");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "{\"steps\": 3}\n");
+  struct stat st;
+  EXPECT_NE(stat((Tmp() + "/-").c_str(), &st), 0) << "a file named - was written";
+}
+
+TEST_F(ClientTest, Logs_Launcher_ShowsTheLaunchersOwnLines) {
+  fake_.AddJob("j");
+  fake_.AppendLog("j", 0, "rank 0 says\n");
+  fake_.AppendLog("j", -1, "stagehand: job j: 2 cpu workers\n");
+  Result rank = Client("logs j");
+  EXPECT_EQ(rank.code, 0) << rank.err;
+  EXPECT_EQ(rank.out, "rank 0 says\n");
+  Result launcher = Client("logs j --launcher");
+  EXPECT_EQ(launcher.code, 0) << launcher.err;
+  EXPECT_EQ(launcher.out, "stagehand: job j: 2 cpu workers\n");
+}
+
 TEST_F(ClientTest, ListAndStatus_ShowTheJob) {
   fake_.AddJob("j");
   Result list = Client("list");

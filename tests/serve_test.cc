@@ -231,6 +231,13 @@ TEST_F(ServeTest, SubmitWatchFetch_TinyJob_EveryStepStreamedAndFilesMatch) {
   ClientResult list = RunClient(server, "list");
   ASSERT_EQ(list.exit_code, 0) << list.output;
   EXPECT_TRUE(absl::StrContains(list.output, id)) << list.output;
+  // The launcher's own lines are in the run directory too, and the same file comes to stdout.
+  ClientResult launcher_log = RunClient(server, "logs " + id + " --launcher");
+  ASSERT_EQ(launcher_log.exit_code, 0) << launcher_log.output;
+  EXPECT_TRUE(absl::StrContains(launcher_log.output, "stagehand: job " + id)) << launcher_log.output;
+  ClientResult to_stdout = RunClient(server, absl::StrCat("fetch ", id, " launcher.log --output=-"));
+  ASSERT_EQ(to_stdout.exit_code, 0) << to_stdout.output;
+  EXPECT_EQ(to_stdout.output, ReadFile(absl::StrCat(state, "/runs/", id, "/launcher.log")));
   // A job that fails: watch exits with its exit code.
   ClientResult bad = RunClient(server, "submit --device=cpu --workers=2 --model=tiny --steps=3 --data=/nonexistent --watch");
   EXPECT_NE(bad.exit_code, 0) << bad.output;
