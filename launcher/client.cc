@@ -1,5 +1,7 @@
 // stagehand client: talks to `launcher --serve` over the Control service (submit, watch, list,
 // status, cancel, logs, fetch, tokens). Flags are defined here and in job_flags.cc only.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/crypto.h"
+#include "common/fd.h"
 #include "common/flags.h"
 #include "launcher/auth_token.h"
 #include "launcher/control_client.h"
@@ -60,6 +63,7 @@ constexpr char kUsage[] =
     "  client logs ID [--rank=N] [--offset=B] [--follow]  a rank's log (--launcher: the launcher's own lines)\n"
     "  client fetch ID FILE [--output=PATH]               a file of its run directory (--output=-: to stdout)\n"
     "  client token mint NAME --role=view|submit|admin    a new token (admin); printed once\n"
+    "        [--output=FILE]                              or written to a new FILE, mode 0600\n"
     "  client token revoke NAME                           it is refused from then on; its name is never reused\n"
     "  client token list                                  every token's name, role and times (admin)\n"
     "  client info                                        what the server is\n"
@@ -331,9 +335,36 @@ int Token(ControlClient& client, const std::vector<std::string>& args) {
   }
   absl::StatusOr<control::Role> role = RoleFlag(absl::GetFlag(FLAGS_role));
   if (!role.ok()) return Fail(role.status());
+  // --output: the file is made (0600, new, not through a link) before the token is minted, so that a
+  // token is never minted with nowhere to go.
+  const std::string output = absl::GetFlag(FLAGS_output).empty() ? "" : UserPath(absl::GetFlag(FLAGS_output));
+  UniqueFd file;
+  if (!output.empty()) {
+    file.reset(::open(output.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!file.valid()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--output=", output, ": cannot create it: ", ErrnoText(errno),
+          errno == EEXIST ? " (it exists; remove it or pass another file)" : "")));
+    }
+    (void)::fchmod(file.get(), 0600);  // whatever the umask
+  }
   absl::StatusOr<std::string> token = client.Mint(args[2], *role);
-  if (!token.ok()) return Fail(token.status());
-  std::printf("%s\n", token->c_str());
+  if (!token.ok()) {
+    if (file.valid()) ::unlink(output.c_str());
+    return Fail(token.status());
+  }
+  if (!file.valid()) {
+    std::printf("%s\n", token->c_str());
+    return 0;
+  }
+  const std::string line = *token + "\n";
+  if (::write(file.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size()) || ::fsync(file.get()) != 0) {
+    // The token exists on the server: show it rather than lose it.
+    std::printf("%s\n", token->c_str());
+    return Fail(absl::InternalError(absl::StrCat("--output=", output, ": cannot write it: ", ErrnoText(errno),
+                                                 "; the token is printed above instead")));
+  }
+  std::fprintf(stderr, "wrote token '%s' to %s (mode 0600)\n", args[2].c_str(), output.c_str());
   return 0;
 }
 

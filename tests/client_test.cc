@@ -193,6 +193,22 @@ TEST_F(ClientTest, TokenMint_PrintsTheToken) {
   EXPECT_EQ(Client("token mint dave --role=boss").code, 2);
 }
 
+TEST_F(ClientTest, TokenMint_Output_WritesAPrivateFileAndNeverOverwrites) {
+  const std::string path = Tmp() + "/erin.token";
+  unlink(path.c_str());
+  Result r = Client("token mint erin --role=view --output=erin.token");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(ReadFile(path), "tok-erin\n");
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  Result again = Client("token mint frank --role=view --output=erin.token");
+  EXPECT_EQ(again.code, 2) << again.err;
+  EXPECT_TRUE(absl::StrContains(again.err, "exists")) << again.err;
+  EXPECT_EQ(ReadFile(path), "tok-erin\n");
+}
+
 TEST_F(ClientTest, Errors_OneLineEach_WithTheirExitCodes) {
   Result unknown = Client("frobnicate");
   EXPECT_EQ(unknown.code, 2);
