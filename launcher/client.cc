@@ -24,6 +24,7 @@
 #include "common/crypto.h"
 #include "common/fd.h"
 #include "common/flags.h"
+#include "common/grpc_status.h"
 #include "launcher/auth_token.h"
 #include "launcher/control_client.h"
 #include "launcher/job_flags.h"
@@ -440,6 +441,7 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
 }  // namespace stagehand
 
 int main(int argc, char** argv) {
+  stagehand::QuietGrpcLogs();  // a wrong CA is our one line, not gRPC's too
   stagehand::SplitArgs split = stagehand::Split(argc, argv);
   absl::StatusOr<stagehand::ParsedFlags> parsed =
       stagehand::ParseFlags(static_cast<int>(split.flags.size()), split.flags.data());

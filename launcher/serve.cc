@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "launcher/control_service.h"
 #include "launcher/coordinator_service.h"
 #include "launcher/devices.h"
@@ -44,6 +45,7 @@ absl::Status CheckServeOptions(const ServeOptions& o) {
 }  // namespace
 
 int Serve(const ServeOptions& options) {
+  QuietGrpcLogs();  // a client's failed handshake is not the server's log line
   if (absl::Status s = CheckServeOptions(options); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return kExitUsage;

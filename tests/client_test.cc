@@ -234,6 +234,31 @@ TEST_F(ClientTest, Errors_EchoingLargeInput_StayShort) {
   EXPECT_LT(verb.err.size(), 600u);
 }
 
+// A TLS server whose certificate another CA signed: the client says so in one line of its own, with
+// none of gRPC's log lines before it (unless GRPC_VERBOSITY asks for them).
+TEST_F(ClientTest, WrongCa_OneLineWithoutGrpcsOwnLog) {
+  const std::string dir = Tmp() + "/wrong_ca";
+  const std::string sh = absl::StrCat(
+      "mkdir -p ", dir, " && cd ", dir, " && (openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem "
+      "-subj /CN=ca -days 2 && openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.pem "
+      "-subj /CN=other -days 2 && printf 'subjectAltName=IP:127.0.0.1\\n' >server.ext && openssl req -newkey "
+      "rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=server && openssl x509 -req -in server.csr "
+      "-CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile server.ext) >openssl.log 2>&1");
+  ASSERT_EQ(std::system(sh.c_str()), 0) << ReadFile(dir + "/openssl.log");
+  ControlServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.tls_cert = dir + "/server.pem";
+  options.tls_key = dir + "/server.key";
+  auto tls = ControlServer::Start(options, &fake_);
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  const std::string args = absl::StrCat("--server=", (*tls)->address(), " --tls_ca=", dir, "/other.pem list");
+  Result r = Client(args);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, "ssl_transport_security")) << r.err;
+  EXPECT_TRUE(absl::StartsWith(r.err, "client: ")) << r.err;
+}
+
 TEST_F(ClientTest, Help_ListsVerbsAndExitCodes) {
   Result r = Client("--help");
   EXPECT_EQ(r.code, 0);
