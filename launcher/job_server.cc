@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/fd.h"
@@ -216,26 +217,72 @@ absl::Status CheckInputPath(const std::string& path, absl::string_view flag, boo
   return absl::OkStatus();
 }
 
-// The server's paths a job reads, each checked by CheckInputPath before the job is validated.
-absl::Status CheckJobInputs(const JobSpec& spec) {
+// `path` (a job's, `flag` naming it) must lie under one of `roots` (each a real path), links resolved;
+// a path that does not exist yet (an export directory) is judged by its parent. INVALID_ARGUMENT naming
+// the flag and the roots, and nothing of what lies there (not even whether it exists outside them).
+absl::Status CheckUnderRoots(const std::string& path, absl::string_view flag, const std::vector<std::string>& roots) {
+  const std::string shown = absl::StrCat("--", flag, "=", ClipInput(path));
+  auto outside = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        shown, ": outside the directories this server reads and writes jobs' files in (--job_roots=",
+        absl::StrJoin(roots, ","), "); put the file there and pass its absolute path"));
+  };
+  if (path.empty() || path[0] != '/') return outside();
+  std::string probe = path;
+  std::string rest;
+  char* real = nullptr;
+  // Up to 64 missing parts (an export directory's): their parent must be inside.
+  for (int i = 0; i < 64 && (real = ::realpath(probe.c_str(), nullptr)) == nullptr && errno == ENOENT; ++i) {
+    const size_t slash = probe.rfind('/');
+    if (slash == std::string::npos || slash == 0) break;
+    const std::string part = probe.substr(slash + 1);
+    if (part == ".." || part == ".") return outside();
+    rest = absl::StrCat("/", part, rest);
+    probe = probe.substr(0, slash);
+  }
+  if (real == nullptr) return outside();
+  const std::string resolved = absl::StrCat(real, rest);
+  ::free(real);
+  for (const std::string& given : roots) {
+    // Each root as a real path now (it may have been made since the start): a root that does not
+    // exist holds nothing.
+    char* real_root = ::realpath(given.c_str(), nullptr);
+    if (real_root == nullptr) continue;
+    const std::string root(real_root);
+    ::free(real_root);
+    if (resolved == root || absl::StartsWith(resolved, root == "/" ? root : root + "/")) return absl::OkStatus();
+  }
+  return outside();
+}
+
+// The server's paths a job names: each under the job roots (CheckUnderRoots), and the ones it reads
+// checked by CheckInputPath, before the job is validated.
+absl::Status CheckJobInputs(const JobSpec& spec, const std::vector<std::string>& roots) {
+  auto check = [&roots](const std::string& path, absl::string_view flag, bool dir) {
+    if (absl::Status s = CheckUnderRoots(path, flag, roots); !s.ok()) return s;
+    return CheckInputPath(path, flag, dir);
+  };
   if (!spec.data().empty() && spec.data() != "synthetic") {
-    if (absl::Status s = CheckInputPath(UserPath(spec.data()), "data", false); !s.ok()) return s;
+    if (absl::Status s = check(UserPath(spec.data()), "data", false); !s.ok()) return s;
   }
   for (absl::string_view p : absl::StrSplit(spec.layout_profiles(), ',', absl::SkipWhitespace())) {
-    if (absl::Status s = CheckInputPath(UserPath(std::string(absl::StripAsciiWhitespace(p))), "layout_profiles", false);
-        !s.ok()) {
+    if (absl::Status s = check(UserPath(std::string(absl::StripAsciiWhitespace(p))), "layout_profiles", false); !s.ok()) {
       return s;
     }
   }
   if (!spec.init_from().empty()) {
     const std::string dir = UserPath(spec.init_from());
-    if (absl::Status s = CheckInputPath(dir, "init_from", true); !s.ok()) return s;
+    if (absl::Status s = check(dir, "init_from", true); !s.ok()) return s;
     if (::access((dir + "/config.json").c_str(), F_OK) == 0) {
-      if (absl::Status s = CheckInputPath(dir + "/config.json", "init_from", false); !s.ok()) return s;
+      if (absl::Status s = check(dir + "/config.json", "init_from", false); !s.ok()) return s;
     }
   }
   if (!spec.resume().empty()) {
-    if (absl::Status s = CheckInputPath(UserPath(spec.resume()), "resume", true); !s.ok()) return s;
+    if (absl::Status s = check(UserPath(spec.resume()), "resume", true); !s.ok()) return s;
+  }
+  // Written, not read: only where it would go.
+  if (!spec.export_dir().empty()) {
+    if (absl::Status s = CheckUnderRoots(UserPath(spec.export_dir()), "export_dir", roots); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -333,10 +380,16 @@ absl::StatusOr<std::unique_ptr<JobServer>> JobServer::Open(JobServerOptions opti
 absl::StatusOr<std::unique_ptr<JobServer>> JobServer::OpenAt(JobServerOptions options, std::vector<std::string>& notes,
                                                              bool& locked) {
   if (options.max_cpu_workers <= 0) options.max_cpu_workers = std::max(1, options.inventory.cpu_cores);
+  if (options.job_roots.empty()) options.job_roots = {options.state_dir + "/runs", options.state_dir + "/data"};
   // Before anything is opened: a planted link or a foreign file is refused, not followed.
   if (absl::Status s = CheckStateFiles(options.state_dir); !s.ok()) return s;
   if (absl::Status s = MakeDirs(options.state_dir + "/runs"); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--state_dir=", options.state_dir, ": ", s.message()));
+  }
+  for (const std::string& root : options.job_roots) {
+    if (root.empty() || root[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat("--job_roots=", ClipInput(root), ": pass absolute directories"));
+    }
   }
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(options.state_dir);
   if (!store.ok()) return store.status();
@@ -414,7 +467,7 @@ std::shared_ptr<JobServer::Live> JobServer::LiveJob(const std::string& id) {
 // thread of its own (see JobServerOptions::validate): the caller waits for it up to the deadline or
 // the server's shutdown, whichever comes first, and then leaves it.
 absl::StatusOr<ResolvedJob> JobServer::Resolve(const Caller& caller, const control::SubmitJobRequest& request) {
-  if (absl::Status s = CheckJobInputs(request.job()); !s.ok()) return s;
+  if (absl::Status s = CheckJobInputs(request.job(), options_.job_roots); !s.ok()) return s;
   LaunchOptions lo;
   lo.job.spec = request.job();
   lo.job.spec->clear_run_dir();  // the server's: <state_dir>/runs/<job id>

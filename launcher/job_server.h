@@ -39,6 +39,10 @@ struct JobServerOptions {
   std::string worker_binary;          // "" to find it beside the launcher
   DeviceInventory inventory;          // the host's devices (QueryDevices)
   int max_cpu_workers = 0;            // CPU workers running at once, over all jobs (0: the cores)
+  // The directories a job's paths (data, layout_profiles, init_from, resume, export_dir) must lie in,
+  // links resolved: the server reads and writes them as its own user. Empty: <state_dir>/runs and
+  // <state_dir>/data.
+  std::vector<std::string> job_roots;
   bool new_admin_token = false;       // mint another admin token even when one exists (the first was lost)
   // How many ended jobs keep their events (each up to JobEvents::kMaxLines lines) in memory; a watch of
   // an older one gets its final state only, as for jobs that ended before a restart.

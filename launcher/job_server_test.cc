@@ -297,7 +297,8 @@ TEST(JobServerTest, Submit_FifoAsAnInput_IsRefusedAtOnce) {
   const std::string dir = StateDir();
   std::unique_ptr<JobServer> server = OpenServer(dir);
   ASSERT_NE(server, nullptr);
-  const std::string fifo = dir + "/profiles.fifo";
+  ASSERT_EQ(mkdir((dir + "/data").c_str(), 0700), 0);  // a job root by default
+  const std::string fifo = dir + "/data/profiles.fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   for (const char* field : {"layout_profiles", "data"}) {
     control::SubmitJobRequest r = TinyJob(absl::StrCat("fifo-", field));
@@ -422,6 +423,57 @@ TEST(JobServerTest, LostJob_StepsDoneFromItsStepsCsv) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), control::JOB_STATE_LOST);
   EXPECT_EQ(job->steps_done(), 120);
+}
+
+// A job's paths are the server's, read as its user: only those under the job roots are taken, links
+// resolved, and a refusal says nothing of the file (its size, whether it exists).
+TEST(JobServerTest, Submit_PathsOutsideTheJobRoots_AreRefused) {
+  const std::string dir = StateDir();
+  std::unique_ptr<JobServer> server = OpenServer(dir);
+  ASSERT_NE(server, nullptr);
+  ASSERT_EQ(mkdir((dir + "/data").c_str(), 0700), 0);
+  WriteFile(dir + "/secret.bin", std::string(4096, '\1'));
+  ASSERT_EQ(symlink((dir + "/secret.bin").c_str(), (dir + "/data/linked.bin").c_str()), 0);
+  const Caller alice{"alice", control::ROLE_SUBMIT};
+  struct Case {
+    const char* field;
+    std::string path;
+  };
+  const std::vector<Case> cases = {
+      {"data", "/etc/shadow"},
+      {"data", "/etc/no-such-file"},
+      {"data", dir + "/secret.bin"},
+      {"data", dir + "/data/../secret.bin"},
+      {"data", dir + "/data/linked.bin"},
+      {"data", "relative.bin"},
+      {"layout_profiles", "/etc/passwd"},
+      {"init_from", "/etc"},
+      {"resume", "/tmp"},
+      {"export_dir", "/tmp/stagehand_export_test_never"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    control::SubmitJobRequest r = TinyJob(absl::StrCat("roots", n++));
+    JobSpec* j = r.mutable_job();
+    const std::string field = c.field;
+    if (field == "data") j->set_data(c.path);
+    if (field == "layout_profiles") {
+      j->set_layout("auto");
+      j->set_layout_profiles(c.path);
+    }
+    if (field == "init_from") j->set_init_from(c.path);
+    if (field == "resume") j->set_resume(c.path);
+    if (field == "export_dir") j->set_export_dir(c.path);
+    absl::StatusOr<control::JobInfo> refused = server->Submit(alice, r);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << field << " " << c.path;
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), "--job_roots=")) << refused.status();
+    EXPECT_FALSE(absl::StrContains(refused.status().message(), "4096")) << refused.status();
+  }
+  // Inside a root: past the roots, to the file's own check.
+  control::SubmitJobRequest inside = TinyJob("inside");
+  inside.mutable_job()->set_data(dir + "/data/missing.bin");
+  absl::StatusOr<control::JobInfo> missing = server->Submit(alice, inside);
+  EXPECT_FALSE(absl::StrContains(missing.status().message(), "--job_roots=")) << missing.status();
 }
 
 TEST(JobServerTest, EndedJobs_OnlyTheNewestKeepTheirEvents) {

@@ -10,11 +10,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "common/grpc_status.h"
 #include "launcher/control_service.h"
 #include "launcher/coordinator_service.h"
 #include "launcher/devices.h"
 #include "launcher/job_server.h"
+#include "launcher/run_dir.h"
 #include "launcher/supervisor.h"
 
 namespace stagehand {
@@ -55,6 +59,9 @@ int Serve(const ServeOptions& options) {
   so.worker_binary = options.worker_binary;
   so.inventory = QueryDevices();
   so.max_cpu_workers = options.max_cpu_workers;
+  for (absl::string_view root : absl::StrSplit(options.job_roots, ',', absl::SkipWhitespace())) {
+    so.job_roots.push_back(UserPath(std::string(absl::StripAsciiWhitespace(root))));
+  }
   so.new_admin_token = options.new_admin_token;
   so.peak_tflops_per_device = options.peak_tflops_per_device;
   so.tls = !options.tls_cert.empty();

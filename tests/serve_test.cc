@@ -241,6 +241,10 @@ TEST_F(ServeTest, SubmitWatchFetch_TinyJob_EveryStepStreamedAndFilesMatch) {
   // A job that fails: watch exits with its exit code.
   ClientResult bad = RunClient(server, "submit --device=cpu --workers=2 --model=tiny --steps=3 --data=/nonexistent --watch");
   EXPECT_NE(bad.exit_code, 0) << bad.output;
+  // A path outside the job roots is refused, saying nothing of the file.
+  ClientResult shadow = RunClient(server, "submit --device=cpu --workers=2 --model=tiny --steps=3 --data=/etc/shadow");
+  EXPECT_EQ(shadow.exit_code, 2) << shadow.output;
+  EXPECT_TRUE(absl::StrContains(shadow.output, "--job_roots=")) << shadow.output;
   EXPECT_EQ(server.Stop(), 0) << server.log();
 }
 
@@ -475,8 +479,8 @@ TEST_F(ServeTest, WedgingSubmissions_FifoRefused_SigtermStopsTheServerWhileAJobI
   const std::string state = StateDir();
   Server server(state);
   ASSERT_FALSE(server.address().empty()) << server.log();
-  const std::string fifo = TempDir() + "/profiles_" + std::to_string(getpid()) + ".fifo";
-  unlink(fifo.c_str());
+  ASSERT_EQ(mkdir((state + "/data").c_str(), 0700), 0);  // a job root by default
+  const std::string fifo = state + "/data/profiles.fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   const auto start = Clock::now();
   ClientResult refused = RunClient(server, absl::StrCat("submit --device=cpu --workers=2 --model=tiny --steps=3 "
