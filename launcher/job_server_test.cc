@@ -72,10 +72,15 @@ std::string StateWithJob(const std::string& id, control::JobState state = contro
   return dir;
 }
 
+// Nothing runs here (Tick is never called), but a submission's check wants an executable worker: the
+// real one is another target's (LibTorch), so any executable stands in.
+constexpr char kAnyExecutable[] = "/bin/true";
+
 std::unique_ptr<JobServer> OpenServer(const std::string& dir) {
   JobServerOptions o;
   o.state_dir = dir;
   o.inventory.cpu_cores = 1;
+  o.worker_binary = kAnyExecutable;
   std::vector<std::string> notes;
   absl::StatusOr<std::unique_ptr<JobServer>> server = JobServer::Open(o, notes);
   EXPECT_TRUE(server.ok()) << server.status();
@@ -335,6 +340,7 @@ TEST(JobServerTest, Submit_SlowChecks_DeadlineBoundAndShutdown) {
   JobServerOptions o;
   o.state_dir = StateDir();
   o.inventory.cpu_cores = 1;
+  o.worker_binary = kAnyExecutable;
   o.max_validations = 2;
   o.validation_deadline = absl::Milliseconds(300);
   o.validate = [gate, calls](const LaunchOptions& lo, const DeviceInventory& inventory) {
@@ -481,6 +487,7 @@ TEST(JobServerTest, EndedJobs_OnlyTheNewestKeepTheirEvents) {
   o.state_dir = StateDir();
   o.inventory.cpu_cores = 1;
   o.ended_jobs_with_events = 2;
+  o.worker_binary = kAnyExecutable;
   std::vector<std::string> notes;
   absl::StatusOr<std::unique_ptr<JobServer>> server = JobServer::Open(o, notes);
   ASSERT_TRUE(server.ok()) << server.status();
