@@ -1,6 +1,7 @@
 // Tokens and roles (see access.h).
 #include "launcher/access.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -109,12 +111,17 @@ std::string FreeAdminName(const std::vector<TokenRecord>& tokens) {
 
 }  // namespace
 
+std::string ClipInput(absl::string_view input, size_t max_bytes) {
+  if (input.size() <= max_bytes) return absl::CHexEscape(input);
+  return absl::StrCat(absl::CHexEscape(input.substr(0, max_bytes)), "... (", input.size(), " bytes)");
+}
+
 absl::Status ValidateName(absl::string_view name, absl::string_view what) {
   const bool chars_ok = std::all_of(name.begin(), name.end(), [](char c) {
     return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
   });
   if (!name.empty() && name.size() <= kMaxNameLength && chars_ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, " '", absl::CHexEscape(name), "' is not 1 to ", kMaxNameLength,
+  return absl::InvalidArgumentError(absl::StrCat(what, " '", ClipInput(name, kMaxNameLength + 8), "' is not 1 to ", kMaxNameLength,
                                                  " of the characters A-Z a-z 0-9 . _ -"));
 }
 
@@ -150,6 +157,9 @@ absl::Status Allow(const Caller& caller, Verb verb, const std::string& job_owner
     case Verb::kMint:
       if (role == control::ROLE_ADMIN) return absl::OkStatus();
       return Denied(caller, "minting, listing and revoking tokens needs an admin token");
+    case Verb::kDelete:
+      if (role == control::ROLE_ADMIN) return absl::OkStatus();
+      return Denied(caller, "deleting a job needs an admin token");
   }
   return absl::InternalError("unknown verb");
 }
@@ -198,8 +208,52 @@ absl::StatusOr<std::string> Access::Mint(const std::string& name, control::Role 
 }
 
 absl::Status Access::Revoke(const std::string& name) {
+  if (absl::Status s = ValidateName(name, "token name"); !s.ok()) return s;  // echoed clipped, not whole
   if (absl::Status s = store_->RevokeToken(name, absl::Now()); !s.ok()) return s;
   return Load();
+}
+
+absl::Status CheckStateFiles(const std::string& dir) {
+  std::vector<std::string> names = {"jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "jobs.lock"};
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::Status(ErrnoCode(errno), absl::StrCat("cannot read the state directory ", dir, ": ", ErrnoText(errno)));
+  }
+  for (dirent* e = ::readdir(d); e != nullptr; e = ::readdir(d)) {
+    if (absl::EndsWith(e->d_name, ".token")) names.push_back(e->d_name);
+  }
+  ::closedir(d);
+  const uid_t me = ::geteuid();
+  for (const std::string& name : names) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) continue;
+      return absl::Status(ErrnoCode(errno), absl::StrCat("cannot stat ", path, ": ", ErrnoText(errno)));
+    }
+    const bool token = absl::EndsWith(name, ".token");
+    auto refuse = [&](absl::string_view why, absl::string_view fix) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the state directory's ", path, " ", why, ": whoever controls it could ",
+          token ? "read or plant a token" : "replace the job store", "; ", fix, ", or pass another --state_dir"));
+    };
+    if (S_ISLNK(st.st_mode)) return refuse("is a symbolic link", absl::StrCat("replace it with the file itself (mv)"));
+    if (!S_ISREG(st.st_mode)) return refuse("is not a regular file", absl::StrCat("move it away"));
+    if (st.st_uid != me) {
+      return refuse(absl::StrCat("is owned by uid ", st.st_uid, ", not by this server's user (uid ", me, ")"),
+                    absl::StrCat("run chown ", me, " ", path));
+    }
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+      return refuse(absl::StrFormat("is writable by group or others (mode %04o)", st.st_mode & 07777),
+                    absl::StrCat("run chmod ", token ? "600 " : "go-w ", path));
+    }
+    if (token && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+      return refuse(absl::StrFormat("can be read by group or others (mode %04o)", st.st_mode & 07777),
+                    absl::StrCat("run chmod 600 ", path));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string& dir, bool mint_new) {

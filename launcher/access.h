@@ -21,12 +21,17 @@
 
 namespace stagehand {
 
-// What a call does, as far as roles go. kMint covers revoking too: both are the admin's.
-enum class Verb { kView, kSubmit, kCancel, kMint };
+// What a call does, as far as roles go. kMint covers revoking too: both are the admin's, as is
+// kDelete (removing an ended job from the store).
+enum class Verb { kView, kSubmit, kCancel, kMint, kDelete };
 
 // Token names and submission ids: [A-Za-z0-9._-]{1,64}, so that they are safe in a path, a log line
 // and a shell. INVALID_ARGUMENT naming `what` ("token name").
 absl::Status ValidateName(absl::string_view name, absl::string_view what);
+
+// User input as an error message may echo it: its first `max_bytes` bytes with non-printable bytes
+// escaped, and "... (N bytes)" when it is longer, so that a 100 MB name makes a short line.
+std::string ClipInput(absl::string_view input, size_t max_bytes = 200);
 
 // A new token: "sh_" and 64 hex digits of 32 random bytes from the kernel. UNAVAILABLE when the kernel
 // gives no random bytes.
@@ -83,6 +88,12 @@ class Access {
 // FAILED_PRECONDITION when `dir` is writable by group or others: anyone who can write there could swap
 // the store or read a token planted for them.
 absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string& dir, bool mint_new = false);
+
+// Before the store is opened: the state directory's own files (jobs.db and its -wal, -shm and
+// -journal, jobs.lock, every *.token) that exist must be regular files, not links, owned by this user
+// and writable by no one else; token files readable by no one else either. FAILED_PRECONDITION with
+// one line naming the file and what to run (chmod, or move it away); OK when `dir` does not exist yet.
+absl::Status CheckStateFiles(const std::string& dir);
 
 
 }  // namespace stagehand

@@ -1,7 +1,10 @@
 // stagehand client: talks to `launcher --serve` over the Control service (submit, watch, list,
 // status, cancel, logs, fetch, tokens). Flags are defined here and in job_flags.cc only.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -18,7 +22,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/crypto.h"
+#include "common/fd.h"
 #include "common/flags.h"
+#include "common/grpc_status.h"
 #include "launcher/auth_token.h"
 #include "launcher/control_client.h"
 #include "launcher/job_flags.h"
@@ -35,9 +41,12 @@ ABSL_FLAG(bool, no_lines, false, "watch: print state changes and step reports in
 ABSL_FLAG(int, rank, 0, "logs: whose log (rank<N>.log)");
 ABSL_FLAG(bool, follow, false, "logs: keep reading until the job ends (reconnecting when the server restarts)");
 ABSL_FLAG(int64_t, offset, 0, "logs: start at this byte of the log");
-ABSL_FLAG(std::string, output, "", "fetch: where to write the file (default: its base name in the current directory)");
+ABSL_FLAG(std::string, output, "",
+          "fetch: where to write the file (default: its base name in the current directory; - for stdout); "
+          "token mint: a file to write the token to (mode 0600) instead of stdout");
+ABSL_FLAG(bool, launcher, false, "logs: the launcher's own lines (launcher.log) instead of a rank's log");
 ABSL_FLAG(std::string, role, "", "token mint: view, submit or admin");
-ABSL_FLAG(int, limit, 0, "list: at most this many jobs, newest first (default 100)");
+ABSL_FLAG(int, limit, 0, "list: at most this many jobs, newest first (default: all of them)");
 
 namespace stagehand {
 namespace {
@@ -50,9 +59,12 @@ constexpr char kUsage[] =
     "  client status ID                                   one job\n"
     "  client watch ID [--no_lines]                       its output as a foreground run prints it\n"
     "  client cancel ID                                   stop it, and wait for it to end\n"
-    "  client logs ID [--rank=N] [--offset=B] [--follow]  a rank's log\n"
-    "  client fetch ID FILE [--output=PATH]               a file of its run directory\n"
+    "  client delete ID                                   remove an ended job from the server's list (admin;\n"
+    "                                                     its run directory stays on the server)\n"
+    "  client logs ID [--rank=N] [--offset=B] [--follow]  a rank's log (--launcher: the launcher's own lines)\n"
+    "  client fetch ID FILE [--output=PATH]               a file of its run directory (--output=-: to stdout)\n"
     "  client token mint NAME --role=view|submit|admin    a new token (admin); printed once\n"
+    "        [--output=FILE]                              or written to a new FILE, mode 0600\n"
     "  client token revoke NAME                           it is refused from then on; its name is never reused\n"
     "  client token list                                  every token's name, role and times (admin)\n"
     "  client info                                        what the server is\n"
@@ -71,7 +83,11 @@ constexpr int kExitFailure = 1;
 
 // Prints the one line of `status` and returns the exit code it means.
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "client: %s\n", std::string(status.message()).c_str());
+  // One line of reasonable length, whatever a message echoes (a server's is cut at 2 KiB too).
+  std::string message(status.message());
+  if (message.size() > 2048) message = absl::StrCat(message.substr(0, 2000), "... (cut: ", message.size(), " bytes)");
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  std::fprintf(stderr, "client: %s\n", message.c_str());
   return status.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
 }
 int Usage(const std::string& message) { return Fail(absl::InvalidArgumentError(message + "; see --help")); }
@@ -104,6 +120,9 @@ bool IsFinal(control::JobState s) {
   return s == control::JOB_STATE_SUCCEEDED || s == control::JOB_STATE_FAILED || s == control::JOB_STATE_CANCELLED ||
          s == control::JOB_STATE_LOST;
 }
+
+// A lost job has none: its launcher died with the server.
+bool HasExitCode(const control::JobInfo& j) { return IsFinal(j.state()) && j.state() != control::JOB_STATE_LOST; }
 
 std::string StateName(control::JobState s) {
   return absl::AsciiStrToLower(absl::StripPrefix(control::JobState_Name(s), "JOB_STATE_"));
@@ -145,7 +164,7 @@ void PrintEvent(const control::JobEvent& e, bool no_lines) {
   } else if (e.has_state()) {  // with the lines too: the watch's last line is the final state
     const control::JobInfo& j = e.state();
     std::printf("job %s: %s%s%s\n", j.id().c_str(), StateName(j.state()).c_str(),
-                IsFinal(j.state()) ? absl::StrCat(" (exit code ", j.exit_code(), ")").c_str() : "",
+                HasExitCode(j) ? absl::StrCat(" (exit code ", j.exit_code(), ")").c_str() : "",
                 j.root_cause().empty() ? "" : absl::StrCat(": ", j.root_cause()).c_str());
   }
   std::fflush(stdout);
@@ -176,6 +195,11 @@ int Submit(ControlClient& client, const ParsedFlags& parsed) {
   submit.set_submission_id(*submission_id);  // the client's retries reuse it: queued once
   *submit.mutable_job() = *std::move(spec);
   if (request.gpus) submit.set_gpus(*request.gpus);
+  if (const size_t bytes = submit.ByteSizeLong(); bytes > 256 * 1024) {  // the server's kMaxSubmissionBytes
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "the job is ", bytes / 1024, " KiB serialized; a server takes at most 256 KiB (a --schedule_file or --job "
+        "file that large is too): make it smaller")));
+  }
   absl::StatusOr<control::JobInfo> job = client.Submit(submit);
   if (!job.ok()) return Fail(job.status());
   if (job->queue_position() > 0) std::fprintf(stderr, "queued, position %d\n", job->queue_position());
@@ -185,16 +209,25 @@ int Submit(ControlClient& client, const ParsedFlags& parsed) {
 }
 
 int List(ControlClient& client) {
-  control::ListJobsRequest request;
-  request.set_limit(absl::GetFlag(FLAGS_limit));
-  absl::StatusOr<control::ListJobsResponse> jobs = client.List(request);
+  absl::StatusOr<std::vector<control::JobInfo>> jobs = client.ListAll({}, std::max(0, absl::GetFlag(FLAGS_limit)));
   if (!jobs.ok()) return Fail(jobs.status());
   const char* format = "%-18s %-20s %-10s %-14s %-14s %-5s %s\n";
   std::printf(format, "ID", "NAME", "STATE", "DEVICES", "SUBMITTED BY", "AGE", "EXIT");
-  for (const control::JobInfo& j : jobs->jobs()) {
+  for (const control::JobInfo& j : *jobs) {
     std::printf(format, j.id().c_str(), j.name().c_str(), StateName(j.state()).c_str(), Devices(j).c_str(),
                 j.submitted_by().c_str(), Age(j.submit_time_ms()).c_str(),
-                IsFinal(j.state()) ? absl::StrCat(j.exit_code()).c_str() : "-");
+                HasExitCode(j) ? absl::StrCat(j.exit_code()).c_str() : "-");
+  }
+  return 0;
+}
+
+int Delete(ControlClient& client, const std::string& id) {
+  absl::StatusOr<std::string> run_dir = client.Delete(id);
+  if (!run_dir.ok()) return Fail(run_dir.status());
+  if (run_dir->empty()) {
+    std::printf("deleted job %s (it never started: no run directory)\n", id.c_str());
+  } else {
+    std::printf("deleted job %s; its run directory stays on the server: %s\n", id.c_str(), run_dir->c_str());
   }
   return 0;
 }
@@ -209,7 +242,8 @@ int Status(ControlClient& client, const std::string& id) {
   std::printf("  devices: %s\n", Devices(j).c_str());
   if (j.start_time_ms() > 0) std::printf("  started %s ago\n", Age(j.start_time_ms()).c_str());
   std::printf("  steps done: %lld of %lld\n", static_cast<long long>(j.steps_done()), static_cast<long long>(j.spec().steps()));
-  if (IsFinal(j.state())) std::printf("  exit code: %d, ended %s ago\n", j.exit_code(), Age(j.end_time_ms()).c_str());
+  if (HasExitCode(j)) std::printf("  exit code: %d, ended %s ago\n", j.exit_code(), Age(j.end_time_ms()).c_str());
+  if (j.state() == control::JOB_STATE_LOST) std::printf("  no exit code (lost), ended %s ago\n", Age(j.end_time_ms()).c_str());
   if (!j.cancelled_by().empty()) std::printf("  cancelled by: %s\n", j.cancelled_by().c_str());
   if (!j.root_cause().empty()) std::printf("  root cause: %s\n", j.root_cause().c_str());
   if (!j.run_dir().empty()) std::printf("  run dir (on the server): %s\n", j.run_dir().c_str());
@@ -232,7 +266,8 @@ int Cancel(ControlClient& client, const std::string& id) {
     return 0;
   }
   if (IsFinal(job->state())) {
-    std::printf("job %s had already ended: %s (exit code %d)\n", id.c_str(), StateName(job->state()).c_str(), job->exit_code());
+    std::printf("job %s had already ended: %s%s\n", id.c_str(), StateName(job->state()).c_str(),
+                HasExitCode(*job) ? absl::StrCat(" (exit code ", job->exit_code(), ")").c_str() : "");
     return 0;
   }
   return Fail(absl::DeadlineExceededError(absl::StrCat("job ", id, " is still ", StateName(job->state()), " ",
@@ -240,7 +275,8 @@ int Cancel(ControlClient& client, const std::string& id) {
 }
 
 int Logs(ControlClient& client, const std::string& id) {
-  absl::Status s = client.Logs(id, absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_offset), absl::GetFlag(FLAGS_follow), [](absl::string_view data) {
+  const int rank = absl::GetFlag(FLAGS_launcher) ? -1 : absl::GetFlag(FLAGS_rank);  // -1: launcher.log
+  absl::Status s = client.Logs(id, rank, absl::GetFlag(FLAGS_offset), absl::GetFlag(FLAGS_follow), [](absl::string_view data) {
     std::fwrite(data.data(), 1, data.size(), stdout);
     std::fflush(stdout);
   });
@@ -249,6 +285,16 @@ int Logs(ControlClient& client, const std::string& id) {
 
 int Fetch(ControlClient& client, const std::string& id, const std::string& path) {
   std::string local = absl::GetFlag(FLAGS_output);
+  if (local == "-") {
+    absl::StatusOr<int64_t> bytes = client.FetchTo(id, path, [](absl::string_view data) {
+      if (std::fwrite(data.data(), 1, data.size(), stdout) != data.size()) {
+        return absl::FailedPreconditionError("cannot write to stdout");
+      }
+      return absl::OkStatus();
+    });
+    std::fflush(stdout);
+    return bytes.ok() ? 0 : Fail(bytes.status());
+  }
   if (local.empty()) local = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
   local = UserPath(local);  // `bazel run` runs in the runfiles: the user's directory is elsewhere
   absl::StatusOr<int64_t> bytes = client.Fetch(id, path, local);
@@ -290,9 +336,36 @@ int Token(ControlClient& client, const std::vector<std::string>& args) {
   }
   absl::StatusOr<control::Role> role = RoleFlag(absl::GetFlag(FLAGS_role));
   if (!role.ok()) return Fail(role.status());
+  // --output: the file is made (0600, new, not through a link) before the token is minted, so that a
+  // token is never minted with nowhere to go.
+  const std::string output = absl::GetFlag(FLAGS_output).empty() ? "" : UserPath(absl::GetFlag(FLAGS_output));
+  UniqueFd file;
+  if (!output.empty()) {
+    file.reset(::open(output.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!file.valid()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--output=", output, ": cannot create it: ", ErrnoText(errno),
+          errno == EEXIST ? " (it exists; remove it or pass another file)" : "")));
+    }
+    (void)::fchmod(file.get(), 0600);  // whatever the umask
+  }
   absl::StatusOr<std::string> token = client.Mint(args[2], *role);
-  if (!token.ok()) return Fail(token.status());
-  std::printf("%s\n", token->c_str());
+  if (!token.ok()) {
+    if (file.valid()) ::unlink(output.c_str());
+    return Fail(token.status());
+  }
+  if (!file.valid()) {
+    std::printf("%s\n", token->c_str());
+    return 0;
+  }
+  const std::string line = *token + "\n";
+  if (::write(file.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size()) || ::fsync(file.get()) != 0) {
+    // The token exists on the server: show it rather than lose it.
+    std::printf("%s\n", token->c_str());
+    return Fail(absl::InternalError(absl::StrCat("--output=", output, ": cannot write it: ", ErrnoText(errno),
+                                                 "; the token is printed above instead")));
+  }
+  std::fprintf(stderr, "wrote token '%s' to %s (mode 0600)\n", args[2].c_str(), output.c_str());
   return 0;
 }
 
@@ -339,15 +412,15 @@ bool Arity(const std::vector<std::string>& words, size_t n) { return words.size(
 
 int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
   const std::string& verb = words[0];
-  static const char* kVerbs[] = {"submit", "list", "status", "watch", "cancel", "logs", "fetch", "token", "info"};
+  static const char* kVerbs[] = {"submit", "list", "status", "watch", "cancel", "delete", "logs", "fetch", "token", "info"};
   if (std::find(std::begin(kVerbs), std::end(kVerbs), verb) == std::end(kVerbs)) {
-    return Usage(absl::StrCat("unknown verb '", verb, "': use submit, list, status, watch, cancel, logs, fetch, token or info"));
+    return Usage(absl::StrCat("unknown verb '", absl::CHexEscape(verb.substr(0, 200)), verb.size() > 200 ? "..." : "", "': use submit, list, status, watch, cancel, delete, logs, fetch, token or info"));
   }
-  const bool one_id = verb == "status" || verb == "watch" || verb == "cancel" || verb == "logs";
+  const bool one_id = verb == "status" || verb == "watch" || verb == "cancel" || verb == "delete" || verb == "logs";
   if (one_id && !Arity(words, 2)) return Usage(absl::StrCat("`", verb, "` takes one job id: client ", verb, " ID"));
   if (verb == "fetch" && !Arity(words, 3)) return Usage("`fetch` takes a job id and a file: client fetch ID FILE");
   if ((verb == "submit" || verb == "list" || verb == "info") && !Arity(words, 1)) {
-    return Usage(absl::StrCat("`", verb, "` takes no arguments, got '", words[1], "'"));
+    return Usage(absl::StrCat("`", verb, "` takes no arguments, got '", absl::CHexEscape(words[1].substr(0, 200)), "'"));
   }
   absl::StatusOr<std::unique_ptr<ControlClient>> client = Connect();
   if (!client.ok()) return Fail(client.status());
@@ -357,6 +430,7 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
   if (verb == "status") return Status(c, words[1]);
   if (verb == "watch") return Watch(c, words[1], absl::GetFlag(FLAGS_no_lines));
   if (verb == "cancel") return Cancel(c, words[1]);
+  if (verb == "delete") return Delete(c, words[1]);
   if (verb == "logs") return Logs(c, words[1]);
   if (verb == "fetch") return Fetch(c, words[1], words[2]);
   if (verb == "token") return Token(c, words);
@@ -367,6 +441,7 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
 }  // namespace stagehand
 
 int main(int argc, char** argv) {
+  stagehand::QuietGrpcLogs();  // a wrong CA is our one line, not gRPC's too
   stagehand::SplitArgs split = stagehand::Split(argc, argv);
   absl::StatusOr<stagehand::ParsedFlags> parsed =
       stagehand::ParseFlags(static_cast<int>(split.flags.size()), split.flags.data());

@@ -127,10 +127,11 @@ absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Create(const Contr
   return std::unique_ptr<ControlClient>(new ControlClient(options, control::Control::NewStub(channel), info));
 }
 
-std::unique_ptr<grpc::ClientContext> ControlClient::Context(bool unary) const {
+std::unique_ptr<grpc::ClientContext> ControlClient::Context(bool unary, absl::Duration timeout) const {
   auto context = std::make_unique<grpc::ClientContext>();
   if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
-  if (unary) context->set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  if (timeout <= absl::ZeroDuration()) timeout = options_.rpc_timeout;
+  if (unary) context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   return context;
 }
 
@@ -146,9 +147,13 @@ absl::StatusOr<control::JobInfo> ControlClient::Submit(const control::SubmitJobR
   grpc::Status s;
   for (int attempt = 1; attempt <= kSubmitAttempts; ++attempt) {
     control::JobInfo response;
-    s = stub_->SubmitJob(Context(true).get(), request, &response);
+    const absl::Time start = absl::Now();
+    s = stub_->SubmitJob(Context(true, options_.submit_timeout).get(), request, &response);
     if (s.ok()) return response;
     if (!Retryable(s)) break;
+    // DEADLINE_EXCEEDED before our own deadline is the server's answer (it gave up checking the
+    // job): asking again would only wait as long again.
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && absl::Now() - start < options_.submit_timeout) break;
     if (attempt < kSubmitAttempts) absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
@@ -169,6 +174,34 @@ absl::StatusOr<control::ListJobsResponse> ControlClient::List(const control::Lis
   grpc::Status s = stub_->ListJobs(Context(true).get(), request, &response);
   if (!s.ok()) return Explain(s);
   return response;
+}
+
+absl::StatusOr<std::vector<control::JobInfo>> ControlClient::ListAll(const control::ListJobsRequest& base, int limit) {
+  control::ListJobsRequest request = base;
+  std::vector<control::JobInfo> jobs;
+  // Bounded: a server that kept answering with a next page would otherwise hold the client forever.
+  for (int page = 0; page < 100000; ++page) {
+    if (limit > 0) request.set_page_size(std::min(100, limit - static_cast<int>(jobs.size())));
+    absl::StatusOr<control::ListJobsResponse> reply = List(request);
+    if (!reply.ok()) return reply.status();
+    for (control::JobInfo& j : *reply->mutable_jobs()) jobs.push_back(std::move(j));
+    if (reply->next_page_token().empty() || (limit > 0 && static_cast<int>(jobs.size()) >= limit)) break;
+    if (reply->next_page_token() == request.page_token()) {
+      return absl::InternalError("the server gave the same page twice; list again");
+    }
+    request.set_page_token(reply->next_page_token());
+  }
+  if (limit > 0 && static_cast<int>(jobs.size()) > limit) jobs.resize(limit);
+  return jobs;
+}
+
+absl::StatusOr<std::string> ControlClient::Delete(const std::string& id) {
+  control::DeleteJobRequest request;
+  request.set_id(id);
+  control::DeleteJobResponse response;
+  grpc::Status s = stub_->DeleteJob(Context(true).get(), request, &response);
+  if (!s.ok()) return Explain(s);
+  return response.run_dir();
 }
 
 absl::StatusOr<control::JobInfo> ControlClient::Cancel(const std::string& id) {
@@ -230,7 +263,11 @@ absl::Status ControlClient::Logs(const std::string& id, int rank, int64_t offset
                                  const std::function<void(absl::string_view)>& on_data) {
   control::LogsRequest request;
   request.set_id(id);
-  request.set_rank(rank);
+  if (rank < 0) {
+    request.set_launcher(true);
+  } else {
+    request.set_rank(rank);
+  }
   request.set_follow(follow);
   Reconnects reconnects(options_);
   for (;;) {
@@ -259,6 +296,14 @@ absl::StatusOr<int64_t> ControlClient::Fetch(const std::string& id, const std::s
                                              const std::string& local_path) {
   AtomicFile file(local_path);
   if (absl::Status s = file.Open(); !s.ok()) return s;
+  absl::StatusOr<int64_t> written = FetchTo(id, path, [&file](absl::string_view data) { return file.Write(data); });
+  if (!written.ok()) return written.status();
+  if (absl::Status s = file.Commit(); !s.ok()) return s;
+  return written;
+}
+
+absl::StatusOr<int64_t> ControlClient::FetchTo(const std::string& id, const std::string& path,
+                                               const std::function<absl::Status(absl::string_view)>& write) {
   control::FetchFileRequest request;
   request.set_id(id);
   request.set_path(path);
@@ -269,7 +314,7 @@ absl::StatusOr<int64_t> ControlClient::Fetch(const std::string& id, const std::s
   absl::Status write_error;
   while (write_error.ok() && reader->Read(&chunk)) {
     if (total < 0) total = chunk.total_bytes();
-    write_error = file.Write(chunk.data());
+    write_error = write(chunk.data());
     written += static_cast<int64_t>(chunk.data().size());
   }
   if (!write_error.ok()) {
@@ -281,7 +326,6 @@ absl::StatusOr<int64_t> ControlClient::Fetch(const std::string& id, const std::s
   if (written != total) {
     return absl::DataLossError(absl::StrCat(path, ": got ", written, " of ", total, " bytes; fetch it again"));
   }
-  if (absl::Status s = file.Commit(); !s.ok()) return s;
   return written;
 }
 

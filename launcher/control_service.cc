@@ -25,10 +25,23 @@ constexpr char kBearer[] = "Bearer ";
 constexpr int64_t kChunkBytes = 64 * 1024;
 constexpr absl::Duration kStreamWait = absl::Seconds(1);  // how long the server may miss a Stop()
 
+// The most of a status message sent back: it travels in the HTTP/2 trailers, where gRPC turns one
+// over 16 KiB into a bare "Stream removed"; messages that echo what a client sent are cut here, whatever
+// sent them.
+constexpr size_t kMaxStatusMessageBytes = 2048;
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  grpc::Status out = ToGrpcStatus(status);
+  if (out.error_message().size() <= kMaxStatusMessageBytes) return out;
+  const std::string& m = out.error_message();
+  return grpc::Status(out.error_code(), absl::StrCat(m.substr(0, kMaxStatusMessageBytes - 40), "... (cut: ",
+                                                     m.size(), " bytes in all)"));
+}
+
 template <typename T>
 grpc::Status Reply(absl::StatusOr<T> result, T* response) {
   if (result.ok()) *response = *std::move(result);
-  return ToGrpcStatus(result.status());
+  return ToGrpc(result.status());
 }
 
 grpc::Status Unavailable(const std::string& message) { return grpc::Status(grpc::StatusCode::UNAVAILABLE, message); }
@@ -54,7 +67,7 @@ absl::StatusOr<Caller> ControlService::Authenticate(const grpc::ServerContext& c
 
 #define STAGEHAND_AUTHENTICATE(caller, context)                         \
   absl::StatusOr<Caller> caller = Authenticate(*(context));             \
-  if (!caller.ok()) return ToGrpcStatus(caller.status())
+  if (!caller.ok()) return ToGrpc(caller.status())
 
 grpc::Status ControlService::GetServerInfo(Context*, const control::GetServerInfoRequest*,
                                            control::GetServerInfoResponse* response) {
@@ -80,10 +93,15 @@ grpc::Status ControlService::GetJob(Context* context, const control::GetJobReque
 grpc::Status ControlService::ListJobs(Context* context, const control::ListJobsRequest* request,
                                       control::ListJobsResponse* response) {
   STAGEHAND_AUTHENTICATE(caller, context);
-  absl::StatusOr<std::vector<control::JobInfo>> jobs = service_->List(*caller, *request);
-  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
-  for (control::JobInfo& job : *jobs) *response->add_jobs() = std::move(job);
-  return grpc::Status::OK;
+  return Reply(service_->List(*caller, *request), response);
+}
+
+grpc::Status ControlService::DeleteJob(Context* context, const control::DeleteJobRequest* request,
+                                       control::DeleteJobResponse* response) {
+  STAGEHAND_AUTHENTICATE(caller, context);
+  absl::StatusOr<std::string> run_dir = service_->Delete(*caller, request->id());
+  if (run_dir.ok()) response->set_run_dir(*run_dir);
+  return ToGrpc(run_dir.status());
 }
 
 grpc::Status ControlService::WatchJob(Context* context, const control::WatchJobRequest* request,
@@ -97,7 +115,7 @@ grpc::Status ControlService::WatchJob(Context* context, const control::WatchJobR
       return Unavailable(absl::StrCat("the server is shutting down; resume with after_seq=", last_seq));
     }
     absl::StatusOr<EventBatch> batch = service_->Events(*caller, request->id(), last_seq, !request->no_lines(), kStreamWait);
-    if (!batch.ok()) return ToGrpcStatus(batch.status());
+    if (!batch.ok()) return ToGrpc(batch.status());
     for (const control::JobEvent& event : batch->events) {
       if (!writer->Write(event)) return ClientGone();
       last_seq = event.seq();
@@ -120,8 +138,9 @@ grpc::Status ControlService::Logs(Context* context, const control::LogsRequest* 
   for (;;) {
     if (context->IsCancelled()) return ClientGone();
     if (stopping_) return Unavailable(absl::StrCat("the server is shutting down; resume from offset ", offset));
-    absl::StatusOr<LogRead> read = service_->ReadLog(*caller, request->id(), request->rank(), offset, kChunkBytes, wait);
-    if (!read.ok()) return ToGrpcStatus(read.status());
+    absl::StatusOr<LogRead> read = service_->ReadLog(*caller, request->id(), request->launcher() ? kLauncherLogRank : request->rank(),
+                                                       offset, kChunkBytes, wait);
+    if (!read.ok()) return ToGrpc(read.status());
     if (!read->data.empty()) {
       control::LogChunk chunk;
       chunk.set_offset(read->offset);
@@ -143,10 +162,10 @@ grpc::Status ControlService::FetchFile(Context* context, const control::FetchFil
     if (context->IsCancelled()) return ClientGone();
     if (stopping_) return Unavailable("the server is shutting down; fetch the file again");
     absl::StatusOr<FileRead> read = service_->ReadFile(*caller, request->id(), request->path(), offset, kChunkBytes);
-    if (!read.ok()) return ToGrpcStatus(read.status());
+    if (!read.ok()) return ToGrpc(read.status());
     if (read->data.empty() && !read->eof) {
       return grpc::Status(grpc::StatusCode::INTERNAL,
-                          absl::StrCat(request->path(), ": read nothing at offset ", offset, " before its end"));
+                          absl::StrCat(request->path().substr(0, 200), ": read nothing at offset ", offset, " before its end"));
     }
     control::FileChunk chunk;
     if (first) chunk.set_total_bytes(read->total_bytes);  // sent even for an empty file
@@ -162,20 +181,20 @@ grpc::Status ControlService::MintToken(Context* context, const control::MintToke
   STAGEHAND_AUTHENTICATE(caller, context);
   absl::StatusOr<std::string> token = service_->MintToken(*caller, request->name(), request->role());
   if (token.ok()) response->set_token(*std::move(token));
-  return ToGrpcStatus(token.status());
+  return ToGrpc(token.status());
 }
 
 grpc::Status ControlService::RevokeToken(Context* context, const control::RevokeTokenRequest* request,
                                          control::RevokeTokenResponse*) {
   STAGEHAND_AUTHENTICATE(caller, context);
-  return ToGrpcStatus(service_->RevokeToken(*caller, request->name()));
+  return ToGrpc(service_->RevokeToken(*caller, request->name()));
 }
 
 grpc::Status ControlService::ListTokens(Context* context, const control::ListTokensRequest*,
                                         control::ListTokensResponse* response) {
   STAGEHAND_AUTHENTICATE(caller, context);
   absl::StatusOr<std::vector<control::TokenInfo>> tokens = service_->ListTokens(*caller);
-  if (!tokens.ok()) return ToGrpcStatus(tokens.status());
+  if (!tokens.ok()) return ToGrpc(tokens.status());
   for (control::TokenInfo& t : *tokens) *response->add_tokens() = std::move(t);
   return grpc::Status::OK;
 }
@@ -221,6 +240,8 @@ void ConfigureBuilder(grpc::ServerBuilder& builder, int max_threads) {
   // The client pings every 30 s to notice a dead connection under a quiet stream; allow it.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A submission is at most 256 KiB (job_server.h); nothing a client sends needs more than this.
+  builder.SetMaxReceiveMessageSize(1 << 20);
   grpc::ResourceQuota quota("control");
   quota.SetMaxThreads(max_threads);
   builder.SetResourceQuota(quota);

@@ -39,6 +39,7 @@ class ControlService final : public control::Control::Service {
   grpc::Status SubmitJob(Context*, const control::SubmitJobRequest*, control::JobInfo*) override;
   grpc::Status GetJob(Context*, const control::GetJobRequest*, control::JobInfo*) override;
   grpc::Status ListJobs(Context*, const control::ListJobsRequest*, control::ListJobsResponse*) override;
+  grpc::Status DeleteJob(Context*, const control::DeleteJobRequest*, control::DeleteJobResponse*) override;
   grpc::Status WatchJob(Context*, const control::WatchJobRequest*, grpc::ServerWriter<control::JobEvent>*) override;
   grpc::Status CancelJob(Context*, const control::CancelJobRequest*, control::JobInfo*) override;
   grpc::Status Logs(Context*, const control::LogsRequest*, grpc::ServerWriter<control::LogChunk>*) override;

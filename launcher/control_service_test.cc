@@ -110,6 +110,15 @@ TEST_F(ControlServiceTest, GetJob_Missing_IsNotFound) {
   EXPECT_EQ(Client(kViewToken)->Get("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
+// An error that echoes a 100 KB id: the client gets the service's code and a message cut to 2 KiB,
+// not gRPC's "Stream removed" for trailers over its limit.
+TEST_F(ControlServiceTest, Errors_EchoingLargeInput_AreCutTo2KiB) {
+  absl::StatusOr<control::JobInfo> job = Client(kViewToken)->Get(std::string(100 * 1024, 'x'));
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound) << job.status().message().substr(0, 300);
+  EXPECT_LE(job.status().message().size(), 2048u);
+  EXPECT_NE(job.status().message().find("cut"), absl::string_view::npos) << job.status().message().substr(0, 300);
+}
+
 TEST_F(ControlServiceTest, WatchJob_EndedJob_StreamsEveryEventAndEndsWithFinalState) {
   AddEndedJob("j", 10, 3);
   std::vector<int64_t> seqs;

@@ -113,11 +113,41 @@ class FakeJobService : public JobService {
     return it->second.info;
   }
 
-  absl::StatusOr<std::vector<control::JobInfo>> List(const Caller&, const control::ListJobsRequest&) override {
+  // ListJobs pages of this many jobs when the request names no page_size (0: all at once).
+  void SetPageSize(int n) {
     absl::MutexLock lock(&mu_);
-    std::vector<control::JobInfo> out;
-    for (const auto& [id, job] : jobs_) out.push_back(job.info);
+    page_size_ = n;
+  }
+
+  // Pages of page_size jobs, in id order; the token is the next job's index.
+  absl::StatusOr<control::ListJobsResponse> List(const Caller&, const control::ListJobsRequest& r) override {
+    absl::MutexLock lock(&mu_);
+    control::ListJobsRequest request = r;
+    if (request.page_size() <= 0) request.set_page_size(page_size_);
+    control::ListJobsResponse out;
+    size_t first = 0;
+    if (!request.page_token().empty()) first = std::stoul(request.page_token());
+    size_t i = 0;
+    for (const auto& [id, job] : jobs_) {
+      if (i >= first && (request.page_size() <= 0 || out.jobs_size() < request.page_size())) {
+        *out.add_jobs() = job.info;
+      } else if (i >= first) {
+        out.set_next_page_token(std::to_string(i));
+        break;
+      }
+      ++i;
+    }
     return out;
+  }
+
+  absl::StatusOr<std::string> Delete(const Caller& caller, const std::string& id) override {
+    if (caller.role != control::ROLE_ADMIN) return Denied(caller, "delete jobs");
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return NotFound(id);
+    if (!it->second.ended) return absl::FailedPreconditionError(absl::StrCat("job ", id, " has not ended"));
+    jobs_.erase(it);
+    return absl::StrCat("/runs/", id);
   }
 
   absl::StatusOr<EventBatch> Events(const Caller&, const std::string& id, int64_t after_seq, bool lines,
@@ -254,6 +284,7 @@ class FakeJobService : public JobService {
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   absl::Status fail_next_events_ ABSL_GUARDED_BY(mu_);
   int submit_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int page_size_ ABSL_GUARDED_BY(mu_) = 0;
   control::SubmitJobRequest last_submit_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -23,33 +23,65 @@
 #include "launcher/job_run.h"
 #include "launcher/job_service.h"
 #include "launcher/job_store.h"
+#include "launcher/launch.h"
 #include "launcher/terminal.h"
 
 namespace stagehand {
+
+// The most a SubmitJobRequest may carry, serialized (a job file, a --schedule_file's text): every
+// job comes back whole in `client list` and `status`, and a reply must stay far below gRPC's 4 MiB.
+inline constexpr size_t kMaxSubmissionBytes = 256 * 1024;
+// A ListJobs reply stops adding jobs past this many bytes (its next page starts there).
+inline constexpr size_t kMaxListReplyBytes = 1024 * 1024;
 
 struct JobServerOptions {
   std::string state_dir;              // jobs.db, admin.token, runs/<job id>
   std::string worker_binary;          // "" to find it beside the launcher
   DeviceInventory inventory;          // the host's devices (QueryDevices)
   int max_cpu_workers = 0;            // CPU workers running at once, over all jobs (0: the cores)
+  // The directories a job's paths (data, layout_profiles, init_from, resume, export_dir) must lie in,
+  // links resolved: the server reads and writes them as its own user. Empty: <state_dir>/runs and
+  // <state_dir>/data.
+  std::vector<std::string> job_roots;
   bool new_admin_token = false;       // mint another admin token even when one exists (the first was lost)
   // How many ended jobs keep their events (each up to JobEvents::kMaxLines lines) in memory; a watch of
   // an older one gets its final state only, as for jobs that ended before a restart.
   size_t ended_jobs_with_events = 64;
   double peak_tflops_per_device = 989.0;
+  // Each submission is checked (ValidateLaunch, which reads its input files) on a thread of its own,
+  // at most max_validations at once (RESOURCE_EXHAUSTED beyond), for at most validation_deadline
+  // (DEADLINE_EXCEEDED; the check is abandoned at low priority), so that no job can hold a gRPC thread
+  // or the server's shutdown. `validate` is the check (tests replace it).
+  int max_validations = 4;
+  absl::Duration validation_deadline = absl::Seconds(20);
+  std::function<absl::StatusOr<ValidatedLaunch>(const LaunchOptions&, const DeviceInventory&)> validate =
+      ValidateLaunch;
   bool tls = false;                   // for GetServerInfo
   bool mutual_tls = false;
   // The server's own log: a line when a job is queued, starts and ends (serve.cc prints them).
   std::function<void(const std::string&)> log = [](const std::string&) {};
 };
 
+// What a server's start created in its state directory (the paths that were not there), so that a
+// start that fails leaves nothing behind.
+struct StartCreated {
+  std::vector<std::string> files;
+  std::vector<std::string> dirs;  // deepest first
+};
+// Removes them: the files, then the directories that are empty. Call it with the store closed.
+void RemoveCreated(const StartCreated& created);
+
 class JobServer : public JobService {
  public:
   // Opens (or creates) the state directory and its store; jobs the store says were running are
   // marked lost (the server that ran them is gone); queued ones are queued again in their order;
   // on a first start, mints the admin token into <state_dir>/admin.token. `notes` gets the lines to
-  // print. INVALID_ARGUMENT for a state directory or store that cannot be used.
+  // print. INVALID_ARGUMENT for a state directory or store that cannot be used; a failed Open removes
+  // what it created.
   static absl::StatusOr<std::unique_ptr<JobServer>> Open(JobServerOptions options, std::vector<std::string>& notes);
+  // What this start created: a caller that cannot serve after all destroys the server, then calls
+  // RemoveCreated with it.
+  const StartCreated& created() const { return created_; }
   ~JobServer() override;
 
   // The serve loop's pass: starts the queued jobs whose devices are free, drives the running ones,
@@ -57,17 +89,22 @@ class JobServer : public JobService {
   void Tick();
   // The server is stopping: every running job is stopped (SIGTERM, SIGKILL after its grace period;
   // `force`: SIGKILL now) and recorded as cancelled by the server; queued jobs stay queued for the
-  // next start. Keep calling Tick() until Running() is 0.
+  // next start. Keep calling Tick() until Running() is 0. Submissions being checked are answered
+  // UNAVAILABLE at once; their checks are abandoned (ValidationsRunning()).
   void Shutdown(bool force);
   int Running() const;
+  // Submission checks still running (abandoned ones too): the process must then end with _exit,
+  // since their threads may use anything static.
+  int ValidationsRunning() const;
 
   // JobService.
   control::GetServerInfoResponse Info() override;
   absl::StatusOr<Caller> Authenticate(absl::string_view token) override;
   absl::StatusOr<control::JobInfo> Submit(const Caller& caller, const control::SubmitJobRequest& request) override;
   absl::StatusOr<control::JobInfo> Get(const Caller& caller, const std::string& id) override;
-  absl::StatusOr<std::vector<control::JobInfo>> List(const Caller& caller,
-                                                     const control::ListJobsRequest& request) override;
+  absl::StatusOr<control::ListJobsResponse> List(const Caller& caller,
+                                                 const control::ListJobsRequest& request) override;
+  absl::StatusOr<std::string> Delete(const Caller& caller, const std::string& id) override;
   absl::StatusOr<EventBatch> Events(const Caller& caller, const std::string& id, int64_t after_seq, bool lines,
                                     absl::Duration wait) override;
   absl::StatusOr<control::JobInfo> Cancel(const Caller& caller, const std::string& id) override;
@@ -81,9 +118,13 @@ class JobServer : public JobService {
 
  private:
   struct Live;  // a job this server process knows: its events and, while it runs, its run
+  struct Validations;  // the submission checks in flight, shared with their threads (which may outlive this)
 
   JobServer(JobServerOptions options, std::unique_ptr<JobStore> store, std::unique_ptr<Access> access);
-  absl::StatusOr<ResolvedJob> Resolve(const control::SubmitJobRequest& request) const;
+  // Open's work; `locked` is set once the store (and its lock) is this server's.
+  static absl::StatusOr<std::unique_ptr<JobServer>> OpenAt(JobServerOptions options, std::vector<std::string>& notes,
+                                                           bool& locked);
+  absl::StatusOr<ResolvedJob> Resolve(const Caller& caller, const control::SubmitJobRequest& request);
   absl::StatusOr<JobRecord> Record(const std::string& id) const;
   control::JobInfo Info(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Live> LiveJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -98,6 +139,8 @@ class JobServer : public JobService {
   const JobServerOptions options_;
   const std::unique_ptr<JobStore> store_;
   const std::unique_ptr<Access> access_;
+  const std::shared_ptr<Validations> validations_;
+  StartCreated created_;
   mutable absl::Mutex mu_;
   DeviceQueue queue_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Live>> live_ ABSL_GUARDED_BY(mu_);

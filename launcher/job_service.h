@@ -40,6 +40,9 @@ struct FileRead {
   bool eof = false;
 };
 
+// ReadLog's rank for the launcher's own log of the job (launcher.log).
+inline constexpr int kLauncherLogRank = -1;
+
 class JobService {
  public:
   virtual ~JobService() = default;
@@ -52,8 +55,11 @@ class JobService {
   // The errors of each method are those of the RPC of the same name (protos/control.proto).
   virtual absl::StatusOr<control::JobInfo> Submit(const Caller& caller, const control::SubmitJobRequest& request) = 0;
   virtual absl::StatusOr<control::JobInfo> Get(const Caller& caller, const std::string& id) = 0;
-  virtual absl::StatusOr<std::vector<control::JobInfo>> List(const Caller& caller,
-                                                             const control::ListJobsRequest& request) = 0;
+  // One page of jobs, newest first, and the token of the next ("" after the last).
+  virtual absl::StatusOr<control::ListJobsResponse> List(const Caller& caller,
+                                                         const control::ListJobsRequest& request) = 0;
+  // Removes an ended job from the store; returns its run directory (kept on the server). Admin only.
+  virtual absl::StatusOr<std::string> Delete(const Caller& caller, const std::string& id) = 0;
 
   // The events after `after_seq`, waiting up to `wait` for the first when there is none yet (an
   // empty batch then, not an error). `lines`: include output lines.
@@ -62,8 +68,8 @@ class JobService {
 
   virtual absl::StatusOr<control::JobInfo> Cancel(const Caller& caller, const std::string& id) = 0;
 
-  // Up to `max_bytes` of rank `rank`'s log from `offset`, waiting up to `wait` for more when there is
-  // none yet and the job still runs.
+  // Up to `max_bytes` of rank `rank`'s log (kLauncherLogRank: the launcher's own, launcher.log) from
+  // `offset`, waiting up to `wait` for more when there is none yet and the job still runs.
   virtual absl::StatusOr<LogRead> ReadLog(const Caller& caller, const std::string& id, int rank, int64_t offset,
                                           int64_t max_bytes, absl::Duration wait) = 0;
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -78,8 +79,10 @@ constexpr char kSelectById[] = "SELECT " STAGEHAND_JOB_COLUMNS " FROM jobs WHERE
 constexpr char kSelectBySubmission[] =
     "SELECT " STAGEHAND_JOB_COLUMNS " FROM jobs WHERE submitted_by = ?1 AND submission_id = ?2";
 // ?1: a bit mask of the states wanted.
+// ?3: only seqs below it (a page after the job with that seq).
 constexpr char kSelectList[] =
-    "SELECT " STAGEHAND_JOB_COLUMNS " FROM jobs WHERE (?1 >> state) & 1 ORDER BY seq DESC LIMIT ?2";
+    "SELECT " STAGEHAND_JOB_COLUMNS " FROM jobs WHERE (?1 >> state) & 1 AND seq < ?3 ORDER BY seq DESC LIMIT ?2";
+constexpr char kDeleteJob[] = "DELETE FROM jobs WHERE id = ?1 AND state NOT IN (?2, ?3)";
 constexpr char kSelectQueued[] = "SELECT " STAGEHAND_JOB_COLUMNS " FROM jobs WHERE state = ?1 ORDER BY seq";
 constexpr char kInsertJob[] =
     "INSERT INTO jobs (id, submission_id, submitted_by, cancelled_by, run_dir, root_cause, state, spec, devices, "
@@ -90,6 +93,7 @@ constexpr char kMarkRunning[] =
 constexpr char kMarkEnded[] =
     "UPDATE jobs SET state = ?2, ended_us = ?3, exit_code = ?4, root_cause = ?5, steps_done = ?6 "
     "WHERE id = ?1 AND state IN (?7, ?8)";
+constexpr char kSetStepsDone[] = "UPDATE jobs SET steps_done = ?2 WHERE id = ?1";
 constexpr char kSetCancelledBy[] = "UPDATE jobs SET cancelled_by = ?2 WHERE id = ?1";
 constexpr char kMarkLost[] = "UPDATE jobs SET state = ?1, ended_us = ?2, root_cause = ?3 WHERE state = ?4";
 constexpr char kInsertToken[] = "INSERT INTO tokens (name, role, hash, created_us) VALUES (?1, ?2, ?3, ?4)";
@@ -161,7 +165,7 @@ absl::Status MakeStateDir(const std::string& dir) {
 // on one state directory would each run the other's queued jobs and mark its running ones LOST.
 absl::StatusOr<UniqueFd> LockStateDir(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/jobs.lock");
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd.valid()) {
     return absl::Status(ErrnoCode(errno), absl::StrCat("cannot open ", path, ": ", ErrnoText(errno)));
   }
@@ -312,8 +316,13 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& dir)
   if (!lock.ok()) return lock.status();
   const std::string path = absl::StrCat(dir, "/jobs.db");
   sqlite3* db = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                                 nullptr);
+#ifdef SQLITE_OPEN_NOFOLLOW
+  constexpr int kNoFollow = SQLITE_OPEN_NOFOLLOW;  // a link planted at jobs.db is refused, not followed
+#else
+  constexpr int kNoFollow = 0;
+#endif
+  const int rc = sqlite3_open_v2(path.c_str(), &db,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | kNoFollow, nullptr);
   if (rc != SQLITE_OK) {
     absl::Status s(CodeOf(rc), absl::StrCat(path, ": cannot open it: ",
                                             db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc)));
@@ -534,12 +543,23 @@ absl::StatusOr<std::optional<JobRecord>> JobStore::Get(const std::string& id) {
   return GetLocked(id);
 }
 
-absl::StatusOr<std::vector<JobRecord>> JobStore::List(int limit, const std::vector<control::JobState>& states) {
+absl::StatusOr<std::vector<JobRecord>> JobStore::List(int limit, const std::vector<control::JobState>& states,
+                                                      int64_t before_seq) {
   absl::MutexLock l(&mu_);
   absl::StatusOr<Statement> st = Prepare(kSelectList);
   if (!st.ok()) return st.status();
   st->Int(1, StateMask(states)).Int(2, limit > 0 ? limit : -1);  // a negative LIMIT is none
+  st->Int(3, before_seq > 0 ? before_seq : INT64_MAX);
   return Rows(*st);
+}
+
+absl::Status JobStore::Delete(const std::string& id) {
+  absl::MutexLock l(&mu_);
+  absl::StatusOr<Statement> st = Prepare(kDeleteJob);
+  if (!st.ok()) return st.status();
+  st->Text(1, id).Int(2, control::JOB_STATE_QUEUED).Int(3, control::JOB_STATE_RUNNING);
+  if (int rc = st->Step(); rc != SQLITE_DONE) return Error(rc, absl::StrCat("cannot delete job ", id));
+  return Changed(id, "ended (cancel it first)");
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobStore::Queued() {
@@ -586,6 +606,16 @@ absl::Status JobStore::MarkEnded(const std::string& id, control::JobState state,
   st->Int(7, control::JOB_STATE_QUEUED).Int(8, control::JOB_STATE_RUNNING);
   if (int rc = st->Step(); rc != SQLITE_DONE) return Error(rc, absl::StrCat("cannot mark job ", id, " ended"));
   return Changed(id, "queued or running");
+}
+
+absl::Status JobStore::SetStepsDone(const std::string& id, int64_t steps_done) {
+  absl::MutexLock l(&mu_);
+  absl::StatusOr<Statement> st = Prepare(kSetStepsDone);
+  if (!st.ok()) return st.status();
+  st->Text(1, id).Int(2, steps_done);
+  if (int rc = st->Step(); rc != SQLITE_DONE) return Error(rc, absl::StrCat("cannot record the steps of ", id));
+  if (sqlite3_changes(db_) == 0) return absl::NotFoundError(absl::StrCat("no job ", id));
+  return absl::OkStatus();
 }
 
 absl::Status JobStore::SetCancelledBy(const std::string& id, const std::string& name) {

@@ -90,8 +90,14 @@ class JobStore {
 
   absl::StatusOr<std::optional<JobRecord>> Get(const std::string& id);
 
-  // Newest first, at most `limit` (0: no limit), of the given states (empty: every state).
-  absl::StatusOr<std::vector<JobRecord>> List(int limit, const std::vector<control::JobState>& states = {});
+  // Newest first, at most `limit` (0: no limit), of the given states (empty: every state), and only
+  // those older than the job with seq `before_seq` when it is > 0 (the next page after that job).
+  absl::StatusOr<std::vector<JobRecord>> List(int limit, const std::vector<control::JobState>& states = {},
+                                              int64_t before_seq = 0);
+
+  // Removes an ended job's row. NOT_FOUND for an unknown id; FAILED_PRECONDITION when it is queued or
+  // running.
+  absl::Status Delete(const std::string& id);
 
   // The queued jobs, oldest first: the order to enqueue them in after a restart.
   absl::StatusOr<std::vector<JobRecord>> Queued();
@@ -104,6 +110,9 @@ class JobStore {
   // state; NOT_FOUND for an unknown id; FAILED_PRECONDITION when the job has already ended.
   absl::Status MarkEnded(const std::string& id, control::JobState state, absl::Time ended, int exit_code,
                          const std::string& root_cause, int64_t steps_done);
+
+  // The steps a job did, as its run directory says (a lost job's, counted after the fact).
+  absl::Status SetStepsDone(const std::string& id, int64_t steps_done);
 
   // Who asked to cancel (set before the job's processes are stopped). NOT_FOUND for an unknown id.
   absl::Status SetCancelledBy(const std::string& id, const std::string& name);

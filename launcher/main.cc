@@ -58,6 +58,9 @@ ABSL_FLAG(bool, new_admin_token, false,
           "with --serve: mint another admin token into --state_dir/admin.token (when the first is lost); earlier "
           "admin tokens stay valid until revoked");
 ABSL_FLAG(int, max_cpu_workers, 0, "with --serve: CPU workers running at once over all jobs (default: the cores)");
+ABSL_FLAG(std::string, job_roots, "",
+          "with --serve: comma-separated directories a job's paths (--data, --layout_profiles, --init_from, "
+          "--resume, --export_dir) must lie in (default: --state_dir/runs and --state_dir/data)");
 ABSL_FLAG(bool, version, false, "print the version and the coordinator protocol version, and exit");
 // ---- Slurm (issue 13; launcher/slurm.h) ----
 ABSL_FLAG(bool, slurm, false,
@@ -151,7 +154,8 @@ int CheckAgentFlags(const stagehand::ParsedFlags& p) {
 
 // The flags a server takes; every other one shapes a job, which with --serve comes from a client.
 constexpr const char* kServeFlags[] = {"serve", "listen", "state_dir", "tls_cert", "tls_key", "tls_client_ca",
-                                       "max_cpu_workers", "worker_binary", "peak_tflops", "new_admin_token"};
+                                       "max_cpu_workers", "worker_binary", "peak_tflops", "new_admin_token",
+                                       "job_roots"};
 
 bool IsServeFlag(const std::string& name) {
   for (const char* f : kServeFlags) {
@@ -177,6 +181,7 @@ int RunServer(const stagehand::ParsedFlags& p) {
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
   o.max_cpu_workers = absl::GetFlag(FLAGS_max_cpu_workers);
   o.new_admin_token = absl::GetFlag(FLAGS_new_admin_token);
+  o.job_roots = absl::GetFlag(FLAGS_job_roots);
   o.peak_tflops_per_device = absl::GetFlag(FLAGS_peak_tflops);
   if (o.max_cpu_workers < 0 || o.max_cpu_workers > stagehand::kMaxWorkers) {
     std::fprintf(stderr, "stagehand: --max_cpu_workers=%d: pass 1 to %d, or 0 for the cores\n", o.max_cpu_workers,

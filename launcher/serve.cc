@@ -2,6 +2,7 @@
 #include "launcher/serve.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -9,10 +10,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
+#include "common/grpc_status.h"
 #include "launcher/control_service.h"
 #include "launcher/coordinator_service.h"
 #include "launcher/devices.h"
 #include "launcher/job_server.h"
+#include "launcher/run_dir.h"
 #include "launcher/supervisor.h"
 
 namespace stagehand {
@@ -43,6 +49,7 @@ absl::Status CheckServeOptions(const ServeOptions& o) {
 }  // namespace
 
 int Serve(const ServeOptions& options) {
+  QuietGrpcLogs();  // a client's failed handshake is not the server's log line
   if (absl::Status s = CheckServeOptions(options); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return kExitUsage;
@@ -52,6 +59,9 @@ int Serve(const ServeOptions& options) {
   so.worker_binary = options.worker_binary;
   so.inventory = QueryDevices();
   so.max_cpu_workers = options.max_cpu_workers;
+  for (absl::string_view root : absl::StrSplit(options.job_roots, ',', absl::SkipWhitespace())) {
+    so.job_roots.push_back(UserPath(std::string(absl::StripAsciiWhitespace(root))));
+  }
   so.new_admin_token = options.new_admin_token;
   so.peak_tflops_per_device = options.peak_tflops_per_device;
   so.tls = !options.tls_cert.empty();
@@ -70,6 +80,9 @@ int Serve(const ServeOptions& options) {
   co.tls_client_ca = options.tls_client_ca;
   absl::StatusOr<std::unique_ptr<ControlServer>> control = ControlServer::Start(co, server->get());
   if (!control.ok()) {
+    const StartCreated created = (*server)->created();
+    server->reset();  // the store closed first
+    RemoveCreated(created);
     std::fprintf(stderr, "stagehand: %s\n", std::string(control.status().message()).c_str());
     return control.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitLaunchFailed;
   }
@@ -102,6 +115,13 @@ int Serve(const ServeOptions& options) {
   }
   (*control)->Stop();
   Say("stopped; queued jobs stay queued for the next start");
+  if (const int checks = (*server)->ValidationsRunning(); checks > 0) {
+    // Their threads may be in anything static: end the process without running destructors (the
+    // store's commits are on disk; the lock goes with the process).
+    Say(absl::StrCat(checks, " submission check", checks == 1 ? " was" : "s were", " still running: abandoned"));
+    std::fflush(nullptr);
+    _exit(kExitSuccess);
+  }
   return kExitSuccess;
 }
 

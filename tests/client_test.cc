@@ -94,6 +94,19 @@ TEST_F(ClientTest, Watch_NoLines_PrintsStates) {
   EXPECT_TRUE(absl::StrContains(r.out, "job j: succeeded (exit code 0)")) << r.out;
 }
 
+TEST_F(ClientTest, LostJob_ShowsNoExitCode) {
+  fake_.AddJob("j");
+  fake_.EndJob("j", control::JOB_STATE_LOST, 0);
+  Result watch = Client("watch j");
+  EXPECT_EQ(watch.code, 1) << watch.err;
+  EXPECT_TRUE(absl::StrContains(watch.out, "job j: lost\n")) << watch.out;
+  EXPECT_FALSE(absl::StrContains(watch.out, "exit code")) << watch.out;
+  Result status = Client("status j");
+  EXPECT_EQ(status.code, 0) << status.err;
+  EXPECT_FALSE(absl::StrContains(status.out, "exit code:")) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "no exit code (lost)")) << status.out;
+}
+
 TEST_F(ClientTest, Cancel_RunningJob_PrintsCancelled) {
   fake_.AddJob("j");
   Result r = Client("cancel j");
@@ -109,6 +122,28 @@ TEST_F(ClientTest, Fetch_RelativeOutput_LandsInTheUserDirectory) {
   EXPECT_EQ(ReadFile(Tmp() + "/steps.csv"), "a,b\n1,2\n");
 }
 
+TEST_F(ClientTest, Fetch_OutputDash_WritesToStdout) {
+  fake_.AddJob("j");
+  fake_.SetFile("j", "report.json", "{\"steps\": 3}\n");
+  Result r = Client("fetch j report.json --output=-");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "{\"steps\": 3}\n");
+  struct stat st;
+  EXPECT_NE(stat((Tmp() + "/-").c_str(), &st), 0) << "a file named - was written";
+}
+
+TEST_F(ClientTest, Logs_Launcher_ShowsTheLaunchersOwnLines) {
+  fake_.AddJob("j");
+  fake_.AppendLog("j", 0, "rank 0 says\n");
+  fake_.AppendLog("j", -1, "stagehand: job j: 2 cpu workers\n");
+  Result rank = Client("logs j");
+  EXPECT_EQ(rank.code, 0) << rank.err;
+  EXPECT_EQ(rank.out, "rank 0 says\n");
+  Result launcher = Client("logs j --launcher");
+  EXPECT_EQ(launcher.code, 0) << launcher.err;
+  EXPECT_EQ(launcher.out, "stagehand: job j: 2 cpu workers\n");
+}
+
 TEST_F(ClientTest, ListAndStatus_ShowTheJob) {
   fake_.AddJob("j");
   Result list = Client("list");
@@ -120,11 +155,58 @@ TEST_F(ClientTest, ListAndStatus_ShowTheJob) {
   EXPECT_TRUE(absl::StrContains(status.out, "job j (j): running")) << status.out;
 }
 
+TEST_F(ClientTest, List_ManyPages_ShowsEveryJob) {
+  fake_.SetPageSize(2);
+  for (const char* id : {"a1", "a2", "a3", "a4", "a5"}) fake_.AddJob(id);
+  Result list = Client("list");
+  EXPECT_EQ(list.code, 0) << list.err;
+  for (const char* id : {"a1", "a2", "a3", "a4", "a5"}) EXPECT_TRUE(absl::StrContains(list.out, id)) << id << list.out;
+  Result limited = Client("list --limit=3");
+  EXPECT_EQ(limited.code, 0) << limited.err;
+  EXPECT_TRUE(absl::StrContains(limited.out, "a3")) << limited.out;
+  EXPECT_FALSE(absl::StrContains(limited.out, "a4")) << limited.out;
+}
+
+TEST_F(ClientTest, Delete_EndedJob_SaysTheRunDirectoryStays) {
+  fake_.AddJob("j");
+  Result running = Client("delete j");
+  EXPECT_EQ(running.code, 1);
+  fake_.EndJob("j", control::JOB_STATE_SUCCEEDED, 0);
+  Result r = Client("delete j");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "deleted job j; its run directory stays on the server: /runs/j")) << r.out;
+  EXPECT_EQ(Client("status j").code, 1);
+}
+
+TEST_F(ClientTest, Submit_OverTheBound_RefusedBeforeSending) {
+  std::ofstream(Tmp() + "/big.txt") << std::string(300 * 1024, 'F');
+  Result r = Client("submit --schedule_file=big.txt");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "at most 256 KiB")) << r.err;
+  EXPECT_EQ(fake_.submit_calls(), 0);
+}
+
 TEST_F(ClientTest, TokenMint_PrintsTheToken) {
   Result r = Client("token mint carol --role=view");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "tok-carol\n");
   EXPECT_EQ(Client("token mint dave --role=boss").code, 2);
+}
+
+TEST_F(ClientTest, TokenMint_Output_WritesAPrivateFileAndNeverOverwrites) {
+  const std::string path = Tmp() + "/erin.token";
+  unlink(path.c_str());
+  Result r = Client("token mint erin --role=view --output=erin.token");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(ReadFile(path), "tok-erin\n");
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  Result again = Client("token mint frank --role=view --output=erin.token");
+  EXPECT_EQ(again.code, 2) << again.err;
+  EXPECT_TRUE(absl::StrContains(again.err, "exists")) << again.err;
+  EXPECT_EQ(ReadFile(path), "tok-erin\n");
 }
 
 TEST_F(ClientTest, Errors_OneLineEach_WithTheirExitCodes) {
@@ -139,6 +221,42 @@ TEST_F(ClientTest, Errors_OneLineEach_WithTheirExitCodes) {
   Result bad_token = Client("--token_file=/nonexistent list");
   EXPECT_EQ(bad_token.code, 2);
   EXPECT_TRUE(absl::StrContains(bad_token.err, "--token_file=/nonexistent")) << bad_token.err;
+}
+
+TEST_F(ClientTest, Errors_EchoingLargeInput_StayShort) {
+  Result r = Client(absl::StrCat("status ", std::string(100 * 1024, 'y')));
+  EXPECT_EQ(r.code, 1) << r.err.substr(0, 300);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+  EXPECT_LT(r.err.size(), 2200u);
+  EXPECT_FALSE(absl::StrContains(r.err, "Stream removed")) << r.err.substr(0, 300);
+  Result verb = Client(std::string(100 * 1024, 'v'));
+  EXPECT_EQ(verb.code, 2);
+  EXPECT_LT(verb.err.size(), 600u);
+}
+
+// A TLS server whose certificate another CA signed: the client says so in one line of its own, with
+// none of gRPC's log lines before it (unless GRPC_VERBOSITY asks for them).
+TEST_F(ClientTest, WrongCa_OneLineWithoutGrpcsOwnLog) {
+  const std::string dir = Tmp() + "/wrong_ca";
+  const std::string sh = absl::StrCat(
+      "mkdir -p ", dir, " && cd ", dir, " && (openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem "
+      "-subj /CN=ca -days 2 && openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.pem "
+      "-subj /CN=other -days 2 && printf 'subjectAltName=IP:127.0.0.1\\n' >server.ext && openssl req -newkey "
+      "rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=server && openssl x509 -req -in server.csr "
+      "-CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile server.ext) >openssl.log 2>&1");
+  ASSERT_EQ(std::system(sh.c_str()), 0) << ReadFile(dir + "/openssl.log");
+  ControlServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.tls_cert = dir + "/server.pem";
+  options.tls_key = dir + "/server.key";
+  auto tls = ControlServer::Start(options, &fake_);
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  const std::string args = absl::StrCat("--server=", (*tls)->address(), " --tls_ca=", dir, "/other.pem list");
+  Result r = Client(args);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, "ssl_transport_security")) << r.err;
+  EXPECT_TRUE(absl::StartsWith(r.err, "client: ")) << r.err;
 }
 
 TEST_F(ClientTest, Help_ListsVerbsAndExitCodes) {

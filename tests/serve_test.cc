@@ -129,6 +129,7 @@ class Server {
     return exit_code_;
   }
   int pid() const { return pid_; }
+  int exit_code() const { return exit_code_; }  // once !Running()
   std::string log() const { return ReadFile(log_); }
   std::string token_file() const { return state_dir_ + "/admin.token"; }
 
@@ -230,9 +231,20 @@ TEST_F(ServeTest, SubmitWatchFetch_TinyJob_EveryStepStreamedAndFilesMatch) {
   ClientResult list = RunClient(server, "list");
   ASSERT_EQ(list.exit_code, 0) << list.output;
   EXPECT_TRUE(absl::StrContains(list.output, id)) << list.output;
+  // The launcher's own lines are in the run directory too, and the same file comes to stdout.
+  ClientResult launcher_log = RunClient(server, "logs " + id + " --launcher");
+  ASSERT_EQ(launcher_log.exit_code, 0) << launcher_log.output;
+  EXPECT_TRUE(absl::StrContains(launcher_log.output, "stagehand: job " + id)) << launcher_log.output;
+  ClientResult to_stdout = RunClient(server, absl::StrCat("fetch ", id, " launcher.log --output=-"));
+  ASSERT_EQ(to_stdout.exit_code, 0) << to_stdout.output;
+  EXPECT_EQ(to_stdout.output, ReadFile(absl::StrCat(state, "/runs/", id, "/launcher.log")));
   // A job that fails: watch exits with its exit code.
   ClientResult bad = RunClient(server, "submit --device=cpu --workers=2 --model=tiny --steps=3 --data=/nonexistent --watch");
   EXPECT_NE(bad.exit_code, 0) << bad.output;
+  // A path outside the job roots is refused, saying nothing of the file.
+  ClientResult shadow = RunClient(server, "submit --device=cpu --workers=2 --model=tiny --steps=3 --data=/etc/shadow");
+  EXPECT_EQ(shadow.exit_code, 2) << shadow.output;
+  EXPECT_TRUE(absl::StrContains(shadow.output, "--job_roots=")) << shadow.output;
   EXPECT_EQ(server.Stop(), 0) << server.log();
 }
 
@@ -459,6 +471,60 @@ TEST_F(ServeTest, Watch_FiftyWatchersAndAResumedOne_EachSeesEveryEventOnce) {
       c->Watch(job->id(), false, k, [&](const control::JobEvent& e) { resumed.push_back(e.seq()); });
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_EQ(resumed, std::vector<int64_t>(seqs[0].begin() + k, seqs[0].end()));
+}
+
+// Submissions that would wedge a server thread: a FIFO as an input is refused at once; a job whose
+// check takes long does not keep SIGTERM from stopping the server.
+TEST_F(ServeTest, WedgingSubmissions_FifoRefused_SigtermStopsTheServerWhileAJobIsChecked) {
+  const std::string state = StateDir();
+  Server server(state);
+  ASSERT_FALSE(server.address().empty()) << server.log();
+  ASSERT_EQ(mkdir((state + "/data").c_str(), 0700), 0);  // a job root by default
+  const std::string fifo = state + "/data/profiles.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const auto start = Clock::now();
+  ClientResult refused = RunClient(server, absl::StrCat("submit --device=cpu --workers=2 --model=tiny --steps=3 "
+                                                        "--layout=auto --layout_profiles=", fifo));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_TRUE(absl::StrContains(refused.output, "not a regular file")) << refused.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
+  // A check that may run long, from a client in the background; then SIGTERM.
+  const std::string command = absl::StrCat(
+      "STAGEHAND_SERVER=", server.address(), " STAGEHAND_TOKEN_FILE=", server.token_file(), " timeout 60 ",
+      Runfile("launcher/client"), " submit --device=cpu --workers=2 --model=tiny --steps=3 --micro_batches=16384 "
+      "--global_batch=16384 >/dev/null 2>&1 &");
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const auto stop = Clock::now();
+  kill(server.pid(), SIGTERM);
+  EXPECT_TRUE(WaitFor([&] { return !server.Running(); }, std::chrono::seconds(10))) << server.log();
+  EXPECT_LT(Clock::now() - stop, std::chrono::seconds(8)) << server.log();
+  unlink(fifo.c_str());
+}
+
+// A server that cannot listen (the port is another's) leaves no state directory behind; one whose
+// state directory existed keeps it, its store included.
+TEST_F(ServeTest, FailedStart_PortTaken_RemovesWhatItCreated) {
+  Server first(StateDir());
+  ASSERT_FALSE(first.address().empty()) << first.log();
+  const std::string fresh = StateDir() + "/nested/state";
+  Server second(fresh, {"--listen=" + first.address()});
+  EXPECT_TRUE(WaitFor([&] { return !second.Running(); }, std::chrono::seconds(30)));
+  EXPECT_NE(second.exit_code(), 0) << second.log();
+  struct stat st;
+  EXPECT_NE(stat(fresh.c_str(), &st), 0) << "the failed start left " << fresh;
+  EXPECT_NE(stat((fresh + "/..").c_str(), &st), 0) << "the failed start left the state directory's parent";
+  // An existing state directory: its store stays.
+  const std::string kept = StateDir();
+  {
+    Server once(kept);
+    ASSERT_FALSE(once.address().empty()) << once.log();
+    EXPECT_EQ(once.Stop(), 0);
+  }
+  Server again(kept, {"--listen=" + first.address()});
+  EXPECT_TRUE(WaitFor([&] { return !again.Running(); }, std::chrono::seconds(30)));
+  EXPECT_EQ(stat((kept + "/jobs.db").c_str(), &st), 0);
+  EXPECT_EQ(stat((kept + "/admin.token").c_str(), &st), 0);
 }
 
 TEST_F(ServeTest, ServerFlags_WithoutServe_AndJobFlagsWithServe_AreRefused) {

@@ -43,10 +43,20 @@ for n in n1 n2; do
   [ "$(openssl x509 -in "$out/$n.pem" -noout -pubkey)" = "$(openssl pkey -in "$out/$n.key" -pubout)" ] || fail "$n.key is not $n.pem's"
 done
 
+# A user's client certificate: no addresses needed, clientAuth only, signed by the CA.
+"$make_certs" --out="$out" --client=alice >/dev/null
+[ "$(stat -c %a "$out/alice.key")" = 600 ] || fail "alice.key has mode $(stat -c %a "$out/alice.key"), want 600"
+verify alice -purpose sslclient
+if openssl verify -CAfile "$out/ca.pem" -purpose sslserver "$out/alice.pem" >/dev/null 2>&1; then
+  fail "alice.pem verified as a server certificate"
+fi
+[ "$(openssl x509 -in "$out/alice.pem" -noout -pubkey)" = "$(openssl pkey -in "$out/alice.key" -pubout)" ] || fail "alice.key is not alice.pem's"
+
 # Repeating a run keeps every file as it was.
 before=$(sha256sum "$out"/*)
 "$make_certs" --out="$out" --ca | grep -q kept || fail "a second --ca did not say it kept the CA"
 "$make_certs" --out="$out" --node=n1 --ip=198.18.0.1 --dns=host1 | grep -q kept || fail "a second --node=n1 did not keep it"
+"$make_certs" --out="$out" --client=alice | grep -q kept || fail "a second --client=alice did not keep it"
 [ "$before" = "$(sha256sum "$out"/*)" ] || fail "a repeated run changed files"
 [ -z "$(find "$out" -name '.make_certs.*')" ] || fail "temporary files left in $out"
 
@@ -68,5 +78,8 @@ refused "a name of letters" --out="$out" --node=../evil --ip=198.18.0.3
 refused "pass --ca or --node=NAME, not both" --out="$out" --ca --node=n3
 refused "pass them with --node=NAME" --out="$out" --ca --ip=198.18.0.3
 refused "unknown argument" --out="$out" --ca --force
+refused "needs no --ip or --dns" --out="$out" --client=bob --ip=198.18.0.3
+refused "pass one of --ca, --node=NAME and --client=NAME" --out="$out" --client=bob --node=n3
+refused "a name of letters" --out="$out" --client=../evil
 [ "$before" = "$(sha256sum "$out"/*)" ] || fail "a refused run changed files"
 echo "make_certs_test: PASS"
