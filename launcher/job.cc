@@ -534,6 +534,20 @@ void ChooseDefaultModel(const JobRequest& r, bool steps_given, ResolvedJob& out)
                                    " steps (--model=allreduce runs the checked collective instead)"));
 }
 
+// --tensor_elements sizes the checked all-reduce alone. With a model it would be ignored: a script that
+// means to time the collective (tools/bench_startup did, once the bare job became gpt-1.3b) would time
+// a model's first training step instead, and one GPU runs no collective at all.
+absl::Status CheckAllReduceFlags(const JobRequest& r, bool model_given, const JobSpec& spec) {
+  if (!r.tensor_elements || !IsModelJob(spec)) return absl::OkStatus();
+  if (!model_given) {
+    return Invalid(absl::StrCat("--tensor_elements sizes the all-reduce of --model=allreduce, and with no --model "
+                                "this job would train ", spec.model(), " instead: pass --model=allreduce, or drop "
+                                "--tensor_elements"));
+  }
+  return Invalid(absl::StrCat("--tensor_elements sizes the all-reduce of --model=allreduce, not --model=",
+                              spec.model(), "'s job: drop --tensor_elements"));
+}
+
 // What ranges alone cannot say: relations between the merged values, once the defaults are in.
 absl::Status ValidateRelations(const JobSpec& spec) {
   const Timeouts& t = spec.timeouts();
@@ -936,7 +950,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
   out.host_workers = out.spec.workers();
   if (request.world_workers) out.spec.set_workers(*request.world_workers);
-  if (out.spec.model().empty()) ChooseDefaultModel(request, steps_given, out);
+  const bool model_given = !out.spec.model().empty();
+  if (!model_given) ChooseDefaultModel(request, steps_given, out);
+  if (absl::Status s = CheckAllReduceFlags(request, model_given, out.spec); !s.ok()) return s;
   if (!request.schedule_file.empty()) {
     if (absl::Status s = ReadScheduleFile(request, out.spec); !s.ok()) return s;
   }

@@ -162,6 +162,41 @@ TEST(JobTest, ResolveJob_NoModelWithSteps_KeepsTheSteps) {
   EXPECT_EQ(job->spec.steps(), 7);
 }
 
+// The command tools/bench_startup ran once the bare job became gpt-1.3b: --tensor_elements was ignored
+// and the bench timed a training step (on one GPU, with no collective at all) as "the first all-reduce".
+TEST(JobTest, ResolveJob_TensorElementsWithoutModel_RefusedNamingModelAllreduce) {
+  JobRequest r;
+  r.gpus = 1;
+  r.steps = 1;
+  r.tensor_elements = 1 << 20;
+  ExpectInvalidArgument(ResolveJob(r, Inventory(1)), "with no --model this job would train gpt-1.3b instead: pass "
+                                                     "--model=allreduce, or drop --tensor_elements");
+  r.model = "allreduce";
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.model(), "allreduce");
+  EXPECT_EQ(job->spec.tensor_elements(), 1 << 20);
+}
+
+TEST(JobTest, ResolveJob_TensorElementsWithAModel_Refused) {
+  JobRequest r;
+  r.device = "cpu";
+  r.model = "tiny";
+  r.tensor_elements = 4096;
+  ExpectInvalidArgument(ResolveJob(r, Inventory(0)), "not --model=tiny's job: drop --tensor_elements");
+}
+
+// A run directory's job.textproto holds every default, tensor_elements among them: run again with
+// --job, a model's job file stays valid.
+TEST(JobTest, ResolveJob_ModelJobFileWithTensorElements_Accepted) {
+  JobRequest r;
+  r.job_file = WriteJobFile("model_with_tensor_elements.textproto",
+                            "device: \"cpu\" workers: 2 model: \"tiny\" tensor_elements: 1048576");
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.model(), "tiny");
+}
+
 // A server's submission: the spec carries what the client typed.
 TEST(JobTest, ResolveJob_SubmittedSpecNoModelWithSteps_KeepsTheStepsAndLr) {
   JobRequest r;
