@@ -476,9 +476,7 @@ def main(argv=None):
         if a.mode in ("pipeline", "infer-pipeline"):
             result["return_outputs"] = bool(a.return_outputs)
         print("RESULT " + json.dumps(result), flush=True)
-    if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
+    peer_harness.finish(proc)
 
 
 if __name__ == "__main__":

@@ -197,9 +197,7 @@ def main(argv=None):
                       "S": a.seq, "batch": nseq, "warmup": a.warmup, "steps": a.steps},
         }
         print("RESULT " + json.dumps(result), flush=True)
-    if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
+    peer_harness.finish(proc)
 
 
 if __name__ == "__main__":

@@ -95,3 +95,21 @@ def peaks(p):
     out = [torch.zeros(1, dtype=torch.float64, device=p.device) for _ in range(p.world)]
     dist.all_gather(out, torch.tensor([peak], dtype=torch.float64, device=p.device))
     return [float(x) for x in out]
+
+
+def finish(p):
+    """Ends a peer's process. Under torchrun: a barrier (every rank is done), the process group destroyed,
+    the output flushed, then os._exit(0), not the interpreter's own finalization. The reason is gloo's
+    worker thread: it drops the last collective's work object (which holds tensors Python has seen, e.g.
+    DDP's gradient buckets) only after the collective is reported done, and dropping those tensors takes
+    the GIL. If the main thread is already finalizing the interpreter by then, taking the GIL ends that
+    thread with pthread_exit, whose unwinding through a noexcept destructor calls std::terminate: the
+    rank dies with SIGABRT ("terminate called without an active exception") after its work is done. A
+    loaded machine makes that window wide (seen in tests/peer_ddp_test.sh under `bazel test //...`)."""
+    if not p.distributed:
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
