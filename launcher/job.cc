@@ -868,9 +868,6 @@ absl::Status ResolveExport(ResolvedJob& out) {
   if (spec.init_from().empty()) return absl::OkStatus();
   const std::string flag = absl::StrCat("--init_from=", spec.init_from());
   if (!IsModelJob(spec)) return Invalid(absl::StrCat(flag, ": only a model starts from weights; drop --init_from"));
-  if (!spec.resume().empty()) {
-    return Invalid("--init_from and --resume both give the starting weights: drop one of them");
-  }
   absl::StatusOr<ExportDirectory> e = ReadExportDirectory(spec.init_from());
   if (!e.ok()) return Invalid(absl::StrCat(flag, ": ", e.status().message()));
   if (absl::Status s = CheckExportMatches(*e, spec.model_spec()); !s.ok()) {
@@ -940,6 +937,10 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   out.spec = *std::move(merged);
   // Ranges first, on what the user wrote or typed: a 0 is refused, never taken for "unset".
   if (absl::Status s = ValidateRanges(request, out.spec); !s.ok()) return s;
+  // Flags that contradict each other are said first, before a resumed job's settings are read.
+  if (!out.spec.resume().empty() && !out.spec.init_from().empty()) {
+    return Invalid("--init_from and --resume both give the starting weights: drop one of them");
+  }
   // What the user asked for, before a resumed job's settings fill the rest (CarryResumedJob).
   const bool steps_given = out.spec.has_steps(), export_given = !out.spec.export_dir().empty();
   if (!out.spec.resume().empty()) {

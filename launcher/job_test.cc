@@ -444,7 +444,9 @@ TEST(JobTest, ReadJobFile_Directory_IsInvalidArgumentNamingPath) {
 // Refusals are one line: the launcher prints them as its only output before exit 2.
 void ExpectOneLineRefusal(const absl::StatusOr<ResolvedJob>& job, const std::string& fragment) {
   ExpectInvalidArgument(job, fragment);
-  if (!job.ok()) EXPECT_THAT(std::string(job.status().message()), Not(HasSubstr("\n")));
+  if (!job.ok()) {
+    EXPECT_THAT(std::string(job.status().message()), Not(HasSubstr("\n")));
+  }
 }
 
 struct FlagCase {

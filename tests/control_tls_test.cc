@@ -170,7 +170,7 @@ TEST(ReadPemFileTest, BadFiles_AreInvalidArgumentNamingPathAndWhat) {
       {F("text.pem"), "not PEM", PemKind::kCertificates},
       {F("ca.key"), "holds no valid PEM certificate", PemKind::kCertificates},
       {F("ca.pem"), "holds no valid unencrypted PEM private key", PemKind::kPrivateKey},
-      {Dir(), "not a file", PemKind::kCertificates},
+      {Dir(), "not a regular file but a directory", PemKind::kCertificates},
   };
   for (const Case& c : cases) {
     absl::StatusOr<std::string> pem = ReadPemFile("--tls_cert", c.path, c.kind);
