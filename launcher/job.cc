@@ -715,6 +715,10 @@ absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std
   const std::string run_dir = RunDirOfCheckpoint(found->dir);
   const std::string job_path = run_dir.empty() ? "" : run_dir + "/job.textproto";
   struct stat st;
+  if (!job_path.empty() && lstat(job_path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    return Invalid(absl::StrCat(flag, ": ", job_path, " is a symbolic link; a run directory's job.textproto is a "
+                                "regular file: resume a run this launcher wrote"));
+  }
   if (!job_path.empty() && lstat(job_path.c_str(), &st) == 0) {
     absl::StatusOr<JobSpec> read = ParseJobFile(job_path, absl::StrCat(flag, ": the checkpointed job ", job_path));
     if (!read.ok()) return read.status();
@@ -799,7 +803,17 @@ absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std
     if (!spec.has_eval_every() && job.has_eval_every()) spec.set_eval_every(job.eval_every());
     if (!spec.has_eval_batches() && job.has_eval_batches()) spec.set_eval_batches(job.eval_batches());
   }
-  if (spec.export_dir().empty()) spec.set_export_dir(job.export_dir());
+  if (spec.export_dir().empty() && !job.export_dir().empty()) {
+    // An export is written once, at the end: a run that got there has written it, and this one does not
+    // replace it (ResolveExport refuses a directory that exists).
+    struct stat exported;
+    if (stat(UserPath(job.export_dir()).c_str(), &exported) == 0) {
+      notes.push_back(absl::StrCat("--resume: the job's export ", job.export_dir(), " exists already, so this run "
+                                   "does not export; pass --export_dir=NEW_DIR to export again"));
+    } else {
+      spec.set_export_dir(job.export_dir());
+    }
+  }
   if (!spec.has_save_params() && job.has_save_params()) spec.set_save_params(job.save_params());
   if (spec.name().empty()) spec.set_name(job.name());
   if (!changes.empty()) {
@@ -945,6 +959,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   const bool steps_given = out.spec.has_steps(), export_given = !out.spec.export_dir().empty();
   if (!out.spec.resume().empty()) {
     if (absl::Status s = CarryResumedJob(request, out.spec, out.notes); !s.ok()) return s;
+    if (request.check_resumed) {
+      if (absl::Status s = request.check_resumed(out.spec); !s.ok()) return s;
+    }
   }
   ApplyDefaults(out.spec);
   if (absl::Status s = ValidateRelations(out.spec); !s.ok()) return s;

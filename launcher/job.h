@@ -3,6 +3,7 @@
 #ifndef STAGEHAND_LAUNCHER_JOB_H_
 #define STAGEHAND_LAUNCHER_JOB_H_
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +21,9 @@ namespace stagehand {
 struct JobRequest {
   std::string job_file;           // protobuf text format JobSpec; "" for none
   std::optional<JobSpec> spec;    // a JobSpec given whole in place of job_file (a server's submission)
+  // The job server's: holds a resumed job's settings, once carried from its run (data, export_dir), to
+  // what the submitter may name, before anything reads them. Unset: nothing more is checked.
+  std::function<absl::Status(const JobSpec&)> check_resumed;
   std::optional<int> gpus;        // --gpus
   std::string device;             // --device: "" (not given), "auto", "cuda", "cpu"
   std::optional<int> workers;     // --workers (CPU workers; with cuda it must equal the GPU count)

@@ -471,6 +471,8 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const Caller& caller, const contr
   LaunchOptions lo;
   lo.job.spec = request.job();
   lo.job.spec->clear_run_dir();  // the server's: <state_dir>/runs/<job id>
+  // A resumed job's carried paths (its data, its export) are held to the roots as the sent ones are.
+  lo.job.check_resumed = [roots = options_.job_roots](const JobSpec& spec) { return CheckJobInputs(spec, roots); };
   if (request.has_gpus()) lo.job.gpus = request.gpus();
   lo.job.custom_worker = !options_.worker_binary.empty();
   lo.worker_binary = options_.worker_binary;

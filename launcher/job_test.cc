@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/checkpoint.h"
@@ -803,6 +804,56 @@ TEST(ResumeTest, ResumeAlone_ContinuesTheCheckpointedJob) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_DOUBLE_EQ(job->spec.lr(), 1e-4);
   EXPECT_EQ(job->spec.steps(), 50);
+}
+
+// The export is written once, at the end: a resumed run carries the job's --export_dir while it does not
+// exist yet (the run was stopped before it), and says so and leaves it where the run had written it.
+TEST(ResumeTest, ExportDir_CarriedUntilWrittenThenLeftWithANote) {
+  const std::string exported = absl::StrCat(::testing::TempDir(), "/resume_export_out");
+  std::filesystem::remove_all(exported);
+  JobRequest original = TinyAtLowLr();
+  original.export_dir = exported;
+  const std::string run = FakeRun("resume_export", original, 20);
+  JobRequest r;
+  r.resume = run;
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.export_dir(), exported);
+
+  std::filesystem::create_directories(exported);  // the run got to its end and exported
+  job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.export_dir(), "");
+  EXPECT_THAT(absl::StrJoin(job->notes, "\n"), HasSubstr("exists already, so this run does not export"));
+}
+
+// The job server's hook sees the job as carried from the run (its data), before anything reads it, and
+// its refusal is the job's.
+TEST(ResumeTest, CheckResumed_SeesTheCarriedJobAndItsRefusalStands) {
+  JobRequest original = TinyAtLowLr();
+  const std::string run = FakeRun("resume_hook", original, 20);
+  JobRequest r;
+  r.resume = run;
+  std::string seen_model;
+  r.check_resumed = [&seen_model](const JobSpec& spec) {
+    seen_model = spec.model();
+    return absl::InvalidArgumentError("data: outside the directories this server reads");
+  };
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("outside the directories"));
+  EXPECT_EQ(seen_model, "tiny");
+}
+
+// A run directory's job.textproto that is a link is refused: the job read is the one the run wrote.
+TEST(ResumeTest, JobFileThatIsALink_Refused) {
+  const std::string run = FakeRun("resume_link", TinyAtLowLr(), 20);
+  const std::string elsewhere = absl::StrCat(::testing::TempDir(), "/resume_link_elsewhere.textproto");
+  std::filesystem::rename(run + "/job.textproto", elsewhere);
+  std::filesystem::create_symlink(elsewhere, run + "/job.textproto");
+  JobRequest r;
+  r.resume = run;
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "is a symbolic link");
 }
 
 TEST(ResumeTest, TrajectoryChanges_WinAndAreSaidInOneLine) {
