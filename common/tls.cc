@@ -197,6 +197,11 @@ absl::Status ExplainRpcError(const grpc::Status& s, const ClientTlsInfo& info) {
       if (Has(s, "--token_file")) return absl::Status(code, s.error_message());
       return absl::Status(code, absl::StrCat("the server refused the token (", s.error_message(),
                                              "): ask its admin for one, or pass --token_file"));
+    case grpc::StatusCode::CANCELLED:
+      // A server that is shutting down cancels the calls still open (a submission being checked).
+      return absl::Status(code, absl::StrCat("the server at ", info.server, " ended the call before answering (",
+                                             s.error_message(), "), as one that is shutting down does: run the "
+                                             "command again once it is back"));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return absl::Status(code, absl::StrCat("the server at ", info.server, " did not answer in time (",
                                              s.error_message(), "): check that it is up and reachable"));

@@ -512,6 +512,7 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const Caller& caller, const contr
     }
     ++v->running;
     v->in_flight[key] = one;
+    options_.log(absl::StrCat("checking a submission of ", caller.name));
   }
   auto ready = [&v, &one]() { return one->done || v->stopping; };
   v->mu.AwaitWithTimeout(absl::Condition(&ready), options_.validation_deadline);

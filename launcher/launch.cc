@@ -106,8 +106,8 @@ class ValidationSignalWatcher {
   std::thread thread_;
 };
 
-// Tests only (tests/launcher_test.cc): a check that takes this many milliseconds (at most 60000), to
-// stop with a signal.
+// Tests only (tests/launcher_test.cc, tests/serve_test.cc): a check that takes this many milliseconds
+// (at most 60000), to stop the launcher or the job server with a signal while a job is checked.
 void TestOnlySlowValidation() {
   const char* ms = std::getenv("STAGEHAND_TEST_SLOW_VALIDATION_MS");
   if (ms != nullptr) absl::SleepFor(absl::Milliseconds(std::clamp(std::atoi(ms), 0, 60000)));
@@ -124,7 +124,6 @@ struct Checked {
 // model's fit, the run directory (new or empty unless --overwrite). Creates nothing, so a sweep can
 // ask it of every point before the first runs.
 absl::StatusOr<Checked> CheckLaunch(const LaunchOptions& options, const std::string& job_id) {
-  TestOnlySlowValidation();
   absl::StatusOr<ValidatedLaunch> valid = ValidateLaunch(options, QueryDevices());
   if (!valid.ok()) return valid.status();
   const std::string run_dir = RunDirOf(options, valid->job.spec, job_id);
@@ -192,6 +191,7 @@ class WriteErrors {
 // Everything a launch checks before it creates anything: the job (ResolveJob), the worker binary,
 // the model's schedule and memory, the coordinator's address. INVALID_ARGUMENT is exit 2.
 absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, const DeviceInventory& inventory) {
+  TestOnlySlowValidation();
   const bool several = options.node.nodes > 1;
   JobRequest request = options.job;
   // Several hosts: the other nodes' counts come when they join, and the job is resolved again for the

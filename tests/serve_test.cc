@@ -477,7 +477,9 @@ TEST_F(ServeTest, Watch_FiftyWatchersAndAResumedOne_EachSeesEveryEventOnce) {
 // check takes long does not keep SIGTERM from stopping the server.
 TEST_F(ServeTest, WedgingSubmissions_FifoRefused_SigtermStopsTheServerWhileAJobIsChecked) {
   const std::string state = StateDir();
+  setenv("STAGEHAND_TEST_SLOW_VALIDATION_MS", "30000", 1);  // the server's own: every check takes 30 s
   Server server(state);
+  unsetenv("STAGEHAND_TEST_SLOW_VALIDATION_MS");
   ASSERT_FALSE(server.address().empty()) << server.log();
   ASSERT_EQ(mkdir((state + "/data").c_str(), 0700), 0);  // a job root by default
   const std::string fifo = state + "/data/profiles.fifo";
@@ -488,17 +490,24 @@ TEST_F(ServeTest, WedgingSubmissions_FifoRefused_SigtermStopsTheServerWhileAJobI
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_TRUE(absl::StrContains(refused.output, "not a regular file")) << refused.output;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
-  // A check that may run long, from a client in the background; then SIGTERM.
+  // A check that runs long (the server's checks take 30 s here), from a client in the background; SIGTERM
+  // while it runs stops the server at once and answers the waiting client.
+  const std::string client_log = state + "/client.log";
   const std::string command = absl::StrCat(
-      "STAGEHAND_SERVER=", server.address(), " STAGEHAND_TOKEN_FILE=", server.token_file(), " timeout 60 ",
-      Runfile("launcher/client"), " submit --device=cpu --workers=2 --model=tiny --steps=3 --micro_batches=16384 "
-      "--global_batch=16384 >/dev/null 2>&1 &");
+      "(STAGEHAND_SERVER=", server.address(), " STAGEHAND_TOKEN_FILE=", server.token_file(), " timeout 60 ",
+      Runfile("launcher/client"), " submit --device=cpu --workers=2 --model=tiny --steps=3 >", client_log,
+      " 2>&1; echo \"exit $?\" >>", client_log, ") &");
   ASSERT_EQ(std::system(command.c_str()), 0);
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(server.log(), "checking a submission"); },
+                      std::chrono::seconds(20)))
+      << server.log();
   const auto stop = Clock::now();
   kill(server.pid(), SIGTERM);
   EXPECT_TRUE(WaitFor([&] { return !server.Running(); }, std::chrono::seconds(10))) << server.log();
   EXPECT_LT(Clock::now() - stop, std::chrono::seconds(8)) << server.log();
+  EXPECT_TRUE(WaitFor([&] { return absl::StrContains(ReadFile(client_log), "exit "); }, std::chrono::seconds(20)))
+      << ReadFile(client_log);
+  EXPECT_TRUE(absl::StrContains(ReadFile(client_log), "shutting down")) << ReadFile(client_log) << server.log();
   unlink(fifo.c_str());
 }
 
