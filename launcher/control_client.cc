@@ -145,11 +145,15 @@ absl::StatusOr<control::GetServerInfoResponse> ControlClient::Info() {
 absl::StatusOr<control::JobInfo> ControlClient::Submit(const control::SubmitJobRequest& request) {
   absl::Duration backoff = options_.initial_backoff;
   grpc::Status s;
+  grpc::Status shutting_down;  // the server's own "shutting down", said over later tries that cannot connect
   for (int attempt = 1; attempt <= kSubmitAttempts; ++attempt) {
     control::JobInfo response;
     const absl::Time start = absl::Now();
     s = stub_->SubmitJob(Context(true, options_.submit_timeout).get(), request, &response);
     if (s.ok()) return response;
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && s.error_message().find("shutting down") != std::string::npos) {
+      shutting_down = s;
+    }
     if (!Retryable(s)) break;
     // DEADLINE_EXCEEDED before our own deadline is the server's answer (it gave up checking the
     // job): asking again would only wait as long again.
@@ -157,7 +161,7 @@ absl::StatusOr<control::JobInfo> ControlClient::Submit(const control::SubmitJobR
     if (attempt < kSubmitAttempts) absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
-  return Explain(s);
+  return Explain(shutting_down.ok() ? s : shutting_down);
 }
 
 absl::StatusOr<control::JobInfo> ControlClient::Get(const std::string& id) {
