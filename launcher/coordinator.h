@@ -182,6 +182,13 @@ class CoordinatorState {
   // Returns T; a second call returns the first's T.
   int64_t RequestCheckpointAndStop();
   int64_t checkpoint_and_stop_at() const;  // 0 until requested
+  // A SIGTERM or SIGHUP that reached another node's agent (AgentHeartbeatRequest.term_signal), for
+  // node 0's launcher to act on as on its own (JobRun): the first one's signal and node, once.
+  struct NodeSignal {
+    int signal = 0;
+    int node = 0;
+  };
+  std::optional<NodeSignal> TakeNodeSignal();
   absl::Status Finish(const FinishRequest& request);
 
   // Moves the job to stopping: waiters complete (WaitForStop with the reason and `origin`, the
@@ -325,6 +332,8 @@ class CoordinatorState {
   std::map<std::string, BarrierArrivals> barriers_ ABSL_GUARDED_BY(mu_);
   std::vector<ReportStepRequest> steps_ ABSL_GUARDED_BY(mu_);
   int64_t checkpoint_and_stop_at_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<NodeSignal> node_signal_ ABSL_GUARDED_BY(mu_);  // not yet taken
+  bool node_signal_seen_ ABSL_GUARDED_BY(mu_) = false;          // only the first is passed on
   std::set<std::tuple<int, int64_t, int64_t>> step_keys_ ABSL_GUARDED_BY(mu_);  // rank, inc., step
   std::optional<std::string> stop_reason_ ABSL_GUARDED_BY(mu_);
   std::string stop_origin_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,8 @@
 // CoordinatorState's part for jobs of several hosts (see coordinator.h, "Several hosts"): the agents'
 // registration, heartbeats, worker exits and long polls. Kept apart from coordinator.cc so that the
 // single-host paths stay as they were; it uses the same waits (a poll under mu_, completions outside).
+#include <signal.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -200,10 +202,22 @@ absl::StatusOr<AgentHeartbeatResponse> CoordinatorState::AgentHeartbeat(const Ag
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckNode(request.node_rank(), request.incarnation()); !s.ok()) return s;
   nodes_[request.node_rank()].last_heartbeat = now_();
+  const int sig = request.term_signal();
+  if ((sig == SIGTERM || sig == SIGHUP) && !node_signal_seen_) {
+    node_signal_seen_ = true;
+    node_signal_ = NodeSignal{sig, request.node_rank()};
+    LOG(INFO) << "node " << request.node_rank() << " got signal " << sig;
+  }
   AgentHeartbeatResponse response;
   response.set_stop(stop_reason_.has_value());
   if (stop_reason_) response.set_stop_reason(*stop_reason_);
+  response.set_checkpoint_and_stop_at(checkpoint_and_stop_at_);
   return response;
+}
+
+std::optional<CoordinatorState::NodeSignal> CoordinatorState::TakeNodeSignal() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(node_signal_, std::nullopt);
 }
 
 absl::Status CoordinatorState::ReportWorkerExit(const ReportWorkerExitRequest& request) {

@@ -30,8 +30,10 @@ class FakeAgentClient : public AgentClient {
   absl::StatusOr<AgentHeartbeatResponse> Heartbeat(const AgentHeartbeatRequest& request, absl::Duration) override {
     absl::MutexLock lock(&mu_);
     ++heartbeats_;
+    last_heartbeat_ = request;
     if (unreachable_) return absl::UnavailableError("AgentHeartbeat: the coordinator is unreachable");
     AgentHeartbeatResponse r;
+    r.set_checkpoint_and_stop_at(checkpoint_and_stop_at_);
     if (heartbeat_stop_) {
       r.set_stop(true);
       r.set_stop_reason(*heartbeat_stop_);
@@ -61,6 +63,14 @@ class FakeAgentClient : public AgentClient {
   void SetUnreachable(bool unreachable) {
     absl::MutexLock lock(&mu_);
     unreachable_ = unreachable;
+  }
+  void CheckpointAndStopAt(int64_t step) {  // what heartbeats answer from now on
+    absl::MutexLock lock(&mu_);
+    checkpoint_and_stop_at_ = step;
+  }
+  AgentHeartbeatRequest last_heartbeat() const {
+    absl::MutexLock lock(&mu_);
+    return last_heartbeat_;
   }
   void StopInHeartbeat(const std::string& reason) {
     absl::MutexLock lock(&mu_);
@@ -107,6 +117,8 @@ class FakeAgentClient : public AgentClient {
   std::vector<ReportWorkerExitRequest> exits_ ABSL_GUARDED_BY(mu_);
   StopCallback wait_ ABSL_GUARDED_BY(mu_);
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  AgentHeartbeatRequest last_heartbeat_ ABSL_GUARDED_BY(mu_);
+  int64_t checkpoint_and_stop_at_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace stagehand

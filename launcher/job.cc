@@ -1024,4 +1024,14 @@ absl::StatusOr<JobSpec> MergeJobRequest(const JobRequest& request) {
   return spec;
 }
 
+bool WritesTermCheckpoints(const JobSpec& job) {
+  return IsModelJob(job) && !job.pipeline().inference() && job.has_checkpoint_every() &&
+         absl::ToInt64Milliseconds(TermCheckpointTimeout(job)) > 0;
+}
+
+absl::Duration TermCheckpointTimeout(const JobSpec& job) {
+  return absl::Milliseconds(job.has_term_checkpoint_timeout_ms() ? job.term_checkpoint_timeout_ms()
+                                                                  : kDefaultTermCheckpointMs);
+}
+
 }  // namespace stagehand

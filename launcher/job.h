@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "launcher/devices.h"
 #include "launcher/job_plan.h"  // kCpuWorkerBytes
 #include "protos/job.pb.h"
@@ -122,6 +123,14 @@ inline constexpr int64_t kMaxPipelinePairs = 4096;  // stages x chunks per worke
 // An agent of several hosts: only this host's devices, from --device, --gpus and --workers (the job
 // itself comes from node 0). The same checks and messages as ResolveJob's; INVALID_ARGUMENT (exit 2).
 absl::StatusOr<ResolvedJob> ResolveHostDevices(const JobRequest& request, const DeviceInventory& inventory);
+
+// How long a SIGTERM checkpoint may take when the job does not say (term_checkpoint_timeout_ms).
+inline constexpr int64_t kDefaultTermCheckpointMs = 120000;
+// A resolved job whose SIGTERM (or SIGHUP) has every rank write a checkpoint before the run stops
+// (exit 75): a training job of a model with --checkpoint_every and term_checkpoint_timeout_ms not 0.
+bool WritesTermCheckpoints(const JobSpec& job);
+// That timeout.
+absl::Duration TermCheckpointTimeout(const JobSpec& job);
 
 // What `client submit` sends: the job file (relative to the user's directory) with the typed flags
 // over it and --schedule_file read into pipeline.schedule_text, nothing resolved or defaulted (the

@@ -294,6 +294,10 @@ bool JobRun::StartWorld() {
     // Before SetWorld, whose lock publishes it to the registering workers' threads.
     state_.SetPartitioner(WithCrossHostLinks(Partitioner(*spec), placed));
   }
+  // Before any worker can start: the job's id in its run directory, by which every other host's
+  // workers check that they see this directory (worker/pipeline.cc, CheckNodeZeroPaths), for the
+  // checkpoints and the export they write into it and beside it.
+  files_->Error(WriteFileAtomically(options_.run_dir + "/job_id", options_.job_id + "\n"));
   state_.SetWorld(*spec);
   std::string text;
   google::protobuf::TextFormat::PrintToString(state_.job(), &text);
@@ -329,26 +333,37 @@ int64_t JobRun::steps_done() const {
   return done;
 }
 
-bool JobRun::CheckpointAndStop(int signal) {
+bool JobRun::CheckpointAndStop(int signal, int node) {
   const JobSpec& job = state_.job();
-  const int64_t timeout_ms =
-      job.has_term_checkpoint_timeout_ms() ? job.term_checkpoint_timeout_ms() : kDefaultTermCheckpointMs;
-  if (supervisor_ == nullptr || !supervisor_->running() || term_at_ > 0 || !IsModelJob(job) ||
-      job.pipeline().inference() || !job.has_checkpoint_every() || timeout_ms <= 0) {
-    return false;
+  if (term_at_ > 0) {  // another node's signal, or ours, asked already: one checkpoint serves both
+    listener_->Text(absl::StrFormat("stagehand: %s%s: the checkpoint after step %d is under way (again to stop at "
+                                    "once)\n", node > 0 ? absl::StrCat("node ", node, ": ") : "", SignalText(signal),
+                                    term_at_));
+    return true;
   }
+  if (supervisor_ == nullptr || !supervisor_->running() || !WritesTermCheckpoints(job)) return false;
   supervisor_->PreventRestarts();
   term_signal_ = signal;
+  term_node_ = node;
   term_at_ = state_.RequestCheckpointAndStop();
-  term_deadline_ = absl::Now() + absl::Milliseconds(timeout_ms);
-  listener_->Text(absl::StrFormat("stagehand: %s: every rank writes a checkpoint after step %d, then the run stops "
+  term_deadline_ = absl::Now() + TermCheckpointTimeout(job);
+  listener_->Text(absl::StrFormat("stagehand: %s%s: every rank writes a checkpoint after step %d, then the run stops "
                                   "(waiting up to %s; again to stop at once)\n",
-                                  SignalText(signal), term_at_, absl::FormatDuration(absl::Milliseconds(timeout_ms))));
+                                  node > 0 ? absl::StrCat("node ", node, " got ") : "", SignalText(signal), term_at_,
+                                  absl::FormatDuration(TermCheckpointTimeout(job))));
   return true;
 }
 
 bool JobRun::Tick() {
   if (supervisor_ == nullptr && !StartWorld()) return false;  // several hosts: the agents are joining
+  if (std::optional<CoordinatorState::NodeSignal> ns = state_.TakeNodeSignal()) {
+    // An agent forwards its SIGTERM only for a job that writes checkpoints (NodeAgent); should this
+    // one not (its run is ending), the job stops as for our own signal.
+    if (!CheckpointAndStop(ns->signal, ns->node)) {
+      listener_->Text(absl::StrCat("stagehand: node ", ns->node, " got ", SignalText(ns->signal), ": stopping the workers\n"));
+      supervisor_->Interrupt(SIGTERM, /*force=*/false);
+    }
+  }
   if (term_at_ > 0 && !term_timed_out_ && absl::Now() > term_deadline_) {
     term_timed_out_ = true;
     listener_->Text(absl::StrFormat("stagehand: %s: no checkpoint after step %d within the timeout "
@@ -388,12 +403,15 @@ JobRunEnd JobRun::Finish(int first_signal, absl::string_view note) {
     std::string cause = supervisor_->root_cause();
     int code = supervisor_->exit_code();
     if (first_signal == SIGHUP && code == 128 + SIGTERM) cause = "interrupted by SIGHUP (handled as SIGTERM)";
+    // The signal that asked for the checkpoint: ours (the first taken), or another node's.
+    const std::string by = absl::StrCat(term_node_ > 0 ? absl::StrCat("node ", term_node_, "'s ") : "",
+                                        SignalText(term_node_ > 0 || first_signal == 0 ? term_signal_ : first_signal));
     if (term_at_ > 0 && (code == kExitSuccess || code == 128 + term_signal_) && term_step > 0) {
       code = kExitCheckpointedOnTerm;
-      cause = absl::StrCat("stopped by ", SignalText(first_signal), " after a checkpoint at step ", term_step);
+      cause = absl::StrCat("stopped by ", by, " after a checkpoint at step ", term_step);
     } else if (term_at_ > 0 && code == kExitSuccess && steps_done() < state_.job().steps()) {
       code = 128 + term_signal_;  // the workers ended early but no checkpoint is whole
-      cause = absl::StrCat("interrupted by ", SignalText(first_signal), "; no complete checkpoint after step ", term_at_);
+      cause = absl::StrCat("interrupted by ", by, "; no complete checkpoint after step ", term_at_);
     }
     if (!files.any_error()) return {code, cause};
     std::string text = Message(files.first_error());

@@ -29,11 +29,6 @@ namespace stagehand {
 // The run's results could not be written (a full disk, an I/O error, permissions): the run was
 // stopped, and what is in the run directory is whole but not everything. Beside supervisor.h's codes.
 inline constexpr int kExitWriteFailed = 5;
-// SIGTERM (or SIGHUP) with checkpoints on: every rank wrote a checkpoint at one step and the run
-// stopped there; --resume=RUN_DIR continues it (EX_TEMPFAIL of sysexits.h: try again).
-inline constexpr int kExitCheckpointedOnTerm = 75;
-// How long a SIGTERM checkpoint may take when the job does not say (term_checkpoint_timeout_ms).
-inline constexpr int64_t kDefaultTermCheckpointMs = 120000;
 
 // Where a run's output goes.
 class JobListener {
@@ -90,8 +85,10 @@ class JobRun {
   // not 0): every rank writes a checkpoint at the next step boundary (CoordinatorState::
   // RequestCheckpointAndStop) and ends; if they are not all gone within the timeout, the run is
   // interrupted as by Interrupt(signal). Prints its line; false (nothing done, nothing printed) when
-  // the job has no checkpoints or is not running, so the caller interrupts instead.
-  bool CheckpointAndStop(int signal);
+  // the job has no checkpoints or is not running, so the caller interrupts instead. True, with a line
+  // saying so, when a checkpoint is already under way. `node`: the node whose agent got the signal
+  // (several hosts), 0 for this launcher's own.
+  bool CheckpointAndStop(int signal, int node = 0);
   // Once Tick() returned true: the reports, then the closing lines. `first_signal` is the first
   // signal taken (0: none; SIGHUP is named in the root cause). `note` (whole lines, or "") is printed
   // after the progress and before the summary, so that the last line is the verdict.
@@ -122,6 +119,7 @@ class JobRun {
   // A SIGTERM checkpoint asked for: its step (0: none), the signal, when to give up waiting.
   int64_t term_at_ = 0;
   int term_signal_ = 0;
+  int term_node_ = 0;  // the node whose signal asked for the checkpoint (0: this launcher's)
   absl::Time term_deadline_;
   bool term_timed_out_ = false;
 };

@@ -200,20 +200,6 @@ absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, con
   absl::StatusOr<ResolvedJob> job = ResolveJob(request, inventory);
   if (!job.ok()) return job.status();
   if (several) job->spec.set_workers(job->host_workers);  // node 0's part until the world is fixed
-  if (several) {
-    // Each host's ranks write into that host's run directory, so node 0 cannot see a checkpoint or
-    // an export whole (it checks the files): refused until they are gathered.
-    const JobSpec& s = job->spec;
-    const char* flag = s.checkpoint_every() > 0 ? "--checkpoint_every"
-                       : !s.resume().empty()      ? "--resume"
-                       : !s.export_dir().empty()  ? "--export_dir"
-                                                  : nullptr;
-    if (flag != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, " with --nodes=", options.node.nodes, ": checkpoints and exports of a job on several hosts are not "
-          "supported yet (each host writes its own ranks' files); run it on one host, or drop ", flag));
-    }
-  }
   absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
   if (!worker.ok()) return worker.status();
   if (IsModelJob(job->spec) && !several) {

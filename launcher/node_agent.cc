@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint.h"
 #include "common/host.h"
 #include "launcher/job.h"
 #include "launcher/run_dir.h"
@@ -112,16 +113,25 @@ void NodeAgent::OnStop(const std::string& reason) {
 }
 
 void NodeAgent::Beat(absl::Time now) {
-  if (lost_ || now - last_beat_ < kAgentHeartbeatInterval) return;
+  const int forward = forward_signal_;  // a signal to pass on goes at once
+  if (lost_ || (forward == 0 && now - last_beat_ < kAgentHeartbeatInterval)) return;
   last_beat_ = now;
   AgentHeartbeatRequest r;
   r.set_node_rank(options_.node.node_rank);
   r.set_incarnation(options_.incarnation);
+  r.set_term_signal(forward);
   absl::StatusOr<AgentHeartbeatResponse> answer = client_->Heartbeat(r, kCallTimeout);
   now = now_();
   if (answer.ok()) {
     last_answer_ = now;
-    if (answer->stop()) OnStop(answer->stop_reason());
+    if (forward != 0) {
+      forwarded_signal_ = forward;
+      forward_signal_ = 0;
+    }
+    term_at_ = std::max(term_at_, answer->checkpoint_and_stop_at());
+    // Once this host's workers are gone, node 0 stopping is the end of the wait, not a failure here.
+    if (answer->stop() && workers_gone_) coordinator_gone_ = true;
+    if (answer->stop() && !workers_gone_) OnStop(answer->stop_reason());
     return;
   }
   if (absl::IsAborted(answer.status())) return OnStop(Message(answer.status()));  // replaced: leave
@@ -134,6 +144,15 @@ void NodeAgent::Beat(absl::Time now) {
 }
 
 void NodeAgent::FlushExits() {
+  // A worker that ends cleanly may have ended for node 0's checkpoint-and-stop: learn its step
+  // before node 0 hears of the last exit (and may stop serving), for the exit code.
+  const bool clean = std::any_of(unreported_.begin(), unreported_.end(), [](const ReportWorkerExitRequest& e) {
+    return e.spawn_error().empty() && e.signal() == 0 && e.exit_code() == 0;
+  });
+  if (clean && term_at_ == 0 && WritesTermCheckpoints(joined_.job())) {
+    last_beat_ = absl::InfinitePast();
+    Beat(now_());
+  }
   while (!unreported_.empty() && !lost_) {
     absl::Status s = client_->ReportWorkerExit(unreported_.front(), kCallTimeout);
     if (!s.ok() && !absl::IsAborted(s) && !absl::IsInvalidArgument(s)) return;  // again next tick
@@ -147,7 +166,10 @@ bool NodeAgent::Tick() {
     absl::MutexLock lock(&mu_);
     pushed = std::exchange(pushed_, std::nullopt);
   }
-  if (pushed) {
+  if (pushed && !absl::IsCancelled(pushed->status())) coordinator_gone_ = true;  // stopping, or gone
+  if (pushed && workers_gone_) {
+    // Waiting for rank 0's manifest (TermCheckpointSettled): node 0 is done with this host.
+  } else if (pushed) {
     if (pushed->ok()) {
       OnStop((*pushed)->reason());
     } else if (!absl::IsCancelled(pushed->status()) && !workers_gone_) {
@@ -160,7 +182,38 @@ bool NodeAgent::Tick() {
   const bool gone = supervisor_->Tick();
   FlushExits();
   workers_gone_ = gone && unreported_.empty();
+  if (workers_gone_ && !TermCheckpointSettled(now_())) return false;
   return gone && (unreported_.empty() || lost_);
+}
+
+bool NodeAgent::TermCheckpointSettled(absl::Time now) {
+  if (term_at_ == 0 || term_step_ > 0 || term_final_ || lost_ || stop_reason_ || interrupt_signal_ != 0) return true;
+  for (const ReportWorkerExitRequest& e : exits_) {
+    if (!e.spawn_error().empty() || e.signal() != 0 || e.exit_code() != 0) return true;  // a failure: node 0 judges
+  }
+  // Rank 0 writes the manifest once every rank's shard is on disk, after this host's ranks ended.
+  const JobSpec& job = joined_.job();
+  absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(job.run_dir());
+  if (found.ok() && found->manifest.step() >= term_at_) {
+    if (found->manifest.step() < job.steps()) {
+      term_step_ = found->manifest.step();
+    } else {
+      term_final_ = true;  // the run reached its end: a checkpoint of the last step, no stop
+    }
+    return true;
+  }
+  if (term_wait_until_ == absl::InfiniteFuture()) term_wait_until_ = now + std::min(TermCheckpointTimeout(job), absl::Minutes(1));
+  return coordinator_gone_ || now > term_wait_until_;
+}
+
+bool NodeAgent::ForwardTerm(int signal) {
+  if (supervisor_ == nullptr || forward_signal_ != 0 || forwarded_signal_ != 0 || lost_ || stop_reason_ ||
+      interrupt_signal_ != 0 || workers_gone_ || !WritesTermCheckpoints(joined_.job())) {
+    return false;
+  }
+  forward_signal_ = signal;
+  Beat(now_());
+  return true;
 }
 
 void NodeAgent::Interrupt(int signal, bool force) {
@@ -175,6 +228,8 @@ int NodeAgent::exit_code() const {
   for (const ReportWorkerExitRequest& e : exits_) {
     if (e.signal() != 0 || e.exit_code() != 0) return kExitWorkerFailed;
   }
+  if (term_step_ > 0) return kExitCheckpointedOnTerm;
+  if (term_at_ > 0 && !term_final_) return 128 + SIGTERM;  // stopped for a checkpoint that is not whole
   return kExitSuccess;
 }
 
@@ -199,6 +254,18 @@ std::string NodeAgent::verdict() const {
                           "; node 0 names the job's root cause");
     }
   }
+  const std::string by = forwarded_signal_ != 0
+                             ? absl::StrCat("this node's ", forwarded_signal_ == SIGHUP ? "SIGHUP" : "SIGTERM")
+                             : "a signal to another node";
+  if (term_step_ > 0) {
+    return absl::StrCat("stagehand: ", Name(), ": stopped by ", by, " after a checkpoint at step ", term_step_, " (",
+                        ranks, ", exit ", kExitCheckpointedOnTerm, "); --resume=", joined_.job().run_dir(),
+                        " on node 0 continues the job");
+  }
+  if (term_at_ > 0 && !term_final_) {
+    return absl::StrCat("stagehand: ", Name(), ": stopped by ", by, " for a checkpoint after step ", term_at_,
+                        ", but none is complete (", ranks, ", exit ", 128 + SIGTERM, "); node 0 names the cause");
+  }
   return absl::StrCat("stagehand: ", Name(), ": done (", ranks, ")");
 }
 
@@ -216,6 +283,15 @@ void Drive(NodeAgent& agent) {
     const int sig = sigtimedwait(&set, &info, &tick);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
       ++interrupts;
+      // As on node 0 (launch.cc's Supervise): the first SIGTERM of a job with checkpoints (Slurm's
+      // preemption signals every node) asks for one, through node 0; SIGINT and a second stop here.
+      if (interrupts == 1 && sig != SIGINT && agent.ForwardTerm(sig)) {
+        std::fprintf(stdout, "stagehand: %s: %s: passed to node 0: every rank writes a checkpoint at the next step, "
+                     "then the job stops (again to stop this node's workers at once)\n", agent.name().c_str(),
+                     sig == SIGHUP ? "SIGHUP" : "SIGTERM");
+        std::fflush(stdout);
+        continue;
+      }
       agent.Interrupt(sig == SIGINT ? SIGINT : SIGTERM, interrupts > 1);
     }
   }

@@ -61,14 +61,23 @@ class NodeAgent {
   bool Tick();
   // SIGINT or SIGTERM to the agent: stops this host's workers (a second: kills them at once).
   void Interrupt(int signal, bool force);
+  // The first SIGTERM or SIGHUP of a job that writes checkpoints (WritesTermCheckpoints): passed on
+  // to node 0 with the next heartbeat (at once), which has every rank write a checkpoint at the same
+  // next step and stop, as for its own signal; this host's workers are left to do so. False (nothing
+  // done) for any other job or once the workers are stopping: the caller interrupts instead.
+  bool ForwardTerm(int signal);
 
   int exit_code() const;
   std::string verdict() const;  // the closing line, naming this node
+  std::string name() const { return Name(); }  // "node K at ADDRESS"
 
  private:
   void OnStop(const std::string& reason);
   void Beat(absl::Time now);
   void FlushExits();
+  // After a checkpoint-and-stop, once this host's workers are gone: true when the wait for rank 0's
+  // manifest is over (found, node 0 gone, or the timeout), false to wait on.
+  bool TermCheckpointSettled(absl::Time now);
   std::string Name() const;
 
   AgentClient* const client_;
@@ -86,6 +95,13 @@ class NodeAgent {
   std::optional<std::string> lost_;
   int interrupt_signal_ = 0;
   bool workers_gone_ = false;
+  int forward_signal_ = 0;       // ForwardTerm's, until a heartbeat carried it
+  int forwarded_signal_ = 0;     // the one passed on (0: none)
+  int64_t term_at_ = 0;          // node 0's checkpoint-and-stop step (heartbeat answers; 0: none)
+  int64_t term_step_ = 0;        // the complete checkpoint it wrote (0: none seen)
+  bool term_final_ = false;      // that checkpoint is the last step's: the run ended, no stop
+  bool coordinator_gone_ = false;  // the long poll ended: node 0 stopped serving
+  absl::Time term_wait_until_ = absl::InfiniteFuture();
 
   absl::Mutex mu_;  // the long poll's answer comes on the client's thread
   std::optional<absl::StatusOr<WaitForStopResponse>> pushed_ ABSL_GUARDED_BY(mu_);
@@ -93,7 +109,8 @@ class NodeAgent {
 
 // `launcher --nodes=N --node_rank=K` (K > 0): the whole agent, from joining to the closing line.
 // Returns its exit code: 0 when its workers succeeded, 1 when the job failed or the coordinator was
-// lost, 2 bad flags (nothing started), 4 it could not join or start its workers, 130/143 interrupted.
+// lost, 2 bad flags (nothing started), 4 it could not join or start its workers, 75 its workers
+// stopped after a checkpoint that a SIGTERM asked for (this host's or another's), 130/143 interrupted.
 struct AgentLaunch {
   NodeOptions node;
   NodeTls tls;

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/checkpoint.h"
 #include "launcher/coordinator.h"
 #include "launcher/fake_agent_client.h"
 #include "launcher/fake_clock.h"
@@ -204,6 +205,31 @@ TEST_F(ThreeNodes, AgentHeartbeat_StaleIncarnation_IsAborted) {
   state_.Stop("rank 0 failed", "rank 0");
   EXPECT_TRUE(state_.AgentHeartbeat(h)->stop());
   EXPECT_EQ(state_.AgentHeartbeat(h)->stop_reason(), "rank 0 failed");
+}
+
+// An agent's SIGTERM reaches node 0's launcher once (JobRun acts on it); every heartbeat answer then
+// carries the checkpoint-and-stop step.
+TEST_F(ThreeNodes, AgentHeartbeat_TermSignal_TakenOnce_AndTheStopStepAnswered) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2));
+  EXPECT_FALSE(state_.TakeNodeSignal().has_value());
+  AgentHeartbeatRequest h;
+  h.set_node_rank(2);
+  h.set_incarnation(5);
+  h.set_term_signal(SIGTERM);
+  ASSERT_TRUE(state_.AgentHeartbeat(h).ok());
+  h.set_node_rank(1);
+  h.set_term_signal(SIGHUP);  // a second node's: the first one asked already
+  ASSERT_TRUE(state_.AgentHeartbeat(h).ok());
+  std::optional<CoordinatorState::NodeSignal> got = state_.TakeNodeSignal();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->signal, SIGTERM);
+  EXPECT_EQ(got->node, 2);
+  EXPECT_FALSE(state_.TakeNodeSignal().has_value());
+  h.set_term_signal(0);
+  EXPECT_EQ(state_.AgentHeartbeat(h)->checkpoint_and_stop_at(), 0);
+  const int64_t at = state_.RequestCheckpointAndStop();
+  EXPECT_EQ(state_.AgentHeartbeat(h)->checkpoint_and_stop_at(), at);
 }
 
 TEST_F(ThreeNodes, ReportWorkerExit_RecordedOnce_AndOnlyForTheNodesOwnRanks) {
@@ -515,6 +541,99 @@ TEST_F(AgentTest, SpawnFails_EachRankNotStartedIsReportedOnTheFirstTick_Exit4) {
   EXPECT_EQ(client_.exits()[0].pid(), 0);
   EXPECT_EQ(agent_->exit_code(), kExitLaunchFailed);
   EXPECT_THAT(agent_->verdict(), HasSubstr("could not start worker 2"));
+}
+
+// A training job with checkpoints whose run directory (node 0's) is `dir`.
+RegisterAgentResponse JoinedWithCheckpoints(const std::string& dir) {
+  RegisterAgentResponse r = Joined();
+  JobSpec& job = *r.mutable_job();
+  job.set_model("tiny");
+  job.set_steps(100);
+  job.set_checkpoint_every(10);
+  job.set_run_dir(dir);
+  return r;
+}
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_", getpid());
+  EXPECT_TRUE(mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST);
+  return dir;
+}
+
+// What rank 0 leaves of a checkpoint of `step` in `run_dir`: a shard and the manifest naming it.
+void WriteCompleteCheckpoint(const std::string& run_dir, int64_t step) {
+  mkdir(CheckpointsDir(run_dir).c_str(), 0755);
+  const std::string dir = CheckpointDir(run_dir, step);
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0) << dir;
+  CheckpointManifest m;
+  m.set_format(1);
+  m.set_step(step);
+  m.set_model("tiny");
+  std::ofstream(dir + "/rank0.safetensors") << "abc";
+  CheckpointShard& shard = *m.add_shards();
+  shard.set_file("rank0.safetensors");
+  shard.set_bytes(3);
+  ASSERT_TRUE(WriteManifest(dir, m).ok());
+}
+
+// SIGTERM to an agent of a job with checkpoints (Slurm signals every node): passed on to node 0 at
+// once, its workers keep running; they end cleanly at node 0's step, and once rank 0's manifest of
+// that step is there the agent says so and exits 75.
+TEST_F(AgentTest, Sigterm_JobWithCheckpoints_PassedToNodeZero_ThenExit75AfterTheCheckpoint) {
+  const std::string dir = FreshDir("agent_term");
+  FakeAgentClient client(JoinedWithCheckpoints(dir));
+  NodeAgentOptions o;
+  o.node = {3, 1, "198.18.0.11:29500"};
+  o.device = "cpu";
+  o.workers = 2;
+  o.worker_binary = "/w";
+  NodeAgent agent(&client, &spawner_, o, clock_.AsFunction());
+  ASSERT_TRUE(agent.Join().ok());
+  agent.Start("/tmp/agent-run");
+  EXPECT_FALSE(agent.Tick());
+  ASSERT_TRUE(agent.ForwardTerm(SIGTERM));
+  EXPECT_EQ(client.last_heartbeat().term_signal(), SIGTERM);  // at once, not at the next interval
+  EXPECT_FALSE(agent.ForwardTerm(SIGTERM));                   // once
+  EXPECT_TRUE(spawner_.signals().empty());                    // the workers write the checkpoint
+  client.CheckpointAndStopAt(21);
+  spawner_.Exit(FakeProcessSpawner::kFirstPid, 0);
+  spawner_.Exit(FakeProcessSpawner::kFirstPid + 1, 0);
+  EXPECT_FALSE(agent.Tick());  // gone, but rank 0's manifest is not there yet
+  EXPECT_EQ(client.last_heartbeat().term_signal(), 0);
+  WriteCompleteCheckpoint(dir, 21);
+  EXPECT_TRUE(agent.Tick());
+  EXPECT_EQ(agent.exit_code(), kExitCheckpointedOnTerm);
+  EXPECT_THAT(agent.verdict(), HasSubstr("stopped by this node's SIGTERM after a checkpoint at step 21"));
+  EXPECT_THAT(agent.verdict(), HasSubstr("--resume=" + dir));
+}
+
+// Node 0's own SIGTERM asked for the checkpoint: this node's workers end cleanly; no manifest comes
+// before node 0 stops serving: not a whole checkpoint, exit 143 (node 0 names the cause).
+TEST_F(AgentTest, CheckpointAndStopFromNodeZero_NoManifestBeforeNodeZeroEnds_Exit143) {
+  const std::string dir = FreshDir("agent_term_none");
+  FakeAgentClient client(JoinedWithCheckpoints(dir));
+  NodeAgentOptions o;
+  o.node = {3, 1, "198.18.0.11:29500"};
+  o.device = "cpu";
+  o.workers = 1;
+  o.worker_binary = "/w";
+  NodeAgent agent(&client, &spawner_, o, clock_.AsFunction());
+  ASSERT_TRUE(agent.Join().ok());
+  agent.Start("/tmp/agent-run");
+  client.CheckpointAndStopAt(7);
+  spawner_.Exit(FakeProcessSpawner::kFirstPid, 0);
+  EXPECT_FALSE(agent.Tick());
+  client.PushStop("the job is over", "the coordinator");
+  EXPECT_TRUE(agent.Tick());
+  EXPECT_EQ(agent.exit_code(), 128 + SIGTERM);
+  EXPECT_THAT(agent.verdict(), HasSubstr("for a checkpoint after step 7, but none is complete"));
+}
+
+// A job without checkpoints: the agent's SIGTERM is not passed on (the caller stops the workers).
+TEST_F(AgentTest, Sigterm_JobWithoutCheckpoints_NotPassedOn) {
+  JoinAndStart();
+  EXPECT_FALSE(agent_->ForwardTerm(SIGTERM));
+  EXPECT_EQ(client_.last_heartbeat().term_signal(), 0);
 }
 
 TEST_F(AgentTest, StopPushed_WorkersGetSigtermAfterTheNotice_ThenSigkill) {

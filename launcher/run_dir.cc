@@ -82,7 +82,7 @@ bool Numbered(absl::string_view name, absl::string_view prefix, absl::string_vie
 // that a killed launcher may leave). --overwrite removes these and nothing else.
 bool IsOurs(const std::string& name, bool is_dir) {
   if (is_dir) return Numbered(name, "workers_", "");
-  static const char* const kFiles[] = {"job.textproto", "steps.csv", "report.json", "trace.json",
+  static const char* const kFiles[] = {"job.textproto", "job_id", "steps.csv", "report.json", "trace.json",
                                        "startup_ledger.tsv", "sweep.csv", "sweep.md", "sweep.svg"};
   for (const char* f : kFiles) {
     if (name == f || name == absl::StrCat(".", f, ".tmp")) return true;

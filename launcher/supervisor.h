@@ -29,6 +29,9 @@ enum ExitCode {
   kExitLaunchFailed = 4,     // a worker could not be started, or the coordinator could not serve
   kExitInterrupted = 130,    // SIGINT (128 + 2); SIGTERM gives 143
 };
+// SIGTERM (or SIGHUP) with checkpoints on: every rank wrote a checkpoint at one step and the run
+// stopped there; --resume=RUN_DIR continues it (EX_TEMPFAIL of sysexits.h: try again).
+inline constexpr int kExitCheckpointedOnTerm = 75;
 
 // The worker's exit code when it left because the coordinator told it to (worker/main.cc).
 

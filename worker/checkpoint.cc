@@ -26,6 +26,20 @@
 namespace stagehand {
 namespace {
 
+// Rank 0, before it writes a manifest or an index naming rank `rank`'s file at `path`: the file is
+// there with `bytes` bytes (-1: any size). A rank on another host that wrote into a directory of the
+// same name on its own disk is the one way it is not.
+absl::Status ShardVisible(const std::string& path, int rank, int64_t bytes) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && (bytes < 0 || st.st_size == bytes)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank, " wrote ", path, " but rank 0 ",
+      stat(path.c_str(), &st) == 0 ? absl::StrCat("sees ", st.st_size, " bytes of ", bytes)
+                                   : absl::StrCat("cannot see it (", ErrnoText(errno), ")"),
+      ": ranks on several hosts write into one directory, which every host must see at the same path (a "
+      "shared file system): give node 0 a --run_dir (and --export_dir) there"));
+}
+
 std::string DtypeName(torch::Dtype d) {
   switch (d) {
     case torch::kFloat32: return "F32";
@@ -174,16 +188,21 @@ absl::Status CheckpointWriter::Write(const Snapshot& s) {
   std::vector<std::string> shards{text};
   if (absl::Status st = CollectShards(s.step, shards); !st.ok()) return st;
   CheckpointManifest m;
-  m.set_format(1);
-  m.set_step(s.step);
-  m.set_model(job.model());
-  *m.mutable_model_spec() = job.model_spec();
-  for (int n : o_.layers_per_stage) m.add_layers_per_stage(n);
   for (const std::string& t : shards) {
     if (!google::protobuf::TextFormat::ParseFromString(t, m.add_shards())) {
       return absl::InternalError("a rank's checkpoint shard record does not parse");
     }
   }
+  // The other ranks' shards are where this rank sees them (several hosts: one file system), or the
+  // manifest would name what resume cannot read.
+  for (const CheckpointShard& shard : m.shards()) {
+    if (absl::Status st = ShardVisible(dir + "/" + shard.file(), shard.rank(), shard.bytes()); !st.ok()) return st;
+  }
+  m.set_format(1);
+  m.set_step(s.step);
+  m.set_model(job.model());
+  *m.mutable_model_spec() = job.model_spec();
+  for (int n : o_.layers_per_stage) m.add_layers_per_stage(n);
   m.set_seed(job.seed());
   m.set_data(job.data());
   m.set_job_id(o_.job_id);
@@ -387,12 +406,13 @@ absl::Status FinishExport(const CheckpointWriterOptions& o, const std::string& t
   if (o.world_size > 1) {
     int64_t total = 0;
     std::string map;
-    for (const std::string& record : records) {
-      std::vector<std::string> lines = absl::StrSplit(record, '\n');
+    for (size_t r = 0; r < records.size(); ++r) {
+      std::vector<std::string> lines = absl::StrSplit(records[r], '\n');
       int64_t bytes = 0;
       if (lines.size() < 2 || !absl::SimpleAtoi(lines[1], &bytes)) {
         return absl::InternalError("a rank's export shard record does not parse");
       }
+      if (absl::Status s = ShardVisible(tmp + "/" + lines[0], static_cast<int>(r), -1); !s.ok()) return s;
       total += bytes;
       for (size_t i = 2; i < lines.size(); ++i) {
         absl::StrAppend(&map, map.empty() ? "" : ",\n", "    \"", lines[i], "\": \"", lines[0], "\"");

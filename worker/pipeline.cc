@@ -9,9 +9,12 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -22,6 +25,8 @@
 #include "common/log_message.h"
 #include "models/model_description.h"
 #include "common/checkpoint.h"
+#include "common/fd.h"
+#include "common/host.h"
 #include "common/logging.h"
 #include "common/readahead.h"
 #include "schedule/schedule_proto.h"
@@ -144,16 +149,44 @@ absl::StatusOr<std::vector<std::unique_ptr<Stage>>> MakeChunks(const ModelFamily
 
 // params_rank<r>.pt: the rank's chunks in order; params_stage<v>.pt: each virtual stage's, so that
 // the model reads in stage order however stages are placed (interleaved, a V).
-absl::Status SaveParams(const Executor& executor, const JobSpec& job, int rank) {
+absl::Status SaveParams(const Executor& executor, const std::string& dir, int rank) {
   auto cpu = [](const std::vector<torch::Tensor>& from) {
     std::vector<torch::Tensor> out;
     for (const auto& p : from) out.push_back(p.detach().cpu());
     return out;
   };
-  torch::save(cpu(executor.Parameters()), absl::StrCat(job.run_dir(), "/params_rank", rank, ".pt"));
+  torch::save(cpu(executor.Parameters()), absl::StrCat(dir, "/params_rank", rank, ".pt"));
   for (size_t c = 0; c < executor.chunk_stages().size(); ++c) {
     torch::save(cpu(executor.Parameters(static_cast<int>(c))),
-                absl::StrCat(job.run_dir(), "/params_stage", executor.chunk_stages()[c], ".pt"));
+                absl::StrCat(dir, "/params_stage", executor.chunk_stages()[c], ".pt"));
+  }
+  return absl::OkStatus();
+}
+
+// A worker on a host other than node 0's writes its checkpoint shards into node 0's run directory,
+// its export beside the others', and reads --resume's checkpoint by node 0's paths: that needs one
+// file system under those paths. Node 0 wrote <run_dir>/job_id before any worker started; a host
+// that does not see it (or sees another job's) is refused here, before the first step, in one line.
+absl::Status CheckNodeZeroPaths(const Assignment& a, const std::string& local_dir) {
+  const JobSpec& job = a.job();
+  if (local_dir.empty() || local_dir == job.run_dir()) return absl::OkStatus();
+  if (!job.has_checkpoint_every() && job.resume().empty() && job.export_dir().empty()) return absl::OkStatus();
+  auto refuse = [&](const std::string& what) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " on this host (", HostName(), "): a job on several hosts keeps its checkpoints in node 0's run "
+        "directory and reads --resume and writes --export_dir by node 0's paths, so every host must see them at the "
+        "same path (a shared file system): give node 0 a --run_dir (and --resume, --export_dir) there"));
+  };
+  std::ifstream in(job.run_dir() + "/job_id");
+  std::string id;
+  std::getline(in, id);
+  if (id.empty()) return refuse(absl::StrCat("node 0's run directory ", job.run_dir(), " is not visible"));
+  if (id != a.job_id()) {
+    return refuse(absl::StrCat(job.run_dir(), " holds job ", id, ", not this job (", a.job_id(),
+                               "): node 0's run directory is another directory"));
+  }
+  if (!job.resume().empty() && access((job.resume() + "/" + kManifestName).c_str(), R_OK) != 0) {
+    return refuse(absl::StrCat("--resume's checkpoint ", job.resume(), " is not readable (", ErrnoText(errno), ")"));
   }
   return absl::OkStatus();
 }
@@ -228,6 +261,7 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   o.device = DeviceOf(job);
   o.replicas = std::max(1, a.replica_group_size());
   o.replica = ReplicaOf(a);
+  if (absl::Status s = CheckNodeZeroPaths(a, context.local_dir); !s.ok()) return s;
   absl::StatusOr<std::string> resume = ResumeFrom(job, context.incarnation);
   if (!resume.ok()) return resume.status();
   // Inference of a model with weights reports its loss (and the launcher its perplexity).
@@ -323,7 +357,7 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   if (!job.export_dir().empty()) {
     if (absl::Status s = WriteExport(WriterOptions(a, context), executor); !s.ok()) return s;
   }
-  if (job.save_params()) return SaveParams(executor, job, a.rank());
+  if (job.save_params()) return SaveParams(executor, context.local_dir.empty() ? job.run_dir() : context.local_dir, a.rank());
   return absl::OkStatus();
 }
 

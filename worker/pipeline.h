@@ -40,6 +40,9 @@ struct PipelineContext {
   // Called once, after the stages are built and before the first step (the worker finishes its
   // AttentionPrebuild there: before step 0's CUDA-graph captures).
   std::function<void()> before_first_step;
+  // This host's run directory, where --save_params goes, when it is not the job's (job.run_dir(),
+  // node 0's, which holds the checkpoints): a worker of an agent on another host. "": the job's.
+  std::string local_dir;
 };
 
 // Runs job.steps() steps of the assignment's schedule (from the checkpoint's step when resuming),

@@ -52,8 +52,8 @@ ABSL_FLAG(std::string, listen_host, "127.0.0.1",
           "the address of this host that the CPU transport listens on and advertises to the other ranks (a job of "
           "several hosts: the host's address as the coordinator sees it)");
 ABSL_FLAG(std::string, run_dir, "",
-          "where this worker writes its files (its parameters), in place of the job's run directory: an agent's "
-          "own on a host other than node 0's");
+          "where this worker writes its own files (its parameters) when they do not go into the job's run "
+          "directory: an agent's on a host other than node 0's (the checkpoints stay in node 0's)");
 ABSL_FLAG(std::string, tls_ca, "", "TLS to the coordinator: the CA that signed its certificate (PEM)");
 ABSL_FLAG(std::string, tls_cert, "", "mutual TLS to the coordinator: this worker's certificate (PEM)");
 ABSL_FLAG(std::string, tls_key, "", "mutual TLS to the coordinator: the key of --tls_cert (PEM)");
@@ -190,6 +190,7 @@ struct Run {
   std::string clock_dir, clock_key;
   LoadClock run_clock;
   std::function<void()> before_first_step;  // RunPipeline's PipelineContext::before_first_step
+  std::string local_dir;                     // --run_dir: this host's, for its files (PipelineContext)
 };
 
 void ReportMilestone(const Run& run, Milestone milestone, absl::Time when) {
@@ -237,7 +238,7 @@ absl::Status RunModel(Run& run, Transport* transport) {
     absl::StatusOr<ReportStepResponse> answer = run.client->ReportStep(req);
     if (!answer.ok()) return absl::StatusOr<StepAnswer>(answer.status());
     return absl::StatusOr<StepAnswer>(StepAnswer{answer->checkpoint_and_stop_at()});
-  }, PipelineContext{run.client, run.incarnation, run.before_first_step});
+  }, PipelineContext{run.client, run.incarnation, run.before_first_step, run.local_dir});
 }
 
 // After a model run that went well: its clock under load, for the next run's partition.
@@ -349,7 +350,7 @@ int Main() {
     return stopped ? kWorkerExitStopped : kWorkerExitFailed;
   }
   Run run{&client, *assignment, req.incarnation(), nullptr, device.ok() ? device->uuid() : "", nullptr};
-  if (const std::string dir = absl::GetFlag(FLAGS_run_dir); !dir.empty()) run.assignment.mutable_job()->set_run_dir(dir);
+  run.local_dir = absl::GetFlag(FLAGS_run_dir);  // the job's run directory (node 0's) keeps the checkpoints
   if (cuda && device.ok() && IsModelJob(job->job()) && (!job->job().has_profile_cache() || job->job().profile_cache())) {
     run.clock_dir = DefaultProfileCacheDir();
     if (!run.clock_dir.empty()) run.clock_key = ProfileCacheKey(job->job(), *device);
