@@ -5,7 +5,9 @@
 # two-node step (srun -N2 --ntasks-per-node=1 launcher --slurm, mutual TLS with certificates from
 # tools/make_certs, %N in their paths) trains a 2-stage pipeline across the nodes and matches a
 # single process (losses within 1e-5 relative, fp32); scancel of a running two-node job leaves
-# nothing on either node; the README's sbatch script trains on both nodes.
+# nothing on either node; scancel of one that writes checkpoints (a preemption) has every rank write
+# one into node 0's run directory, both launchers exit 75, and the job resumes from it on one node;
+# the README's sbatch script trains on both nodes.
 #
 # The nodes' names (n1, n2: what SLURM_JOB_NODELIST holds) resolve through the cluster's private
 # /etc/hosts to their namespaces' addresses (198.18.0.11, .12), so node 0 serves on n1's address and
@@ -150,6 +152,37 @@ for pid in $(pgrep -f -- "$launcher" || true); do fail "a launcher is left: $(ps
 grep -q 'stagehand: stopped by SIGTERM (exit 143)' "$work/run5.out" || fail "the launchers did not stop on SIGTERM: $(tail -n 8 "$work/run5.out")"
 [ -s "$work/run5/report.json" ] || fail "the cancelled two-node run wrote no report.json"
 step "cancelled on both nodes, nothing left after $((SECONDS - t0)) s"
+
+# --- A preemption of a two-node job that writes checkpoints: scancel's SIGTERM reaches both launchers;
+# every rank writes a checkpoint at one step into node 0's run directory and both exit 75; the job
+# resumes from it on one node with one stage.
+step "scancel of a two-node launcher --slurm with --checkpoint_every (a preemption)"
+in_ctl srun -N2 --ntasks-per-node=1 --job-name=preempt "$launcher" --slurm "${tls[@]}" \
+  "${train[@]/--steps=3/--steps=1000000}" --pipeline_stages=2 --checkpoint_every=100000 --run_dir="$work/run6" \
+  >"$work/run6.out" 2>&1 &
+srun_pid=$!
+slurm_cluster_wait 120 bash -c "[ -f '$work/run6/steps.csv' ] && [ \$(wc -l <'$work/run6/steps.csv') -ge 3 ]" ||
+  fail "the job to preempt never reached its third step: $(cat "$work/run6.out")"
+job_id=$(in_ctl squeue -h -n preempt -o %i)
+[ -n "$job_id" ] || fail "squeue does not show the job to preempt"
+in_ctl scancel "$job_id"
+slurm_cluster_wait 30 bash -c "! kill -0 $srun_pid 2>/dev/null" || fail "srun did not end within 30 s of scancel"
+wait "$srun_pid" || true
+slurm_cluster_wait 20 both_nodes_empty ||
+  fail "processes left after the preemption: n1: $(node_pids 1 | xargs -r ps -o pid,args -p) n2: $(node_pids 2 | xargs -r ps -o pid,args -p)"
+grep -q 'stagehand: stopped (exit 75): stopped by .*SIGTERM after a checkpoint at step [0-9]' "$work/run6.out" ||
+  fail "node 0 did not stop after a checkpoint: $(tail -n 12 "$work/run6.out")"
+grep -q 'stagehand: node 1 at 198.18.0.12: stopped by .*SIGTERM after a checkpoint at step [0-9]* (rank 1, exit 75)' \
+  "$work/run6.out" || fail "node 1 did not stop after the checkpoint: $(tail -n 12 "$work/run6.out")"
+ckpt=$(ls -d "$work"/run6/checkpoints/step_* | tail -n 1)
+[ -f "$ckpt/MANIFEST" ] && [ -f "$ckpt/rank0.safetensors" ] && [ -f "$ckpt/rank1.safetensors" ] ||
+  fail "the checkpoint is not whole in node 0's run directory: $(ls -R "$work/run6/checkpoints")"
+at=$((10#${ckpt##*step_}))
+out=$(in_ctl timeout 180 srun -N1 --ntasks-per-node=1 "$launcher" --slurm --device=cpu --workers=1 \
+  --resume="$work/run6" --steps=$((at + 2)) --run_dir="$work/run7" 2>&1) || fail "the resumed run failed: $out"
+grep -q "resuming from step $at of " <<<"$out" || fail "the resumed run did not start at step $at: $out"
+[ "$(losses "$work/run7/steps.csv" | wc -l)" -eq 2 ] || fail "the resumed run has not 2 losses: $(cat "$work/run7/steps.csv")"
+step "preempted at step $at on both nodes (exit 75), resumed on one node"
 
 # --- The README's sbatch script (less its GPU request: this cluster has none) trains on both nodes.
 step "sbatch examples/slurm/train.sbatch (two nodes)"
