@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call of tools/bench_pipeline (issues 16-18), from the repository root with DIST/ carried
+# One device call of bench/bench_pipeline (issues 16-18), from the repository root with DIST/ carried
 # (DIST/bundle from tools/bundle):
 #   bash bench/probes/bench_pipeline_call.sh DIST FAMILY [ROW|PATTERN...]
 # e.g. (gpt or llama)  1 GPU:  ... dist-main gpt 'train_1gpu*' 'infer_1gpu*'
@@ -17,7 +17,7 @@ rm -rf dist && mkdir -p dist && ln -s "$PWD/$dist/bundle" dist/bundle
 o=$(mktemp -d /tmp/bench_pipeline_call.XXXXXX)
 nvidia-smi --query-gpu=name,uuid,clocks.sm,power.draw,temperature.gpu --format=csv >"$o/gpu.txt" 2>&1
 git log -1 --format='%H %s' >"$o/commit.txt" 2>&1
-BENCH_ROW_TIMEOUT=${BENCH_ROW_TIMEOUT:-480} OUT=$o/bench timeout -k 20 560 tools/bench_pipeline "$@" >"$o/bench.txt" 2>&1
+BENCH_ROW_TIMEOUT=${BENCH_ROW_TIMEOUT:-480} OUT=$o/bench timeout -k 20 560 bench/bench_pipeline "$@" >"$o/bench.txt" 2>&1
 rc=$?
 echo "bench_pipeline rc $rc" >>"$o/bench.txt"
 # Cut short: no table, but the rows that finished.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16, fc1 + GELU fused (DenseImpl::ForwardGelu): in one GPU call the CUDA tests, the GEMM
 # microbenchmark (worker:gemm_gelu_bench), gpt-1.3b training and inference rows with fused_gelu on and off
-# (mean of steps 3..10, tools/bench_one_gpu's rows), the pipeline_gpu_check cases, and kernel traces of
+# (mean of steps 3..10, bench/bench_one_gpu's rows), the pipeline_gpu_check cases, and kernel traces of
 # fused training and inference. Usage: bash DIR/fused_gelu.sh with the bundle at DIR/bundle; LEAN=1 skips
 # the fused_gelu_gemm=false row and the pipeline check.
 set -uo pipefail

@@ -37,7 +37,7 @@ else
   echo "cannot drop caches: $(cat "$logs/drop.err")"
 fi
 echo "== gpt-1.3b beside torch.compile (current main)"
-BENCH_ROW_TIMEOUT=200 OUT="$logs/bench" timeout -k 10 300 tools/bench_pipeline gpt train_1gpu train_1gpu_compile infer_1gpu infer_1gpu_compile >"$logs/bench_gpt.txt" 2>&1
+BENCH_ROW_TIMEOUT=200 OUT="$logs/bench" timeout -k 10 300 bench/bench_pipeline gpt train_1gpu train_1gpu_compile infer_1gpu infer_1gpu_compile >"$logs/bench_gpt.txt" 2>&1
 sed -n '/^| run/,$p' "$logs/bench_gpt.txt"
 echo "== traces of our steps"
 run=dist/bundle/run; work=/tmp/s5c1_runs; rm -rf "$work"; mkdir -p "$work" "$logs/t"

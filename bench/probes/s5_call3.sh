@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16, session 5, call 3 on one H200: the merged training changes (batched casts, in-place embedding
 # gradient, s5-kern's backward kernels): CUDA tests, loss checks, and training beside torch.compile for
-# gpt-1.3b and tinyllama-1.1b (tools/bench_pipeline, same call). One tarball; tables last.
+# gpt-1.3b and tinyllama-1.1b (bench/bench_pipeline, same call). One tarball; tables last.
 set -uo pipefail
 out=${OUT:-/tmp/s5c3}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -17,6 +17,6 @@ PIPELINE_CHECK_ONLY='^(train_1gpu|llama_train_1gpu|fused_norm_backward_1gpu|llam
   OUT="$logs/check" timeout 200 bash tests/gpu/pipeline_gpu_check.sh >"$logs/check.log" 2>&1; echo "pipeline_gpu_check rc $?"
 grep -E "^(PASS|FAIL)" "$logs/check.log"
 for fam in gpt llama; do
-  BENCH_ROW_TIMEOUT=200 OUT="$logs/bench" timeout -k 10 260 tools/bench_pipeline $fam train_1gpu train_1gpu_compile >"$logs/bench_$fam.txt" 2>&1
+  BENCH_ROW_TIMEOUT=200 OUT="$logs/bench" timeout -k 10 260 bench/bench_pipeline $fam train_1gpu train_1gpu_compile >"$logs/bench_$fam.txt" 2>&1
 done
 for fam in gpt llama; do echo "== $fam"; sed -n '/^| run/,$p' "$logs/bench_$fam.txt"; done

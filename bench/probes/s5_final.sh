@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16, session 5's last call on one H200 (merged main): launch to first step on a dropped page
 # cache with and without the library readahead, the CUDA tests and loss checks of this session's
-# mechanisms, gpt-1.3b and tinyllama-1.1b training beside torch.compile (tools/bench_pipeline, same
+# mechanisms, gpt-1.3b and tinyllama-1.1b training beside torch.compile (bench/bench_pipeline, same
 # call), and gpt-1.3b with this session's training mechanisms off. One tarball; tables last.
 set -uo pipefail
 out=${OUT:-/tmp/s5f}; mkdir -p "$out"
@@ -40,7 +40,7 @@ echo "== gpt-1.3b with this session's training mechanisms off (same call)"
 OUT="$logs/off" bash bench/probes/rows.sh gpt_on:gpt-1.3b:train gpt_optimizer_off:gpt-1.3b:train:--model_option=fused_optimizer=false \
   gpt_s5_off:gpt-1.3b:train:--model_option=fused_optimizer=false,fused_embedding_grad=false 2>&1 | tail -5
 for fam in gpt llama; do
-  BENCH_ROW_TIMEOUT=200 OUT="$logs/bench" timeout -k 10 250 tools/bench_pipeline $fam train_1gpu train_1gpu_compile >"$logs/bench_$fam.txt" 2>&1
+  BENCH_ROW_TIMEOUT=200 OUT="$logs/bench" timeout -k 10 250 bench/bench_pipeline $fam train_1gpu train_1gpu_compile >"$logs/bench_$fam.txt" 2>&1
 done
 echo "| cold-start run | launch to first step s |"; cat "$logs/cold.md"
 for fam in gpt llama; do echo "== $fam"; sed -n '/^| run/,$p' "$logs/bench_$fam.txt"; done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 16, session 6: one family on one H200, side by side in one call: ours and torch.compile, training
-# and inference (tools/bench_pipeline FAMILY train_1gpu train_1gpu_compile infer_1gpu infer_1gpu_compile),
+# and inference (bench/bench_pipeline FAMILY train_1gpu train_1gpu_compile infer_1gpu infer_1gpu_compile),
 # after the residual GEMM's CUDA tests (gpt). Usage: s6_final.sh gpt|llama. One tarball; the table last.
 set -uo pipefail
 fam=${1:?usage: s6_final.sh gpt|llama}
@@ -15,7 +15,7 @@ if [ "$fam" = gpt ]; then
   echo "gpt_stage_test DenseCuda.* rc $? ($(grep -c '^\[       OK' "$logs/gpt_stage_test.log") ok)"
   grep -hE "^\[  FAILED|Failure" "$logs/gpt_stage_test.log" | head -6
 fi
-BENCH_ROW_TIMEOUT=200 OUT="$logs/bench" timeout -k 10 520 tools/bench_pipeline "$fam" train_1gpu train_1gpu_compile \
+BENCH_ROW_TIMEOUT=200 OUT="$logs/bench" timeout -k 10 520 bench/bench_pipeline "$fam" train_1gpu train_1gpu_compile \
   infer_1gpu infer_1gpu_compile >"$logs/bench_$fam.txt" 2>&1
 echo "bench_pipeline rc $?"
 sed -n '/^| run/,$p' "$logs/bench_$fam.txt"

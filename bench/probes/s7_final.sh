@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 16, session 7: one family on one H200, side by side in one call: ours and torch.compile, training
-# and inference in chunks of 16 and of 32 (tools/bench_pipeline FAMILY train_1gpu train_1gpu_compile
+# and inference in chunks of 16 and of 32 (bench/bench_pipeline FAMILY train_1gpu train_1gpu_compile
 # infer_1gpu infer_1gpu_compile infer_1gpu_m2 infer_1gpu_compile_c32); `bench`: the GEMM
 # microbenchmarks under the power limit instead (residual_gemm_bench, gemm_gelu_bench with their tile
 # variants). Usage: s7_final.sh gpt|llama|bench. One tarball; the table last.
@@ -21,7 +21,7 @@ if [ "$fam" = bench ]; then  # the microbenchmarks alone (a call of their own)
   grep -E "^fwd +16384" "$logs/gemm_gelu_bench.txt"
   exit 0
 fi
-BENCH_ROW_TIMEOUT=200 OUT="$logs/bench" timeout -k 10 560 tools/bench_pipeline "$fam" train_1gpu train_1gpu_compile \
+BENCH_ROW_TIMEOUT=200 OUT="$logs/bench" timeout -k 10 560 bench/bench_pipeline "$fam" train_1gpu train_1gpu_compile \
   infer_1gpu infer_1gpu_compile infer_1gpu_m2 infer_1gpu_compile_c32 >"$logs/bench_$fam.txt" 2>&1
 echo "bench_pipeline rc $?"
 sed -n '/^| run/,$p' "$logs/bench_$fam.txt"

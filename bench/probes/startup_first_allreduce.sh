@@ -4,10 +4,10 @@
 # timestamps of every step of the launcher's and the worker's start-up, as seconds since launch.
 #   BUNDLE=dist-startup/trace ROUNDS=4 bash bench/probes/startup_first_allreduce.sh
 # Variants (names in VARIANTS, default all but gpt_old):
-#   ar          --model=allreduce --steps=1 --tensor_elements=1048576 (tools/bench_startup's job now)
+#   ar          --model=allreduce --steps=1 --tensor_elements=1048576 (bench/bench_startup's job now)
 #   ar_nopf     the same with --prefetch_libraries=false
 #   ar_nonvml   the same with --health=off --telemetry=false (no NVML in the worker)
-#   gpt         --steps=1 with no --model: the job tools/bench_startup ran before it passed
+#   gpt         --steps=1 with no --model: the job bench/bench_startup ran before it passed
 #               --model=allreduce (the launcher ignored --tensor_elements then; it refuses it now)
 #   torchrun    tools/peer/torch_first_allreduce.py under torchrun --standalone
 # Run from the repository root on the GPU host. Logs and the tables go to $OUT (or /tmp/sfa).
