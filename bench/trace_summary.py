@@ -1,7 +1,7 @@
 """Where one step's GPU time goes, from a Chrome trace (ours: STAGEHAND_KERNEL_TRACE, worker/pipeline.cc;
 the peers: PEER_KERNEL_TRACE, tools/peer/gpt_peer.py): kernels summed by kind and by name, the GPU's busy
 time against the span from the first kernel's start to the last one's end.
-Usage: python3 bench/probes/trace_summary.py TRACE.json [LABEL] [TOP]"""
+Usage: python3 bench/trace_summary.py TRACE.json [LABEL] [TOP]"""
 import collections
 import json
 import re

@@ -1,5 +1,5 @@
-# Issue 16, session 9: can a fresh machine's JIT of cuDNN's attention kernels be taken off step 0's
-# path? One process per case, each with its own CUDA_CACHE_PATH (set by s9_jit.sh). Cases:
+# Can a fresh machine's JIT of cuDNN's attention kernels be taken off step 0's path? One process per
+# case, each with its own CUDA_CACHE_PATH (set by attention_jit_threads.sh). Cases:
 #   serial   the model's order: forward (with logsumexp) then backward, on one thread, cold
 #   threads  forward on one thread and backward (called directly, on synthetic out/lse) on another,
 #            at once, cold; then the model's forward + backward on the main thread (should hit the cache)

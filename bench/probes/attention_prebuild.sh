@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# Issue 16, session 9: launch to first step with cuDNN's attention kernels built ahead of step 0
+# Launch to first step with cuDNN's attention kernels built ahead of step 0
 # (--prebuild_attention, worker/attention_prebuild.h) against without, on an empty JIT cache of its own
 # per job (CUDA_CACHE_PATH: the driver's cache as a fresh machine has it) and on a filled one.
 # gpt-1.3b and tinyllama-1.1b, 1 GPU, training (1F1B 4 x 8) and inference; 3 steps each; rows
-# interleaved on/off. Then the prebuild's tests. Logs in one tarball; the table last.
+# interleaved on/off. Then the prebuild's tests (TESTS=0 skips them). From the repository root with
+# dist/bundle: OUT=DIR bash bench/probes/attention_prebuild.sh. Logs in one tarball; the table last.
 set -uo pipefail
-out=${OUT:-/tmp/s9p}; mkdir -p "$out"
+tmp=$(mktemp -d)
+out=${OUT:?set OUT to the directory for the results}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-logs=/tmp/s9p_logs work=/tmp/s9p_runs
+logs="$tmp/logs" work="$tmp/runs"
 rm -rf "$logs" "$work"; mkdir -p "$logs" "$work"
-trap 'tar -C "$logs" -czf "$out/s9p.tgz" . 2>/dev/null; rm -rf "$logs" "$work" /tmp/s9p_cache_*' EXIT
+trap 'tar -C "$logs" -czf "$out/attention_prebuild.tgz" . 2>/dev/null; rm -rf "$logs" "$work" "$tmp/cache_"*; rm -rf "$tmp"' EXIT
 run=dist/bundle/run
 one() {  # NAME MODEL KIND CACHE(empty|DIR) ON(true|false)
   local name=$1 model=$2 kind=$3 cache=$4 on=$5
   local args=(--gpus=1 --model="$model" --steps=3 --pipeline_stages=1 --overwrite --run_dir="$work/$name" --prebuild_attention="$on")
   if [ "$kind" = infer ]; then args+=(--inference --global_batch=64 --micro_batches=4)
   else args+=(--schedule=1f1b --micro_batches=4 --global_batch=32); fi
-  if [ "$cache" = empty ]; then cache=/tmp/s9p_cache_$name; rm -rf "$cache"; mkdir -p "$cache"; fi
+  if [ "$cache" = empty ]; then cache="$tmp/cache_$name"; rm -rf "$cache"; mkdir -p "$cache"; fi
   CUDA_CACHE_PATH=$cache timeout 180 $run launcher "${args[@]}" >"$logs/$name.log" 2>&1 || echo "$name FAILED: $(tail -n 2 "$logs/$name.log")"
   local files=$(find "$cache" -type f | wc -l)
   python3 - "$work/$name" "$name" "$files" >>"$logs/table.md" <<'PY'
@@ -33,21 +35,21 @@ PY
   grep -h "attention kernels built" "$work/$name"/*.log "$logs/$name.log" 2>/dev/null | head -1 | cut -c1-400 >>"$logs/prebuild_lines.txt"
   cp -r "$work/$name" "$logs/$name.run" 2>/dev/null; rm -rf "$logs/$name.run"/*.pt "$work/$name"
 }
-mkdir -p /tmp/s9p_cache_shared
-one warmup_fill gpt-1.3b train /tmp/s9p_cache_shared true   # page cache and readahead list, JIT cache shared below
+mkdir -p "$tmp/cache_shared"
+one warmup_fill gpt-1.3b train "$tmp/cache_shared" true   # page cache and readahead list, JIT cache shared below
 for r in 1 2; do
   one gpt_train_cold_on$r gpt-1.3b train empty true
   one gpt_train_cold_off$r gpt-1.3b train empty false
 done
-one gpt_train_warm_on gpt-1.3b train /tmp/s9p_cache_shared true
-one gpt_train_warm_off gpt-1.3b train /tmp/s9p_cache_shared false
+one gpt_train_warm_on gpt-1.3b train "$tmp/cache_shared" true
+one gpt_train_warm_off gpt-1.3b train "$tmp/cache_shared" false
 one llama_train_cold_on tinyllama-1.1b train empty true
 one llama_train_cold_off tinyllama-1.1b train empty false
 one gpt_infer_cold_on gpt-1.3b infer empty true
 one gpt_infer_cold_off gpt-1.3b infer empty false
 one llama_infer_cold_on tinyllama-1.1b infer empty true
 one llama_infer_cold_off tinyllama-1.1b infer empty false
-if [ "${S9_TESTS:-1}" = 1 ]; then
+if [ "${TESTS:-1}" = 1 ]; then
   dist/bundle/run attention_prebuild_test >"$logs/attention_prebuild_test.log" 2>&1; echo "attention_prebuild_test rc $?: $(grep -E '^\[  (PASSED|FAILED|  SKIPPED)' "$logs/attention_prebuild_test.log" | tr '\n' ' ')"
 fi
 echo; cat "$logs/prebuild_lines.txt"; echo

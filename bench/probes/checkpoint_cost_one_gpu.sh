@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # One GPU: what --checkpoint_every=50 costs gpt-1.3b's step time (target <= 2%), and whether a resumed
-# run's loss curve continues the original's (bf16 tolerance). Not run here: the lead runs it on the
-# one-GPU host with the bundle (tools/bundle; dist/ copied over), from the repository root:
-#   bench/probes/checkpoint_one_gpu.sh            (about 8 minutes)
+# run's loss curve continues the original's (bf16 tolerance). On a GPU host with the bundle
+# (tools/bundle; dist/ copied over), from the repository root:
+#   OUT=DIR bash bench/probes/checkpoint_cost_one_gpu.sh            (about 8 minutes)
 # Runs, alternating so that drift hits both alike: A (no checkpoints) and B (--checkpoint_every=50),
 # 110 steps each, twice; the step time is the mean of steps 5..109 from steps.csv. Then the resume
 # check: C trains 100 steps with --checkpoint_every=50 --keep_checkpoints=3; D resumes C's checkpoint
 # of step 50 (the newer one removed) and runs to 100; D's steps 50..99 are compared with C's.
-# Logs and run directories go to $OUT (or /tmp/checkpoint_one_gpu); the table is printed last.
+# Logs and run directories go to $OUT; each B run's checkpoints (16 GB a shard for gpt-1.3b) are removed
+# once it is measured, so that the disk holds C's. The table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:-/tmp/checkpoint_one_gpu}
+out=${OUT:?set OUT to the directory for the results}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 common=(--gpus=1 --model=gpt-1.3b --pipeline_stages=1 --micro_batches=4 --global_batch=32 --seed=1 --overwrite)
@@ -36,9 +37,12 @@ for round in 1 2; do
   run "A$round" --steps=110 && echo -e "A$round\tnone\t$(mean_step "$out/A$round" 5 109)" >>"$rows"
   run "B$round" --steps=110 --checkpoint_every=50 \
     && echo -e "B$round\tevery 50\t$(mean_step "$out/B$round" 5 109)" >>"$rows"
+  if [ "$round" = 1 ]; then
+    ls -la "$out"/B1/checkpoints/* >"$out/B1_checkpoints.txt" 2>&1
+    grep -h "checkpoint of step" "$out"/B1/rank0.log >>"$out/B1_checkpoints.txt" 2>/dev/null
+  fi
+  rm -rf "$out/B$round/checkpoints"
 done
-ls -la "$out"/B1/checkpoints/* >"$out/B1_checkpoints.txt" 2>&1
-grep -h "checkpoint of step" "$out"/B1/rank0.log >>"$out/B1_checkpoints.txt" 2>/dev/null
 
 # The resume check: C's checkpoint of step 50, resumed.
 resume_ok=no

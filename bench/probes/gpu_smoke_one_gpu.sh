@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# One GPU, the merged code of 2026-12-01's third session, through the bundle (carry dist/): the models'
+# A GPU smoke test on one GPU, through the bundle (carry dist/): the models'
 # CUDA tests; the README's first command (gpt-1.3b, 30 steps: startup and step time); tinyllama-1.1b;
 # zb-v on one rank (two chunks: I and W actions, deferred weight gradients on and off, the losses must
 # agree); a small GPT trained with --export_dir, then --inference --init_from of the export (loss and
-# perplexity on the GPU path); the pipeline checks of tests/gpu. Logs under $OUT; a short table last.
+# perplexity on the GPU path); the pipeline checks of tests/gpu. From the repository root:
+# OUT=DIR bash bench/probes/gpu_smoke_one_gpu.sh. Logs under $OUT; a short table last.
 set -uo pipefail
-out=${OUT:-/tmp/merged_smoke_s3}
+tmp=$(mktemp -d)
+out=${OUT:?set OUT to the directory for the results}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 run=dist/bundle/run
-work=/tmp/smoke_s3; rm -rf "$work"; mkdir -p "$work"
-trap 'rm -rf "$work"' EXIT
+work="$tmp/runs"; rm -rf "$work"; mkdir -p "$work"
+trap 'rm -rf "$work"; rm -rf "$tmp"' EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
 timeout 90 $run gpt_stage_test --gtest_filter='*Cuda*:FusedLoss.*:LowersDenseWeights.*' >"$out/gpt_stage_test.log" 2>&1; gpt_t=$?
 timeout 60 $run llama_stage_test --gtest_filter='*Cuda*' >"$out/llama_stage_test.log" 2>&1; llama_t=$?
@@ -36,7 +38,7 @@ ls -la "$work/export" >"$out/export_ls.txt" 2>&1
 timeout 90 $run launcher "${gpt_small[@]}" --inference --steps=6 --init_from="$work/export" --run_dir="$work/infer" >"$out/export_infer.log" 2>&1; inf_rc=$?
 timeout 90 $run launcher "${gpt_small[@]}" --inference --steps=6 --cuda_graphs=false --init_from="$work/export" --run_dir="$work/infer_eager" >"$out/export_infer_eager.log" 2>&1; inf2_rc=$?
 OUT="$out/pipeline_check" timeout 240 bash tests/gpu/pipeline_gpu_check.sh >"$out/pipeline_check.log" 2>&1; pc_rc=$?
-tar -C "$out" -czf /tmp/merged_smoke_s3_logs.tgz . 2>/dev/null && mv /tmp/merged_smoke_s3_logs.tgz "$out/"
+tar -C "$out" -czf "$tmp/gpu_smoke_logs.tgz" . 2>/dev/null && mv "$tmp/gpu_smoke_logs.tgz" "$out/"
 echo "=== $(cat "$out/gpu.txt")"
 echo "gpt_stage_test rc $gpt_t, llama_stage_test rc $llama_t"
 echo "=== bare gpt-1.3b (exit $bare_rc)"; grep -E "s/step|first step|done:|GPU:" "$out/bare.log" | tail -6

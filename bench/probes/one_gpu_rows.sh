@@ -4,9 +4,10 @@
 # gpt_off:gpt-1.3b:train:--model_option=fused_residual_gemm=false). Each row: mean of steps 3..10,
 # peak memory, last loss, launch to first step. Logs and steps.csv in $OUT/rows.tgz; the table last.
 set -uo pipefail
-out=${OUT:-/tmp/rows}
-work=/tmp/rows_runs; rm -rf "$work"; mkdir -p "$out" "$work"
-trap 'rm -rf "$work"' EXIT
+tmp=$(mktemp -d)
+out=${OUT:?set OUT to the directory for the results}
+work="$tmp/rows_runs"; rm -rf "$work"; mkdir -p "$out" "$work"
+trap 'rm -rf "$work"; rm -rf "$tmp"' EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 for spec in "$@"; do
   IFS=: read -r name model kind flags <<<"$spec"

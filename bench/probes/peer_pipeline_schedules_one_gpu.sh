@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issues 17/18, dry run on one GPU: gpt_peer's pipelines with two stages per rank (interleaved 1F1B,
+# gpt_peer's pipelines with two stages per rank (interleaved 1F1B,
 # interleaved zero-bubble, ZBV) under torchrun on NCCL, world 1 (every hand-off goes to the same rank;
 # gloo cannot do that for ZBV, so the CPU test leaves it out), gpt-1.3b's sizes at 8 blocks, beside the
 # one-stage 1F1B and the eager run: each exits 0 and has the same last loss (bf16). Then
-# multi_gpu_faults.sh's one-GPU refusals. `bash bench/probes/s10_peer_pp1.sh`; logs under $OUT.
+# multi_gpu_faults.sh's one-GPU refusals. `OUT=DIR bash bench/probes/peer_pipeline_schedules_one_gpu.sh`.
 set -uo pipefail
-out=${OUT:-/tmp/s10pp}; mkdir -p "$out"
+out=${OUT:?set OUT to the directory for the results}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 common=(--layers 8 --steps 4 --warmup 2)
 fields() { grep -o '"step_s": [^,]*\|"loss": [^,]*\|"split": [^]]*]' "$1" | tr '\n' ' '; }

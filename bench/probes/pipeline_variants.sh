@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 list=$1
-out=${OUT:-/tmp/probe_variants}
+out=${OUT:?set OUT to the directory for the results}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 summary="$out/summary.txt"

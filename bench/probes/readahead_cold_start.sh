@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
-# Issue 16, call 2: the readahead's order. bin/launcher reads the CUDA driver and NVML first (the
-# launcher's own device query needs them before it spawns), bin/launcher_a in the loader's order (call
-# 1's); off is --prefetch_libraries=false. gpt-1.3b, one stage, --steps=3, one H200; caches dropped
-# before each cold run, three rounds of on / on_a / off; also the launcher's own cold start
-# (--version). `bash dist-s5-ra/s5_readahead2.sh`. One tarball; the table last.
+# Launch to the first step on a dropped page cache, with the library readahead and without, and in
+# which order to read: BUNDLE/bin/launcher reads the CUDA driver and NVML first (the launcher's own
+# device query needs them before it spawns); BUNDLE/bin/launcher_a, where present (a launcher built to
+# read in the loader's order), is `on_a`; off is --prefetch_libraries=false. gpt-1.3b, one stage,
+# --steps=3, one GPU; caches dropped before each cold run (root), three rounds of on / on_a / off; also
+# the launcher's own cold start (--version). From the repository root:
+#   OUT=DIR BUNDLE=dist/bundle bash bench/probes/readahead_cold_start.sh
+# One tarball; the table last.
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-/tmp/s5ra}; mkdir -p "$out"
-logs=/tmp/s5ra_logs work=/tmp/s5ra_runs
-export XDG_CACHE_HOME=/tmp/s5ra_cache
+tmp=$(mktemp -d)
+bundle=${BUNDLE:-dist/bundle}
+out=${OUT:?set OUT to the directory for the results}; mkdir -p "$out"
+logs="$tmp/logs" work="$tmp/runs"
+export XDG_CACHE_HOME="$tmp/cache"
 rm -rf "$logs" "$work" "$XDG_CACHE_HOME"; mkdir -p "$logs" "$work"
-trap 'tar -C "$logs" -czf "$out/s5ra2.tgz" . 2>/dev/null; rm -rf "$logs" "$work" "$XDG_CACHE_HOME"' EXIT
+trap 'tar -C "$logs" -czf "$out/readahead_cold_start.tgz" . 2>/dev/null; rm -rf "$logs" "$work" "$XDG_CACHE_HOME"; rm -rf "$tmp"' EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-run="$here/bundle/run"
+run="$bundle/run"
 args=(--gpus=1 --model=gpt-1.3b --steps=3 --pipeline_stages=1 --schedule=1f1b --micro_batches=4 --global_batch=32 --overwrite)
 sp=/opt/torch/.venv/lib/python3.12/site-packages
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 resident() {  # MiB of the libraries resident now
-  { find "$sp/torch/lib" "$sp/nvidia" "$here/bundle" -name '*.so*' -type f; echo "$here/bundle/bin/worker"; } | tr '\n' '\0' \
+  { find "$sp/torch/lib" "$sp/nvidia" "$bundle" -name '*.so*' -type f; echo "$bundle/bin/worker"; } | tr '\n' '\0' \
     | xargs -0 fincore --bytes --noheadings -o RES,SIZE,FILE 2>"$logs/fincore.err" | sort -n -r >"$logs/resident-$1.txt"
   awk -v t="$1" '{r+=$1; s+=$2} END {printf "%s: %.0f MiB of %.0f MiB of the libraries resident\n", t, r/2^20, s/2^20}' "$logs/resident-$1.txt"
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Issue 16, session 10: could a readahead list be guessed from the libraries' ELF sections, for the
+"""Could a readahead list be guessed from the libraries' ELF sections, for the
 launch that has no recorded list yet (a fresh machine, a rebuilt worker)?
 
-  s10_seed.py analyse LIST              which sections the recorded pages fall in, per section name
-  s10_seed.py write LIST HEURISTIC OUT  a list with LIST's key and files, ranges from HEURISTIC
+  readahead_guessed_list.py analyse LIST              which sections the recorded pages fall in, per section name
+  readahead_guessed_list.py write LIST HEURISTIC OUT  a list with LIST's key and files, ranges from HEURISTIC
 
 Heuristics (every allocated section with file contents, less):
   data:    executable sections, .nv_fatbin / __nv_relfatbin, .eh_frame, .gcc_except_table

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Issue 16, session 10: a readahead list guessed from the libraries' ELF sections, for the launch that
+# A readahead list guessed from the libraries' ELF sections, for the launch that
 # has no recorded list (a fresh machine, a rebuilt worker). First the machine's first launch (records
-# the list); then which sections its pages lie in (s10_seed.py analyse); then, on a dropped page cache
+# the list); then which sections its pages lie in (readahead_guessed_list.py analyse); then, on a dropped page cache
 # each, gpt-1.3b training with: no list, the recorded list, and lists guessed by each heuristic (same
 # files, ranges from the sections). The JIT cache stays warm after the first launch. One tarball; the
-# table last. `bash bench/probes/s10_seed.sh` from the bundle's checkout (call 1); call 2:
-# `S10_VARIANTS='none recorded dyn' S10_ROUNDS=3 bash bench/probes/s10_seed.sh`.
+# table last. From the repository root with dist/bundle (root: it drops the page cache):
+#   OUT=DIR bash bench/probes/readahead_guessed_list.sh
+#   OUT=DIR VARIANTS='none recorded dyn' ROUNDS=3 bash bench/probes/readahead_guessed_list.sh
 set -uo pipefail
-out=${OUT:-/tmp/s10}; mkdir -p "$out"
+tmp=$(mktemp -d)
+out=${OUT:?set OUT to the directory for the results}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export XDG_CACHE_HOME=/tmp/s10_cache
-logs=/tmp/s10_logs work=/tmp/s10_runs
+export XDG_CACHE_HOME="$tmp/cache"
+logs="$tmp/logs" work="$tmp/runs"
 rm -rf "$logs" "$work" "$XDG_CACHE_HOME"; mkdir -p "$logs" "$work"
-trap 'tar -C "$logs" -czf "$out/s10.tgz" . 2>/dev/null; rm -rf "$logs" "$work" "$XDG_CACHE_HOME"' EXIT
+trap 'tar -C "$logs" -czf "$out/readahead_guessed_list.tgz" . 2>/dev/null; rm -rf "$logs" "$work" "$XDG_CACHE_HOME"; rm -rf "$tmp"' EXIT
 run=dist/bundle/run
 args=(--gpus=1 --model=gpt-1.3b --steps=3 --pipeline_stages=1 --schedule=1f1b --micro_batches=4 --global_batch=32 --overwrite)
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
@@ -43,14 +45,14 @@ one first0
 list=$(ls "$XDG_CACHE_HOME"/stagehand/readahead/*.list 2>/dev/null | head -1)
 [ -n "$list" ] || { echo "no list written"; cat "$logs/rows.md"; exit 1; }
 cp "$list" "$logs/recorded.list"
-python3 bench/probes/s10_seed.py analyse "$logs/recorded.list" | tee "$logs/analysis.md"
+python3 bench/probes/readahead_guessed_list.py analyse "$logs/recorded.list" | tee "$logs/analysis.md"
 LD_LIBRARY_PATH="$PWD/dist/bundle/lib:/opt/torch/.venv/lib/python3.12/site-packages/torch/lib" ldd dist/bundle/bin/worker \
   | awk '$3 ~ /^\// {print $3}' | xargs -r readlink -f | sort -u >"$logs/ldd.txt"
 awk '$1=="file"{print $4}' "$logs/recorded.list" | xargs -r readlink -f | sort -u >"$logs/listed.txt"
 echo "listed files not in the worker's DT_NEEDED closure:"; comm -23 "$logs/listed.txt" "$logs/ldd.txt" | tee "$logs/dlopened.txt"
-variants=${S10_VARIANTS:-none recorded data nofat}
-for h in $variants; do [ "$h" = none ] || [ "$h" = recorded ] || python3 bench/probes/s10_seed.py write "$logs/recorded.list" $h "$logs/$h.list"; done
-for r in $(seq "${S10_ROUNDS:-2}"); do
+variants=${VARIANTS:-none recorded data nofat}
+for h in $variants; do [ "$h" = none ] || [ "$h" = recorded ] || python3 bench/probes/readahead_guessed_list.py write "$logs/recorded.list" $h "$logs/$h.list"; done
+for r in $(seq "${ROUNDS:-2}"); do
   for v in $variants; do
     rm -f "$list"; [ "$v" = none ] || cp "$logs/$v.list" "$list"
     drop; one "${v}$r"

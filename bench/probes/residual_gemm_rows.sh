@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Issue 16, session 7, call 2 (one H200): our CUTLASS residual GEMM (gemm_residual.h) in the models:
+# Our CUTLASS residual GEMM (gemm_residual.h) in the models, on one GPU:
 # its CUDA tests, the loss checks with it on and off, the GEMM microbenchmarks under the power limit
 # (the residual GEMM's kernels and fc1 + GELU's tile variants), and A/B rows of ours (mean of steps
-# 3..11 with clock and power). Logs in one tarball; tables last.
+# 3..11 with clock and power), cuBLASLt's as `_lt` (--model_option=cutlass_residual_gemm=false). From the
+# repository root with dist/bundle: OUT=DIR bash bench/probes/residual_gemm_rows.sh. Logs in one
+# tarball; tables last.
 set -uo pipefail
-out=${OUT:-/tmp/s7c2}; mkdir -p "$out"
+tmp=$(mktemp -d)
+out=${OUT:?set OUT to the directory for the results}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-logs=/tmp/s7c2_logs work=/tmp/s7c2_runs
+logs="$tmp/logs" work="$tmp/runs"
 rm -rf "$logs" "$work"; mkdir -p "$logs" "$work"
-trap 'tar -C "$logs" -czf "$out/s7c2.tgz" . 2>/dev/null; rm -rf "$logs" "$work"' EXIT
+trap 'tar -C "$logs" -czf "$out/residual_gemm_rows.tgz" . 2>/dev/null; rm -rf "$logs" "$work"; rm -rf "$tmp"' EXIT
 run=dist/bundle/run
 timeout 200 $run gpt_stage_test --gtest_filter='DenseCuda.*' >"$logs/gpt_stage_test.log" 2>&1
 echo "gpt_stage_test DenseCuda.* rc $? ($(grep -c '^\[       OK' "$logs/gpt_stage_test.log") ok)" >>"$logs/tests.txt"

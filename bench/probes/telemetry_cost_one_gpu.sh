@@ -5,9 +5,10 @@
 # counters in trace.json and the end-of-run GPU line, that the off runs carry none, and that the
 # health gate ran; prints a short table last. With 2 GPUs visible, one 2-stage run shows the gate's
 # neighbour link and the slowest-rank line too. About 3 minutes on one H200.
-# Usage, from the repository root: bench/probes/telemetry_one_gpu.sh; logs and run dirs go to $OUT.
+# Usage, from the repository root: OUT=DIR bash bench/probes/telemetry_cost_one_gpu.sh; logs and run dirs
+# go to $OUT.
 set -uo pipefail
-out=${OUT:-/tmp/telemetry_one_gpu}
+out=${OUT:?set OUT to the directory for the results}
 mkdir -p "$out"
 run=dist/bundle/run
 train=(--model=gpt-1.3b --gpus=1 --pipeline_stages=1 --steps=13 --schedule=1f1b --micro_batches=4 --global_batch=32)
