@@ -163,7 +163,7 @@ TEST(JobTest, ResolveJob_NoModelWithSteps_KeepsTheSteps) {
   EXPECT_EQ(job->spec.steps(), 7);
 }
 
-// The command tools/bench_startup ran once the bare job became gpt-1.3b: --tensor_elements was ignored
+// The command bench/bench_startup ran once the bare job became gpt-1.3b: --tensor_elements was ignored
 // and the bench timed a training step (on one GPU, with no collective at all) as "the first all-reduce".
 TEST(JobTest, ResolveJob_TensorElementsWithoutModel_RefusedNamingModelAllreduce) {
   JobRequest r;

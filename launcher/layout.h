@@ -118,9 +118,10 @@ std::string DescribeFit(const LayerFit& fit);
 std::string WhyFirst(const LayoutChoice& choice);
 
 // What a prediction needs beyond the layer costs, per device kind. GPUs: measured on 2 x H200 over
-// NVLink (an all-reduce's bus bandwidth, 285 GB/s at 512 MiB, bench/results/2026-11-29-gpu-smoke.md,
+// NVLink (an all-reduce's bus bandwidth, 285 GB/s at 512 MiB, bench/results/nccl-smoke-h200x2-2026-11-29.md,
 // taken for the transfers between stages too; AdamW's step, 6.2 ms per rank for half of gpt-1.3b, 0.55
-// ms per GB of parameters and state, bench/results/2026-11-30-pipeline-gpt-1.3b-graphs/). CPU workers:
+// ms per GB of parameters and state, from a trace of bench/results/pipeline-gpt-1.3b-h200x2-2026-11-30.md's
+// runs, in git history at bench/results/2026-11-30-pipeline-gpt-1.3b-graphs/). CPU workers:
 // our TCP transport's order of magnitude (1 GB/s), the optimizer not counted (not measured).
 struct DeviceFigures {
   double p2p_gbps = 0, p2p_latency_ms = 0;

@@ -33,12 +33,13 @@ LayerProfileAt ReadProfile(const std::string& name) {
   return at;
 }
 
-// gpt-1.3b profiled on H200s at 1, 4, 8 and 16 sequences per micro-batch (one bundle, one device call:
+// gpt-1.3b profiled on H200s at 1, 4, 8 and 16 sequences per micro-batch (one bundle, one run:
+// bench/results/pipeline-gpt-1.3b-h200x2-2026-11-30.md; the partition lines are in git history at
 // bench/results/2026-11-30-pipeline-gpt-1.3b-fused/partitions_call2.txt), with the figures measured on
 // that host: the all-reduce bus bandwidth of 2 x H200 (285 GB/s at 512 MiB,
-// bench/results/2026-11-29-gpu-smoke.md) for the replicas and the transfers, AdamW's step 6.2 ms per
-// rank for half the model (trace_1f1b_m32.json of bench/results/2026-11-30-pipeline-gpt-1.3b-graphs/:
-// 0.55 ms per GB of parameters and state).
+// bench/results/nccl-smoke-h200x2-2026-11-29.md) for the replicas and the transfers, AdamW's step 6.2 ms
+// per rank for half the model (trace_1f1b_m32.json, in git history at
+// bench/results/2026-11-30-pipeline-gpt-1.3b-graphs/: 0.55 ms per GB of parameters and state).
 LayoutRequest RecordedGpt13b(int workers, int64_t memory_bytes, std::vector<int> sizes = {1, 4, 8, 16}) {
   LayoutRequest r;
   for (int mb : sizes) r.profiles.push_back(ReadProfile(absl::StrCat("gpt-1.3b-h200-fused-mb", mb, ".profile.textproto")));

@@ -786,7 +786,7 @@ TEST(Launcher, InvalidInput_OneLineExit2NoRunDirectory) {
       {{"--model=tiny", "--vocab=100", "--data=" + WriteTemp("oov.bin", std::string(8190, '\0') + "\xc8" + std::string(1, '\0'))},
        "at position 4095"},
       {{"--sweep=2,20"}, "sweep: 20 workers:"},
-      // tools/bench_startup's command before --model=allreduce: it timed a training step, not the collective.
+      // bench/bench_startup's command before --model=allreduce: it timed a training step, not the collective.
       {{"--workers=1", "--steps=1", "--tensor_elements=4096"}, "pass --model=allreduce, or drop --tensor_elements"},
   };
   for (const auto& [flags, message] : cases) {

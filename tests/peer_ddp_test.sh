@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The peers' distributed modes on CPU (fp32, gloo, torchrun --standalone on loopback, 2 processes) and
 # gpt_peer's pipelines (1F1B, interleaved 1F1B, interleaved zero-bubble); and
-# tools/bench_pipeline's argument checks and skipped rows, without a GPU: gpt_peer.py's and
+# bench/bench_pipeline's argument checks and skipped rows, without a GPU: gpt_peer.py's and
 # llama_peer.py's ddp mode, bare and over a compiled module (backend aot_eager: Dynamo and AOTAutograd,
 # forward and backward, without Inductor's C++ code generation, which takes over a minute here), end
 # with the one-process run's last loss within 1e-5 relative (the same global batch: gradients averaged
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stagehand}" 2>/dev/null || true
 gpt=$PWD/tools/peer/gpt_peer.py
 llama=$PWD/tools/peer/llama_peer.py
-bench=$PWD/tools/bench_pipeline
+bench=$PWD/bench/bench_pipeline
 checkout=$(dirname "$(dirname "$(readlink -f tests/peer_ddp_test.sh)")")
 py=${STAGEHAND_PYTHON:-$checkout/.venv/bin/python}
 if [ ! -f "$gpt" ] || [ ! -f "$llama" ] || [ ! -x "$bench" ]; then
@@ -134,10 +134,10 @@ refused "llama ddp, batch 6 on 2 ranks in micro-batches of 2" "3 sequences per r
   --device cpu --preset tiny --global-batch 6 --steps 1
 
 # 4. bench_pipeline: syntax (and shellcheck where installed), the rows, refusals before anything is made.
-bash -n "$bench" || fail "bash -n tools/bench_pipeline"
+bash -n "$bench" || fail "bash -n bench/bench_pipeline"
 if command -v shellcheck >/dev/null; then
-  shellcheck "$bench" || fail "shellcheck tools/bench_pipeline"
-  ok "shellcheck tools/bench_pipeline"
+  shellcheck "$bench" || fail "shellcheck bench/bench_pipeline"
+  ok "shellcheck bench/bench_pipeline"
 fi
 for fam in gpt llama; do
   OUT=$t/list "$bench" $fam --list >"$t/$fam.rows" || fail "$fam --list"

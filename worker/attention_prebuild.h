@@ -11,7 +11,7 @@
 // the machine code in the driver's cache; cuDNN's own plans are per thread and are built again there,
 // as on any launch. On an H200 it took gpt-1.3b's step 0 from 2.0-2.1 s to 0.75 s on an empty JIT
 // cache, and launch to first step from 2.6-3.1 s to 2.3-2.6 s: the worker is ready for step 0 about
-// 0.1 s after CUDA is up, so it mostly waits for the threads (bench/results/2026-12-03-one-gpu-speed-7.md).
+// 0.1 s after CUDA is up, so it mostly waits for the threads (bench/results/attention-prebuild-h200-2026-12-03.md).
 // Where the cache already has the kernels, the worker waited 0.1-0.15 s for them (plans built twice).
 #ifndef STAGEHAND_WORKER_ATTENTION_PREBUILD_H_
 #define STAGEHAND_WORKER_ATTENTION_PREBUILD_H_

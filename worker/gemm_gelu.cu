@@ -84,7 +84,7 @@ using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
 // pre-activation output, a minute of nvcc on a small machine); eight more in the microbenchmark's. Variant 0 is what the model uses: ping-pong (one warp group's
 // GELU epilogue overlaps the other's MMAs), 128x128x64 tiles, and for each output the cluster and swizzle
 // that were fastest on an H200 for gpt-1.3b's shapes (worker:gemm_gelu_bench, bench/results/
-// 2026-12-01-fused-gelu.md): with h, 2x1 and swizzle 8 (training, m = 8192); without, 1x2 and swizzle 1
+// gemm-gelu-h200-2026-12-01.md): with h, 2x1 and swizzle 8 (training, m = 8192); without, 1x2 and swizzle 1
 // (inference, m = 16384). The others are for the microbenchmark.
 template <class Tile, class Cluster, bool kAux>
 using PingpongConfig = Config<Tile, Cluster, Pingpong, PingpongEpilogue, kAux>;

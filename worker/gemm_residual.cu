@@ -82,7 +82,7 @@ using CooperativeConfig = Config<Tile, Cluster, Cooperative, CooperativeEpilogue
 // (k = 2048), 1.17x on fc2 (k = 8192), 1.09x and 1.01x on training's; one after the other the training
 // shapes came out within a few per cent either way. The cooperative 128x256 tile (variant 1) matched it
 // on fc2 but not on proj, and whole jobs did not tell the two apart (worker:residual_gemm_bench,
-// bench/results/2026-12-02-one-gpu-speed-6.md). The others are for the microbenchmark.
+// bench/results/residual-gemm-h200-2026-12-02.md). The others are for the microbenchmark.
 cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const float* bias, const float* c, float* d,
                      int m, int n, int k, cudaStream_t stream) {
   switch (variant) {

@@ -849,7 +849,7 @@ absl::Status SelectAttentionKernel(const std::string& kernel) {
   Order order;
   if (kernel == "cudnn" || kernel.empty()) {
     // For gpt-1.3b's shapes on an H200 (bf16, 16 heads of 128, causal, 1024 tokens), cuDNN's forward
-    // takes 50 us per 4 sequences where FlashAttention-2 takes 93 (bench/probes/block_parts.py).
+    // takes 50 us per 4 sequences where FlashAttention-2 takes 93 (bench/probes/gpt_block_parts.py).
     order = {B::cudnn_attention, B::flash_attention, B::efficient_attention, B::math, B::overrideable};
   } else if (kernel == "flash") {
     order = {B::flash_attention, B::efficient_attention, B::math, B::cudnn_attention, B::overrideable};
@@ -862,7 +862,7 @@ absl::Status SelectAttentionKernel(const std::string& kernel) {
   for (B b : order) v.push_back(static_cast<int64_t>(b));
   at::globalContext().setSDPPriorityOrder(v);
   // The order alone does not keep cuDNN out: a gpt-1.3b job with --attention=flash ran cuDNN's attention
-  // kernels on an H200 (bench/results/2026-12-01-one-gpu-speed-5.md, call 12), as LibTorch puts cuDNN
+  // kernels on an H200 (bench/results/attention-prebuild-h200-2026-12-03.md), as LibTorch puts cuDNN
   // first on Hopper by itself. So "flash" also switches cuDNN's attention off, and the others put back
   // LibTorch's setting as it was.
   static const bool cudnn_initially = at::globalContext().userEnabledCuDNNSDP();

@@ -164,7 +164,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, Co
     // A posted receive holds its thread blocks on their SMs until the data comes, beside the compute.
     // Inference posts every receive of the step early: at most 8 blocks each made gpt-1.3b's 16
     // micro-batches 3.7% faster on 2 x H200 (0.1879 -> 0.1810 s); training was unchanged, so NCCL
-    // chooses there (bench/results/2026-11-30-pipeline-gpt-1.3b-graphs.md).
+    // chooses there (bench/results/pipeline-gpt-1.3b-h200x2-2026-11-30.md).
     if (a.job().pipeline().inference()) o.max_ctas = 8;
     return ConnectNcclTransport(o, client);
   }

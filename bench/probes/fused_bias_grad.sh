@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# fused_bias_grad on one H200 (bundle in dist-s4-bias/bundle): the CUDA tests of the bias-gradient kernels,
+# fused_bias_grad on one GPU (BUNDLE, default dist/bundle): the CUDA tests of the bias-gradient kernels,
 # gpt-1.3b training with --model_option=fused_bias_grad=true and =false (mean of steps 3..10), a kernel
-# trace of each (step 5), and pipeline_gpu_check's fused_bias_grad case. One tarball under $OUT.
+# trace of each (step 5), and pipeline_gpu_check's fused_bias_grad case; ROUNDS (default 2) alternating
+# rounds. From the repository root: OUT=DIR ROUNDS=3 bash bench/probes/fused_bias_grad.sh. Files under $OUT.
 set -uo pipefail
-out=${OUT:-/tmp/fused_bias_grad}
+tmp=$(mktemp -d)
+out=${OUT:?set OUT to the directory for the results}
 mkdir -p "$out/t"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-b=${BUNDLE:-dist-s4-bias/bundle}
+b=${BUNDLE:-dist/bundle}
 run=$b/run
-work=/tmp/fbg_runs; rm -rf "$work"; mkdir -p "$work"
-trap 'rm -rf "$work"' EXIT
+work="$tmp/fbg_runs"; rm -rf "$work"; mkdir -p "$work"
+trap 'rm -rf "$work"; rm -rf "$tmp"' EXIT
 timeout 60 $run bias_grad_test >"$out/t/bias_grad_test.log" 2>&1; echo "bias_grad_test rc=$?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|strides" "$out/t/bias_grad_test.log" | head -20
 train=(--gpus=1 --model=gpt-1.3b --steps=11 --pipeline_stages=1 --schedule=1f1b --micro_batches=4 --global_batch=32)
@@ -28,10 +30,10 @@ for g in true false; do
     --run_dir="$work/trace_$g" >"$out/t/trace_$g.log" 2>&1; echo "trace_$g rc=$?"
 done
 for g in true false; do
-  [ -f "$out/t/trace_$g.rank0.json" ] && python3 bench/probes/trace_summary.py "$out/t/trace_$g.rank0.json" "fused_bias_grad=$g" 30
+  [ -f "$out/t/trace_$g.rank0.json" ] && python3 bench/trace_summary.py "$out/t/trace_$g.rank0.json" "fused_bias_grad=$g" 30
 done > "$out/t/summary.md" 2>&1
-# This branch's pipeline_gpu_check.sh (the device gets main's tree), pointed at this bundle.
-sed "s#^run=dist/bundle/run#run=$b/run#" "$(dirname "$b")/pipeline_gpu_check.sh" >"$work/check.sh"
+# tests/gpu/pipeline_gpu_check.sh, pointed at this bundle.
+sed "s#^run=dist/bundle/run#run=$b/run#" tests/gpu/pipeline_gpu_check.sh >"$work/check.sh"
 OUT=$work/check PIPELINE_CHECK_ONLY=fused_bias_grad timeout 60 bash "$work/check.sh" 2>&1 | tail -4
 cat "$out/t/summary.md" | grep -E "^#|busy|copy|reduce|Column|Heads|Partials|Finish|direct_copy|sum_functor|bfloat16" | head -60
 python3 - "$out/t" <<'PY'

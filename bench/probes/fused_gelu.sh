@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Issue 16, fc1 + GELU fused (DenseImpl::ForwardGelu): in one GPU call the CUDA tests, the GEMM
+# fc1 + GELU fused (DenseImpl::ForwardGelu): in one run on a GPU host the CUDA tests, the GEMM
 # microbenchmark (worker:gemm_gelu_bench), gpt-1.3b training and inference rows with fused_gelu on and off
-# (mean of steps 3..10, tools/bench_one_gpu's rows), the pipeline_gpu_check cases, and kernel traces of
-# fused training and inference. Usage: bash DIR/fused_gelu.sh with the bundle at DIR/bundle; LEAN=1 skips
-# the fused_gelu_gemm=false row and the pipeline check.
+# (mean of steps 3..10, bench/bench_one_gpu's rows), the pipeline_gpu_check cases, and kernel traces of
+# fused training and inference. From the repository root: OUT=DIR bash bench/probes/fused_gelu.sh
+# (BUNDLE, default dist/bundle); LEAN=1 skips the fused_gelu_gemm=false row and the pipeline check.
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-/tmp/fused_gelu}
+tmp=$(mktemp -d)
+out=${OUT:?set OUT to the directory for the results}
 mkdir -p "$out/t"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-run=$here/bundle/run
-work=/tmp/fused_gelu_runs
+run=${BUNDLE:-dist/bundle}/run
+work="$tmp/fused_gelu_runs"
 rm -rf "$work" && mkdir -p "$work"
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work"; rm -rf "$tmp"' EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
@@ -53,8 +53,8 @@ ours infer_off "${infer[@]}" --model_option=fused_gelu=false
 
 if [ -z "${LEAN:-}" ]; then
 stamp pipeline_gpu_check
-# This branch's copy of the check (beside the probe), run through this bundle.
-sed "s#^run=dist/bundle/run#run=$run#" "$here/pipeline_gpu_check.sh" >"$work/check.sh"
+# tests/gpu/pipeline_gpu_check.sh, run through this bundle.
+sed "s#^run=dist/bundle/run#run=$run#" tests/gpu/pipeline_gpu_check.sh >"$work/check.sh"
 OUT=$work/check PIPELINE_CHECK_ONLY=fused_gelu timeout 150 bash "$work/check.sh" 2>&1 | tee "$out/t/check.txt"
 fi
 
@@ -65,7 +65,7 @@ STAGEHAND_KERNEL_TRACE=$work/tr_infer timeout 90 "$run" launcher --gpus=1 --mode
   --overwrite --run_dir="$work/trace_infer" "${infer[@]}" >"$out/t/trace_infer.log" 2>&1
 for t in train infer; do
   f=$work/tr_$t.rank0.json
-  [ -f "$f" ] && python3 bench/probes/trace_summary.py "$f" "fused_$t" 25
+  [ -f "$f" ] && python3 bench/trace_summary.py "$f" "fused_$t" 25
 done >"$out/t/traces.md" 2>&1
 cat "$out/t/traces.md"
 stamp done

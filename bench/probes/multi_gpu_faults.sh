@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issues 17 and 18: a restart after kill -9, and a model too big for one GPU, on GPUS GPUs (default 2).
+# A restart after kill -9, and a model too big for one GPU, on GPUS GPUs (default 2).
 # `bash bench/probes/multi_gpu_faults.sh [GPUS]` from the repository root with dist/bundle carried. On one
 # GPU it is the dry run: the refusal, and the restart with rank 0 as the victim.
 #
@@ -16,15 +16,16 @@
 #    U runs uninterrupted. K runs with --checkpoint_every=20 --max_restarts=1, and once step 30 is
 #    printed its last rank gets kill -9. K must exit 0, and its loss curve (each step's last
 #    incarnation) must match U's within 2e-2 relative, step by step.
-# Logs under $OUT (one tarball); run directories in /tmp/mgf, removed however the script exits. The
+# Logs under $OUT (one tarball); run directories in a temporary directory, removed however the script exits. The
 # table is printed last.
 set -uo pipefail
+tmp=$(mktemp -d)
 gpus=${1:-2}
-out=${OUT:-/tmp/mgf_out}; mkdir -p "$out"
+out=${OUT:?set OUT to the directory for the results}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-work=/tmp/mgf logs=/tmp/mgf_logs
+work="$tmp/mgf" logs="$tmp/mgf_logs"
 rm -rf "$work" "$logs"; mkdir -p "$work" "$logs"
-trap 'pkill -f -- "--run_dir=$work/" 2>/dev/null; tar -C "$logs" -czf "$out/mgf.tgz" . 2>/dev/null; rm -rf "$work" "$logs"' EXIT
+trap 'pkill -f -- "--run_dir=$work/" 2>/dev/null; tar -C "$logs" -czf "$out/mgf.tgz" . 2>/dev/null; rm -rf "$work" "$logs"; rm -rf "$tmp"' EXIT
 run=dist/bundle/run
 rows=$logs/rows.md
 t() { date +%s.%N; }

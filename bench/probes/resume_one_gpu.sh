@@ -4,17 +4,17 @@
 # tolerance, step by step. Model: GPT at --hidden=1024 --heads=16 --layers=8 (gpt-1.3b's vocabulary
 # and sequence, 168M parameters: a 2 GB checkpoint; gpt-1.3b's is 16 GB, about 70 s to write, more
 # device time than this check had). bf16 autocast as always.
-# Usage, from the repository root: bash dist-s3-eval/probe.sh (beside dist-s3-eval/bundle), or with
-# BUNDLE=dist/bundle bash bench/probes/resume_one_gpu.sh. Logs under $OUT; the run directories (and
-# the checkpoint) under /tmp/resume_one_gpu, removed when the script exits, however it exits.
+# Usage, from the repository root: OUT=DIR bash bench/probes/resume_one_gpu.sh (BUNDLE, default
+# dist/bundle). Logs under $OUT; the run directories (and the checkpoint) in a temporary directory,
+# removed when the script exits, however it exits.
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-bundle=${BUNDLE:-$here/bundle}
-out=${OUT:-/tmp/resume_one_gpu_out}
-work=/tmp/resume_one_gpu
+tmp=$(mktemp -d)
+bundle=${BUNDLE:-dist/bundle}
+out=${OUT:?set OUT to the directory for the results}
+work="$tmp/resume_one_gpu"
 mkdir -p "$out"
 rm -rf "$work" && mkdir -p "$work"
-trap 'rm -rf "$work"; df -h /tmp | tail -1 >"$out/df_after.txt"' EXIT
+trap 'rm -rf "$work"; df -h $tmp | tail -1 >"$out/df_after.txt"; rm -rf "$tmp"' EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 # A token file (Python's generator, seed 0): 2M tokens below 32768, 4 MB; the last 5% held out.

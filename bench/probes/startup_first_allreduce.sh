@@ -2,24 +2,26 @@
 # Where launch to the first all-reduce goes on one GPU: our launcher's variants alternating with
 # torchrun, each of our runs' startup ledger and (with a bundle built with startup_trace.patch) the
 # timestamps of every step of the launcher's and the worker's start-up, as seconds since launch.
-#   BUNDLE=dist-startup/trace ROUNDS=4 bash bench/probes/startup_first_allreduce.sh
+#   OUT=DIR BUNDLE=dist-trace/bundle ROUNDS=4 bash bench/probes/startup_first_allreduce.sh
 # Variants (names in VARIANTS, default all but gpt_old):
-#   ar          --model=allreduce --steps=1 --tensor_elements=1048576 (tools/bench_startup's job now)
+#   ar          --model=allreduce --steps=1 --tensor_elements=1048576 (bench/bench_startup's job now)
 #   ar_nopf     the same with --prefetch_libraries=false
 #   ar_nonvml   the same with --health=off --telemetry=false (no NVML in the worker)
-#   gpt         --steps=1 with no --model: the job tools/bench_startup ran before it passed
+#   gpt         --steps=1 with no --model: the job bench/bench_startup ran before it passed
 #               --model=allreduce (the launcher ignored --tensor_elements then; it refuses it now)
 #   torchrun    tools/peer/torch_first_allreduce.py under torchrun --standalone
-# Run from the repository root on the GPU host. Logs and the tables go to $OUT (or /tmp/sfa).
+# Run from the repository root on the GPU host. Logs and the tables go to $OUT.
 set -uo pipefail
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 cd "$(dirname "$0")/../.."
 bundle=${BUNDLE:-dist/bundle}
 rounds=${ROUNDS:-4}
 variants=${VARIANTS:-"ar gpt ar_nopf ar_nonvml torchrun"}
-out=${OUT:-/tmp/sfa}
+out=${OUT:?set OUT to the directory for the results}
 mkdir -p "$out/runs"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export XDG_CACHE_HOME=/tmp/sfa_cache
+export XDG_CACHE_HOME="$tmp/sfa_cache"
 now() { date +%s.%N; }
 
 flags_of() {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 19 on one GPU, through the bundle (tools/bundle //launcher:launcher //worker:worker; carry
+# The clock-aware partition's clocks on one GPU, through the bundle (tools/bundle //launcher:launcher //worker:worker; carry
 # dist/): gpt-1.3b, one stage, profiled (--profile_single_stage=true) so that the plan has a prediction.
 # Run "fresh" measures the profile with the GPU sampled meanwhile (its SM clock goes with the costs);
 # run "cached" reads that profile from the cache and this GPU's clock under load from run "fresh"
@@ -8,7 +8,7 @@
 # report.json's per-rank figures, then a short table. One GPU cannot show a clock-aware re-partition:
 # there is one rank, whose speed is the reference (1.0). About 30 s on one H200.
 set -uo pipefail
-out=${OUT:-/tmp/telemetry_partition}
+out=${OUT:?set OUT to the directory for the results}
 mkdir -p "$out"
 export XDG_CACHE_HOME=$(mktemp -d)   # an empty profile cache: run "fresh" measures, run "cached" reads
 runs=$(mktemp -d)                     # the run directories (only logs and report.json go to $out)

@@ -444,7 +444,7 @@ def main(argv=None):
     loss = None if math.isnan(loss) else loss
 
     if os.environ.get("PEER_KERNEL_TRACE") and not distributed:
-        # A developer's kernel trace of one more step, after the figures above were read (bench/probes/trace_summary.py reads it).
+        # A developer's kernel trace of one more step, after the figures above were read (bench/trace_summary.py reads it).
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             step()
