@@ -352,7 +352,10 @@ void Supervisor::CheckLoss(bool at_end) {
     }
     if (non_finite_[rank]++ == 0) first_non_finite_[rank] = r.step();
     last_loss_ = r.loss();
-    if (non_finite_[rank] >= kNonFiniteLossSteps && diverged < 0) diverged = rank;
+    if (non_finite_[rank] >= kNonFiniteLossSteps) {
+      diverged = rank;  // the line names the first kNonFiniteLossSteps, however many came in this batch
+      break;
+    }
   }
   for (int rank = 0; at_end && diverged < 0 && rank < static_cast<int>(non_finite_.size()); ++rank) {
     if (non_finite_[rank] > 0 && finite_[rank] == 0) diverged = rank;

@@ -699,6 +699,18 @@ TEST_F(LossTest, NonFiniteFiveStepsInARow_StopsExitOneAdvisingALowerLr) {
             "run's: 0)");
 }
 
+// A loaded machine: the supervisor's tick sees seven non-finite steps at once. The line names the
+// five that stopped the run, as on an idle one (it said "6 steps in a row" under load).
+TEST_F(LossTest, MoreThanFiveNonFiniteInOneTick_TheLineNamesFive) {
+  Init(1);
+  StartAndRegisterAll();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int step = 3; step < 10; ++step) Loss(0, step, nan);
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_TRUE(state_->stopping());
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("the loss was NaN at 5 steps in a row (4-8) on rank 0"));
+}
+
 TEST_F(LossTest, AFiniteLossBetween_ResetsTheCount) {
   Init(1);
   StartAndRegisterAll();
