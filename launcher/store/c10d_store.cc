@@ -175,7 +175,7 @@ void C10dStoreServer::Run() {
       Connection& c = connections[i];
       const short revents = fds[i + 2].revents;
       bool open = true;
-      if (revents & (POLLIN | POLLHUP | POLLERR)) open = ReadFrom(state, c);
+      if (revents & (POLLIN | POLLHUP | POLLERR)) open = ReadFrom(state, c, revents);
       c.closed = !open;
     }
     // Every connection with answers (its own, or a wait another's SET ended) is written to now.
@@ -235,8 +235,9 @@ bool C10dStoreServer::AcceptAll(C10dStoreState& state, std::vector<Connection>& 
   return true;
 }
 
-bool C10dStoreServer::ReadFrom(C10dStoreState& state, Connection& c) {
-  if (!state.WantsInput(c.id)) return true;  // paused: its unsent answers first
+bool C10dStoreServer::ReadFrom(C10dStoreState& state, Connection& c, short revents) {
+  // Paused (its unsent answers first), unless the connection is gone: poll reports that unasked.
+  if (!state.WantsInput(c.id)) return (revents & (POLLHUP | POLLERR)) == 0;
   std::string bytes;
   bool eof = false;
   char buffer[kReadChunk];

@@ -51,7 +51,7 @@ class C10dStoreServer {
   // False when accepting should pause (out of descriptors or memory).
   bool AcceptAll(C10dStoreState& state, std::vector<Connection>& connections, uint64_t& next_id);
   // False when the connection is to be closed.
-  bool ReadFrom(C10dStoreState& state, Connection& connection);
+  bool ReadFrom(C10dStoreState& state, Connection& connection, short revents);
   bool WriteTo(C10dStoreState& state, Connection& connection);
   bool PeerAllowed(const sockaddr_storage& peer) const;
 

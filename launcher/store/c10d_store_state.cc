@@ -174,7 +174,6 @@ absl::StatusOr<C10dStoreState::Parse> C10dStoreState::ProcessOne(ClientId id, Cl
 absl::StatusOr<C10dStoreState::Parse> C10dStoreState::Dispatch(ClientId id, Client& client,
                                                                C10dQuery query, Reader& r) {
   std::string& out = client.output;
-  absl::string_view key, value, expected;
   switch (query) {
     case C10dQuery::kValidate:
       return absl::InvalidArgumentError("a second VALIDATE on one connection");
@@ -185,183 +184,213 @@ absl::StatusOr<C10dStoreState::Parse> C10dStoreState::Dispatch(ClientId id, Clie
       return Parse::kDone;
     }
     case C10dQuery::kSet:
-      if (!r.Key(&key) || !r.Value(&value)) return Parse::kNeedMore;
-      if (absl::Status s = SetValue(std::string(key), std::string(value), "SET"); !s.ok()) return s;
-      return Parse::kDone;
-    case C10dQuery::kCompareSet: {
-      if (!r.Key(&key) || !r.Value(&expected) || !r.Value(&value)) return Parse::kNeedMore;
-      const std::string k(key);
-      auto it = values_.find(k);
-      if (it == values_.end()) {
-        // torch answers a missing key with `expected` unless that is empty (then it sets the key).
-        if (!expected.empty()) {
-          PutBytes(out, expected);
-          return Parse::kDone;
-        }
-      } else if (it->second != expected) {
-        PutBytes(out, it->second);
-        return Parse::kDone;
-      }
-      if (absl::Status s = SetValue(k, std::string(value), "COMPARE_SET"); !s.ok()) return s;
-      PutBytes(out, value);
-      return Parse::kDone;
-    }
+    case C10dQuery::kAppend:
+      return SetOrAppend(query, r);
+    case C10dQuery::kCompareSet:
+      return CompareSet(out, r);
     case C10dQuery::kGet: {
+      absl::string_view key;
       if (!r.Key(&key)) return Parse::kNeedMore;
-      auto it = values_.find(std::string(key));
-      PutBytes(out, it == values_.end() ? absl::string_view() : absl::string_view(it->second));
+      PutBytes(out, ValueOrEmpty(key));
       return Parse::kDone;
     }
-    case C10dQuery::kAdd: {
-      int64_t delta = 0;
-      if (!r.Key(&key) || !r.Fixed(&delta)) return Parse::kNeedMore;
-      const std::string k(key);
-      int64_t sum = delta;
-      if (auto it = values_.find(k); it != values_.end()) {
-        int64_t old = 0;
-        if (!absl::SimpleAtoi(it->second, &old)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("ADD to key ", KeyForLog(k), " whose value is not a decimal integer"));
-        }
-        if (__builtin_add_overflow(old, delta, &sum)) {
-          return absl::InvalidArgumentError(absl::StrCat("ADD to key ", KeyForLog(k), " overflows int64"));
-        }
-      }
-      if (absl::Status s = SetValue(k, absl::StrCat(sum), "ADD"); !s.ok()) return s;
-      Put<int64_t>(out, sum);
-      return Parse::kDone;
-    }
+    case C10dQuery::kAdd:
+      return Add(out, r);
     case C10dQuery::kCheck:
     case C10dQuery::kWait:
-    case C10dQuery::kMultiGet: {
-      uint64_t n = 0;
-      if (!r.Count(&n)) return Parse::kNeedMore;
-      std::vector<std::string> keys;
-      keys.reserve(n);
-      for (uint64_t i = 0; i < n; ++i) {
-        if (!r.Key(&key)) return Parse::kNeedMore;
-        keys.emplace_back(key);
-      }
-      if (query == C10dQuery::kCheck) {
-        bool ready = true;
-        for (const std::string& k : keys) ready = ready && KeyReady(k);
-        Put<uint8_t>(out, ready ? kC10dCheckReady : kC10dCheckNotReady);
-        return Parse::kDone;
-      }
-      if (query == C10dQuery::kWait) {
-        if (client.waiting) return absl::InvalidArgumentError("a WAIT while another is not answered");
-        StartWait(id, client, std::move(keys));
-        return Parse::kDone;
-      }
-      size_t answer = 0;
-      for (const std::string& k : keys) {
-        auto it = values_.find(k);
-        answer += sizeof(uint64_t) + (it == values_.end() ? 0 : it->second.size());
-      }
-      if (answer > limits_.max_total_bytes) {
-        return absl::ResourceExhaustedError(absl::StrCat("MULTI_GET of ", n, " keys answers ", answer,
-                                                         " bytes; the store sends at most ",
-                                                         limits_.max_total_bytes));
-      }
-      for (const std::string& k : keys) {
-        auto it = values_.find(k);
-        PutBytes(out, it == values_.end() ? absl::string_view() : absl::string_view(it->second));
-      }
-      return Parse::kDone;
-    }
+    case C10dQuery::kMultiGet:
+      return KeysQuery(id, client, query, r);
     case C10dQuery::kGetNumKeys:
       Put<int64_t>(out, static_cast<int64_t>(values_.size()));
       return Parse::kDone;
-    case C10dQuery::kDeleteKey: {
-      if (!r.Key(&key)) return Parse::kNeedMore;
-      auto it = values_.find(std::string(key));
-      const bool found = it != values_.end();
-      if (found) {
-        total_bytes_ -= EntryBytes(it->first.size(), it->second.size());
-        values_.erase(it);
-      }
-      Put<int64_t>(out, found ? 1 : 0);
-      return Parse::kDone;
-    }
-    case C10dQuery::kAppend: {
-      if (!r.Key(&key) || !r.Value(&value)) return Parse::kNeedMore;
-      const std::string k(key);
-      auto it = values_.find(k);
-      if (it == values_.end()) {
-        if (absl::Status s = SetValue(k, std::string(value), "APPEND"); !s.ok()) return s;
-        return Parse::kDone;
-      }
-      if (it->second.size() + value.size() > limits_.max_value_bytes) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("APPEND to key ", KeyForLog(k), " makes a value of ", it->second.size() + value.size(),
-                         " bytes; the store takes at most ", limits_.max_value_bytes));
-      }
-      if (absl::Status s = CheckGrowth(0, value.size(), "APPEND", k); !s.ok()) return s;
-      it->second.append(value.data(), value.size());
-      total_bytes_ += value.size();
-      Wake(k, /*queue_item=*/false);
-      return Parse::kDone;
-    }
-    case C10dQuery::kMultiSet: {
-      uint64_t n = 0;
-      if (!r.Count(&n)) return Parse::kNeedMore;
-      std::vector<std::pair<absl::string_view, absl::string_view>> pairs;
-      pairs.reserve(n);
-      for (uint64_t i = 0; i < n; ++i) {
-        if (!r.Key(&key) || !r.Value(&value)) return Parse::kNeedMore;
-        pairs.emplace_back(key, value);
-      }
-      // All or nothing: the growth of the whole request checked first (the last value of a key wins).
-      absl::flat_hash_map<absl::string_view, absl::string_view> last;
-      for (const auto& [k, v] : pairs) last[k] = v;
-      size_t old_bytes = 0, new_bytes = 0;
-      for (const auto& [k, v] : last) {
-        auto it = values_.find(std::string(k));
-        if (it != values_.end()) old_bytes += EntryBytes(k.size(), it->second.size());
-        new_bytes += EntryBytes(k.size(), v.size());
-      }
-      const std::string first(pairs.empty() ? absl::string_view() : pairs[0].first);
-      if (absl::Status s = CheckGrowth(old_bytes, new_bytes, "MULTI_SET", first); !s.ok()) return s;
-      for (const auto& [k, v] : pairs) StoreValue(std::string(k), std::string(v));
-      return Parse::kDone;
-    }
+    case C10dQuery::kDeleteKey:
+      return DeleteKey(out, r);
+    case C10dQuery::kMultiSet:
+      return MultiSet(r);
     case C10dQuery::kCancelWait:
       EndWait(id, client);
       Put<uint8_t>(out, kC10dWaitCanceled);
       return Parse::kDone;
-    case C10dQuery::kQueuePush: {
-      if (!r.Key(&key) || !r.Value(&value)) return Parse::kNeedMore;
-      const std::string k(key);
-      auto it = queues_.find(k);
-      const size_t growth = EntryBytes(0, value.size()) + (it == queues_.end() ? EntryBytes(k.size(), 0) : 0);
-      if (absl::Status s = CheckGrowth(0, growth, "QUEUE_PUSH", k); !s.ok()) return s;
-      queues_[k].emplace_back(value);
-      total_bytes_ += growth;
-      Wake(k, /*queue_item=*/true);
-      return Parse::kDone;
-    }
+    case C10dQuery::kQueuePush:
+      return QueuePush(r);
     case C10dQuery::kQueuePop:
-    case C10dQuery::kQueueLen: {
-      if (!r.Key(&key)) return Parse::kNeedMore;
-      auto it = queues_.find(std::string(key));
-      const size_t length = it == queues_.end() ? 0 : it->second.size();
-      Put<int64_t>(out, static_cast<int64_t>(length));
-      if (query == C10dQuery::kQueueLen || length == 0) return Parse::kDone;
-      PutBytes(out, it->second.front());
-      total_bytes_ -= EntryBytes(0, it->second.front().size());
-      it->second.pop_front();
-      if (it->second.empty()) {
-        total_bytes_ -= EntryBytes(it->first.size(), 0);
-        queues_.erase(it);
-      }
-      return Parse::kDone;
-    }
+    case C10dQuery::kQueueLen:
+      return QueuePopOrLen(out, query, r);
     case C10dQuery::kListKeys:
       Put<int64_t>(out, static_cast<int64_t>(values_.size()));
       for (const auto& [k, v] : values_) PutBytes(out, k);
       return Parse::kDone;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown query type ", static_cast<int>(query)));
+}
+
+absl::string_view C10dStoreState::ValueOrEmpty(absl::string_view key) const {
+  auto it = values_.find(key);
+  return it == values_.end() ? absl::string_view() : absl::string_view(it->second);
+}
+
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::SetOrAppend(C10dQuery query, Reader& r) {
+  absl::string_view key, value;
+  if (!r.Key(&key) || !r.Value(&value)) return Parse::kNeedMore;
+  const std::string k(key);
+  auto it = values_.find(k);
+  if (query == C10dQuery::kSet || it == values_.end()) {
+    if (absl::Status s = SetValue(k, std::string(value), query == C10dQuery::kSet ? "SET" : "APPEND"); !s.ok()) {
+      return s;
+    }
+    return Parse::kDone;
+  }
+  if (it->second.size() + value.size() > limits_.max_value_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("APPEND to key ", KeyForLog(k), " makes a value of ",
+                                                     it->second.size() + value.size(),
+                                                     " bytes; the store takes at most ", limits_.max_value_bytes));
+  }
+  if (absl::Status s = CheckGrowth(0, value.size(), "APPEND", k); !s.ok()) return s;
+  it->second.append(value.data(), value.size());
+  total_bytes_ += value.size();
+  Wake(k, /*queue_item=*/false);
+  return Parse::kDone;
+}
+
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::CompareSet(std::string& out, Reader& r) {
+  absl::string_view key, expected, desired;
+  if (!r.Key(&key) || !r.Value(&expected) || !r.Value(&desired)) return Parse::kNeedMore;
+  const std::string k(key);
+  auto it = values_.find(k);
+  if (it == values_.end()) {
+    // torch answers a missing key with `expected` unless that is empty (then it sets the key).
+    if (!expected.empty()) {
+      PutBytes(out, expected);
+      return Parse::kDone;
+    }
+  } else if (it->second != expected) {
+    PutBytes(out, it->second);
+    return Parse::kDone;
+  }
+  if (absl::Status s = SetValue(k, std::string(desired), "COMPARE_SET"); !s.ok()) return s;
+  PutBytes(out, desired);
+  return Parse::kDone;
+}
+
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::Add(std::string& out, Reader& r) {
+  absl::string_view key;
+  int64_t delta = 0;
+  if (!r.Key(&key) || !r.Fixed(&delta)) return Parse::kNeedMore;
+  const std::string k(key);
+  int64_t sum = delta;
+  if (auto it = values_.find(k); it != values_.end()) {
+    int64_t old = 0;
+    if (!absl::SimpleAtoi(it->second, &old)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ADD to key ", KeyForLog(k), " whose value is not a decimal integer"));
+    }
+    if (__builtin_add_overflow(old, delta, &sum)) {
+      return absl::InvalidArgumentError(absl::StrCat("ADD to key ", KeyForLog(k), " overflows int64"));
+    }
+  }
+  if (absl::Status s = SetValue(k, absl::StrCat(sum), "ADD"); !s.ok()) return s;
+  Put<int64_t>(out, sum);
+  return Parse::kDone;
+}
+
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::KeysQuery(ClientId id, Client& client, C10dQuery query,
+                                                                Reader& r) {
+  uint64_t n = 0;
+  if (!r.Count(&n)) return Parse::kNeedMore;
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    absl::string_view key;
+    if (!r.Key(&key)) return Parse::kNeedMore;
+    keys.emplace_back(key);
+  }
+  std::string& out = client.output;
+  if (query == C10dQuery::kCheck) {
+    const bool ready = std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return KeyReady(k); });
+    Put<uint8_t>(out, ready ? kC10dCheckReady : kC10dCheckNotReady);
+    return Parse::kDone;
+  }
+  if (query == C10dQuery::kWait) {
+    if (client.waiting) return absl::InvalidArgumentError("a WAIT while another is not answered");
+    StartWait(id, client, std::move(keys));
+    return Parse::kDone;
+  }
+  size_t answer = 0;
+  for (const std::string& k : keys) answer += sizeof(uint64_t) + ValueOrEmpty(k).size();
+  if (answer > limits_.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("MULTI_GET of ", n, " keys answers ", answer,
+                                                     " bytes; the store sends at most ", limits_.max_total_bytes));
+  }
+  for (const std::string& k : keys) PutBytes(out, ValueOrEmpty(k));
+  return Parse::kDone;
+}
+
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::DeleteKey(std::string& out, Reader& r) {
+  absl::string_view key;
+  if (!r.Key(&key)) return Parse::kNeedMore;
+  auto it = values_.find(key);
+  const bool found = it != values_.end();
+  if (found) {
+    total_bytes_ -= EntryBytes(it->first.size(), it->second.size());
+    values_.erase(it);
+  }
+  Put<int64_t>(out, found ? 1 : 0);
+  return Parse::kDone;
+}
+
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::MultiSet(Reader& r) {
+  uint64_t n = 0;
+  if (!r.Count(&n)) return Parse::kNeedMore;
+  std::vector<std::pair<absl::string_view, absl::string_view>> pairs;
+  pairs.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    absl::string_view key, value;
+    if (!r.Key(&key) || !r.Value(&value)) return Parse::kNeedMore;
+    pairs.emplace_back(key, value);
+  }
+  // All or nothing: the growth of the whole request checked first (the last value of a key wins).
+  absl::flat_hash_map<absl::string_view, absl::string_view> last;
+  for (const auto& [k, v] : pairs) last[k] = v;
+  size_t old_bytes = 0, new_bytes = 0;
+  for (const auto& [k, v] : last) {
+    if (auto it = values_.find(k); it != values_.end()) old_bytes += EntryBytes(k.size(), it->second.size());
+    new_bytes += EntryBytes(k.size(), v.size());
+  }
+  const std::string first(pairs.empty() ? absl::string_view() : pairs[0].first);
+  if (absl::Status s = CheckGrowth(old_bytes, new_bytes, "MULTI_SET", first); !s.ok()) return s;
+  for (const auto& [k, v] : pairs) StoreValue(std::string(k), std::string(v));
+  return Parse::kDone;
+}
+
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::QueuePush(Reader& r) {
+  absl::string_view key, value;
+  if (!r.Key(&key) || !r.Value(&value)) return Parse::kNeedMore;
+  const std::string k(key);
+  auto it = queues_.find(k);
+  const size_t growth = EntryBytes(0, value.size()) + (it == queues_.end() ? EntryBytes(k.size(), 0) : 0);
+  if (absl::Status s = CheckGrowth(0, growth, "QUEUE_PUSH", k); !s.ok()) return s;
+  queues_[k].emplace_back(value);
+  total_bytes_ += growth;
+  Wake(k, /*queue_item=*/true);
+  return Parse::kDone;
+}
+
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::QueuePopOrLen(std::string& out, C10dQuery query,
+                                                                    Reader& r) {
+  absl::string_view key;
+  if (!r.Key(&key)) return Parse::kNeedMore;
+  auto it = queues_.find(key);
+  const size_t length = it == queues_.end() ? 0 : it->second.size();
+  Put<int64_t>(out, static_cast<int64_t>(length));  // QUEUE_POP: the length before, then the item
+  if (query == C10dQuery::kQueueLen || length == 0) return Parse::kDone;
+  PutBytes(out, it->second.front());
+  total_bytes_ -= EntryBytes(0, it->second.front().size());
+  it->second.pop_front();
+  if (it->second.empty()) {
+    total_bytes_ -= EntryBytes(it->first.size(), 0);
+    queues_.erase(it);
+  }
+  return Parse::kDone;
 }
 
 absl::Status C10dStoreState::CheckGrowth(size_t old_bytes, size_t new_bytes, absl::string_view what,

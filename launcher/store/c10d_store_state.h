@@ -124,6 +124,16 @@ class C10dStoreState {
   // One request from the reader: kNeedMore with nothing changed when it is incomplete.
   absl::StatusOr<Parse> ProcessOne(ClientId id, Client& client, Reader& reader);
   absl::StatusOr<Parse> Dispatch(ClientId id, Client& client, C10dQuery query, Reader& reader);
+  // The queries, each answering into `out` (the connection's output).
+  absl::StatusOr<Parse> SetOrAppend(C10dQuery query, Reader& reader);
+  absl::StatusOr<Parse> CompareSet(std::string& out, Reader& reader);
+  absl::StatusOr<Parse> Add(std::string& out, Reader& reader);
+  absl::StatusOr<Parse> KeysQuery(ClientId id, Client& client, C10dQuery query, Reader& reader);
+  absl::StatusOr<Parse> DeleteKey(std::string& out, Reader& reader);
+  absl::StatusOr<Parse> MultiSet(Reader& reader);
+  absl::StatusOr<Parse> QueuePush(Reader& reader);
+  absl::StatusOr<Parse> QueuePopOrLen(std::string& out, C10dQuery query, Reader& reader);
+  absl::string_view ValueOrEmpty(absl::string_view key) const;
 
   // SetValue checks the growth against max_total_bytes; StoreValue does not (checked before).
   absl::Status SetValue(const std::string& key, std::string value, absl::string_view what);
