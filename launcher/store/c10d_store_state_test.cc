@@ -349,6 +349,57 @@ TEST_F(C10dStoreStateTest, UnknownQueryType_IsInvalidArgument_OthersGoOn) {
   EXPECT_EQ(a2_.Bytes(), "1");
 }
 
+// Random bytes after VALIDATE, and random requests of every type with random fields: every call
+// answers or refuses (a refused connection is replaced), the state stays consistent.
+TEST(C10dStoreStateFuzz, RandomInput_NeverCrashes) {
+  C10dStoreLimits limits;
+  limits.max_value_bytes = 256;
+  limits.max_total_bytes = 64 * 1024;
+  limits.max_keys_per_request = 8;
+  limits.max_request_bytes = 4096;
+  C10dStoreState state(limits);
+  uint64_t seed = 12345;
+  auto next = [&seed] {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(seed >> 33);
+  };
+  auto small_key = [&] { return "/k" + std::to_string(next() % 8); };
+  C10dStoreState::ClientId id = 1;
+  state.Connect(id);
+  ASSERT_TRUE(state.Receive(id, Validate()).ok());
+  size_t refused = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string bytes;
+    if (next() % 4 == 0) {
+      const size_t n = next() % 40;
+      for (size_t j = 0; j < n; ++j) bytes.push_back(static_cast<char>(next()));
+    } else {
+      Request r(static_cast<C10dQuery>(1 + next() % 17));
+      const int fields = next() % 4;
+      for (int f = 0; f < fields; ++f) {
+        switch (next() % 4) {
+          case 0: r.Str(small_key()); break;
+          case 1: r.Str(std::string(next() % 300, 'v')); break;
+          case 2: r.U64(next() % 10); break;
+          default: r.I64(static_cast<int64_t>(next()) - (1 << 30)); break;
+        }
+      }
+      bytes = r.bytes();
+    }
+    if (!state.Receive(id, bytes).ok()) {
+      ++refused;
+      state.Disconnect(id);
+      state.Connect(++id);
+      ASSERT_TRUE(state.Receive(id, Validate()).ok());
+    }
+    state.ConsumeOutput(id, state.Output(id).size());
+    ASSERT_LE(state.total_bytes(), limits.max_total_bytes);
+    ASSERT_LE(state.num_clients(), 1u);
+  }
+  EXPECT_GT(refused, 0u);
+  EXPECT_LT(refused, 20000u);
+}
+
 class C10dStoreStateLimitsTest : public C10dStoreStateTest {
  protected:
   static C10dStoreLimits Small() {

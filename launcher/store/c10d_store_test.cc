@@ -25,9 +25,19 @@ namespace {
 // A blocking loopback client that speaks the wire format by hand; every receive is bounded (10 s).
 class RawClient {
  public:
-  explicit RawClient(int port) : fd_(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+  // To 127.0.0.1, or ::1 when ipv6.
+  explicit RawClient(int port, bool ipv6 = false)
+      : fd_(socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
     timeval tv{10, 0};
     setsockopt(fd_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (ipv6) {
+      sockaddr_in6 address{};
+      address.sin6_family = AF_INET6;
+      address.sin6_port = htons(static_cast<uint16_t>(port));
+      address.sin6_addr = in6addr_loopback;
+      connected_ = connect(fd_.get(), reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+      return;
+    }
     sockaddr_in address{};
     address.sin_family = AF_INET;
     address.sin_port = htons(static_cast<uint16_t>(port));
@@ -209,6 +219,27 @@ TEST(C10dStoreServerTest, AllowedPeers_OthersClosedAtAccept) {
   ASSERT_TRUE(port.ok()) << port.status();
   RawClient allowed(*port);
   EXPECT_TRUE(allowed.Handshake());
+}
+
+TEST(C10dStoreServerTest, AllowedPeers_IPv6Loopback) {
+  C10dStoreOptions v6;
+  v6.allowed_peers = {"::1"};
+  C10dStoreServer server(v6);
+  absl::StatusOr<int> port = server.Start("::1", 0);
+  if (!port.ok() && port.status().code() == absl::StatusCode::kInvalidArgument) {
+    GTEST_SKIP() << "no ::1 here: " << port.status();
+  }
+  ASSERT_TRUE(port.ok()) << port.status();
+  RawClient allowed(*port, /*ipv6=*/true);
+  EXPECT_TRUE(allowed.Handshake());
+
+  C10dStoreOptions v4_only;
+  v4_only.allowed_peers = {"127.0.0.1"};
+  C10dStoreServer other(v4_only);
+  port = other.Start("::1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  RawClient refused(*port, /*ipv6=*/true);
+  EXPECT_TRUE(refused.SeesClose());
 }
 
 TEST(C10dStoreServerTest, MaxClients_OneMoreClosed) {
