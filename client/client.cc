@@ -25,11 +25,11 @@
 #include "common/fd.h"
 #include "common/flags.h"
 #include "common/grpc_status.h"
-#include "launcher/auth_token.h"
-#include "launcher/control_client.h"
-#include "launcher/job_flags.h"
-#include "launcher/roles.h"
-#include "launcher/run_dir.h"
+#include "control/bearer_token.h"
+#include "client/control_client.h"
+#include "launcher/job/job_flags.h"
+#include "control/roles.h"
+#include "launcher/job/run_dir.h"
 
 ABSL_FLAG(std::string, server, "", "HOST:PORT of `launcher --serve` (default: $STAGEHAND_SERVER)");
 ABSL_FLAG(std::string, token_file, "", "a file holding your token (default: $STAGEHAND_TOKEN_FILE)");
@@ -447,7 +447,7 @@ int main(int argc, char** argv) {
       stagehand::ParseFlags(static_cast<int>(split.flags.size()), split.flags.data());
   if (!parsed.ok()) return stagehand::Fail(parsed.status());
   if (parsed->help || split.words.empty()) {
-    const std::string help = stagehand::FlagsHelp(stagehand::kUsage, {"launcher/client.cc", stagehand::kJobFlagsFile});
+    const std::string help = stagehand::FlagsHelp(stagehand::kUsage, {"client/client.cc", stagehand::kJobFlagsFile});
     std::fputs(help.c_str(), parsed->help ? stdout : stderr);
     return parsed->help ? 0 : stagehand::kExitUsage;
   }

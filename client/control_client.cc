@@ -1,5 +1,5 @@
 // The Control service's client (see control_client.h).
-#include "launcher/control_client.h"
+#include "client/control_client.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,8 +1,8 @@
 // A client of the Control service (protos/control.proto) returning absl types: the token in every
 // call's metadata, 10 s deadlines on unary calls, watches that survive a cut stream, fetched files
 // written atomically. Every error has passed ExplainRpcError, so its message says what to check.
-#ifndef STAGEHAND_LAUNCHER_CONTROL_CLIENT_H_
-#define STAGEHAND_LAUNCHER_CONTROL_CLIENT_H_
+#ifndef STAGEHAND_CLIENT_CONTROL_CLIENT_H_
+#define STAGEHAND_CLIENT_CONTROL_CLIENT_H_
 
 #include <functional>
 #include <memory>
@@ -96,4 +96,4 @@ class ControlClient {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_CONTROL_CLIENT_H_
+#endif  // STAGEHAND_CLIENT_CONTROL_CLIENT_H_

@@ -1,5 +1,5 @@
-// The client's token file (see auth_token.h).
-#include "launcher/auth_token.h"
+// The client's token file (see bearer_token.h).
+#include "control/bearer_token.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

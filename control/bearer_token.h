@@ -1,7 +1,7 @@
 // The client's token file (`--token_file`, STAGEHAND_TOKEN_FILE): the bearer token a server minted,
 // alone in a file. Shared by the client and the server's tests; no store, no gRPC.
-#ifndef STAGEHAND_LAUNCHER_AUTH_TOKEN_H_
-#define STAGEHAND_LAUNCHER_AUTH_TOKEN_H_
+#ifndef STAGEHAND_CONTROL_BEARER_TOKEN_H_
+#define STAGEHAND_CONTROL_BEARER_TOKEN_H_
 
 #include <string>
 
@@ -23,4 +23,4 @@ absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_AUTH_TOKEN_H_
+#endif  // STAGEHAND_CONTROL_BEARER_TOKEN_H_

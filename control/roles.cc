@@ -1,4 +1,4 @@
-#include "launcher/roles.h"
+#include "control/roles.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

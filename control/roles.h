@@ -1,6 +1,6 @@
 // The names of the control service's roles (view, submit, admin), for the server and the client.
-#ifndef STAGEHAND_LAUNCHER_ROLES_H_
-#define STAGEHAND_LAUNCHER_ROLES_H_
+#ifndef STAGEHAND_CONTROL_ROLES_H_
+#define STAGEHAND_CONTROL_ROLES_H_
 
 #include <string>
 
@@ -17,4 +17,4 @@ absl::StatusOr<control::Role> ParseRole(absl::string_view name);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_ROLES_H_
+#endif  // STAGEHAND_CONTROL_ROLES_H_

@@ -15,14 +15,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/flags.h"
-#include "launcher/coordinator_service.h"
-#include "launcher/job_flags.h"
-#include "launcher/launch.h"
-#include "launcher/process.h"
-#include "launcher/serve.h"
-#include "launcher/slurm.h"
-#include "launcher/supervisor.h"
-#include "launcher/terminal.h"
+#include "launcher/coordinator/coordinator_service.h"
+#include "launcher/job/job_flags.h"
+#include "launcher/run/launch.h"
+#include "launcher/supervise/process.h"
+#include "launcher/serve/serve.h"
+#include "launcher/multihost/slurm.h"
+#include "launcher/supervise/supervisor.h"
+#include "launcher/supervise/terminal.h"
 
 ABSL_FLAG(std::string, run_dir, "", "where logs and reports go, a new or empty directory (default: the job "
                                    "file's run_dir, else runs/<time>-<name>-<job id>)");
@@ -33,7 +33,7 @@ ABSL_FLAG(std::string, sweep, "", "run the job at each worker count, e.g. 1,2,4,
                                   "sweep.svg in the run directory");
 ABSL_FLAG(double, peak_tflops, 989.0, "peak TFLOP/s of one device, for MFU (dense bf16 of an H100/H200)");
 ABSL_FLAG(bool, serve, false,
-          "serve the control service on --listen: clients (bazel run //launcher:client) submit, watch and cancel "
+          "serve the control service on --listen: clients (bazel run //client) submit, watch and cancel "
           "jobs, queued for their devices and kept in --state_dir across restarts");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "with --serve: HOST:PORT of the control service; a non-loopback HOST needs --tls_cert and --tls_key");
@@ -62,7 +62,7 @@ ABSL_FLAG(std::string, job_roots, "",
           "with --serve: comma-separated directories a job's paths (--data, --layout_profiles, --init_from, "
           "--resume, --export_dir) must lie in (default: --state_dir/runs and --state_dir/data)");
 ABSL_FLAG(bool, version, false, "print the version and the coordinator protocol version, and exit");
-// ---- Slurm (issue 13; launcher/slurm.h) ----
+// ---- Slurm (issue 13; launcher/multihost/slurm.h) ----
 ABSL_FLAG(bool, slurm, false,
           "take the node count, node rank, coordinator host and this node's GPUs from the Slurm job step "
           "(srun --ntasks-per-node=1 launcher --slurm ...): node 0 on the step's first host coordinates at "

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
-#include "launcher/control_service.h"
-#include "launcher/fake_job_service.h"
+#include "launcher/serve/control_service.h"
+#include "launcher/serve/fake_job_service.h"
 #include "tests/test_util.h"
 
 namespace stagehand {
@@ -52,7 +52,7 @@ class ClientTest : public ::testing::Test {
     const std::string out = Tmp() + "/client.out", err = Tmp() + "/client.err";
     const std::string command = absl::StrCat("cd ", Tmp(), " && STAGEHAND_SERVER=", server_->address(),
                                              " STAGEHAND_TOKEN_FILE=", Tmp(), "/token BUILD_WORKING_DIRECTORY=", Tmp(),
-                                             " timeout 30 ", Runfile("launcher/client"), " ", args, " >", out, " 2>", err);
+                                             " timeout 30 ", Runfile("client/client"), " ", args, " >", out, " 2>", err);
     const int status = std::system(command.c_str());
     return Result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFile(out), ReadFile(err)};
   }

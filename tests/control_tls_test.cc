@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/tls.h"
 #include "gtest/gtest.h"
-#include "launcher/control_client.h"
-#include "launcher/control_service.h"
-#include "launcher/fake_job_service.h"
+#include "client/control_client.h"
+#include "launcher/serve/control_service.h"
+#include "launcher/serve/fake_job_service.h"
 
 namespace stagehand {
 namespace {

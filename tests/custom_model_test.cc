@@ -118,7 +118,7 @@ TEST(CustomModel, Launch_HeadsTheFamilyRefuses_TheLastLineCarriesTheWorkersError
 }
 
 // What docs/custom_model.md shows, with no sizes: fails today because the launcher resolves only
-// built-in families (launcher/job.cc ResolveModel), so the workers' JobSpec has vocab = seq = 0 and the
+// built-in families (launcher/job/job.cc ResolveModel), so the workers' JobSpec has vocab = seq = 0 and the
 // profile (worker/pipeline.cc ProfileLayer) or the synthetic corpus (SIGFPE) fails. Enable once fixed.
 TEST(CustomModel, PresetOnly_TwoWorkers_Trains) {
   std::vector<std::string> job = MlpJob(2, "auto", 60);

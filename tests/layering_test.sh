@@ -32,7 +32,7 @@ check "launcher/ uses LibTorch" '#include <(torch|ATen|c10)/' "${launcher[@]}"
 check "launcher BUILD depends on LibTorch" '@libtorch' launcher/BUILD.bazel launcher/*/BUILD.bazel
 # Transitively, as Bazel resolves the targets (genquery): no path from the launcher's library into
 # worker/ or a model's LibTorch stage, none from the worker's into launcher/.
-check "//launcher:launch depends (transitively) on" '^(//worker|//models/[a-z]+:[a-z_]*stage|@libtorch)' tests/launcher_deps
+check "//launcher/run:launch depends (transitively) on" '^(//worker|//models/[a-z]+:[a-z_]*stage|@libtorch)' tests/launcher_deps
 check "//launcher/store:c10d_store depends (transitively) on" '^(//worker|//models|@libtorch)' tests/launcher_store_deps
 check "//worker:worker_main depends (transitively) on" '^//launcher' tests/worker_deps
 [ "$status" -eq 0 ] && echo "layering: ok (${#launcher[@]} launcher files, ${#worker[@]} worker files)"

@@ -16,7 +16,7 @@ fi
 mount --make-rprivate /
 cd "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stagehand}" 2>/dev/null || true
 launcher=$PWD/launcher/launcher
-client=$PWD/launcher/client
+client=$PWD/client/client
 [ -x "$launcher" ] && [ -x "$client" ] || { echo "serve_netns_test: launcher or client not found in $PWD"; exit 1; }
 
 tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/serve_netns.XXXXXX")

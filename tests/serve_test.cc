@@ -24,7 +24,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
-#include "launcher/control_client.h"
+#include "client/control_client.h"
 #include "tests/test_util.h"
 
 namespace stagehand {
@@ -153,7 +153,7 @@ ClientResult RunClient(const Server& server, const std::string& args, const std:
   const std::string command =
       absl::StrCat("STAGEHAND_SERVER=", server.address(), " STAGEHAND_TOKEN_FILE=",
                    token_file.empty() ? server.token_file() : token_file, " timeout 120 ",
-                   Runfile("launcher/client"), " ", args, " >", out, " 2>&1");
+                   Runfile("client/client"), " ", args, " >", out, " 2>&1");
   const int status = std::system(command.c_str());
   ClientResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -495,7 +495,7 @@ TEST_F(ServeTest, WedgingSubmissions_FifoRefused_SigtermStopsTheServerWhileAJobI
   const std::string client_log = state + "/client.log";
   const std::string command = absl::StrCat(
       "(STAGEHAND_SERVER=", server.address(), " STAGEHAND_TOKEN_FILE=", server.token_file(), " timeout 60 ",
-      Runfile("launcher/client"), " submit --device=cpu --workers=2 --model=tiny --steps=3 >", client_log,
+      Runfile("client/client"), " submit --device=cpu --workers=2 --model=tiny --steps=3 >", client_log,
       " 2>&1; echo \"exit $?\" >>", client_log, ") &");
   ASSERT_EQ(std::system(command.c_str()), 0);
   ASSERT_TRUE(WaitFor([&] { return absl::StrContains(server.log(), "checking a submission"); },

@@ -4,7 +4,7 @@
 // all. One timer thread polls those whose deadline passes. So 10,000 workers registering, reading
 // keys and passing a barrier cost O(N log N) in the state, not the O(N^2) of polling every wait on
 // every change (tools/coordinator_load measures it).
-#include "launcher/coordinator.h"
+#include "launcher/coordinator/coordinator.h"
 
 #include <algorithm>
 #include <utility>

@@ -4,8 +4,8 @@
 // that protos/coordinator.proto documents. Thread-safe. Waits (Register's wait for all, KeyValueGet,
 // Barrier, WaitForStop) are callbacks, as in TSL's coordination service, so that a waiting RPC holds
 // no thread; one timer thread ends those whose deadline passes.
-#ifndef STAGEHAND_LAUNCHER_COORDINATOR_H_
-#define STAGEHAND_LAUNCHER_COORDINATOR_H_
+#ifndef STAGEHAND_LAUNCHER_COORDINATOR_COORDINATOR_H_
+#define STAGEHAND_LAUNCHER_COORDINATOR_COORDINATOR_H_
 
 #include <functional>
 #include <map>
@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "launcher/liveness.h"
+#include "launcher/coordinator/liveness.h"
 #include "protos/coordinator.pb.h"
 #include "protos/job.pb.h"
 
@@ -86,7 +86,7 @@ struct RemoteExit {
   std::string last_error;   // its own last error line, as its agent read it from its log ("": none)
 };
 
-// kAgentHeartbeatInterval and kAgentTimeout: launcher/liveness.h, with every other failure timing.
+// kAgentHeartbeatInterval and kAgentTimeout: launcher/coordinator/liveness.h, with every other failure timing.
 
 // How the model's pipeline layers are split into stages, decided once every worker has registered.
 struct Partition {
@@ -105,7 +105,7 @@ struct Partition {
 };
 // Given every worker's registration (profiles included); an error stops the job with its message.
 using PartitionFn = std::function<absl::StatusOr<Partition>(const std::vector<WorkerState>&)>;
-// Whether the registered workers may run the job (the GPU health gate, launcher/health_gate.h); runs
+// Whether the registered workers may run the job (the GPU health gate, launcher/plan/health_gate.h); runs
 // once, when the last worker registers, before the partition. An error stops the job with its message.
 using AdmissionFn = std::function<absl::Status(const std::vector<WorkerState>&)>;
 
@@ -362,4 +362,4 @@ class CoordinatorState {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_COORDINATOR_H_
+#endif  // STAGEHAND_LAUNCHER_COORDINATOR_COORDINATOR_H_

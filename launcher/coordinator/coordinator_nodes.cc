@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
-#include "launcher/coordinator.h"
+#include "launcher/coordinator/coordinator.h"
 
 namespace stagehand {
 namespace {

@@ -1,6 +1,6 @@
 // gRPC adapter for CoordinatorState (see coordinator_service.h): each RPC authenticates, hands the
 // request to the state and finishes its reactor from the state's answer or completion callback.
-#include "launcher/coordinator_service.h"
+#include "launcher/coordinator/coordinator_service.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/host.h"
-#include "launcher/listen_address.h"
+#include "launcher/coordinator/listen_address.h"
 
 namespace stagehand {
 namespace {

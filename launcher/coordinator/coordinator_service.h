@@ -2,8 +2,8 @@
 // into grpc::Status and request deadlines into absl::Time. All logic lives in coordinator.h. It uses
 // gRPC's callback API, so a call that waits (Register, KeyValueGet, Barrier, WaitForStop) holds no
 // thread: its reactor finishes when CoordinatorState completes the wait.
-#ifndef STAGEHAND_LAUNCHER_COORDINATOR_SERVICE_H_
-#define STAGEHAND_LAUNCHER_COORDINATOR_SERVICE_H_
+#ifndef STAGEHAND_LAUNCHER_COORDINATOR_COORDINATOR_SERVICE_H_
+#define STAGEHAND_LAUNCHER_COORDINATOR_COORDINATOR_SERVICE_H_
 
 #include <memory>
 #include <string>
@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
-#include "launcher/coordinator.h"
+#include "launcher/coordinator/coordinator.h"
 #include "protos/coordinator.grpc.pb.h"
 
 namespace stagehand {
@@ -97,4 +97,4 @@ class CoordinatorServer {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_COORDINATOR_SERVICE_H_
+#endif  // STAGEHAND_LAUNCHER_COORDINATOR_COORDINATOR_SERVICE_H_

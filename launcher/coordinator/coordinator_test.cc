@@ -1,7 +1,7 @@
 // Unit tests of CoordinatorState: every documented status code, the waits (Register, KeyValueGet,
 // Barrier, WaitForStop) both as callbacks and blocking from threads, and the gRPC service over a
 // real server on a free port. A fake clock stands for heartbeats and progress.
-#include "launcher/coordinator.h"
+#include "launcher/coordinator/coordinator.h"
 
 #include <atomic>
 #include <functional>
@@ -17,7 +17,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "launcher/coordinator_service.h"
+#include "launcher/coordinator/coordinator_service.h"
 #include "protos/coordinator.grpc.pb.h"
 
 namespace stagehand {

@@ -1,5 +1,5 @@
 // Addresses the launcher's servers listen on (see listen_address.h).
-#include "launcher/listen_address.h"
+#include "launcher/coordinator/listen_address.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

@@ -1,8 +1,8 @@
 // Addresses the launcher's servers listen on (the Coordinator's --coordinator_address, the control
 // service's --listen): HOST:PORT split, and HOST resolved once, with whether it is loopback, so that
 // both servers bind the numeric address they checked and refuse a name that resolves elsewhere.
-#ifndef STAGEHAND_LAUNCHER_LISTEN_ADDRESS_H_
-#define STAGEHAND_LAUNCHER_LISTEN_ADDRESS_H_
+#ifndef STAGEHAND_LAUNCHER_COORDINATOR_LISTEN_ADDRESS_H_
+#define STAGEHAND_LAUNCHER_COORDINATOR_LISTEN_ADDRESS_H_
 
 #include <sys/socket.h>
 
@@ -37,4 +37,4 @@ absl::StatusOr<ResolvedHost> ResolveHost(const std::string& host);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_LISTEN_ADDRESS_H_
+#endif  // STAGEHAND_LAUNCHER_COORDINATOR_LISTEN_ADDRESS_H_

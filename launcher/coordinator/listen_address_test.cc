@@ -1,6 +1,6 @@
 // Unit tests of listen_address.h: HOST:PORT splitting, loopback and resolution (numeric hosts only,
 // so that no lookup leaves the machine).
-#include "launcher/listen_address.h"
+#include "launcher/coordinator/listen_address.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -2,8 +2,8 @@
 // network ends the job on every host within kFailureBoundMs. A death is seen at once (an exit, a
 // closed connection); a hang or a cut link only by silence, so the silences allowed here, plus the
 // stop notice the others get before SIGTERM, must fit the bound (checked below).
-#ifndef STAGEHAND_LAUNCHER_LIVENESS_H_
-#define STAGEHAND_LAUNCHER_LIVENESS_H_
+#ifndef STAGEHAND_LAUNCHER_COORDINATOR_LIVENESS_H_
+#define STAGEHAND_LAUNCHER_COORDINATOR_LIVENESS_H_
 
 #include <cstdint>
 
@@ -50,4 +50,4 @@ static_assert(kDefaultHeartbeatTimeoutMs >= 10 * kDefaultHeartbeatIntervalMs,
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_LIVENESS_H_
+#endif  // STAGEHAND_LAUNCHER_COORDINATOR_LIVENESS_H_

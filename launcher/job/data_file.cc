@@ -1,5 +1,5 @@
-// The token file check (see token_file.h).
-#include "launcher/token_file.h"
+// The token file check (see data_file.h).
+#include "launcher/job/data_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,7 +1,7 @@
 // The launcher's check of a --data token file before anything starts, so that a bad file is one line
 // and exit 2 rather than an error inside every worker after the run directory exists.
-#ifndef STAGEHAND_LAUNCHER_TOKEN_FILE_H_
-#define STAGEHAND_LAUNCHER_TOKEN_FILE_H_
+#ifndef STAGEHAND_LAUNCHER_JOB_DATA_FILE_H_
+#define STAGEHAND_LAUNCHER_JOB_DATA_FILE_H_
 
 #include <cstdint>
 #include <string>
@@ -21,4 +21,4 @@ int64_t FirstTokenAtOrAbove(const uint16_t* tokens, int64_t count, int64_t vocab
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_TOKEN_FILE_H_
+#endif  // STAGEHAND_LAUNCHER_JOB_DATA_FILE_H_

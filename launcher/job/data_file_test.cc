@@ -1,6 +1,6 @@
 // Tests of the launcher's token file check: each refusal names the file and what is wrong; the scan
 // finds the first bad token anywhere, past the first 4M tokens too.
-#include "launcher/token_file.h"
+#include "launcher/job/data_file.h"
 
 #include <fstream>
 #include <string>

@@ -1,6 +1,6 @@
 // Job resolution and validation: flags over the job file over defaults, every value ranged, checked
 // against the devices and the machine.
-#include "launcher/job.h"
+#include "launcher/job/job.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,9 +22,9 @@
 #include "google/protobuf/text_format.h"
 #include "common/checkpoint.h"
 #include "common/input_file.h"
-#include "launcher/liveness.h"
-#include "launcher/run_dir.h"
-#include "launcher/token_file.h"
+#include "launcher/coordinator/liveness.h"
+#include "launcher/job/run_dir.h"
+#include "launcher/job/data_file.h"
 #include "models/export_layout.h"
 #include "models/registry.h"
 #include "schedule/schedule.h"
@@ -390,7 +390,7 @@ absl::Status ResolveEval(JobSpec& spec) {
 }
 
 // The pipeline's counts, checked: they do not depend on the model. (The schedule is checked by the
-// schedule library, and the partition and the memory with the model's description: launcher/job_plan.h.)
+// schedule library, and the partition and the memory with the model's description: launcher/plan/job_plan.h.)
 absl::Status ValidatePipeline(const JobSpec& job) {
   const PipelineSpec& p = job.pipeline();
   if (p.stages() < 1) return Invalid("--pipeline_stages must be at least 1");

@@ -1,7 +1,7 @@
 // Turns what the user asked for (flags, an optional job file) and what the machine shows into a
 // validated JobSpec, before any process starts. Every refusal says what to change.
-#ifndef STAGEHAND_LAUNCHER_JOB_H_
-#define STAGEHAND_LAUNCHER_JOB_H_
+#ifndef STAGEHAND_LAUNCHER_JOB_JOB_H_
+#define STAGEHAND_LAUNCHER_JOB_JOB_H_
 
 #include <functional>
 #include <optional>
@@ -10,8 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "launcher/devices.h"
-#include "launcher/job_plan.h"  // kCpuWorkerBytes
+#include "launcher/plan/devices.h"
+#include "launcher/plan/job_plan.h"  // kCpuWorkerBytes
 #include "protos/job.pb.h"
 
 namespace stagehand {
@@ -76,7 +76,7 @@ struct JobRequest {
   std::optional<bool> profile_single_stage;
   std::optional<bool> partition_clocks;  // --partition_clocks: the partition weighs GPU clocks
   std::optional<bool> prefetch_libraries;  // --prefetch_libraries: library readahead at start-up
-  // Data parallelism and the layout (launcher/layout.h).
+  // Data parallelism and the layout (launcher/plan/layout.h).
   std::optional<int> data_parallel;
   std::optional<bool> shard_optimizer;
   std::string layout;             // "manual" or "auto"
@@ -98,7 +98,7 @@ struct ResolvedJob {
 };
 
 // The learning rate a preset trains at unless --lr (or the job file's lr) says otherwise: one table
-// (launcher/job.cc) for every way the preset was chosen. 1e-4 for a preset it does not list.
+// (launcher/job/job.cc) for every way the preset was chosen. 1e-4 for a preset it does not list.
 double PresetLr(const std::string& preset);
 
 // The models stagehand's own worker runs ("allreduce" and the built-in presets), for messages.
@@ -143,4 +143,4 @@ absl::StatusOr<JobSpec> ReadJobFile(const std::string& path);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_JOB_H_
+#endif  // STAGEHAND_LAUNCHER_JOB_JOB_H_

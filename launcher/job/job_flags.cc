@@ -1,5 +1,5 @@
 // The job flags (job_flags.h): the one definition of each, for the launcher and the client.
-#include "launcher/job_flags.h"
+#include "launcher/job/job_flags.h"
 
 #include <optional>
 #include <string>
@@ -7,7 +7,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "launcher/liveness.h"
+#include "launcher/coordinator/liveness.h"
 
 ABSL_FLAG(int, gpus, -1, "GPUs to use, one worker each: the first N visible (default: all visible; "
                          "with none visible, 2 CPU workers)");
@@ -25,7 +25,7 @@ ABSL_FLAG(std::string, job, "", "a JobSpec in protobuf text format (protos/job.p
                                "overrides its field, bools too (--timing=false over timing: true)");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, -1,
           absl::StrCat("a worker silent this long (after its assignment) is dead (default ",
-                       stagehand::kDefaultHeartbeatTimeoutMs, "; launcher/liveness.h)"));
+                       stagehand::kDefaultHeartbeatTimeoutMs, "; launcher/coordinator/liveness.h)"));
 ABSL_FLAG(int64_t, progress_timeout_ms, -1, "a run with no finished step for this long is stalled (default 300000)");
 ABSL_FLAG(int64_t, register_timeout_ms, -1, "every worker must register within this (default 60000)");
 ABSL_FLAG(int64_t, nccl_init_timeout_ms, -1, "communicator setup deadline (default 60000)");

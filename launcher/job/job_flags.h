@@ -1,19 +1,19 @@
 // The flags that shape a job (--gpus, --model, --steps, ...), shared by the launcher and the client
 // (`client submit` takes the launcher's own job flags): defined once here, read into a JobRequest.
-#ifndef STAGEHAND_LAUNCHER_JOB_FLAGS_H_
-#define STAGEHAND_LAUNCHER_JOB_FLAGS_H_
+#ifndef STAGEHAND_LAUNCHER_JOB_JOB_FLAGS_H_
+#define STAGEHAND_LAUNCHER_JOB_JOB_FLAGS_H_
 
 #include "common/flags.h"
-#include "launcher/job.h"
+#include "launcher/job/job.h"
 
 namespace stagehand {
 
 // The source file that defines the job flags, for FlagsHelp.
-inline constexpr char kJobFlagsFile[] = "launcher/job_flags.cc";
+inline constexpr char kJobFlagsFile[] = "launcher/job/job_flags.cc";
 
 // What the user typed, as a JobRequest (only the flags given are set; see JobRequest).
 JobRequest JobRequestFromFlags(const ParsedFlags& parsed);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_JOB_FLAGS_H_
+#endif  // STAGEHAND_LAUNCHER_JOB_JOB_FLAGS_H_

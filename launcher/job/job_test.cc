@@ -1,6 +1,6 @@
 // Unit tests of job resolution: defaults, flags over the job file, the device choice against fake
 // device inventories (0, 2 or 4 GPUs), and every refusal naming what to change.
-#include "launcher/job.h"
+#include "launcher/job/job.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -23,8 +23,8 @@
 #include "gtest/gtest.h"
 #include "common/checkpoint.h"
 #include "google/protobuf/text_format.h"
-#include "launcher/job_plan.h"
-#include "launcher/liveness.h"
+#include "launcher/plan/job_plan.h"
+#include "launcher/coordinator/liveness.h"
 #include "schedule/schedule.h"
 
 namespace stagehand {
@@ -113,7 +113,7 @@ TEST(JobTest, ResolveJob_NoFlags_AppliesDefaults) {
   EXPECT_EQ(spec.tensor_elements(), 1 << 20);
   EXPECT_EQ(spec.timeouts().register_ms(), 60000);
   EXPECT_EQ(spec.timeouts().heartbeat_interval_ms(), 100);
-  EXPECT_EQ(spec.timeouts().heartbeat_timeout_ms(), kDefaultHeartbeatTimeoutMs);  // launcher/liveness.h
+  EXPECT_EQ(spec.timeouts().heartbeat_timeout_ms(), kDefaultHeartbeatTimeoutMs);  // launcher/coordinator/liveness.h
   EXPECT_EQ(spec.timeouts().progress_timeout_ms(), 300000);
   EXPECT_EQ(spec.timeouts().nccl_init_ms(), 60000);
   EXPECT_EQ(spec.timeouts().grace_ms(), 3000);

@@ -1,5 +1,5 @@
 // The run directory's files (see run_dir.h).
-#include "launcher/run_dir.h"
+#include "launcher/job/run_dir.h"
 
 #include <dirent.h>
 #include <fcntl.h>

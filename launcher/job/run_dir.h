@@ -2,8 +2,8 @@
 // paths as the user typed them, the directory itself (new or empty unless --overwrite), files written
 // whole or not at all (a temporary name, fsync, rename), steps.csv appended as steps arrive, and the
 // startup ledger.
-#ifndef STAGEHAND_LAUNCHER_RUN_DIR_H_
-#define STAGEHAND_LAUNCHER_RUN_DIR_H_
+#ifndef STAGEHAND_LAUNCHER_JOB_RUN_DIR_H_
+#define STAGEHAND_LAUNCHER_JOB_RUN_DIR_H_
 
 #include <string>
 #include <vector>
@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "launcher/supervisor.h"
+#include "launcher/supervise/supervisor.h"
 #include "protos/coordinator.pb.h"
 
 namespace stagehand {
@@ -99,4 +99,4 @@ absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launc
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_RUN_DIR_H_
+#endif  // STAGEHAND_LAUNCHER_JOB_RUN_DIR_H_

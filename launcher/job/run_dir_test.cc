@@ -1,6 +1,6 @@
 // Tests of the run directory's files: the atomic writer (whole file or the old one, never a cut one),
 // steps.csv rows that stay whole on a full disk, and which directories a run may use.
-#include "launcher/run_dir.h"
+#include "launcher/job/run_dir.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // The worker binary and its environment (see worker_binary.h).
-#include "launcher/worker_binary.h"
+#include "launcher/job/worker_binary.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "launcher/run_dir.h"
+#include "launcher/job/run_dir.h"
 
 extern char** environ;
 

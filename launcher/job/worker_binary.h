@@ -1,6 +1,6 @@
 // The worker binary the launcher spawns and the environment it gets.
-#ifndef STAGEHAND_LAUNCHER_WORKER_BINARY_H_
-#define STAGEHAND_LAUNCHER_WORKER_BINARY_H_
+#ifndef STAGEHAND_LAUNCHER_JOB_WORKER_BINARY_H_
+#define STAGEHAND_LAUNCHER_JOB_WORKER_BINARY_H_
 
 #include <string>
 #include <vector>
@@ -27,4 +27,4 @@ std::vector<std::string> WorkerEnvironmentFrom(const std::vector<std::string>& l
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_WORKER_BINARY_H_
+#endif  // STAGEHAND_LAUNCHER_JOB_WORKER_BINARY_H_

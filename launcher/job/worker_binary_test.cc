@@ -1,7 +1,7 @@
 // Unit tests of the workers' environment (worker_binary.h): NCCL's network settings pass through to
 // every worker, the variables the supervisor sets per worker do not, NVLink multicast is forced off,
 // and OpenMP's threads are shared out unless the launcher's environment says.
-#include "launcher/worker_binary.h"
+#include "launcher/job/worker_binary.h"
 
 #include <string>
 #include <vector>

@@ -1,5 +1,5 @@
 // gRPC client of the Coordinator service for agents (see agent_client.h).
-#include "launcher/agent_client.h"
+#include "launcher/multihost/agent_client.h"
 
 #include <utility>
 

@@ -2,8 +2,8 @@
 // and the long poll for the job's stop, behind an interface so that the agent's logic is tested over
 // a fake (fake_agent_client.h). Every call returns the codes protos/coordinator.proto documents, with
 // messages that say what to check (common/tls.h's ExplainRpcError).
-#ifndef STAGEHAND_LAUNCHER_AGENT_CLIENT_H_
-#define STAGEHAND_LAUNCHER_AGENT_CLIENT_H_
+#ifndef STAGEHAND_LAUNCHER_MULTIHOST_AGENT_CLIENT_H_
+#define STAGEHAND_LAUNCHER_MULTIHOST_AGENT_CLIENT_H_
 
 #include <functional>
 #include <memory>
@@ -42,4 +42,4 @@ absl::StatusOr<std::unique_ptr<AgentClient>> ConnectAgentClient(const std::strin
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_AGENT_CLIENT_H_
+#endif  // STAGEHAND_LAUNCHER_MULTIHOST_AGENT_CLIENT_H_

@@ -1,8 +1,8 @@
 // An AgentClient for unit tests of the agent: answers RegisterAgent with what the test set, records
 // heartbeats and exit reports, fails heartbeats while the test says the coordinator is unreachable,
 // and ends the long poll when the test pushes a stop.
-#ifndef STAGEHAND_LAUNCHER_FAKE_AGENT_CLIENT_H_
-#define STAGEHAND_LAUNCHER_FAKE_AGENT_CLIENT_H_
+#ifndef STAGEHAND_LAUNCHER_MULTIHOST_FAKE_AGENT_CLIENT_H_
+#define STAGEHAND_LAUNCHER_MULTIHOST_FAKE_AGENT_CLIENT_H_
 
 #include <optional>
 #include <utility>
@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "launcher/agent_client.h"
+#include "launcher/multihost/agent_client.h"
 
 namespace stagehand {
 
@@ -123,4 +123,4 @@ class FakeAgentClient : public AgentClient {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_FAKE_AGENT_CLIENT_H_
+#endif  // STAGEHAND_LAUNCHER_MULTIHOST_FAKE_AGENT_CLIENT_H_

@@ -1,5 +1,5 @@
 // The agent of a job across several hosts (see node_agent.h).
-#include "launcher/node_agent.h"
+#include "launcher/multihost/node_agent.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -12,9 +12,9 @@
 #include "absl/strings/str_format.h"
 #include "common/checkpoint.h"
 #include "common/host.h"
-#include "launcher/job.h"
-#include "launcher/run_dir.h"
-#include "launcher/worker_binary.h"
+#include "launcher/job/job.h"
+#include "launcher/job/run_dir.h"
+#include "launcher/job/worker_binary.h"
 
 namespace stagehand {
 namespace {

@@ -4,8 +4,8 @@
 // grace period) as soon as the coordinator pushes the job's stop or cannot be reached for
 // kAgentTimeout. Driven by Tick(); no threads of its own but the client's, so unit tests drive it with
 // a fake client, a fake spawner and a fake clock.
-#ifndef STAGEHAND_LAUNCHER_NODE_AGENT_H_
-#define STAGEHAND_LAUNCHER_NODE_AGENT_H_
+#ifndef STAGEHAND_LAUNCHER_MULTIHOST_NODE_AGENT_H_
+#define STAGEHAND_LAUNCHER_MULTIHOST_NODE_AGENT_H_
 
 #include <functional>
 #include <memory>
@@ -17,12 +17,12 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "launcher/agent_client.h"
-#include "launcher/coordinator.h"
-#include "launcher/devices.h"
-#include "launcher/nodes.h"
-#include "launcher/process.h"
-#include "launcher/supervisor.h"
+#include "launcher/multihost/agent_client.h"
+#include "launcher/coordinator/coordinator.h"
+#include "launcher/plan/devices.h"
+#include "launcher/multihost/nodes.h"
+#include "launcher/supervise/process.h"
+#include "launcher/supervise/supervisor.h"
 
 namespace stagehand {
 
@@ -127,4 +127,4 @@ int RunAgent(const AgentLaunch& launch);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_NODE_AGENT_H_
+#endif  // STAGEHAND_LAUNCHER_MULTIHOST_NODE_AGENT_H_

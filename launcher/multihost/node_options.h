@@ -1,8 +1,8 @@
 // Where one launcher stands in a job of several hosts: the one struct that the flags (--nodes,
-// --node_rank, --coordinator_address) and a scheduler's environment (--slurm, launcher/slurm.h)
-// fill, and that launcher/nodes.h checks. No dependencies, so that the parsers stay light.
-#ifndef STAGEHAND_LAUNCHER_NODE_OPTIONS_H_
-#define STAGEHAND_LAUNCHER_NODE_OPTIONS_H_
+// --node_rank, --coordinator_address) and a scheduler's environment (--slurm, launcher/multihost/slurm.h)
+// fill, and that launcher/multihost/nodes.h checks. No dependencies, so that the parsers stay light.
+#ifndef STAGEHAND_LAUNCHER_MULTIHOST_NODE_OPTIONS_H_
+#define STAGEHAND_LAUNCHER_MULTIHOST_NODE_OPTIONS_H_
 
 #include <optional>
 #include <string>
@@ -27,4 +27,4 @@ struct NodeOptions {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_NODE_OPTIONS_H_
+#endif  // STAGEHAND_LAUNCHER_MULTIHOST_NODE_OPTIONS_H_

@@ -1,5 +1,5 @@
 // One job across several hosts: the checks and notes (see nodes.h).
-#include "launcher/nodes.h"
+#include "launcher/multihost/nodes.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/input_file.h"
-#include "launcher/coordinator_service.h"
-#include "launcher/run_dir.h"
+#include "launcher/coordinator/coordinator_service.h"
+#include "launcher/job/run_dir.h"
 
 namespace stagehand {
 namespace {

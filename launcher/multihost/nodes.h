@@ -1,8 +1,8 @@
 // One job across several hosts (launcher --nodes=N): where this launcher stands (node 0 coordinates,
 // the others are agents), the checks every launcher of the job makes before it starts anything (TLS
 // on every non-loopback hop, the job token file), and the plan's report of the links between hosts.
-#ifndef STAGEHAND_LAUNCHER_NODES_H_
-#define STAGEHAND_LAUNCHER_NODES_H_
+#ifndef STAGEHAND_LAUNCHER_MULTIHOST_NODES_H_
+#define STAGEHAND_LAUNCHER_MULTIHOST_NODES_H_
 
 #include <string>
 #include <vector>
@@ -10,8 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/tls.h"
-#include "launcher/coordinator.h"
-#include "launcher/node_options.h"
+#include "launcher/coordinator/coordinator.h"
+#include "launcher/multihost/node_options.h"
 
 namespace stagehand {
 
@@ -56,4 +56,4 @@ PartitionFn WithCrossHostLinks(PartitionFn inner, std::vector<NodeState> nodes);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_NODES_H_
+#endif  // STAGEHAND_LAUNCHER_MULTIHOST_NODES_H_

@@ -23,13 +23,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/checkpoint.h"
-#include "launcher/coordinator.h"
-#include "launcher/fake_agent_client.h"
-#include "launcher/fake_clock.h"
-#include "launcher/fake_process.h"
-#include "launcher/node_agent.h"
-#include "launcher/nodes.h"
-#include "launcher/supervisor.h"
+#include "launcher/coordinator/coordinator.h"
+#include "launcher/multihost/fake_agent_client.h"
+#include "launcher/supervise/fake_clock.h"
+#include "launcher/supervise/fake_process.h"
+#include "launcher/multihost/node_agent.h"
+#include "launcher/multihost/nodes.h"
+#include "launcher/supervise/supervisor.h"
 
 namespace stagehand {
 namespace {

@@ -1,5 +1,5 @@
 // `launcher --slurm` (see slurm.h): the hostlist parser and the reading of a job step's environment.
-#include "launcher/slurm.h"
+#include "launcher/multihost/slurm.h"
 
 #include <spawn.h>
 #include <sys/wait.h>

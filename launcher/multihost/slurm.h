@@ -2,8 +2,8 @@
 // step (srun): the node count, this node's rank, the coordinator's address (the step's first host, on
 // a port derived from the job id) and the GPUs Slurm allocated. Pure functions of the environment,
 // except the scontrol fallback, which is injected.
-#ifndef STAGEHAND_LAUNCHER_SLURM_H_
-#define STAGEHAND_LAUNCHER_SLURM_H_
+#ifndef STAGEHAND_LAUNCHER_MULTIHOST_SLURM_H_
+#define STAGEHAND_LAUNCHER_MULTIHOST_SLURM_H_
 
 #include <cstdint>
 #include <functional>
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "launcher/node_options.h"
+#include "launcher/multihost/node_options.h"
 
 namespace stagehand {
 
@@ -39,7 +39,7 @@ int SlurmCoordinatorPort(int64_t job_id);
 // INVALID_ARGUMENT for anything else (unbalanced brackets, a reversed range, an empty item).
 absl::StatusOr<std::vector<std::string>> ParseHostlist(absl::string_view hostlist);
 
-// The node's options (launcher/node_options.h) from a job step's environment: the node count, this
+// The node's options (launcher/multihost/node_options.h) from a job step's environment: the node count, this
 // node's rank (SLURM_NODEID), the coordinator (the list's first host, on the derived port or
 // options.coordinator_port), the node's name (SLURMD_NODENAME, else its entry in the list) and its
 // GPUs (SLURM_GPUS_ON_NODE, CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS, SLURM_JOB_GPUS). The step's variables win over the job's
@@ -63,4 +63,4 @@ std::map<std::string, std::string> ProcessEnvironment();
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_SLURM_H_
+#endif  // STAGEHAND_LAUNCHER_MULTIHOST_SLURM_H_

@@ -1,6 +1,6 @@
-// Unit tests of launcher/slurm.h: the hostlist parser and a job step's environment read into the
+// Unit tests of launcher/multihost/slurm.h: the hostlist parser and a job step's environment read into the
 // node's options, with every refusal's message.
-#include "launcher/slurm.h"
+#include "launcher/multihost/slurm.h"
 
 #include <map>
 #include <string>

@@ -1,5 +1,5 @@
 // Reads the visible GPUs through libcuda.so.1, opened with dlopen: the launcher links no CUDA library.
-#include "launcher/devices.h"
+#include "launcher/plan/devices.h"
 
 #include <dlfcn.h>
 #include <sched.h>

@@ -1,7 +1,7 @@
 // What GPUs this machine shows the launcher, read through the CUDA driver API loaded at run time, so
 // that the launcher starts (and runs CPU workers) on machines without a GPU or driver.
-#ifndef STAGEHAND_LAUNCHER_DEVICES_H_
-#define STAGEHAND_LAUNCHER_DEVICES_H_
+#ifndef STAGEHAND_LAUNCHER_PLAN_DEVICES_H_
+#define STAGEHAND_LAUNCHER_PLAN_DEVICES_H_
 
 #include <cstdint>
 #include <string>
@@ -31,4 +31,4 @@ DeviceInventory QueryDevices();
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_DEVICES_H_
+#endif  // STAGEHAND_LAUNCHER_PLAN_DEVICES_H_

@@ -5,7 +5,7 @@
 // own; the neighbours' link (peer access, NVLink or PCIe) needs both GPUs' identities, which only the
 // coordinator has before the assignment; and the policy (--health) stays in one place while the
 // workers only report what they read.
-#include "launcher/health_gate.h"
+#include "launcher/plan/health_gate.h"
 
 #include <cstdio>
 #include <utility>

@@ -2,13 +2,13 @@
 // job, judging every worker's pre-flight readings with telemetry/health.h once all have registered.
 // It prints the warnings and a summary line; a refusal stops the job before any step, and the launcher
 // exits 4 (a worker could not be started) with the refusal as the root cause.
-#ifndef STAGEHAND_LAUNCHER_HEALTH_GATE_H_
-#define STAGEHAND_LAUNCHER_HEALTH_GATE_H_
+#ifndef STAGEHAND_LAUNCHER_PLAN_HEALTH_GATE_H_
+#define STAGEHAND_LAUNCHER_PLAN_HEALTH_GATE_H_
 
 #include <functional>
 #include <string>
 
-#include "launcher/coordinator.h"
+#include "launcher/coordinator/coordinator.h"
 #include "protos/job.pb.h"
 
 namespace stagehand {
@@ -19,4 +19,4 @@ AdmissionFn HealthAdmission(const JobSpec& job, std::function<void(const std::st
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_HEALTH_GATE_H_
+#endif  // STAGEHAND_LAUNCHER_PLAN_HEALTH_GATE_H_

@@ -1,6 +1,6 @@
 // The health gate as the coordinator's admission check: a GPU with uncorrected ECC errors stops the job
 // when the last worker registers, before any assignment, naming the GPU; warnings are printed.
-#include "launcher/health_gate.h"
+#include "launcher/plan/health_gate.h"
 
 #include <string>
 #include <thread>

@@ -1,5 +1,5 @@
 // The plan of a model job (see job_plan.h).
-#include "launcher/job_plan.h"
+#include "launcher/plan/job_plan.h"
 
 #include <algorithm>
 #include <fstream>
@@ -11,9 +11,9 @@
 #include "absl/strings/str_split.h"
 #include "common/input_file.h"
 #include "google/protobuf/text_format.h"
-#include "launcher/layout.h"
-#include "launcher/plan_clocks.h"
-#include "launcher/planner.h"
+#include "launcher/plan/layout.h"
+#include "launcher/plan/plan_clocks.h"
+#include "launcher/plan/planner.h"
 #include "models/registry.h"
 #include "schedule/schedule_proto.h"
 
@@ -311,7 +311,7 @@ absl::StatusOr<std::vector<LayerProfileAt>> ReadLayoutProfiles(const std::string
     LayerProfile profile;
     if (!google::protobuf::TextFormat::ParseFromString(*text, &profile)) {
       return Invalid(absl::StrCat("--layout_profiles: ", path, " is not a readable LayerProfile in text format "
-                                  "(protos/job.proto; launcher/testdata/ holds examples)"));
+                                  "(protos/job.proto; launcher/plan/testdata/ holds examples)"));
     }
     if (profile.layers_size() != layers || profile.micro_batch() < 1) {
       return Invalid(absl::StrCat("--layout_profiles: ", path, " has ", profile.layers_size(), " layers at micro-batch ",

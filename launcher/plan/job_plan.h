@@ -3,14 +3,14 @@
 // each stage holds (planner.h, from the workers' measured profiles or the family's estimate). The
 // coordinator ships both in each worker's Assignment. Knows no model family: a family's description
 // (models/registry.h) when it is a built-in one, else only what the workers report.
-#ifndef STAGEHAND_LAUNCHER_JOB_PLAN_H_
-#define STAGEHAND_LAUNCHER_JOB_PLAN_H_
+#ifndef STAGEHAND_LAUNCHER_PLAN_JOB_PLAN_H_
+#define STAGEHAND_LAUNCHER_PLAN_JOB_PLAN_H_
 
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "launcher/coordinator.h"
-#include "launcher/devices.h"
+#include "launcher/coordinator/coordinator.h"
+#include "launcher/plan/devices.h"
 #include "protos/job.pb.h"
 #include "schedule/schedule.h"
 
@@ -28,7 +28,7 @@ absl::StatusOr<Schedule> JobSchedule(const JobSpec& job);
 inline constexpr int64_t kCpuWorkerBytes = int64_t{256} << 20;  // what a CPU worker process needs itself
 absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus, int64_t cpu_memory_bytes = 0);
 
-// --layout=auto (launcher/layout.h), before the job is resolved: chooses pipeline.stages,
+// --layout=auto (launcher/plan/layout.h), before the job is resolved: chooses pipeline.stages,
 // data_parallel, pipeline.schedule and pipeline.micro_batches for job.workers() from the built-in
 // family's estimate (the sizes resolved here), the devices' memory (each GPU's, or a CPU worker's share
 // of `cpu_memory_bytes`) and replica_gbps, and returns the lines to print: the best three with their
@@ -48,4 +48,4 @@ absl::StatusOr<std::string> FailureGrid(const Partition& partition, int rank, in
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_JOB_PLAN_H_
+#endif  // STAGEHAND_LAUNCHER_PLAN_JOB_PLAN_H_

@@ -1,6 +1,6 @@
 // Tests of the job plan: the schedule the coordinator ships (generated, or given as text and lowered),
 // refused when it cannot run; the partition from profiles; the grid of a failed run.
-#include "launcher/job_plan.h"
+#include "launcher/plan/job_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -173,7 +173,7 @@ TEST(Partitioner, TwoChunksPerWorker_PartitionsEveryVirtualStage) {
 
 std::string Testdata(const std::string& name) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/stagehand/launcher/testdata/" + name;
+  return std::string(srcdir ? srcdir : ".") + "/stagehand/launcher/plan/testdata/" + name;
 }
 
 // --layout=auto from the recorded gpt-1.3b profiles: the lines say what it planned from, the cost model,

@@ -1,5 +1,5 @@
 // The layout planner (see layout.h).
-#include "launcher/layout.h"
+#include "launcher/plan/layout.h"
 
 #include <algorithm>
 #include <cmath>

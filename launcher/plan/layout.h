@@ -3,15 +3,15 @@
 // plus the transfers between stages, the optimizer step and the replicas' gradient all-reduce, within
 // each device's memory. Pure logic: the costs come from profiles (a worker's measurement, recorded
 // ones, or a family's estimate) at one or more micro-batch sizes.
-#ifndef STAGEHAND_LAUNCHER_LAYOUT_H_
-#define STAGEHAND_LAUNCHER_LAYOUT_H_
+#ifndef STAGEHAND_LAUNCHER_PLAN_LAYOUT_H_
+#define STAGEHAND_LAUNCHER_PLAN_LAYOUT_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "launcher/planner.h"
+#include "launcher/plan/planner.h"
 
 namespace stagehand {
 
@@ -128,7 +128,7 @@ struct DeviceFigures {
   double replica_gbps = 0, replica_latency_ms = 0;
   double optimizer_ms_per_gb = 0;
   // A layer's fixed cost, for planning from an estimate: the recorded gpt-1.3b H200 profiles fitted
-  // (launcher/testdata/gpt-1.3b-h200-fused-mb*): about 0.02 ms forward and 0.1 ms backward per layer.
+  // (launcher/plan/testdata/gpt-1.3b-h200-fused-mb*): about 0.02 ms forward and 0.1 ms backward per layer.
   double layer_fixed_forward_ms = 0, layer_fixed_backward_ms = 0;
 };
 DeviceFigures FiguresFor(bool gpu);
@@ -138,4 +138,4 @@ double AllReduceMs(int64_t bytes, int replicas, double gbps);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_LAYOUT_H_
+#endif  // STAGEHAND_LAUNCHER_PLAN_LAYOUT_H_

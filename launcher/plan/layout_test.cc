@@ -1,5 +1,5 @@
-// Tests of the layout planner, on a profile recorded on an H200 (launcher/testdata/).
-#include "launcher/layout.h"
+// Tests of the layout planner, on a profile recorded on an H200 (launcher/plan/testdata/).
+#include "launcher/plan/layout.h"
 
 #include <fstream>
 #include <sstream>
@@ -19,7 +19,7 @@ using ::testing::HasSubstr;
 
 LayerProfileAt ReadProfile(const std::string& name) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
-  std::ifstream in(std::string(srcdir ? srcdir : ".") + "/stagehand/launcher/testdata/" + name);
+  std::ifstream in(std::string(srcdir ? srcdir : ".") + "/stagehand/launcher/plan/testdata/" + name);
   std::stringstream text;
   text << in.rdbuf();
   LayerProfile profile;

@@ -1,5 +1,5 @@
 // The partition's clock weights and per-rank predictions (see plan_clocks.h).
-#include "launcher/plan_clocks.h"
+#include "launcher/plan/plan_clocks.h"
 
 #include <algorithm>
 

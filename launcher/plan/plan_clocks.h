@@ -1,13 +1,13 @@
 // The clock-aware side of the partition (issue 19): each rank's SM clock under load weighed into the
 // stages' costs (telemetry/clock_model.h: time ~ 1/clock), the clocks in the plan line, and each
 // rank's predicted compute per step for the report's predicted-against-measured. Used by job_plan.cc.
-#ifndef STAGEHAND_LAUNCHER_PLAN_CLOCKS_H_
-#define STAGEHAND_LAUNCHER_PLAN_CLOCKS_H_
+#ifndef STAGEHAND_LAUNCHER_PLAN_PLAN_CLOCKS_H_
+#define STAGEHAND_LAUNCHER_PLAN_PLAN_CLOCKS_H_
 
 #include <string>
 #include <vector>
 
-#include "launcher/coordinator.h"
+#include "launcher/coordinator/coordinator.h"
 #include "protos/job.pb.h"
 #include "schedule/schedule.h"
 #include "telemetry/clock_model.h"
@@ -39,4 +39,4 @@ void FillRankPredictions(const JobSpec& job, const Schedule& schedule, const Sim
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_PLAN_CLOCKS_H_
+#endif  // STAGEHAND_LAUNCHER_PLAN_PLAN_CLOCKS_H_

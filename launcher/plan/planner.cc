@@ -1,6 +1,6 @@
 // Pipeline partitioning: exact min-bottleneck contiguous split under per-stage memory limits (suffix
 // dynamic programme), plus the uniform and explicit splits, all priced by the same cost model.
-#include "launcher/planner.h"
+#include "launcher/plan/planner.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,8 +1,8 @@
 // Partitions a model's ordered layers into contiguous pipeline stages: minimise the slowest stage
 // (forward plus backward time) subject to each stage fitting its GPU's memory. Also the uniform and
 // explicit partitions. Pure logic: costs come from the workers' profiles.
-#ifndef STAGEHAND_LAUNCHER_PLANNER_H_
-#define STAGEHAND_LAUNCHER_PLANNER_H_
+#ifndef STAGEHAND_LAUNCHER_PLAN_PLANNER_H_
+#define STAGEHAND_LAUNCHER_PLAN_PLANNER_H_
 
 #include <cstdint>
 #include <string>
@@ -50,4 +50,4 @@ absl::StatusOr<Plan> PlanExplicit(const PlanRequest& request, const std::vector<
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_PLANNER_H_
+#endif  // STAGEHAND_LAUNCHER_PLAN_PLANNER_H_

@@ -1,7 +1,7 @@
 // Unit tests of the pipeline planner: the balanced split against brute force over every contiguous
 // split (with and without memory limits), the reference GPT's heavy head, uniform and explicit splits,
 // and every refusal naming what to change.
-#include "launcher/planner.h"
+#include "launcher/plan/planner.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // One job from its coordinator's start to its reports (see job_run.h).
-#include "launcher/job_run.h"
+#include "launcher/run/job_run.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -16,12 +16,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/text_format.h"
-#include "launcher/health_gate.h"
+#include "launcher/plan/health_gate.h"
 #include "common/checkpoint.h"
 #include "common/host.h"
-#include "launcher/job_plan.h"
-#include "launcher/run_dir.h"
-#include "launcher/worker_binary.h"
+#include "launcher/plan/job_plan.h"
+#include "launcher/job/run_dir.h"
+#include "launcher/job/worker_binary.h"
 #include "models/model_description.h"
 
 namespace stagehand {

@@ -4,8 +4,8 @@
 // steps.csv as steps arrive and the reports at the end (each whole or absent). It handles no signal
 // and prints nothing itself: its lines go to a JobListener, so a foreground run prints them and the
 // server streams them to watchers.
-#ifndef STAGEHAND_LAUNCHER_JOB_RUN_H_
-#define STAGEHAND_LAUNCHER_JOB_RUN_H_
+#ifndef STAGEHAND_LAUNCHER_RUN_JOB_RUN_H_
+#define STAGEHAND_LAUNCHER_RUN_JOB_RUN_H_
 
 #include <memory>
 #include <string>
@@ -14,14 +14,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "launcher/coordinator.h"
-#include "launcher/coordinator_service.h"
-#include "launcher/job.h"
-#include "launcher/nodes.h"
-#include "launcher/process.h"
-#include "launcher/progress.h"
-#include "launcher/report.h"
-#include "launcher/supervisor.h"
+#include "launcher/coordinator/coordinator.h"
+#include "launcher/coordinator/coordinator_service.h"
+#include "launcher/job/job.h"
+#include "launcher/multihost/nodes.h"
+#include "launcher/supervise/process.h"
+#include "launcher/run/progress.h"
+#include "launcher/run/report.h"
+#include "launcher/supervise/supervisor.h"
 #include "protos/job.pb.h"
 
 namespace stagehand {
@@ -129,4 +129,4 @@ std::string InterruptLine(int signal, int interrupts);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_JOB_RUN_H_
+#endif  // STAGEHAND_LAUNCHER_RUN_JOB_RUN_H_

@@ -1,5 +1,5 @@
 // One launch from start to end (see launch.h).
-#include "launcher/launch.h"
+#include "launcher/run/launch.h"
 
 #include <signal.h>
 #include <sys/random.h>
@@ -25,15 +25,15 @@
 #include "common/logging.h"
 #include "common/readahead.h"
 #include "google/protobuf/text_format.h"
-#include "launcher/coordinator_service.h"
-#include "launcher/job_plan.h"
-#include "launcher/node_agent.h"
-#include "launcher/progress.h"
-#include "launcher/report.h"
-#include "launcher/run_dir.h"
-#include "launcher/sweep_report.h"
-#include "launcher/supervisor.h"
-#include "launcher/worker_binary.h"
+#include "launcher/coordinator/coordinator_service.h"
+#include "launcher/plan/job_plan.h"
+#include "launcher/multihost/node_agent.h"
+#include "launcher/run/progress.h"
+#include "launcher/run/report.h"
+#include "launcher/job/run_dir.h"
+#include "launcher/run/sweep_report.h"
+#include "launcher/supervise/supervisor.h"
+#include "launcher/job/worker_binary.h"
 #include "models/model_description.h"
 
 namespace stagehand {

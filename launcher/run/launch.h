@@ -3,24 +3,24 @@
 // workers, write steps.csv as steps arrive, handle SIGINT/SIGTERM/SIGHUP, write the reports (each
 // whole or absent), print the root cause or the summary and the startup ledger. Returns the
 // launcher's exit code (supervisor.h lists them; kExitWriteFailed is in job_run.h).
-#ifndef STAGEHAND_LAUNCHER_LAUNCH_H_
-#define STAGEHAND_LAUNCHER_LAUNCH_H_
+#ifndef STAGEHAND_LAUNCHER_RUN_LAUNCH_H_
+#define STAGEHAND_LAUNCHER_RUN_LAUNCH_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "absl/status/statusor.h"
-#include "launcher/devices.h"
-#include "launcher/job.h"
-#include "launcher/job_run.h"
-#include "launcher/nodes.h"
+#include "launcher/plan/devices.h"
+#include "launcher/job/job.h"
+#include "launcher/run/job_run.h"
+#include "launcher/multihost/nodes.h"
 #include "protos/job.pb.h"
 
 namespace stagehand {
 
 // The launcher's version (--version), bumped with each release; the wire protocol has its own number
-// (kProtocolVersion, launcher/coordinator_service.h).
+// (kProtocolVersion, launcher/coordinator/coordinator_service.h).
 inline constexpr char kVersion[] = "0.11.0";
 
 struct LaunchOptions {
@@ -68,4 +68,4 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_LAUNCH_H_
+#endif  // STAGEHAND_LAUNCHER_RUN_LAUNCH_H_

@@ -1,5 +1,5 @@
 // Progress lines of a foreground run (see progress.h).
-#include "launcher/progress.h"
+#include "launcher/run/progress.h"
 
 #include <algorithm>
 #include <cmath>

@@ -4,8 +4,8 @@
 // the validation loss and perplexity; once every rank has reported, the parameter count; for the
 // checked all-reduce, nccl-tests' columns (size, count, type, time, algbw, busbw, #wrong) and its
 // average bus bandwidth at the end.
-#ifndef STAGEHAND_LAUNCHER_PROGRESS_H_
-#define STAGEHAND_LAUNCHER_PROGRESS_H_
+#ifndef STAGEHAND_LAUNCHER_RUN_PROGRESS_H_
+#define STAGEHAND_LAUNCHER_RUN_PROGRESS_H_
 
 #include <cstdio>
 #include <deque>
@@ -17,7 +17,7 @@
 #include "absl/strings/string_view.h"
 
 #include "absl/time/time.h"
-#include "launcher/coordinator.h"
+#include "launcher/coordinator/coordinator.h"
 #include "protos/job.pb.h"
 
 namespace stagehand {
@@ -66,4 +66,4 @@ class Progress {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_PROGRESS_H_
+#endif  // STAGEHAND_LAUNCHER_RUN_PROGRESS_H_

@@ -1,5 +1,5 @@
 // Tests of the progress lines: nccl-tests' all-reduce columns and bandwidths, the model's ETA.
-#include "launcher/progress.h"
+#include "launcher/run/progress.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // report.json, trace.json and the run's summary numbers, computed from the job and the step reports
 // alone (no clocks, no files), so every figure the launcher prints can be checked by hand in a test.
-#include "launcher/report.h"
+#include "launcher/run/report.h"
 
 #include <signal.h>
 

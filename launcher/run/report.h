@@ -1,8 +1,8 @@
 // What a run leaves behind besides the logs: report.json (RunReport, through protobuf's JSON printer),
 // trace.json (a Chrome/Perfetto timeline: one track per rank, one slice per action) and the summary
 // numbers the launcher prints. Pure functions of the job and the step reports, so they are unit-tested.
-#ifndef STAGEHAND_LAUNCHER_REPORT_H_
-#define STAGEHAND_LAUNCHER_REPORT_H_
+#ifndef STAGEHAND_LAUNCHER_RUN_REPORT_H_
+#define STAGEHAND_LAUNCHER_RUN_REPORT_H_
 
 #include <string>
 #include <vector>
@@ -109,4 +109,4 @@ std::string EndLine(const RunEnd& end);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_REPORT_H_
+#endif  // STAGEHAND_LAUNCHER_RUN_REPORT_H_

@@ -1,7 +1,7 @@
 // Unit tests of the run report: the FLOP count against targets.md, every aggregate of a hand-made
 // 2-rank run checked against hand arithmetic, report.json round-tripping through protobuf's parser, and
 // trace.json parsed back, with its tracks free of overlaps even when the reports overlap.
-#include "launcher/report.h"
+#include "launcher/run/report.h"
 
 #include <cmath>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The outputs of a scaling sweep: speedup and efficiency against the smallest successful run, the
 // pipeline bubble bound, and sweep.csv, a markdown table and a standalone SVG plot built from them.
-#include "launcher/sweep_report.h"
+#include "launcher/run/sweep_report.h"
 
 #include <algorithm>
 #include <cmath>

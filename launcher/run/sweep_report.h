@@ -1,7 +1,7 @@
 // The outputs of a scaling sweep (`launcher --sweep=1,2,4`): sweep.csv, a markdown table and an SVG
 // plot of speedup against worker count with the ideal line and the schedule's bubble bound.
-#ifndef STAGEHAND_LAUNCHER_SWEEP_REPORT_H_
-#define STAGEHAND_LAUNCHER_SWEEP_REPORT_H_
+#ifndef STAGEHAND_LAUNCHER_RUN_SWEEP_REPORT_H_
+#define STAGEHAND_LAUNCHER_RUN_SWEEP_REPORT_H_
 
 #include <cstdint>
 #include <string>
@@ -37,4 +37,4 @@ std::string SweepSvg(const std::vector<SweepPoint>& points, const std::string& t
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_SWEEP_REPORT_H_
+#endif  // STAGEHAND_LAUNCHER_RUN_SWEEP_REPORT_H_

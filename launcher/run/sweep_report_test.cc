@@ -1,6 +1,6 @@
 // Unit tests of the sweep outputs: speedup and efficiency against the right base, the bubble bound,
 // CSV quoting, the markdown table, and the SVG checked as well-formed XML with plain C++ (no python).
-#include "launcher/sweep_report.h"
+#include "launcher/run/sweep_report.h"
 
 #include <cstdint>
 #include <cstdlib>

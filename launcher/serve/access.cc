@@ -1,5 +1,5 @@
 // Tokens and roles (see access.h).
-#include "launcher/access.h"
+#include "launcher/serve/access.h"
 
 #include <dirent.h>
 #include <fcntl.h>

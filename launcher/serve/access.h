@@ -1,8 +1,8 @@
 // Tokens and roles of `launcher --serve`: minting a token (the server keeps only its SHA-256),
 // recognizing one, deciding what its role may do, the admin token of a first start, and the client's
 // token file.
-#ifndef STAGEHAND_LAUNCHER_ACCESS_H_
-#define STAGEHAND_LAUNCHER_ACCESS_H_
+#ifndef STAGEHAND_LAUNCHER_SERVE_ACCESS_H_
+#define STAGEHAND_LAUNCHER_SERVE_ACCESS_H_
 
 #include <string>
 #include <vector>
@@ -13,10 +13,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/crypto.h"
-#include "launcher/auth_token.h"
-#include "launcher/job_service.h"
-#include "launcher/job_store.h"
-#include "launcher/roles.h"  // RoleName, ParseRole (the server names roles in its refusals)
+#include "control/bearer_token.h"
+#include "launcher/serve/job_service.h"
+#include "launcher/serve/job_store.h"
+#include "control/roles.h"  // RoleName, ParseRole (the server names roles in its refusals)
 #include "protos/control.pb.h"
 
 namespace stagehand {
@@ -98,4 +98,4 @@ absl::Status CheckStateFiles(const std::string& dir);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_ACCESS_H_
+#endif  // STAGEHAND_LAUNCHER_SERVE_ACCESS_H_

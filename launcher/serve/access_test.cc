@@ -1,5 +1,5 @@
 // Tests of tokens and roles (access.h) over a real job store under TEST_TMPDIR.
-#include "launcher/access.h"
+#include "launcher/serve/access.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -8,7 +8,7 @@
 // the ResourceQuota's thread count (ControlServerOptions::max_threads, 256 by default: 50 watchers of
 // a job, the test's figure, use about 55); a call beyond the bound is answered RESOURCE_EXHAUSTED
 // rather than queued behind streams that may last hours.
-#include "launcher/control_service.h"
+#include "launcher/serve/control_service.h"
 
 #include <chrono>
 
@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/tls.h"
-#include "launcher/listen_address.h"
+#include "launcher/coordinator/listen_address.h"
 
 namespace stagehand {
 namespace {

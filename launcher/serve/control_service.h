@@ -1,7 +1,7 @@
 // The gRPC face of JobService (protos/control.proto): a thin adapter that reads the bearer token,
 // authenticates it, calls the service and converts the status. All logic lives behind JobService.
-#ifndef STAGEHAND_LAUNCHER_CONTROL_SERVICE_H_
-#define STAGEHAND_LAUNCHER_CONTROL_SERVICE_H_
+#ifndef STAGEHAND_LAUNCHER_SERVE_CONTROL_SERVICE_H_
+#define STAGEHAND_LAUNCHER_SERVE_CONTROL_SERVICE_H_
 
 #include <atomic>
 #include <memory>
@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
-#include "launcher/job_service.h"
+#include "launcher/serve/job_service.h"
 #include "protos/control.grpc.pb.h"
 
 namespace stagehand {
@@ -87,4 +87,4 @@ class ControlServer {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_CONTROL_SERVICE_H_
+#endif  // STAGEHAND_LAUNCHER_SERVE_CONTROL_SERVICE_H_

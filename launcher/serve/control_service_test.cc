@@ -1,7 +1,7 @@
 // The control adapter over real gRPC on loopback, with the in-memory FakeJobService behind it and
 // ControlClient in front: tokens, roles, watches (resumed, fifty at once), logs, fetches, and the
 // listen address's rules.
-#include "launcher/control_service.h"
+#include "launcher/serve/control_service.h"
 
 #include <sys/stat.h>
 #include <dirent.h>
@@ -18,8 +18,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
-#include "launcher/control_client.h"
-#include "launcher/fake_job_service.h"
+#include "client/control_client.h"
+#include "launcher/serve/fake_job_service.h"
 
 namespace stagehand {
 namespace {

@@ -1,7 +1,7 @@
 // An in-memory JobService for the control adapter's and the client's tests: tokens with roles, jobs
 // whose events, logs and files the test writes, and the role rules of control.proto.
-#ifndef STAGEHAND_LAUNCHER_FAKE_JOB_SERVICE_H_
-#define STAGEHAND_LAUNCHER_FAKE_JOB_SERVICE_H_
+#ifndef STAGEHAND_LAUNCHER_SERVE_FAKE_JOB_SERVICE_H_
+#define STAGEHAND_LAUNCHER_SERVE_FAKE_JOB_SERVICE_H_
 
 #include <algorithm>
 #include <map>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "launcher/job_service.h"
+#include "launcher/serve/job_service.h"
 
 namespace stagehand {
 
@@ -290,4 +290,4 @@ class FakeJobService : public JobService {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_FAKE_JOB_SERVICE_H_
+#endif  // STAGEHAND_LAUNCHER_SERVE_FAKE_JOB_SERVICE_H_

@@ -1,5 +1,5 @@
 // A served job's numbered events (see job_events.h).
-#include "launcher/job_events.h"
+#include "launcher/serve/job_events.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,8 +1,8 @@
 // One served job's events (state changes, step reports, output lines), numbered 1, 2, 3, ... and kept
 // in memory for watchers, who read them after a sequence number and wait for more. Thread-safe: the
 // serve loop and the job's output thread append, gRPC threads read.
-#ifndef STAGEHAND_LAUNCHER_JOB_EVENTS_H_
-#define STAGEHAND_LAUNCHER_JOB_EVENTS_H_
+#ifndef STAGEHAND_LAUNCHER_SERVE_JOB_EVENTS_H_
+#define STAGEHAND_LAUNCHER_SERVE_JOB_EVENTS_H_
 
 #include <cstdint>
 #include <string>
@@ -52,4 +52,4 @@ class JobEvents {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_JOB_EVENTS_H_
+#endif  // STAGEHAND_LAUNCHER_SERVE_JOB_EVENTS_H_

@@ -1,5 +1,5 @@
 // JobEvents: numbering, filtering of lines, waiting, the final state, text split into lines.
-#include "launcher/job_events.h"
+#include "launcher/serve/job_events.h"
 
 #include <thread>
 

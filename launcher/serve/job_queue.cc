@@ -1,5 +1,5 @@
 // The device queue (see job_queue.h).
-#include "launcher/job_queue.h"
+#include "launcher/serve/job_queue.h"
 
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 // The device queue of `launcher --serve`: which queued jobs start now, on which GPUs. Pure logic (no
 // clock, no store, no threads), so the server calls it under its own lock and tests drive it directly.
-#ifndef STAGEHAND_LAUNCHER_JOB_QUEUE_H_
-#define STAGEHAND_LAUNCHER_JOB_QUEUE_H_
+#ifndef STAGEHAND_LAUNCHER_SERVE_JOB_QUEUE_H_
+#define STAGEHAND_LAUNCHER_SERVE_JOB_QUEUE_H_
 
 #include <deque>
 #include <string>
@@ -88,4 +88,4 @@ class DeviceQueue {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_JOB_QUEUE_H_
+#endif  // STAGEHAND_LAUNCHER_SERVE_JOB_QUEUE_H_

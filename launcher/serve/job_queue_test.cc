@@ -1,6 +1,6 @@
 // Tests of the device queue (job_queue.h): FIFO without overtaking, jobs that fit together at once,
 // GPU ordinals, and the messages of a job that can never fit.
-#include "launcher/job_queue.h"
+#include "launcher/serve/job_queue.h"
 
 #include <string>
 #include <vector>

@@ -1,5 +1,5 @@
 // The server's logic behind `launcher --serve` (see job_server.h).
-#include "launcher/job_server.h"
+#include "launcher/serve/job_server.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -28,9 +28,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/fd.h"
-#include "launcher/launch.h"
-#include "launcher/run_dir.h"
-#include "launcher/worker_binary.h"
+#include "launcher/run/launch.h"
+#include "launcher/job/run_dir.h"
+#include "launcher/job/worker_binary.h"
 
 namespace stagehand {
 namespace {

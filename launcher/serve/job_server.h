@@ -5,8 +5,8 @@
 //
 // Threads: gRPC threads call the JobService methods; one thread (the serve loop, which must live as
 // long as the workers: PR_SET_PDEATHSIG) calls Tick(), which alone starts, drives and ends runs.
-#ifndef STAGEHAND_LAUNCHER_JOB_SERVER_H_
-#define STAGEHAND_LAUNCHER_JOB_SERVER_H_
+#ifndef STAGEHAND_LAUNCHER_SERVE_JOB_SERVER_H_
+#define STAGEHAND_LAUNCHER_SERVE_JOB_SERVER_H_
 
 #include <deque>
 #include <functional>
@@ -16,15 +16,15 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "launcher/access.h"
-#include "launcher/devices.h"
-#include "launcher/job_events.h"
-#include "launcher/job_queue.h"
-#include "launcher/job_run.h"
-#include "launcher/job_service.h"
-#include "launcher/job_store.h"
-#include "launcher/launch.h"
-#include "launcher/terminal.h"
+#include "launcher/serve/access.h"
+#include "launcher/plan/devices.h"
+#include "launcher/serve/job_events.h"
+#include "launcher/serve/job_queue.h"
+#include "launcher/run/job_run.h"
+#include "launcher/serve/job_service.h"
+#include "launcher/serve/job_store.h"
+#include "launcher/run/launch.h"
+#include "launcher/supervise/terminal.h"
 
 namespace stagehand {
 
@@ -151,4 +151,4 @@ class JobServer : public JobService {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_JOB_SERVER_H_
+#endif  // STAGEHAND_LAUNCHER_SERVE_JOB_SERVER_H_

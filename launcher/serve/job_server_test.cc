@@ -1,7 +1,7 @@
 // JobServer without its serve loop (Tick is never called, so nothing starts): submissions queue, and
 // cancelling them ends them; what the server keeps of ended jobs is checked here. Runs of real jobs
 // are tests/serve_test's.
-#include "launcher/job_server.h"
+#include "launcher/serve/job_server.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,7 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "launcher/job_store.h"
+#include "launcher/serve/job_store.h"
 
 namespace stagehand {
 namespace {

@@ -3,8 +3,8 @@
 // calls Authenticate, then the method, and converts the status; everything else (roles, the queue,
 // the store, the runs) lives behind this interface. A fake (fake_job_service.h) serves the adapter's
 // tests.
-#ifndef STAGEHAND_LAUNCHER_JOB_SERVICE_H_
-#define STAGEHAND_LAUNCHER_JOB_SERVICE_H_
+#ifndef STAGEHAND_LAUNCHER_SERVE_JOB_SERVICE_H_
+#define STAGEHAND_LAUNCHER_SERVE_JOB_SERVICE_H_
 
 #include <cstdint>
 #include <string>
@@ -87,4 +87,4 @@ class JobService {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_JOB_SERVICE_H_
+#endif  // STAGEHAND_LAUNCHER_SERVE_JOB_SERVICE_H_

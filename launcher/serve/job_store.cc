@@ -6,7 +6,7 @@
 // FULL adds an fsync of the WAL at every commit, so that a submit the client was told about survives a
 // power cut or a kernel crash too; NORMAL could lose the last commits there. A job server commits a
 // few times per job, so the fsync (about a millisecond on an SSD) costs nothing that matters.
-#include "launcher/job_store.h"
+#include "launcher/serve/job_store.h"
 
 #include <fcntl.h>
 #include <sqlite3.h>

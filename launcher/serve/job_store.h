@@ -1,8 +1,8 @@
 // The durable state of `launcher --serve`: its jobs and its clients' token hashes, in one SQLite file
 // (<state_dir>/jobs.db) that survives a restart and a kill -9 of the server with every committed
 // change.
-#ifndef STAGEHAND_LAUNCHER_JOB_STORE_H_
-#define STAGEHAND_LAUNCHER_JOB_STORE_H_
+#ifndef STAGEHAND_LAUNCHER_SERVE_JOB_STORE_H_
+#define STAGEHAND_LAUNCHER_SERVE_JOB_STORE_H_
 
 #include <cstdint>
 #include <memory>
@@ -168,4 +168,4 @@ class JobStore {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_JOB_STORE_H_
+#endif  // STAGEHAND_LAUNCHER_SERVE_JOB_STORE_H_

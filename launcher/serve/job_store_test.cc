@@ -1,6 +1,6 @@
 // Tests of the job store (job_store.h) on a real SQLite file under TEST_TMPDIR: round trips, idempotent
 // submits, state changes, reopening, refusal of files that are not ours, and a SIGKILL mid-insert.
-#include "launcher/job_store.h"
+#include "launcher/serve/job_store.h"
 
 #include <fcntl.h>
 #include <poll.h>

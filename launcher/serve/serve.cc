@@ -1,5 +1,5 @@
 // `launcher --serve` (see serve.h).
-#include "launcher/serve.h"
+#include "launcher/serve/serve.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -14,12 +14,12 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
 #include "common/grpc_status.h"
-#include "launcher/control_service.h"
-#include "launcher/coordinator_service.h"
-#include "launcher/devices.h"
-#include "launcher/job_server.h"
-#include "launcher/run_dir.h"
-#include "launcher/supervisor.h"
+#include "launcher/serve/control_service.h"
+#include "launcher/coordinator/coordinator_service.h"
+#include "launcher/plan/devices.h"
+#include "launcher/serve/job_server.h"
+#include "launcher/job/run_dir.h"
+#include "launcher/supervise/supervisor.h"
 
 namespace stagehand {
 namespace {

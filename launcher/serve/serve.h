@@ -1,8 +1,8 @@
 // `launcher --serve`: the control service on --listen, the job server behind it, and the serve loop
 // that drives every job. Signals are handled here only: SIGTERM or SIGINT stops the running jobs
 // (a second one kills them) and then the server; queued jobs wait in the store for the next start.
-#ifndef STAGEHAND_LAUNCHER_SERVE_H_
-#define STAGEHAND_LAUNCHER_SERVE_H_
+#ifndef STAGEHAND_LAUNCHER_SERVE_SERVE_H_
+#define STAGEHAND_LAUNCHER_SERVE_SERVE_H_
 
 #include <string>
 
@@ -26,4 +26,4 @@ int Serve(const ServeOptions& options);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_SERVE_H_
+#endif  // STAGEHAND_LAUNCHER_SERVE_SERVE_H_

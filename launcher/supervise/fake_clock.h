@@ -1,7 +1,7 @@
 // A clock for unit tests of the supervisor, the coordinator and the agent: read from any thread (the
 // coordinator reads it on registering threads), advanced only by the test.
-#ifndef STAGEHAND_LAUNCHER_FAKE_CLOCK_H_
-#define STAGEHAND_LAUNCHER_FAKE_CLOCK_H_
+#ifndef STAGEHAND_LAUNCHER_SUPERVISE_FAKE_CLOCK_H_
+#define STAGEHAND_LAUNCHER_SUPERVISE_FAKE_CLOCK_H_
 
 #include <functional>
 
@@ -32,4 +32,4 @@ class FakeClock {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_FAKE_CLOCK_H_
+#endif  // STAGEHAND_LAUNCHER_SUPERVISE_FAKE_CLOCK_H_

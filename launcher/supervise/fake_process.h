@@ -1,7 +1,7 @@
 // A ProcessSpawner for unit tests of the supervisor: starts nothing, hands out fake pids, records the
 // specs and signals it gets, and reports the exits a test queues with Exit() or Kill().
-#ifndef STAGEHAND_LAUNCHER_FAKE_PROCESS_H_
-#define STAGEHAND_LAUNCHER_FAKE_PROCESS_H_
+#ifndef STAGEHAND_LAUNCHER_SUPERVISE_FAKE_PROCESS_H_
+#define STAGEHAND_LAUNCHER_SUPERVISE_FAKE_PROCESS_H_
 
 #include <algorithm>
 #include <utility>
@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "launcher/process.h"
+#include "launcher/supervise/process.h"
 
 namespace stagehand {
 
@@ -119,4 +119,4 @@ class FakeProcessSpawner : public ProcessSpawner {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_FAKE_PROCESS_H_
+#endif  // STAGEHAND_LAUNCHER_SUPERVISE_FAKE_PROCESS_H_

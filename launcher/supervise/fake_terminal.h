@@ -1,14 +1,14 @@
 // A TerminalSink for unit tests: a terminal that a test stalls and resumes at will, keeping what it
 // was given, so that tests of the bounded writer are deterministic.
-#ifndef STAGEHAND_LAUNCHER_FAKE_TERMINAL_H_
-#define STAGEHAND_LAUNCHER_FAKE_TERMINAL_H_
+#ifndef STAGEHAND_LAUNCHER_SUPERVISE_FAKE_TERMINAL_H_
+#define STAGEHAND_LAUNCHER_SUPERVISE_FAKE_TERMINAL_H_
 
 #include <string>
 
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "launcher/terminal.h"
+#include "launcher/supervise/terminal.h"
 
 namespace stagehand {
 
@@ -68,4 +68,4 @@ class FakeTerminalSink : public TerminalSink {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_FAKE_TERMINAL_H_
+#endif  // STAGEHAND_LAUNCHER_SUPERVISE_FAKE_TERMINAL_H_

@@ -1,6 +1,6 @@
 // The real ProcessSpawner (fork/exec, process groups, PR_SET_PDEATHSIG, the secret pipe, one thread per
 // child forwarding its output line by line to its log and the terminal writer) and BecomeSubreaper().
-#include "launcher/process.h"
+#include "launcher/supervise/process.h"
 
 #include <fcntl.h>
 #include <poll.h>

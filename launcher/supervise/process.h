@@ -1,7 +1,7 @@
 // Spawning and supervising worker processes, behind an interface so that the supervisor's logic can
 // be unit-tested with a fake (fake_process.h). The real spawner is PosixProcessSpawner.
-#ifndef STAGEHAND_LAUNCHER_PROCESS_H_
-#define STAGEHAND_LAUNCHER_PROCESS_H_
+#ifndef STAGEHAND_LAUNCHER_SUPERVISE_PROCESS_H_
+#define STAGEHAND_LAUNCHER_SUPERVISE_PROCESS_H_
 
 #include <memory>
 #include <string>
@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "launcher/terminal.h"
+#include "launcher/supervise/terminal.h"
 
 namespace stagehand {
 
@@ -64,4 +64,4 @@ absl::Status BecomeSubreaper();
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_PROCESS_H_
+#endif  // STAGEHAND_LAUNCHER_SUPERVISE_PROCESS_H_

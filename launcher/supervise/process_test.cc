@@ -1,6 +1,6 @@
 // Tests of the POSIX process spawner with real processes (/bin/sh, /bin/sleep), of the bounded
 // terminal writer its forwarders write to (with a fake terminal and a real pipe), and of the fakes.
-#include "launcher/process.h"
+#include "launcher/supervise/process.h"
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
@@ -31,9 +31,9 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "launcher/fake_process.h"
-#include "launcher/fake_terminal.h"
-#include "launcher/terminal.h"
+#include "launcher/supervise/fake_process.h"
+#include "launcher/supervise/fake_terminal.h"
+#include "launcher/supervise/terminal.h"
 
 namespace stagehand {
 namespace {

@@ -1,5 +1,5 @@
 // Supervision of one run (see supervisor.h).
-#include "launcher/supervisor.h"
+#include "launcher/supervise/supervisor.h"
 
 #include <signal.h>
 
@@ -23,7 +23,7 @@
 namespace stagehand {
 namespace {
 
-// launcher/liveness.h's, for this job's heartbeat interval.
+// launcher/coordinator/liveness.h's, for this job's heartbeat interval.
 absl::Duration StopNotice(const Timeouts& t) { return stagehand::StopNotice(t.heartbeat_interval_ms()); }
 
 // "1 step", "3 steps".

@@ -2,8 +2,8 @@
 // job on the first failure (coordinator stop, then SIGTERM, a grace period, SIGKILL), and names the
 // root cause. Driven by Tick() from the launcher's main loop; no threads of its own, so unit tests
 // drive it with a fake spawner and a fake clock.
-#ifndef STAGEHAND_LAUNCHER_SUPERVISOR_H_
-#define STAGEHAND_LAUNCHER_SUPERVISOR_H_
+#ifndef STAGEHAND_LAUNCHER_SUPERVISE_SUPERVISOR_H_
+#define STAGEHAND_LAUNCHER_SUPERVISE_SUPERVISOR_H_
 
 #include <functional>
 #include <optional>
@@ -14,9 +14,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/worker_contract.h"
-#include "launcher/coordinator.h"
-#include "launcher/devices.h"
-#include "launcher/process.h"
+#include "launcher/coordinator/coordinator.h"
+#include "launcher/plan/devices.h"
+#include "launcher/supervise/process.h"
 
 namespace stagehand {
 
@@ -170,4 +170,4 @@ class Supervisor {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_SUPERVISOR_H_
+#endif  // STAGEHAND_LAUNCHER_SUPERVISE_SUPERVISOR_H_

@@ -1,6 +1,6 @@
 // Unit tests of the Supervisor: a FakeProcessSpawner stands for the worker processes, a real
 // CoordinatorState for what they report, and one fake clock, advanced by the test, for both.
-#include "launcher/supervisor.h"
+#include "launcher/supervise/supervisor.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -23,9 +23,9 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "launcher/coordinator.h"
-#include "launcher/fake_clock.h"
-#include "launcher/fake_process.h"
+#include "launcher/coordinator/coordinator.h"
+#include "launcher/supervise/fake_clock.h"
+#include "launcher/supervise/fake_process.h"
 
 namespace stagehand {
 
@@ -57,7 +57,7 @@ constexpr int64_t kHeartbeatTimeoutMs = 1000;
 constexpr int64_t kProgressTimeoutMs = 10000;
 constexpr int64_t kRegisterMs = 5000;
 constexpr int64_t kGraceMs = 3000;
-constexpr absl::Duration kStopNotice = StopNotice(kHeartbeatIntervalMs);  // launcher/liveness.h
+constexpr absl::Duration kStopNotice = StopNotice(kHeartbeatIntervalMs);  // launcher/coordinator/liveness.h
 constexpr absl::Duration kGrace = absl::Milliseconds(kGraceMs);
 constexpr absl::Duration kTick = absl::Milliseconds(1);
 
@@ -411,7 +411,7 @@ TEST_F(SupervisorTest, Tick_NoHeartbeatPastTimeout_IsHungWithStoppedHeartbeating
 
 // A worker that registered first waits in Register while the others register and profile their
 // devices, which may take longer than the heartbeat timeout: it is alive (its call is ours), and its
-// heartbeats start with its assignment (launcher/liveness.h).
+// heartbeats start with its assignment (launcher/coordinator/liveness.h).
 TEST_F(SupervisorTest, Tick_RegisteredAndWaitingForPeers_IsNotHungUntilItsAssignment) {
   Init(2);
   ASSERT_TRUE(supervisor_->Start().ok());

@@ -1,6 +1,6 @@
 // The bounded terminal writer, its fd sink, and the capture of the launcher's own stdout (see
 // terminal.h).
-#include "launcher/terminal.h"
+#include "launcher/supervise/terminal.h"
 
 #include <fcntl.h>
 #include <limits.h>

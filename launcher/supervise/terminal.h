@@ -2,8 +2,8 @@
 // through one bounded buffer that one thread writes out, so that a terminal that stops reading stalls
 // that thread only, never supervision. Lines that do not fit are dropped from the terminal (the rank
 // logs get every line: the forwarders write them first) and a notice counts them once it moves again.
-#ifndef STAGEHAND_LAUNCHER_TERMINAL_H_
-#define STAGEHAND_LAUNCHER_TERMINAL_H_
+#ifndef STAGEHAND_LAUNCHER_SUPERVISE_TERMINAL_H_
+#define STAGEHAND_LAUNCHER_SUPERVISE_TERMINAL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -108,4 +108,4 @@ void FinishStdout(absl::Duration patience);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_TERMINAL_H_
+#endif  // STAGEHAND_LAUNCHER_SUPERVISE_TERMINAL_H_

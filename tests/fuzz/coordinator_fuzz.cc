@@ -1,4 +1,4 @@
-// libFuzzer target for the coordinator's state machine (launcher/coordinator.h), one Coordinator request
+// libFuzzer target for the coordinator's state machine (launcher/coordinator/coordinator.h), one Coordinator request
 // kind per run: STAGEHAND_FUZZ_TARGET names it (Register, KeyValueSet, KeyValueGet, Barrier, Heartbeat,
 // ReportMilestone, ReportStep, Finish, WaitForStop). An input is a sequence of requests of that kind,
 // each a 2-byte little-endian length and the serialized proto (what the gRPC adapter would hand the
@@ -14,7 +14,7 @@
 
 #include "absl/time/clock.h"
 #include "google/protobuf/stubs/logging.h"
-#include "launcher/coordinator.h"
+#include "launcher/coordinator/coordinator.h"
 #include "protos/coordinator.pb.h"
 
 namespace stagehand {

@@ -12,7 +12,7 @@ def clang_fuzzer(name, main, compile_srcs, inputs, targets, seconds = 60, seeds 
       name: the fuzzer's name.
       main: the fuzz target's source (defines LLVMFuzzerTestOneInput).
       compile_srcs: workspace paths of the .cc files among `inputs` to compile with it
-        ("launcher/coordinator.cc"; generated files too, "protos/job.pb.cc").
+        ("launcher/coordinator/coordinator.cc"; generated files too, "protos/job.pb.cc").
       inputs: labels of every file the compilation reads (sources, headers, generated protos).
       targets: names passed to the fuzzer as STAGEHAND_FUZZ_TARGET; one test each (name_<target>).
       seconds: fuzzing time per test.

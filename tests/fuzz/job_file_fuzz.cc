@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/stubs/logging.h"
-#include "launcher/job.h"
-#include "launcher/job_plan.h"
+#include "launcher/job/job.h"
+#include "launcher/plan/job_plan.h"
 #include "models/model_description.h"
 
 namespace {

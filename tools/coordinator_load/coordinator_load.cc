@@ -31,8 +31,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
-#include "launcher/coordinator.h"
-#include "launcher/coordinator_service.h"
+#include "launcher/coordinator/coordinator.h"
+#include "launcher/coordinator/coordinator_service.h"
 #include "protos/coordinator.grpc.pb.h"
 
 ABSL_FLAG(int, workers, 10000, "simulated workers (1 to 20000)");
