@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The repository describes the code, not when or how it was written: no line of its own text (//:all_sources,
-# README.md and docs/ included; bench/ and CHANGELOG.md not) numbers the calls, rounds, sessions or issues
+# README.md and docs/ included; bench/results/ and CHANGELOG.md not) numbers the calls, rounds, sessions or issues
 # of its making, says "as" "before", "this" "round", "as of <commit>" or "frozen" "copy". Fails listing
 # each such line as file:line. History lives in git and CHANGELOG.md.
 set -u
@@ -37,14 +37,14 @@ if [ -n "$hits" ]; then
 fi
 
 # Best effort, where the checkout is reachable through the runfiles' links: every tracked file outside
-# bench/, CHANGELOG.md and the rule stubs must be among the scanned ones (a new package adds its
+# bench/results/, CHANGELOG.md and the rule stubs must be among the scanned ones (a new package adds its
 # all_sources to //:all_sources).
 root=$(dirname "$(readlink -f WORKSPACE 2>/dev/null || echo .)")
 if tracked=$(git -C "$root" ls-files 2>/dev/null) && [ -n "$tracked" ]; then
   missing=()
   while IFS= read -r f; do
     case "$f" in
-      bench/* | CHANGELOG.md | third_party/rules_*/* | third_party/remote_coverage_tools/*) continue ;;
+      bench/results/* | CHANGELOG.md | third_party/rules_*/* | third_party/remote_coverage_tools/*) continue ;;
     esac
     [ -e "$root/$f" ] && [ ! -e "$f" ] && missing+=("$f")
   done <<< "$tracked"
