@@ -62,7 +62,7 @@ ABSL_FLAG(std::string, job_roots, "",
           "with --serve: comma-separated directories a job's paths (--data, --layout_profiles, --init_from, "
           "--resume, --export_dir) must lie in (default: --state_dir/runs and --state_dir/data)");
 ABSL_FLAG(bool, version, false, "print the version and the coordinator protocol version, and exit");
-// ---- Slurm (issue 13; launcher/multihost/slurm.h) ----
+// ---- Slurm (launcher/multihost/slurm.h) ----
 ABSL_FLAG(bool, slurm, false,
           "take the node count, node rank, coordinator host and this node's GPUs from the Slurm job step "
           "(srun --ntasks-per-node=1 launcher --slurm ...): node 0 on the step's first host coordinates at "
@@ -213,7 +213,7 @@ int Run(const stagehand::LaunchOptions& options) {
   return stagehand::Launch(options).exit_code;
 }
 
-// ---- Slurm (issue 13) ----
+// ---- Slurm ----
 // The coordinator of a --slurm step and its TLS: one node keeps loopback (and needs no TLS files);
 // several need TLS unless the first host is loopback. Prints where this node stands.
 std::optional<int> PlaceSlurmNode(stagehand::NodeOptions& node, stagehand::NodeTls& tls) {
@@ -341,7 +341,7 @@ int main(int argc, char** argv) {
     }
   }
   if (int code = CheckAgentFlags(*parsed); code != 0) return code;
-  std::optional<stagehand::NodeOptions> slurm_node;  // Slurm (issue 13)
+  std::optional<stagehand::NodeOptions> slurm_node;  // set under --slurm
   stagehand::NodeTls tls;
   if (std::optional<int> code = ApplySlurm(*parsed, slurm_node, tls)) return *code;
   if (absl::Status s = stagehand::BecomeSubreaper(); !s.ok()) {
@@ -352,7 +352,7 @@ int main(int argc, char** argv) {
   options.launch = launch;
   // From here on the launcher's stdout goes through the bounded terminal writer (terminal.h), so that
   // a terminal that stops reading cannot block supervision. If the capture cannot be set up, stdout
-  // is written directly, as before.
+  // is written directly.
   if (absl::Status s = stagehand::CaptureStdout(); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s; writing stdout directly\n", std::string(s.message()).c_str());
   }

@@ -1,4 +1,4 @@
-// Tests of the schedule library: generator shapes, the communication pass against the legacy
+// Tests of the schedule library: generator shapes, the communication pass against the reference
 // generators, deadlock freedom and the bubble formula, the text form, slots, and the grid.
 #include "schedule/schedule.h"
 
@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "schedule/legacy_schedules.h"
+#include "schedule/reference_schedules.h"
 
 namespace stagehand {
 namespace {
@@ -158,13 +158,13 @@ TEST(MakeSchedule, UnknownName_IsInvalidArgumentListingNames) {
               AllOf(HasSubstr("gpipe"), HasSubstr("1f1b"), HasSubstr("forward")));
 }
 
-// ----- AddCommunication: equal to the legacy generators ------------------------------------------
+// ----- AddCommunication: equal to the reference generators ---------------------------------------
 
 // One action as the executor sees it: kind, micro-batch, peer, and group renumbered by first use.
 using Step = std::tuple<int, int, int, int>;
 
-int LegacyKind(legacy::ActionType t) {
-  using T = legacy::ActionType;
+int ReferenceKind(reference::ActionType t) {
+  using T = reference::ActionType;
   switch (t) {
     case T::kForward: return static_cast<int>(ActionKind::kForward);
     case T::kBackward: return static_cast<int>(ActionKind::kBackward);
@@ -193,25 +193,25 @@ std::vector<Step> Canonical(const std::vector<A>& list, KindOf kind_of) {
   return out;
 }
 
-absl::StatusOr<legacy::Schedule> LegacyMake(const std::string& name, int p, int m) {
-  if (name == "gpipe") return legacy::MakeGPipe(p, m);
-  if (name == "1f1b") return legacy::Make1F1B(p, m);
-  return legacy::MakeForwardOnly(p, m);
+absl::StatusOr<reference::Schedule> ReferenceMake(const std::string& name, int p, int m) {
+  if (name == "gpipe") return reference::MakeGPipe(p, m);
+  if (name == "1f1b") return reference::Make1F1B(p, m);
+  return reference::MakeForwardOnly(p, m);
 }
 
-TEST(AddCommunication, GeneratedLists_EqualLegacyGeneratorsRankByRank) {
+TEST(AddCommunication, GeneratedLists_EqualReferenceGeneratorsRankByRank) {
   for (const std::string name : kNames) {
     for (int p = 1; p <= 8; ++p) {
       for (int m = 1; m <= 32; ++m) {
         if (!Trains(name, p, m)) continue;
-        absl::StatusOr<legacy::Schedule> old = LegacyMake(name, p, m);
-        ASSERT_TRUE(old.ok()) << old.status();
+        absl::StatusOr<reference::Schedule> ref = ReferenceMake(name, p, m);
+        ASSERT_TRUE(ref.ok()) << ref.status();
         const Schedule lowered = Build(name, p, m);
-        ASSERT_EQ(lowered.ranks.size(), old->ranks.size());
+        ASSERT_EQ(lowered.ranks.size(), ref->ranks.size());
         for (int r = 0; r < p; ++r) {
           EXPECT_EQ(Canonical(lowered.ranks[r], [](const Action& a) { return int(a.kind); }),
-                    Canonical(old->ranks[r],
-                              [](const legacy::Action& a) { return LegacyKind(a.type); }))
+                    Canonical(ref->ranks[r],
+                              [](const reference::Action& a) { return ReferenceKind(a.type); }))
               << name << " p=" << p << " m=" << m << " rank " << r << ": "
               << ToString(lowered.ranks[r]);
         }
@@ -728,14 +728,14 @@ TEST(BubbleBound, Values_AreTheTextbookFormula) {
 namespace stagehand {
 namespace {
 
-// Found by tests/fuzz:job_file_fuzz: a huge stage number sized an allocation before it was refused.
+// A huge stage number is refused before anything is sized by it (an input of tests/fuzz:job_file_fuzz).
 TEST(ParseSchedule, HugeStageNumber_IsInvalidArgumentWithoutAllocating) {
   absl::StatusOr<Schedule> s = ParseSchedule("0F0 437220932B0 OPT\n", "fuzz", 1);
   ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("stage 1 is computed on no rank"), std::string::npos) << s.status();
 }
 
-// Found by the same fuzzer: the largest int as a stage overflowed the stage count.
+// The largest int as a stage is refused without overflowing the stage count.
 TEST(ParseSchedule, StageIntMax_IsInvalidArgumentWithoutOverflow) {
   absl::StatusOr<Schedule> s = ParseSchedule("0F0 0F1 0B1 0B0 2147483647F1\n", "fuzz", 2);
   ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);

@@ -1,6 +1,6 @@
 // Our NVML declarations (nvml_api.h) against NVIDIA's nvml.h, when a toolkit on the include path has
 // one (the build machines' CUDA 13 toolkit does not: then only the loader's behaviour without a
-// driver is checked). Checked by hand against nvml.h 13.0.87 on 2026-12-02.
+// driver is checked). Checked by hand against nvml.h 13.0.87.
 #include "telemetry/nvml_api.h"
 
 #include <type_traits>

@@ -310,8 +310,8 @@ bool Blocks(int pid, int sig) {
 }
 
 // A signal while the job is still being checked (a large token file scanned, a checkpoint hashed:
-// here a check made to take 30 s) ends the launcher at once, 143 or 130, with nothing created; it
-// used to be held blocked until the workers had started.
+// here a check made to take 30 s) ends the launcher at once, 143 or 130, with nothing created, rather
+// than staying blocked until the workers have started.
 TEST(Launcher, SignalDuringSlowValidation_ExitsAtOnceNothingCreated) {
   for (const int sig : {SIGTERM, SIGINT, SIGHUP}) {
     setenv("STAGEHAND_TEST_SLOW_VALIDATION_MS", "30000", 1);
@@ -431,8 +431,8 @@ int CountPrefixed(const std::string& text, const std::string& prefix, std::strin
   return n;
 }
 
-// Issue 11: with stdout a pipe nobody reads, the launcher used to block in write, and a killed
-// worker went unnoticed until the pipe drained. Each worker first prints 20,000 lines.
+// With stdout a pipe nobody reads, the launcher does not block in write: a killed worker is noticed
+// within 2 s, and the rank logs are complete. Each worker first prints 20,000 lines.
 TEST(Launcher, StdoutNeverRead_KillWorker_NoticedWithin2sAndRankLogsComplete) {
   std::vector<std::string> args = CpuJob(2, 10000000);
   args.push_back("--worker_binary=" + WrapperWorker("chatty", "/usr/bin/seq -f 'chatter %g' 1 20000"));
@@ -468,8 +468,8 @@ TEST(Launcher, StdoutNeverRead_KillWorker_NoticedWithin2sAndRankLogsComplete) {
   ExpectNothingLeft(job, std::chrono::milliseconds(500));
 }
 
-// Issue 11: a registration timeout is a hang (exit 3) naming the rank that did not register; it
-// used to exit 1 blaming a rank whose registration the stopping coordinator had refused.
+// A registration timeout is a hang (exit 3) naming the rank that did not register, not exit 1 blaming
+// a rank whose registration the stopping coordinator refused.
 TEST(Launcher, RegisterTimeout_RankZeroNeverRegisters_Exits3NamingRankZero) {
   std::vector<std::string> args = CpuJob(2, 10000000);
   args.push_back("--worker_binary=" +
@@ -484,7 +484,7 @@ TEST(Launcher, RegisterTimeout_RankZeroNeverRegisters_Exits3NamingRankZero) {
   ExpectNothingLeft(job, std::chrono::seconds(2));
 }
 
-// Issue 11: 200 launches, each killed (SIGTERM and SIGKILL in turn) at a moment that varies from
+// 200 launches, each killed (SIGTERM and SIGKILL in turn) at a moment that varies from
 // just after the workers are spawned to well into the run; after each, no process of the job may
 // remain. Sequential by design: one job at a time on CI's two cores.
 TEST(LauncherCycles, StartKill_200Cycles_NoProcessLeft) {
@@ -738,7 +738,7 @@ TEST(Launcher, CpuModel_TimingOff_NoBubbleMfuOrGpuColumnsOnePartitionLine) {
 }
 
 // AdamW at --lr=10 with --weight_decay=10 multiplies every weight by -99 a step: the loss overflows to
-// NaN by step 4 and stays there. Such a run exited 0; now it stops after 5 non-finite steps in a row.
+// NaN by step 4 and stays there. The run stops after 5 non-finite steps in a row (exit 1), not exit 0.
 TEST(Launcher, LossNaNStepAfterStep_StopsExit1AdvisingALowerLr) {
   Launcher l({"--device=cpu", "--workers=1", "--model=tiny", "--lr=10", "--weight_decay=10", "--steps=1000"});
   ASSERT_EQ(l.Wait(std::chrono::seconds(60)), 1) << l.output();
@@ -759,7 +759,7 @@ std::string WriteTemp(const std::string& name, const std::string& text) {
   return path;
 }
 
-// The input cases of issue 11, through the real binary: one line, exit 2, no run directory, no worker.
+// Bad input through the real binary: one line, exit 2, no run directory, no worker.
 TEST(Launcher, InvalidInput_OneLineExit2NoRunDirectory) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--lr=nan"}, "--lr=nan: not a finite number"},
@@ -818,8 +818,9 @@ TEST(Launcher, Help_NoSentinelDefaultBesideStatedOne) {
   EXPECT_EQ(out.find("--micro-batches"), std::string::npos) << out;
 }
 
-// --help's first example said "--gpus=2 --steps=100: a checked all-reduce per step" though the default
-// model on GPUs trains gpt-1.3b; exit code 75 was missing; "GPT:" labelled flags that Llama takes too.
+// --help tells the truth: the "--gpus=2 --steps=100" example does not call itself an all-reduce (the
+// default model on GPUs trains gpt-1.3b; --model=allreduce does), exit code 75 is listed, and no flag
+// that Llama takes too is labelled "GPT:".
 TEST(Launcher, Help_ExamplesExitCodesAndLabelsTrue) {
   Launcher l({"--help"});
   EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 0);

@@ -1,5 +1,5 @@
 // FusedAdamW's own kernel (adamw_kernels.h) against ATen's _fused_adamw_ (FusedAdamW with own_kernel
-// false) over three steps: parameters and moments within a few float ulps (an H200, 2026-12-01: 1-3
+// false) over three steps: parameters and moments within a few float ulps (on an H200: 1-3
 // ulps of the moments, 1 of the parameters; not bit for bit), the bf16 copies it writes for linear layers (equal to
 // a fresh cast, and left current for the next forward), and the gradients it zeroes. The *Cuda* cases
 // skip without a GPU; on CPU both run ATen's.

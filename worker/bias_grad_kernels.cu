@@ -94,8 +94,8 @@ struct CastSource {
   }
 };
 
-// The q, k, v assembly keeps the kernel it had (RowByRowPartialsKernel, 8 blocks a multiprocessor): the
-// batched-load kernel with this source ran 67.8 us against its 60.9 (gpt-1.3b, H200, 2026-12-01).
+// The q, k, v assembly runs RowByRowPartialsKernel (8 blocks a multiprocessor): the batched-load kernel
+// with this source takes 67.8 us against its 60.9 (gpt-1.3b, H200, bench/results/2026-12-01-backward-kernels.md).
 struct HeadsSource {
   static constexpr int kBlocksPerSm = 8;
   HeadsGradView g[3];

@@ -683,8 +683,8 @@ TEST(CpuTransportStrangerTest, Connect_StrangerClosesMidHello_IsDroppedAndJobCon
   ExpectExactTraffic(ts);
 }
 
-// The attack of issue 11: a forged hello claiming the rank not yet connected (rank 2, at rank 1), which
-// protocol 1 accepted, so that the real rank 2 was refused.
+// A forged hello claiming the rank not yet connected (rank 2, at rank 1) without proof of the job secret
+// is dropped, and the real rank 2 connects (a hello without the proof would take its place).
 TEST(CpuTransportStrangerTest, Connect_ForgedHelloWithWrongMac_IsDroppedAndRealRankConnects) {
   InMemoryKeyValueStore kv;
   DropRecorder drops;

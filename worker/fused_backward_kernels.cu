@@ -99,8 +99,8 @@ __device__ __forceinline__ float2 RowSum(float2 v, float2* shared, int parity) {
 // on); thread t of a row's group owns columns 8t .. 8t + 7, keeps dy and x of them in registers for
 // dx, and its share of dgamma and dbeta in registers across rows. Then the block's groups add those in
 // shared memory, group 0 first, and the block writes one row of partial sums. Few registers a thread,
-// so many rows are in flight on each multiprocessor (the earlier one-warp-a-row kernel kept 128
-// accumulators a thread and ran at about half the H200's memory bandwidth).
+// so many rows are in flight on each multiprocessor (a one-warp-a-row kernel keeps 128 accumulators a
+// thread and runs at about half the H200's memory bandwidth).
 template <int kVecs, bool kCentered>
 __global__ void __launch_bounds__(NormBackwardShape<kVecs>::kThreads, NormBackwardShape<kVecs>::kBlocksPerSm)
     NormBackwardKernel(const uint4* __restrict__ dy, const float4* __restrict__ x, const float4* __restrict__ gamma,

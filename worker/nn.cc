@@ -861,10 +861,10 @@ absl::Status SelectAttentionKernel(const std::string& kernel) {
   std::vector<int64_t> v;
   for (B b : order) v.push_back(static_cast<int64_t>(b));
   at::globalContext().setSDPPriorityOrder(v);
-  // The order alone does not keep cuDNN out: a gpt-1.3b job with --attention=flash ran cuDNN's attention
-  // kernels on an H200 (bench/results/attention-prebuild-h200-2026-12-03.md), as LibTorch puts cuDNN
-  // first on Hopper by itself. So "flash" also switches cuDNN's attention off, and the others put back
-  // LibTorch's setting as it was.
+  // The order alone does not keep cuDNN out: LibTorch puts cuDNN first on Hopper by itself, so a gpt-1.3b
+  // job with --attention=flash would run cuDNN's attention kernels on an H200
+  // (bench/results/attention-prebuild-h200-2026-12-03.md). So "flash" also switches cuDNN's attention off, and
+  // the others keep LibTorch's own setting.
   static const bool cudnn_initially = at::globalContext().userEnabledCuDNNSDP();
   at::globalContext().setSDPUseCuDNN(kernel == "flash" ? false : cudnn_initially);
   return absl::OkStatus();

@@ -89,9 +89,9 @@ class CastCache {
 };
 
 // Casts to refresh together: (buffer, parameter) pairs copied by one at::_foreach_copy_, then marked
-// fresh in their caches. One launch per chunk of tensors instead of one copy_ per parameter: gpt-1.3b's
-// 193 casts were 2.0 ms of kernels and about 3 ms of gaps between them (each copy_ ~16 us of host time
-// while the GPU waited; H200 trace, 2026-12-01).
+// fresh in their caches. One launch per chunk of tensors instead of one copy_ per parameter: as copy_s,
+// gpt-1.3b's 193 casts are 2.0 ms of kernels and about 3 ms of gaps between them (each copy_ ~16 us of
+// host time while the GPU waits; an H200 trace, bench/results/2026-12-01-one-gpu-speed-4.md).
 struct CastBatch {
   std::vector<torch::Tensor> buffers, params;
   std::vector<CastCache*> caches;
@@ -270,8 +270,8 @@ class DeferredSplitBackward {
 // autograd function whose backward adds the gradient into weight's .grad itself, only in the rows the
 // batch used (the ids sorted, each id's rows summed in position order: deterministic; embedding_kernels.h).
 // ATen's backward instead zero-fills a dense [vocab, H] gradient, scatters into it, and autograd then adds
-// all of it to .grad: for gpt-1.3b's 50304 x 2048 table 0.5 ms per micro-batch of 8 x 1024 tokens (H200
-// trace, 2026-12-01), of which the rows used are at most 8192. Otherwise (CPU, bf16, fused false:
+// all of it to .grad: for gpt-1.3b's 50304 x 2048 table 0.5 ms per micro-batch of 8 x 1024 tokens (an
+// H200 trace), of which the rows used are at most 8192. Otherwise (CPU, bf16, fused false:
 // --model_option=fused_embedding_grad=false) torch::embedding.
 // A run dominated by one id (a batch of mostly padding) is summed by one block: correct, but slower than
 // ATen's (up to ~0.3 ms for 8192 equal ids of 2048 columns, an estimate).

@@ -1,6 +1,5 @@
-// The work a worker runs with LibTorch. Until the pipeline lands, one job: "allreduce", a collective
-// per step on a tensor whose exact result every rank checks. The only LibTorch translation unit of
-// the worker so far (LibTorch headers are heavy on a 2-core build machine).
+// The checked all-reduce job of a worker (--model=allreduce): a collective per step on a tensor whose
+// exact result every rank checks. A translation unit of its own (LibTorch headers are heavy to compile).
 #ifndef STAGEHAND_WORKER_TORCH_JOBS_H_
 #define STAGEHAND_WORKER_TORCH_JOBS_H_
 

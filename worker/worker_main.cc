@@ -41,7 +41,7 @@
 #include "worker/torch_jobs.h"
 #include "worker/worker_main.h"
 // Last: LibTorch's c10 logging (through worker/pipeline.h) defines LOG and CHECK too, and the later
-// definition wins; with c10's, this file's LOG(INFO) lines were dropped (below its default level).
+// definition wins; with c10's, this file's LOG(INFO) lines would be dropped (below its default level).
 #include "common/logging.h"
 
 ABSL_FLAG(std::string, coordinator, "", "HOST:PORT of the coordinator");
@@ -383,7 +383,7 @@ int Main() {
 // A SIGTERM that is not from this worker's parent (the launcher, or the agent on another host) is
 // ignored: Slurm sends one to every process of a step on scancel, preemption or a time limit, and the
 // launcher, which gets it too, decides whether the workers first write a checkpoint (it tells them
-// through the coordinator). The parent's SIGTERM ends the worker as before; SIGKILL always does.
+// through the coordinator). The parent's SIGTERM ends the worker (the default action); SIGKILL always does.
 void OnSigterm(int, siginfo_t* info, void*) {
   if (info != nullptr && info->si_pid == getppid()) {
     signal(SIGTERM, SIG_DFL);

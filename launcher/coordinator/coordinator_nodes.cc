@@ -1,6 +1,6 @@
 // CoordinatorState's part for jobs of several hosts (see coordinator.h, "Several hosts"): the agents'
 // registration, heartbeats, worker exits and long polls. Kept apart from coordinator.cc so that the
-// single-host paths stay as they were; it uses the same waits (a poll under mu_, completions outside).
+// single-host paths do not carry them; it uses the same waits (a poll under mu_, completions outside).
 #include <signal.h>
 
 #include <algorithm>

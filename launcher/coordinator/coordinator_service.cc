@@ -293,7 +293,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   int bound = 0;
   // The resolved address, not the name: a second resolution could give another answer.
   builder.AddListeningPort(*bind, credentials, &bound);
-  // Otherwise two servers can bind one port silently (notes/multihost.md); now the second fails.
+  // Otherwise two servers can bind one port silently (gRPC sets SO_REUSEPORT); this way the second fails.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(server->service_.get());
   // No server-side deadline timer per call: every wait of CoordinatorState ends at the call's own

@@ -72,8 +72,8 @@ struct CoordinatorServerOptions {
 // UNAVAILABLE (CoordinatorState::Shutdown) and then shuts the server down.
 class CoordinatorServer {
  public:
-  // `address` is host:port; port 0 picks a free one. Binding anything but loopback is refused for
-  // now: a non-loopback control port needs TLS and a token (design.md), which land with multi-host.
+  // `address` is host:port; port 0 picks a free one. Plaintext, so binding anything but loopback is
+  // refused: another address is served only over mutual TLS (the options form below, design.md).
   // `max_threads` > 0 caps gRPC's threads (ResourceQuota); tests use it to show waits need none.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const std::string& address,
                                                                   CoordinatorState* state,

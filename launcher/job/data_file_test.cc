@@ -55,7 +55,7 @@ TEST(TokenFileTest, CheckTokenFile_FewerThanSeqPlusOne_IsRefused) {
                 "64 tokens, fewer than one window of --seq + 1 = 65");
 }
 
-// The worker used to check only the first 4M tokens; the launcher scans them all.
+// The launcher scans every token, not only the first 4M.
 TEST(TokenFileTest, CheckTokenFile_BadTokenPastFirst4M_NamesPosition) {
   std::vector<uint16_t> tokens((size_t{5} << 20), 3);
   tokens[(size_t{4} << 20) + 17] = 300;

@@ -535,8 +535,8 @@ void ChooseDefaultModel(const JobRequest& r, bool steps_given, ResolvedJob& out)
 }
 
 // --tensor_elements sizes the checked all-reduce alone. With a model it would be ignored: a script that
-// means to time the collective (bench/bench_startup did, once the bare job became gpt-1.3b) would time
-// a model's first training step instead, and one GPU runs no collective at all.
+// means to time the collective (as bench/bench_startup does) would time a model's first training step
+// instead, and one GPU runs no collective at all.
 absl::Status CheckAllReduceFlags(const JobRequest& r, bool model_given, const JobSpec& spec) {
   if (!r.tensor_elements || !IsModelJob(spec)) return absl::OkStatus();
   if (!model_given) {

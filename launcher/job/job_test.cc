@@ -163,8 +163,8 @@ TEST(JobTest, ResolveJob_NoModelWithSteps_KeepsTheSteps) {
   EXPECT_EQ(job->spec.steps(), 7);
 }
 
-// The command bench/bench_startup ran once the bare job became gpt-1.3b: --tensor_elements was ignored
-// and the bench timed a training step (on one GPU, with no collective at all) as "the first all-reduce".
+// --tensor_elements without --model: a model job would ignore it, and a bench would time a training
+// step (on one GPU, with no collective at all) as "the first all-reduce".
 TEST(JobTest, ResolveJob_TensorElementsWithoutModel_RefusedNamingModelAllreduce) {
   JobRequest r;
   r.gpus = 1;
@@ -917,7 +917,7 @@ TEST(ResumeTest, CheckpointWithoutJobFile_TakesTheManifestsModelSeedAndData) {
 }
 
 // Every input read at validation is opened as a regular file only: a FIFO in its place is refused at
-// once, in one line naming the flag, where it used to hang the launcher.
+// once, in one line naming the flag, instead of hanging the launcher.
 TEST(JobTest, ResolveJob_FifoInputs_RefusedAtOnceNamingTheFlag) {
   const std::string fifo = MakeFifo(::testing::TempDir() + "/input.fifo");
   const auto resolve = [&](JobRequest r) { return WithinTenSeconds(fifo, [&] { return ResolveJob(r, Inventory(0)); }); };
@@ -955,8 +955,8 @@ TEST(JobTest, ResolveJob_FifoInputs_RefusedAtOnceNamingTheFlag) {
 }
 
 // --micro_batches within its stated range starts within seconds: the schedule of the largest accepted
-// counts is lowered, checked and simulated quickly (it grew past 25 s at 4096 and never ended at
-// 65536, the old bound); beyond the bounds, one line saying the limit.
+// counts is lowered, checked and simulated quickly (a quadratic pass would take over 25 s at 4096 and
+// not end at 65536); beyond the bounds, one line saying the limit.
 TEST(JobTest, MicroBatches_LargestAcceptedCheckedWithinSeconds_BeyondRefusedNamingTheLimit) {
   const std::vector<std::pair<int, std::string>> layouts = {
       {4, "1f1b"}, {4, "gpipe"}, {8, "1f1b"}, {2, "interleaved-1f1b"}, {2, "zb-v"}, {4, "zb-h1"}};

@@ -352,7 +352,7 @@ absl::StatusOr<std::vector<std::string>> ApplyAutoLayout(JobSpec& job, const std
     r.profiles = *std::move(profiles);
     source = absl::StrCat(r.profiles.size(), " recorded profile", r.profiles.size() == 1 ? "" : "s");
   } else {
-    // At 4 sequences, where the estimate was checked against H200 profiles (2026-11-30 partitions).
+    // At 4 sequences, the size the estimate is fitted at (to the H200 profiles of launcher/plan/testdata).
     const LayerProfile estimate = d->Estimate(*m, 4);
     LayerProfileAt at;
     at.micro_batch = 4;
@@ -493,7 +493,7 @@ PartitionFn Partitioner(const JobSpec& job) {
     }
     const std::vector<int64_t> memory = StageMemory(*schedule, rank_memory);
     PlanRequest request = MakePlanRequest(job, *schedule, *uniform, costs, memory);
-    request.stage_speed = StageSpeeds(job, *schedule, clocks);  // empty when clock-blind: as before
+    request.stage_speed = StageSpeeds(job, *schedule, clocks);  // empty when clock-blind: every stage at speed 1
     absl::StatusOr<Plan> plan = MakePlan(job, request);
     if (!plan.ok()) return plan.status();
     const StageCosts stage_costs = CostsOf(job, *schedule, *plan, costs, request.stage_speed);

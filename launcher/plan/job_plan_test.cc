@@ -269,7 +269,7 @@ TEST(FailureGrid, MarksTheFailedActionInTheWholeSchedule) {
   EXPECT_THAT(*grid, HasSubstr("0F0"));  // rank 0's row is there too
 }
 
-// --- The clock-aware partition (issue 19): fake GPUs whose profiles carry their SM clocks. ---
+// --- The clock-aware partition: fake GPUs whose profiles carry their SM clocks. ---
 
 JobSpec GpuJob(int stages) {
   JobSpec job;

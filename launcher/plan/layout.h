@@ -34,7 +34,7 @@ struct LayerCostModel {
 
 // Per layer, the least-squares line through the profiles' times (>= 2 distinct sizes), each part
 // clamped at zero (a negative intercept becomes a line through zero fitted to the points; a negative
-// slope a constant). With one size the line goes through zero (linear in b: the old model; `fit` says
+// slope a constant). With one size the line goes through zero (linear in b; `fit` says
 // so). Activations: proportional to b, from the largest profile. INVALID_ARGUMENT when the profiles
 // are empty, disagree on the layer count, or hold a size below 1.
 struct LayerFit {

@@ -143,10 +143,11 @@ const LayoutCandidate* Find(const LayoutChoice& c, int stages, const std::string
   return nullptr;
 }
 
-// The runs measured on 2 x H200 in the same call as the profiles (2026-11-30-pipeline-gpt-1.3b-fused.md,
-// call 2): 1F1B with 8 micro-batches of 4 took 0.3201 s a step, with 32 of 1 0.3639 s. The fitted model
-// predicts both within 10% and in that order; a cost linear in the micro-batch (one profile, of 4)
-// gets the order backwards: it makes a sequence at 1 as cheap as at 4 and sees only 32's smaller bubble.
+// The runs measured on 2 x H200 beside the profiles (2026-11-30-pipeline-gpt-1.3b-fused.md, the run of
+// partitions_call2.txt): 1F1B with 8 micro-batches of 4 took 0.3201 s a step, with 32 of 1 0.3639 s.
+// The fitted model predicts both within 10% and in that order; a cost linear in the micro-batch (one
+// profile, of 4) gets the order backwards: it makes a sequence at 1 as cheap as at 4 and sees only
+// 32's smaller bubble.
 TEST(LayoutTest, ChooseLayout_RecordedRuns_PredictedNearTheMeasuredStepsAndInTheirOrder) {
   absl::StatusOr<LayoutChoice> c = ChooseLayout(RecordedGpt13b(2, kH200));
   ASSERT_TRUE(c.ok()) << c.status();
@@ -167,16 +168,17 @@ TEST(LayoutTest, ChooseLayout_RecordedRuns_PredictedNearTheMeasuredStepsAndInThe
 }
 
 // On 2 GPUs, global batch 32: the choice, its explanation, and that it is the same every time.
-// What the measured figures lead one to expect (2026-11-30-pipeline-gpt-1.3b-fused.md, call 2): two
-// stages with 1F1B over 8 micro-batches of 4 took 0.3201 s (a 1/9 bubble), over 32 of 1 0.3639 s (the
-// bubble is 1/33, but at one sequence a block's fixed costs are a third of its time: attention 0.09 + 0.29
-// ms at 1 against 0.28 + 0.87 at 4, not a quarter of it); our one GPU takes 0.5539 s for 4 x 8, so two
-// replicas of 16 need about half of that plus an all-reduce of 5.3 GB of fp32 gradients (about 19 ms at
-// 285 GB/s); and the zero-bubble schedules remove most of the 1F1B bubble at 4-8 micro-batches of 4-8
-// when the weight gradients are deferred (W half of B: an estimate; not measured on GPUs). So the first
-// few are data parallelism in large micro-batches and the zero-bubble pipelines at 4-8 micro-batches,
-// all within a few percent of each other, and micro-batches of 1 come last. (Neither our data
-// parallelism nor zb-h1/zb-v has been measured on GPUs; torch DDP on the same host took 0.3217 s.)
+// What the measured figures lead one to expect (2026-11-30-pipeline-gpt-1.3b-fused.md, the run of
+// partitions_call2.txt): two stages with 1F1B over 8 micro-batches of 4 took 0.3201 s (a 1/9 bubble),
+// over 32 of 1 0.3639 s (the bubble is 1/33, but at one sequence a block's fixed costs are a third of
+// its time: attention 0.09 + 0.29 ms at 1 against 0.28 + 0.87 at 4, not a quarter of it); our one GPU
+// takes 0.5539 s for 4 x 8, so two replicas of 16 need about half of that plus an all-reduce of 5.3 GB
+// of fp32 gradients (about 19 ms at 285 GB/s); and the zero-bubble schedules remove most of the 1F1B
+// bubble at 4-8 micro-batches of 4-8 when the weight gradients are deferred (W half of B: an estimate;
+// not measured on GPUs). So the first few are data parallelism in large micro-batches and the
+// zero-bubble pipelines at 4-8 micro-batches, all within a few percent of each other, and micro-batches
+// of 1 come last. (Neither our data parallelism nor zb-h1/zb-v has been measured on GPUs; torch DDP on
+// the same host took 0.3217 s.)
 TEST(LayoutTest, ChooseLayout_TwoH200s_IsDeterministicSensibleAndExplained) {
   absl::StatusOr<LayoutChoice> a = ChooseLayout(RecordedGpt13b(2, kH200));
   absl::StatusOr<LayoutChoice> b = ChooseLayout(RecordedGpt13b(2, kH200));
@@ -255,7 +257,7 @@ TEST(LayoutTest, ChooseLayout_OneSizeWithAssumedFixedCost_KeepsTheCostAtThatSize
   EXPECT_NEAR(attention.At(4).backward_ms, 0.87, 1e-9);
   EXPECT_NEAR(attention.forward_fixed_ms, 0.02, 1e-12);
   EXPECT_GT(attention.At(1).forward_ms + attention.At(1).backward_ms, (0.28 + 0.87) / 4);
-  // With it, 32 micro-batches of 1 no longer beat 8 of 4 (without it they do: the test above).
+  // With it, 32 micro-batches of 1 do not beat 8 of 4 (without it they do: the test above).
   EXPECT_LT(Find(*c, 2, "1f1b", 8)->step_ms, Find(*c, 2, "1f1b", 32)->step_ms);
 }
 

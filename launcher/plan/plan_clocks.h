@@ -1,4 +1,4 @@
-// The clock-aware side of the partition (issue 19): each rank's SM clock under load weighed into the
+// The clock-aware side of the partition: each rank's SM clock under load weighed into the
 // stages' costs (telemetry/clock_model.h: time ~ 1/clock), the clocks in the plan line, and each
 // rank's predicted compute per step for the report's predicted-against-measured. Used by job_plan.cc.
 #ifndef STAGEHAND_LAUNCHER_PLAN_PLAN_CLOCKS_H_

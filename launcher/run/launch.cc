@@ -61,7 +61,7 @@ std::string RunDirOf(const LaunchOptions& options, const JobSpec& spec, const st
 // in every thread (so that Supervise takes them with sigtimedwait once workers run), and a check can
 // take seconds (a large token file scanned, a checkpoint's SHA-256). This thread takes them meanwhile
 // and ends the launcher at once, 130 (SIGINT) or 143, nothing having been created. Stopped before
-// anything is; a signal after that stays pending for Supervise, as before. Does nothing where the
+// anything is; a signal after that stays pending for Supervise. Does nothing where the
 // signals are not blocked (a test calling Launch() in its own process).
 class ValidationSignalWatcher {
  public:

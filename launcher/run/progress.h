@@ -57,7 +57,7 @@ class Progress {
   double busbw_sum_ = 0;
   int busbw_count_ = 0;
   // The last steps' times, for the ETA. Step 0 is left out: it includes the first allocations and
-  // the transport's warm-up, and a run's length estimated from it was ten times off.
+  // the transport's warm-up, and a run's length estimated from it can be ten times off.
   std::deque<double> recent_seconds_;
   // Each rank's parameter count from its first report; printed once every rank's is in.
   std::vector<int64_t> parameters_;

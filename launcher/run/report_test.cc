@@ -670,7 +670,7 @@ TEST(BuildReport, PartitionPredictions_PerRankInReportJson) {
 TEST(FlopsText, ChoosesTheUnitByMagnitude) {
   EXPECT_EQ(FlopsText(312.44), "312.4 TFLOP/s");
   EXPECT_EQ(FlopsText(1.0), "1.0 TFLOP/s");
-  EXPECT_EQ(FlopsText(0.0417), "41.7 GFLOP/s");  // a CPU worker: was "0.0 TFLOP/s"
+  EXPECT_EQ(FlopsText(0.0417), "41.7 GFLOP/s");  // a CPU worker: not "0.0 TFLOP/s"
   EXPECT_EQ(FlopsText(0.001), "1.0 GFLOP/s");
   EXPECT_EQ(FlopsText(0.000512), "512.0 MFLOP/s");
   EXPECT_EQ(FlopsText(0), "0 FLOP/s");
@@ -680,7 +680,7 @@ TEST(SecondsText, ThreeSignificantDigitsWithoutAnExponent) {
   EXPECT_EQ(SecondsText(0.94), "0.940");
   EXPECT_EQ(SecondsText(0.044), "0.0440");
   EXPECT_EQ(SecondsText(12.345), "12.3");
-  EXPECT_EQ(SecondsText(0.0000797), "0.0000797");  // was "0.0000"
+  EXPECT_EQ(SecondsText(0.0000797), "0.0000797");  // not "0.0000"
   EXPECT_EQ(SecondsText(1234.4), "1234");
 }
 

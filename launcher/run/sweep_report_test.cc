@@ -46,7 +46,7 @@ SweepPoint NotOk(int workers, const std::string& note, bool ran) {
   return p;
 }
 
-// The sweep of the brief: 1 and 2 workers ran, 4 were asked for on a 2-GPU host.
+// A sweep of 1, 2 and 4 workers on a 2-GPU host: 1 and 2 ran, 4 was skipped.
 std::vector<SweepPoint> Example() {
   SweepPoint one = Ok(1, 0.585, 1);
   one.tokens_per_second = 14000.4;

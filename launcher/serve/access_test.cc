@@ -229,8 +229,8 @@ TEST_F(AccessTest, EnsureAdminToken_GroupWritableDir_IsRefused) {
   EXPECT_NE(::access((dir_ + "/admin.token").c_str(), F_OK), 0);
 }
 
-// A FIFO as --token_file is refused at once; it used to block open() until a writer came. (A reader
-// left waiting, the defect, is released after 10 s by opening the other end, and the test fails.)
+// A FIFO as --token_file is refused at once rather than blocking open() until a writer comes. (A
+// reader left waiting is released after 10 s by opening the other end, and the test fails.)
 TEST(ReadTokenFileTest, ReadTokenFile_Fifo_RefusedAtOnce) {
   const std::string path = TempPath();
   ::unlink(path.c_str());

@@ -239,7 +239,7 @@ TEST(JobStoreTest, Tokens_AddFindRevoke_KeepNamesUnique) {
 
 TEST(JobStoreTest, Open_SchemaVersion1_IsMigratedKeepingTokensAndJobs) {
   const std::string dir = StateDir();
-  // A version-1 store as the previous launcher made it: tokens had no revoked_us column.
+  // A version-1 store: its tokens table has no revoked_us column.
   {
     auto store = OpenOrDie(dir);
     ASSERT_NE(store, nullptr);

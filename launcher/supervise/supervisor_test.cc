@@ -645,8 +645,8 @@ TEST(LastErrorLine, OneLineOfBoundedLength) {
   EXPECT_EQ(line.find_first_of("\t\r\n"), std::string::npos);
 }
 
-// A custom model refused --heads=4 in its worker, which exited 1 before registering: the root cause
-// said only "rank 0 (pid ...) exited with code 1 after 0 steps"; the reason was in rank0.log.
+// A custom model refuses --heads=4 in its worker, which exits 1 before registering: the root cause
+// carries the reason from rank0.log, not only "rank 0 (pid ...) exited with code 1 after 0 steps".
 TEST_F(SupervisorTest, Tick_WorkerExitsWithAnErrorInItsLog_RootCauseCarriesIt) {
   run_dir_ = absl::StrCat(::testing::TempDir(), "/supervisor_log_", getpid());
   ASSERT_EQ(mkdir(run_dir_.c_str(), 0755) == 0 || errno == EEXIST, true);
@@ -681,7 +681,7 @@ class LossTest : public SupervisorTest {
   }
 };
 
-// A run whose loss was NaN on every step exited 0.
+// A loss that is not finite five steps in a row stops the run (exit 1), advising a lower learning rate.
 TEST_F(LossTest, NonFiniteFiveStepsInARow_StopsExitOneAdvisingALowerLr) {
   Init(2);
   StartAndRegisterAll();

@@ -229,7 +229,7 @@ absl::Status CaptureStdout() {
     return absl::ErrnoToStatus(err, "cannot redirect stdout");
   }
   close(fds[1]);  // fd 1 is now the only write end: closing it is the capture's EOF
-  // A pipe makes stdio buffer stdout in blocks; the terminal, as before, sees each line as it comes.
+  // A pipe makes stdio buffer stdout in blocks; line buffering lets the terminal see each line as it comes.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   original_stdout = original;
   stdout_terminal = new TerminalWriter(NewFdTerminalSink(original));

@@ -1091,7 +1091,7 @@ TEST(GptStageCuda, DISABLED_ReferenceModel_OneGpuStep) {
             << ", peak allocated " << peak_gib << " GiB\n";
 }
 
-// The model options that turn this round's mechanisms off: unset is on, "false" is off.
+// The model options that turn the fused mechanisms off: unset is on, "false" is off.
 TEST(GptConfig, ModelOptions_FalseTurnsFusedMechanismsOff) {
   ModelSpec spec;
   GptConfig on = GptConfigFromSpec(spec);

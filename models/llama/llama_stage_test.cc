@@ -544,7 +544,7 @@ TEST(LlamaStageCuda, FusedElementwise_MatchesUnfusedForwardAndGradients) {
   }
 }
 
-// The model options that turn this round's mechanisms off: unset is on, "false" is off.
+// The model options that turn the fused mechanisms off: unset is on, "false" is off.
 TEST(LlamaConfig, ModelOptions_FalseTurnsFusedMechanismsOff) {
   ModelSpec spec = TinyJob().model_spec();
   const LlamaConfig on = LlamaConfigFromSpec(spec);

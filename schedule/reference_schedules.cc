@@ -1,6 +1,6 @@
-// A frozen copy of worker/schedule.cc's generators (as of e3f7a4f), for the equivalence test of
-// AddCommunication; the simulator and ToString are left out.
-#include "schedule/legacy_schedules.h"
+// The reference generators of reference_schedules.h: each rank's list built with its sends and
+// receives in place (Megatron's order), for schedule_test's comparison with AddCommunication.
+#include "schedule/reference_schedules.h"
 
 #include <algorithm>
 #include <string>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 
 namespace stagehand {
-namespace legacy {
+namespace reference {
 namespace {
 
 // -------------------------------------------------------------------------------------------------
@@ -196,5 +196,5 @@ absl::StatusOr<Schedule> MakeForwardOnly(int stages, int microbatches) {
   }
   return schedule;
 }
-}  // namespace legacy
+}  // namespace reference
 }  // namespace stagehand

@@ -1,7 +1,9 @@
-// A frozen copy of worker/schedule.h's generators (MakeGPipe, Make1F1B, MakeForwardOnly as of
-// e3f7a4f), in namespace legacy: the lowering pass in schedule.h must reproduce their lists exactly.
-#ifndef STAGEHAND_SCHEDULE_LEGACY_SCHEDULES_H_
-#define STAGEHAND_SCHEDULE_LEGACY_SCHEDULES_H_
+// Per-rank lists built with their communication in place, independently, to compare AddCommunication's to.
+// GPipe, 1F1B and inference (namespace reference), each generator placing its own sends and receives;
+// schedule.h's generators emit compute only and AddCommunication adds the rest: schedule_test requires
+// the two to give the same lists, rank by rank.
+#ifndef STAGEHAND_SCHEDULE_REFERENCE_SCHEDULES_H_
+#define STAGEHAND_SCHEDULE_REFERENCE_SCHEDULES_H_
 
 #include <string>
 #include <vector>
@@ -9,7 +11,7 @@
 #include "absl/status/statusor.h"
 
 namespace stagehand {
-namespace legacy {
+namespace reference {
 
 enum class ActionType {
   kForward,         // run the chunk's layers forward on micro-batch `microbatch`
@@ -50,7 +52,7 @@ absl::StatusOr<Schedule> Make1F1B(int stages, int microbatches);
 // Inference: forwards only, no backward or optimizer step.
 absl::StatusOr<Schedule> MakeForwardOnly(int stages, int microbatches);
 
-}  // namespace legacy
+}  // namespace reference
 }  // namespace stagehand
 
-#endif  // STAGEHAND_SCHEDULE_LEGACY_SCHEDULES_H_
+#endif  // STAGEHAND_SCHEDULE_REFERENCE_SCHEDULES_H_
