@@ -27,6 +27,18 @@ std::string FlagsHelp(absl::string_view usage, absl::string_view file_suffix);
 // The same over the flags of several files (a binary's own and a shared library's), sorted together.
 std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes);
 
+// A topic of --help: its title and the names of its flags (a name the binary does not define is
+// skipped, so one table serves several binaries).
+struct FlagGroup {
+  std::string title;
+  std::vector<std::string> flags;
+};
+// The flags of `file_suffixes` under the groups' titles, in the groups' order, sorted by name within
+// each; a group with none of the binary's flags is left out, and a flag in no group comes last,
+// under "Other flags", so that none is ever hidden.
+std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes,
+                      const std::vector<FlagGroup>& groups);
+
 }  // namespace stagehand
 
 #endif  // STAGEHAND_COMMON_FLAGS_H_

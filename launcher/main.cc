@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
     return stagehand::kExitUsage;
   }
   if (parsed->help) {
-    std::fputs(stagehand::FlagsHelp(kUsage, {"launcher/main.cc", stagehand::kJobFlagsFile}).c_str(), stdout);
+    std::fputs(stagehand::FlagsHelp(kUsage, {"launcher/main.cc", stagehand::kJobFlagsFile}, stagehand::HelpGroups(/*client=*/false)).c_str(), stdout);
     return 0;
   }
   if (!(absl::GetFlag(FLAGS_peak_tflops) > 0)) {  // finite already (ParseFlags)
