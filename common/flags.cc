@@ -20,12 +20,16 @@ absl::Status Unknown(absl::string_view name) {
 
 }  // namespace
 
-absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv) {
+absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest) {
   ParsedFlags out;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") {
-      if (i + 1 < argc) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", argv[i + 1], "'"));
+      out.dashdash = true;
+      if (i + 1 < argc && !allow_rest) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", argv[i + 1], "'"));
+      }
+      for (++i; i < argc; ++i) out.rest.emplace_back(argv[i]);
       break;
     }
     if (arg == "-h" || arg == "--help" || arg == "-help" || arg == "--helpfull") {

@@ -17,10 +17,14 @@ namespace stagehand {
 struct ParsedFlags {
   bool help = false;               // --help or -h was given
   std::set<std::string> given;     // names of the flags set on the command line
+  bool dashdash = false;           // "--" was given
+  std::vector<std::string> rest;   // what followed it (with `allow_rest`)
 };
 
-// Accepts --name=value, --name value, --bool / --nobool, and "--" (nothing may follow it).
-absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv);
+// Accepts --name=value, --name value, --bool / --nobool, and "--"; what follows "--" is a program
+// and its arguments where `allow_rest` (the launcher's `launcher [flags] -- PROGRAM ARGS`), else
+// nothing may follow it.
+absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest = false);
 
 // The usage message followed by every flag defined in a file whose path ends with `file_suffix`.
 std::string FlagsHelp(absl::string_view usage, absl::string_view file_suffix);
