@@ -3,7 +3,8 @@
 # the same test: a DDP training script (tests/programs/ddp_train.py) on 2 and 4 workers ends with the
 # one-process losses (1e-6 relative) as under torchrun; each rank sees torchrun's variables and runs
 # in the user's directory; an exception on rank 1 ends the job with exit 1 and a root cause naming
-# the exception and its file:line; kill -9 of a rank ends it with exit 1 and nothing left; bad
+# the exception and its file:line; --max_restarts=1 with a script that resumes from its snapshot ends
+# with the uninterrupted losses; kill -9 of a rank ends it with exit 1 and nothing left; bad
 # input (-- alone, a missing or non-executable program, --model with a program) is one line, exit 2,
 # no run directory.
 # Python: $STAGEHAND_PYTHON, else the checkout's .venv/bin/python (tools/setup installs torch).
@@ -75,6 +76,15 @@ last=$(tail -n 1 "$work/exc.out")
 grep -qE '^stagehand: FAILED \(exit 1\): rank 1 \(pid [0-9]+\) (exited with code 1|was killed by signal 6 \(Aborted\)): ValueError: bad batch at step 2 on rank 1 \(ddp_train.py:[0-9]+\); run directory ' \
   <<<"$last" || fail "the root cause: $last"
 step "$last"
+
+step "--max_restarts=1: rank 1 fails once, every rank starts again and resumes from the script's snapshot"
+timeout 120 "$launcher" --device=cpu --workers=2 --max_restarts=1 --run_dir="$work/restart" -- "$py" "$train" \
+  --snapshot "$work/restart.snap" --fail_rank 1 --fail_step 3 --fail_once --out "$work/restart.losses" \
+  >"$work/restart.out" 2>&1 || fail "the restarted run failed: $(tail -n 5 "$work/restart.out")"
+grep -q "stagehand: restart 1 of 1: rank 1 (pid [0-9]*) exited with code 1: ValueError: bad batch at step 3 on rank 1 (ddp_train.py:[0-9]*); restarting every worker again (TORCHELASTIC_RESTART_COUNT=1)" \
+  "$work/restart.out" || fail "no restart line: $(grep stagehand "$work/restart.out")"
+grep -q "attempt 1: resuming at step 3" "$work/restart.out" || fail "the second attempt did not resume at step 3"
+same "$work/w1.losses" "$work/restart.losses"
 
 step "kill -9 of rank 1"
 timeout 120 "$launcher" --device=cpu --workers=2 --run_dir="$work/kill" -- "$py" "$train" --steps 100000000 \

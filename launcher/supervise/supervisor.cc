@@ -555,8 +555,11 @@ void Supervisor::BeginRestart() {
   const std::string cause = root_cause();
   ++restarts_;
   const absl::Duration backoff = std::min(absl::Seconds(30), absl::Seconds(1) * (1 << std::min(restarts_ - 1, 5)));
-  std::printf("stagehand: restart %d of %d: %s; restarting every worker from the newest checkpoint in %s\n",
-              restarts_, state_->job().max_restarts(), cause.c_str(), absl::FormatDuration(backoff).c_str());
+  // A program resumes from whatever snapshot it keeps; it learns the attempt from TORCHELASTIC_RESTART_COUNT.
+  const std::string how = program() ? absl::StrCat("every worker again (TORCHELASTIC_RESTART_COUNT=", restarts_, ")")
+                                    : std::string("every worker from the newest checkpoint");
+  std::printf("stagehand: restart %d of %d: %s; restarting %s in %s\n", restarts_, state_->job().max_restarts(),
+              cause.c_str(), how.c_str(), absl::FormatDuration(backoff).c_str());
   std::fflush(stdout);
   if (absl::Status s = state_->Restart(); !s.ok()) LOG(ERROR) << s.message();
   incidents_.clear();
