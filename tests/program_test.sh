@@ -4,7 +4,8 @@
 # one-process losses (1e-6 relative) as under torchrun; each rank sees torchrun's variables and runs
 # in the user's directory; an exception on rank 1 ends the job with exit 1 and a root cause naming
 # the exception and its file:line; --max_restarts=1 with a script that resumes from its snapshot ends
-# with the uninterrupted losses; kill -9 of a rank ends it with exit 1 and nothing left; bad
+# with the uninterrupted losses; stagehand.step() gives progress lines, steps.csv and report.json, and
+# a rank that stops reporting is hung (exit 3); kill -9 of a rank ends it with exit 1 and nothing left; bad
 # input (-- alone, a missing or non-executable program, --model with a program) is one line, exit 2,
 # no run directory.
 # Python: $STAGEHAND_PYTHON, else the checkout's .venv/bin/python (tools/setup installs torch).
@@ -85,6 +86,23 @@ grep -q "stagehand: restart 1 of 1: rank 1 (pid [0-9]*) exited with code 1: Valu
   "$work/restart.out" || fail "no restart line: $(grep stagehand "$work/restart.out")"
 grep -q "attempt 1: resuming at step 3" "$work/restart.out" || fail "the second attempt did not resume at step 3"
 same "$work/w1.losses" "$work/restart.losses"
+
+step "stagehand.step(): progress lines, steps.csv, report.json"
+timeout 120 "$launcher" --device=cpu --workers=2 --run_dir="$work/report" -- "$py" "$train" --report \
+  >"$work/report.out" 2>&1 || fail "the reporting run failed: $(tail -n 5 "$work/report.out")"
+grep -qE '^stagehand: step 5  loss 0\.3753  [0-9.]+ s' "$work/report.out" || fail "no progress line: $(grep stagehand "$work/report.out")"
+[ "$(grep -c '^[0-9]*,[01],0\.' "$work/report/steps.csv")" -eq 10 ] || fail "steps.csv: $(cat "$work/report/steps.csv")"
+grep -qE '"steps_done": "?5"?' "$work/report/report.json" || fail "report.json: $(head -c 300 "$work/report/report.json")"
+
+step "a rank that stops reporting steps: hung, exit 3"
+set +e
+timeout 120 "$launcher" --device=cpu --workers=2 --progress_timeout_ms=3000 --run_dir="$work/hang" -- "$py" "$train" \
+  --report --steps 100 --hang_rank 1 --hang_step 3 >"$work/hang.out" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 3 ] || fail "exit $rc for a hung rank, not 3: $(tail -n 3 "$work/hang.out")"
+tail -n 1 "$work/hang.out" | grep -qE 'no step reported for 3s by (rank 0 \(pid [0-9]+\) after 3 steps, )?rank 1 \(pid [0-9]+\) after 3 steps;' ||
+  fail "the hang's root cause: $(tail -n 1 "$work/hang.out")"
 
 step "kill -9 of rank 1"
 timeout 120 "$launcher" --device=cpu --workers=2 --run_dir="$work/kill" -- "$py" "$train" --steps 100000000 \

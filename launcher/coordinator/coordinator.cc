@@ -568,6 +568,16 @@ absl::Status CoordinatorState::ReportStep(const ReportStepRequest& request) {
   return absl::OkStatus();
 }
 
+void CoordinatorState::RecordProgramStep(const ReportStepRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (request.rank() < 0 || request.rank() >= static_cast<int>(workers_.size())) return;
+  if (!step_keys_.emplace(request.rank(), request.incarnation(), request.step()).second) return;
+  steps_.push_back(request);
+  WorkerState& slot = workers_[request.rank()];
+  if (request.step() + 1 > slot.steps_done) slot.steps_done = request.step() + 1;
+  slot.last_progress = now_();
+}
+
 int64_t CoordinatorState::RequestCheckpointAndStop() {
   absl::MutexLock lock(&mu_);
   if (checkpoint_and_stop_at_ > 0) return checkpoint_and_stop_at_;

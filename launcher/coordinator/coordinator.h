@@ -176,6 +176,10 @@ class CoordinatorState {
   absl::Status ReportMilestone(const ReportMilestoneRequest& request);
   // A repeat of the same (rank, incarnation, step) is recorded once: retries are safe.
   absl::Status ReportStep(const ReportStepRequest& request);
+  // A program job's step, which the launcher read from the rank's steps file (its ranks never
+  // register, so no caller is checked); recorded as ReportStep records one, once per (rank,
+  // incarnation, step).
+  void RecordProgramStep(const ReportStepRequest& request);
   // SIGTERM with checkpoints on (job_run.h): from now on every step report is answered with a step
   // count T above any rank's steps done so far; each rank writes a checkpoint at the first step
   // boundary at or past T (the same one on every rank: none passed T without hearing it) and ends.

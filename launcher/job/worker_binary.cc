@@ -42,6 +42,13 @@ absl::StatusOr<std::string> FindWorker(const std::string& given) {
                                                  "; pass --worker_binary=PATH"));
 }
 
+std::string FindProgramModuleDir() {
+  for (const std::string& dir : {ExeDir() + "/python", ExeDir() + "/launcher.runfiles/stagehand/python"}) {
+    if (access((dir + "/stagehand/__init__.py").c_str(), R_OK) == 0) return dir;
+  }
+  return "";
+}
+
 std::vector<std::string> WorkerEnvironment(int workers, int cores) {
   std::vector<std::string> launcher_env;
   for (char** e = environ; *e != nullptr; ++e) launcher_env.emplace_back(*e);

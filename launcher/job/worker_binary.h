@@ -13,6 +13,11 @@ namespace stagehand {
 // in ../worker/ (bazel-bin). INVALID_ARGUMENT saying to pass --worker_binary when there is none.
 absl::StatusOr<std::string> FindWorker(const std::string& given);
 
+// The folder of the pure-Python `stagehand` module (python/stagehand) that a program job's ranks get on
+// their PYTHONPATH: beside the launcher in the bundle (python/), in its runfiles in bazel-bin; "" when
+// neither has it.
+std::string FindProgramModuleDir();
+
 // The workers' environment: the launcher's, less what the supervisor sets per worker, with OMP threads
 // shared out among `workers` and NVLink multicast off. Everything else passes unchanged, NCCL's
 // socket and InfiniBand settings among it (NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY, NCCL_IB_HCA,

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -261,13 +262,32 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
   return run;
 }
 
-SupervisorOptions JobRun::WorkerOptions() const {
+// A program job's attempt: its c10d store (a new one from the second attempt on, so that no rank
+// reads the last attempt's keys) and the `stagehand` module ahead of the launcher's PYTHONPATH.
+std::vector<std::string> JobRun::ProgramEnv(int64_t incarnation) {
+  if (incarnation != store_incarnation_) {
+    store_incarnation_ = incarnation;
+    store_->Stop();
+    store_ = std::make_unique<C10dStoreServer>();
+    if (absl::StatusOr<int> port = store_->Start("127.0.0.1", 0); !port.ok()) {
+      listener_->Text(absl::StrCat("stagehand: the c10d store for attempt ", incarnation, ": ", Message(port.status()), "\n"));
+    }
+  }
+  std::vector<std::string> env = {"MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", store_->port())};
+  if (const std::string module = FindProgramModuleDir(); !module.empty()) {
+    const char* had = std::getenv("PYTHONPATH");
+    env.push_back(absl::StrCat("PYTHONPATH=", module, had != nullptr && *had ? ":" : "", had != nullptr ? had : ""));
+  }
+  return env;
+}
+
+SupervisorOptions JobRun::WorkerOptions() {
   const JobRunOptions& o = options_;
   // Several nodes on one machine (loopback, network namespaces) share its cores: count them all.
   const int on_machine = o.nodes > 1 ? WorkersOnMachine(state_.Nodes(), 0) : o.job.spec.workers();
   SupervisorOptions so{o.worker_binary, server_->address(), o.run_dir, WorkerEnvironment(on_machine), o.job.gpus,
                        o.launch};
-  if (store_ != nullptr) so.program_env = {"MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", store_->port())};
+  if (store_ != nullptr) so.program_env = [this](int64_t incarnation) { return ProgramEnv(incarnation); };
   if (o.nodes > 1 || o.tls.enabled()) {
     const std::string host = HostOf(server_->address());
     so.worker_args = WorkerNodeArgs(o.tls, host);
@@ -375,6 +395,35 @@ bool JobRun::CheckpointAndStop(int signal, int node) {
   return true;
 }
 
+// A program job's steps, as its ranks' `stagehand.step()` calls appended them since the last tick.
+void JobRun::ReadProgramSteps() {
+  const int workers = state_.job().workers();
+  steps_read_.resize(workers, 0);
+  steps_partial_.resize(workers);
+  for (int r = 0; r < workers; ++r) {
+    const int fd = open(ProgramStepsFile(options_.run_dir, r).c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) continue;
+    char buf[1 << 16];
+    for (int reads = 0; reads < 16; ++reads) {  // bounded per tick: a flood waits for the next
+      const ssize_t n = pread(fd, buf, sizeof buf, steps_read_[r]);
+      if (n <= 0) break;
+      steps_read_[r] += n;
+      steps_partial_[r].append(buf, static_cast<size_t>(n));
+    }
+    close(fd);
+    std::string& pending = steps_partial_[r];
+    size_t start = 0;
+    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+      if (std::optional<ReportStepRequest> step =
+              ParseProgramStep(absl::string_view(pending).substr(start, nl - start), r, supervisor_->incarnation())) {
+        state_.RecordProgramStep(*step);
+      }
+    }
+    pending.erase(0, start);
+    if (pending.size() > 4096) pending.clear();  // no line is this long: not ours
+  }
+}
+
 bool JobRun::Tick() {
   if (supervisor_ == nullptr && !StartWorld()) return false;  // several hosts: the agents are joining
   if (std::optional<CoordinatorState::NodeSignal> ns = state_.TakeNodeSignal()) {
@@ -393,6 +442,7 @@ bool JobRun::Tick() {
     supervisor_->Interrupt(term_signal_, /*force=*/false);
   }
   const bool over = supervisor_->Tick();
+  if (state_.job().program_size() > 0) ReadProgramSteps();
   progress_.Update(state_);
   files_->AppendNew(state_, *supervisor_);
   return over;
@@ -406,6 +456,7 @@ void JobRun::Interrupt(int signal, bool force) {
 }
 
 JobRunEnd JobRun::Finish(int first_signal, absl::string_view note) {
+  if (state_.job().program_size() > 0) ReadProgramSteps();  // the last steps before the exits
   progress_.Update(state_);
   progress_.Done();
   if (!note.empty()) listener_->Text(note);

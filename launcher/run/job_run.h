@@ -103,7 +103,7 @@ class JobRun {
  private:
   class Files;
   JobRun(JobRunOptions options, ProcessSpawner* spawner, JobListener* listener);
-  SupervisorOptions WorkerOptions() const;
+  SupervisorOptions WorkerOptions();
   // Several hosts: true once the world is fixed (or refused) and the supervisor exists.
   bool StartWorld();
   void FailBeforeWorld(int exit_code, const std::string& why);
@@ -116,6 +116,12 @@ class JobRun {
   std::unique_ptr<CoordinatorServer> server_;
   // A program job's c10d store (MASTER_ADDR/MASTER_PORT), which its ranks' env:// rendezvous use.
   std::unique_ptr<C10dStoreServer> store_;
+  int64_t store_incarnation_ = 1;  // the attempt store_ serves
+  std::vector<std::string> ProgramEnv(int64_t incarnation);
+  // A program job: how far each rank's steps file (ProgramStepsFile) has been read, and a line cut short.
+  std::vector<int64_t> steps_read_;
+  std::vector<std::string> steps_partial_;
+  void ReadProgramSteps();
   std::unique_ptr<Files> files_;
   std::unique_ptr<Supervisor> supervisor_;
   Progress progress_;

@@ -65,7 +65,9 @@ void Progress::PrintStep(const ReportStepRequest& r, const JobSpec& job) {
                              replicas > 1 ? absl::StrCat(" per replica, ", replicas, " replicas") : "", each));
     }
   }
-  if (!IsModelJob(job)) {
+  if (job.program_size() > 0) {
+    if (r.rank() == 0) PrintProgramStep(r);  // a program's steps, as rank 0 reported them
+  } else if (!IsModelJob(job)) {
     if (r.rank() == job.workers() - 1) PrintAllReduceStep(r, job);  // one row a step
   } else if (r.has_loss() || (job.pipeline().inference() && r.rank() == job.workers() - 1)) {
     PrintModelStep(r, job);  // from the rank that holds the last stage
@@ -95,6 +97,17 @@ void Progress::PrintAllReduceStep(const ReportStepRequest& r, const JobSpec& job
     busbw_sum_ += bytes / r.step_seconds() / 1e9 * 2.0 * (ranks_ - 1) / ranks_;
     ++busbw_count_;
   }
+}
+
+// A program job's step (the `stagehand` module): its number, and what the script reported.
+void Progress::PrintProgramStep(const ReportStepRequest& r) {
+  std::string text = absl::StrFormat("step %d", r.step() + 1);
+  if (r.has_loss()) absl::StrAppend(&text, absl::StrFormat("  loss %.4f", r.loss()));
+  absl::StrAppend(&text, absl::StrFormat("  %.3f s", r.step_seconds()));
+  if (r.tokens() > 0 && r.step_seconds() > 0) absl::StrAppend(&text, absl::StrFormat("  %.0f tokens/s", r.tokens() / r.step_seconds()));
+  if (bar_ && drawn_) write_("\n");
+  drawn_ = false;
+  write_(absl::StrCat("stagehand: ", text, "\n"));
 }
 
 void Progress::PrintModelStep(const ReportStepRequest& r, const JobSpec& job) {

@@ -46,6 +46,7 @@ class Progress {
 
  private:
   void PrintModelStep(const ReportStepRequest& r, const JobSpec& job);
+  void PrintProgramStep(const ReportStepRequest& r);
   void PrintAllReduceStep(const ReportStepRequest& r, const JobSpec& job);
 
   const bool bar_;

@@ -118,6 +118,43 @@ std::string PythonException(absl::string_view log_tail) {
   return "";
 }
 
+std::string ProgramStepsFile(const std::string& run_dir, int rank) {
+  return absl::StrCat(run_dir, "/rank", rank, ".steps");
+}
+
+std::optional<ReportStepRequest> ParseProgramStep(absl::string_view line, int rank, int64_t incarnation) {
+  ReportStepRequest r;
+  r.set_rank(rank);
+  r.set_incarnation(incarnation);
+  bool has_step = false;
+  int64_t samples = -1;
+  for (absl::string_view field : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+    const size_t eq = field.find('=');
+    if (eq == absl::string_view::npos) return std::nullopt;
+    const absl::string_view key = field.substr(0, eq), value = field.substr(eq + 1);
+    int64_t n = 0;
+    double x = 0;
+    if (key == "step" && absl::SimpleAtoi(value, &n) && n >= 0) {
+      r.set_step(n);
+      has_step = true;
+    } else if (key == "seconds" && absl::SimpleAtod(value, &x) && x >= 0) {
+      r.set_step_seconds(x);
+    } else if (key == "loss" && absl::SimpleAtod(value, &x)) {
+      r.set_has_loss(true);
+      r.set_loss(x);
+    } else if (key == "tokens" && absl::SimpleAtoi(value, &n) && n >= 0) {
+      r.set_tokens(n);
+    } else if (key == "samples" && absl::SimpleAtoi(value, &n) && n >= 0) {
+      samples = n;
+    } else {
+      return std::nullopt;  // a key we do not know, or a value that is not one
+    }
+  }
+  if (!has_step) return std::nullopt;
+  (void)samples;  // kept in the line; the reports count tokens only, for now
+  return r;
+}
+
 std::vector<std::string> ProgramEnvironment(const std::vector<std::string>& base, const std::vector<std::string>& extra,
                                             const ProgramRank& r) {
   std::vector<std::pair<std::string, std::string>> set = {
@@ -135,6 +172,7 @@ std::vector<std::string> ProgramEnvironment(const std::vector<std::string>& base
       {"TORCHELASTIC_RUN_ID", r.run_id},
       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
       {"TORCHELASTIC_ERROR_FILE", r.error_file},
+      {"STAGEHAND_STEPS_FILE", r.steps_file},
   };
   std::vector<std::string> env;
   auto named = [](const std::string& e, absl::string_view name) {
@@ -146,10 +184,13 @@ std::vector<std::string> ProgramEnvironment(const std::vector<std::string>& base
     }
     return false;
   };
-  for (const std::vector<std::string>* from : {&base, &extra}) {
-    for (const std::string& e : *from) {
-      if (!is_set_here(e)) env.push_back(e);
-    }
+  auto name_of = [](const std::string& e) { return e.substr(0, e.find('=')); };
+  for (const std::string& e : base) {
+    const bool overridden = std::any_of(extra.begin(), extra.end(), [&](const std::string& x) { return named(x, name_of(e)); });
+    if (!is_set_here(e) && !overridden) env.push_back(e);
+  }
+  for (const std::string& e : extra) {
+    if (!is_set_here(e)) env.push_back(e);
   }
   for (const auto& [name, fallback] : std::vector<std::pair<std::string, std::string>>{
            {"OMP_NUM_THREADS", "1"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}, {"PYTHONUNBUFFERED", "1"}}) {
@@ -222,8 +263,10 @@ ProcessSpec Supervisor::SpecFor(int index) const {
     r.max_restarts = job.max_restarts();
     r.run_id = state_->job_id();
     r.error_file = absl::StrCat(options_.run_dir, "/rank", index, ".error.json");
+    r.steps_file = ProgramStepsFile(options_.run_dir, index);
     spec.argv.assign(job.program().begin(), job.program().end());
-    spec.env = ProgramEnvironment(base, options_.program_env, r);
+    spec.env = ProgramEnvironment(base, options_.program_env ? options_.program_env(incarnation_)
+                                                             : std::vector<std::string>{}, r);
     spec.cwd = job.program_cwd();
     spec.output_prefix = absl::StrCat("[rank ", index, "] ");
     spec.log_path = absl::StrCat(options_.run_dir, "/rank", index, ".log");
@@ -484,10 +527,28 @@ void Supervisor::CheckDeadlines() {
     return Record(Kind::kLaunch, kExitLaunchFailed, *reason);
   }
   if (stopping_) return;  // once stopping, a silent worker is a consequence
-  if (program()) return;  // a program never registers nor heartbeats: its exit is what is judged
   const Timeouts& t = state_->job().timeouts();
   const absl::Time now = now_();
   std::vector<WorkerState> workers = state_->Workers();
+  if (program()) {
+    // A program never registers nor heartbeats; one that reports its steps (the `stagehand` module)
+    // is hung when it stops reporting them. Ranks in one collective stop together: every one that
+    // is past the timeout is named, with where each stopped.
+    std::vector<std::string> stuck;
+    for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
+      const WorkerState& w = workers[r];
+      if (slots_[r].exited || w.steps_done == 0) continue;
+      if (now - w.last_progress > absl::Milliseconds(t.progress_timeout_ms())) {
+        stuck.push_back(absl::StrCat(Describe(r), " after ", Steps(w.steps_done)));
+      }
+    }
+    if (!stuck.empty()) {
+      Record(Kind::kHang, kExitWorkerHung,
+             absl::StrCat("no step reported for ", absl::FormatDuration(absl::Milliseconds(t.progress_timeout_ms())),
+                          " by ", absl::StrJoin(stuck, ", ")));
+    }
+    return;
+  }
   if (now - attempt_start_ > absl::Milliseconds(t.register_ms())) {
     if (std::string missing = Unregistered(workers); !missing.empty()) {
       return Record(Kind::kHang, kExitWorkerHung,

@@ -52,9 +52,11 @@ struct SupervisorOptions {
   std::function<void(int rank, const ProcessExit&)> report_exit;
   // An agent: each of its ranks that could not be started, and why (set with report_exit).
   std::function<void(int rank, const std::string& why)> report_spawn_failure;
-  // A program job (JobSpec.program): what every rank's program gets beside its own variables
-  // (ProgramEnvironment): MASTER_ADDR and MASTER_PORT, the launcher's c10d store.
-  std::vector<std::string> program_env;
+  // A program job (JobSpec.program): what every rank's program of an attempt (the incarnation) gets
+  // beside its own variables (ProgramEnvironment): MASTER_ADDR and MASTER_PORT, the launcher's c10d
+  // store, which is a new one for every attempt, as torchrun's agent makes it (torch's env://
+  // rendezvous adds no attempt prefix to its keys).
+  std::function<std::vector<std::string>(int64_t incarnation)> program_env;
 };
 
 // A program job's environment for one rank, as torchrun gives it (torch/distributed/run.py and its
@@ -63,12 +65,19 @@ struct SupervisorOptions {
 // TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE=True,
 // TORCHELASTIC_ERROR_FILE; OMP_NUM_THREADS=1 and TORCH_NCCL_ASYNC_ERROR_HANDLING=1 where `base`
 // (the launcher's environment) does not set them; PYTHONUNBUFFERED=1 so that its lines arrive as
-// written. `base` and `extra` (MASTER_ADDR, MASTER_PORT) come first; what is set here wins.
+// written; STAGEHAND_STEPS_FILE for the `stagehand` module. `base`, then `extra` (MASTER_ADDR,
+// MASTER_PORT, PYTHONPATH: over `base`'s of the same name), come first; what is set here wins.
 struct ProgramRank {
   int rank = 0, local_rank = 0, world_size = 1, local_world_size = 1, node = 0, nodes = 1;
   int restart_count = 0, max_restarts = 0;
   std::string run_id, error_file;
+  std::string steps_file;  // STAGEHAND_STEPS_FILE: where the `stagehand` module appends its steps
 };
+// <run_dir>/rank<N>.steps: the lines a rank's `stagehand.step()` calls append ("step=3 seconds=0.12
+// loss=2.5 tokens=4096"), which the launcher reads (ParseProgramStep).
+std::string ProgramStepsFile(const std::string& run_dir, int rank);
+// One such line as a step report of `rank`; nullopt for a line that is not one.
+std::optional<ReportStepRequest> ParseProgramStep(absl::string_view line, int rank, int64_t incarnation);
 std::vector<std::string> ProgramEnvironment(const std::vector<std::string>& base, const std::vector<std::string>& extra,
                                             const ProgramRank& r);
 
@@ -124,6 +133,8 @@ class Supervisor {
   std::string root_cause() const;  // empty on success
   std::vector<RankLedger> Ledger() const;
   absl::Time launch_time() const { return launch_; }
+
+  int64_t incarnation() const { return incarnation_; }  // 1, then one more per restart
 
  private:
   struct Slot {

@@ -23,6 +23,9 @@ def main():
     p.add_argument("--fail_step", type=int, default=-1)
     p.add_argument("--fail_once", action="store_true")
     p.add_argument("--snapshot", default="")
+    p.add_argument("--report", action="store_true")
+    p.add_argument("--hang_rank", type=int, default=-1)
+    p.add_argument("--hang_step", type=int, default=-1)
     args = p.parse_args()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
@@ -49,6 +52,8 @@ def main():
         x = torch.randn(args.global_batch, 8, generator=data, dtype=torch.float64)
         y = x.sum(dim=1, keepdim=True).sin()
         xs, ys = x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank]
+        if rank == args.hang_rank and step == args.hang_step:
+            time.sleep(3600)
         if rank == args.fail_rank and step == args.fail_step and not (args.fail_once and attempt > 0):
             raise ValueError(f"bad batch at step {step} on rank {rank}")
         loss = torch.nn.functional.mse_loss(model(xs), ys)
@@ -60,6 +65,9 @@ def main():
         losses.append(total.item() / world)
         if rank == 0:
             print(f"step {step} loss {losses[-1]:.17g}", flush=True)
+        if args.report:
+            import stagehand  # on PYTHONPATH under the launcher
+            stagehand.step(loss=losses[-1], tokens=args.global_batch * 8)
         if args.snapshot:
             if rank == 0:
                 torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "data": data.get_state(),
