@@ -186,9 +186,11 @@ kill_remote_worker() {
   w=$(ip netns pids "${ns[2]}" | grep -vx "$pid2" | head -n 1)
   [ -n "$w" ] || fail "no worker found in node 2's namespace"
   # The worker runs with its own host's NCCL settings (its agent's environment), not node 0's.
-  tr '\0' '\n' <"/proc/$w/environ" | grep -qx NCCL_SOCKET_IFNAME=e2 ||
+  # Read whole first: `tr | grep -q` fails under pipefail when grep's early exit kills tr (SIGPIPE).
+  env_of_w=$(tr '\0' '\n' <"/proc/$w/environ")
+  grep -qx NCCL_SOCKET_IFNAME=e2 <<<"$env_of_w" ||
     fail "node 2's worker lacks its host's NCCL_SOCKET_IFNAME=e2: $(tr '\0' ' ' <"/proc/$w/environ" | grep -o 'NCCL_[A-Z_]*=[^ ]*')"
-  tr '\0' '\n' <"/proc/$w/environ" | grep -qx NCCL_IB_DISABLE=1 || fail "node 2's worker lacks NCCL_IB_DISABLE=1"
+  grep -qx NCCL_IB_DISABLE=1 <<<"$env_of_w" || fail "node 2's worker lacks NCCL_IB_DISABLE=1"
   kill -9 "$w"
 }
 stop_remote_worker() {

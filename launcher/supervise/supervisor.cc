@@ -534,13 +534,18 @@ void Supervisor::CheckDeadlines() {
     // A program never registers nor heartbeats; one that reports its steps (the `stagehand` module)
     // is hung when it stops reporting them. Ranks in one collective stop together: every one that
     // is past the timeout is named, with where each stopped.
-    std::vector<std::string> stuck;
+    const absl::Duration timeout = absl::Milliseconds(t.progress_timeout_ms());
+    bool past = false;
     for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
+      past = past || (!slots_[r].exited && workers[r].steps_done > 0 && now - workers[r].last_progress > timeout);
+    }
+    // Once one rank is past the timeout, every rank silent for half of it is named: the ranks of one
+    // collective stopped together, a few milliseconds apart, and none of them is the one to blame.
+    std::vector<std::string> stuck;
+    for (int r = 0; past && r < static_cast<int>(workers.size()); ++r) {
       const WorkerState& w = workers[r];
-      if (slots_[r].exited || w.steps_done == 0) continue;
-      if (now - w.last_progress > absl::Milliseconds(t.progress_timeout_ms())) {
-        stuck.push_back(absl::StrCat(Describe(r), " after ", Steps(w.steps_done)));
-      }
+      if (slots_[r].exited || w.steps_done == 0 || now - w.last_progress <= timeout / 2) continue;
+      stuck.push_back(absl::StrCat(Describe(r), " after ", Steps(w.steps_done)));
     }
     if (!stuck.empty()) {
       Record(Kind::kHang, kExitWorkerHung,
