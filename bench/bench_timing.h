@@ -1,7 +1,7 @@
 // The GPU microbenchmarks' timer (gemm_gelu_bench, residual_gemm_bench): header-only, LibTorch's current
 // stream, CUDA events.
-#ifndef STAGEHAND_WORKER_BENCH_TIMING_H_
-#define STAGEHAND_WORKER_BENCH_TIMING_H_
+#ifndef STAGEHAND_BENCH_BENCH_TIMING_H_
+#define STAGEHAND_BENCH_BENCH_TIMING_H_
 
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda_runtime_api.h>
@@ -72,4 +72,4 @@ inline std::vector<double> BenchInterleavedMs(const std::vector<std::function<vo
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_BENCH_TIMING_H_
+#endif  // STAGEHAND_BENCH_BENCH_TIMING_H_

@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "worker/bench_timing.h"
-#include "worker/gelu_kernels.h"
-#include "worker/gemm_gelu.h"
+#include "bench/bench_timing.h"
+#include "kernels/gelu_kernels.h"
+#include "kernels/gemm_gelu.h"
 
 namespace {
 

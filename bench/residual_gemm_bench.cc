@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "worker/bench_timing.h"
-#include "worker/gemm_residual.h"
-#include "worker/lt_gemm.h"
+#include "bench/bench_timing.h"
+#include "kernels/gemm_residual.h"
+#include "kernels/lt_gemm.h"
 
 namespace {
 

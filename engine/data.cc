@@ -1,5 +1,5 @@
 // Token sources (see data.h).
-#include "worker/data.h"
+#include "engine/data.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -2,8 +2,8 @@
 // so that every rank and every run sees the same batch (which is what lets a pipeline run be compared
 // with a single process). A synthetic corpus a model can learn, and files of uint16 tokens (nanoGPT's
 // train.bin layout).
-#ifndef STAGEHAND_WORKER_DATA_H_
-#define STAGEHAND_WORKER_DATA_H_
+#ifndef STAGEHAND_ENGINE_DATA_H_
+#define STAGEHAND_ENGINE_DATA_H_
 
 #include <ATen/ATen.h>
 
@@ -48,4 +48,4 @@ absl::StatusOr<std::unique_ptr<TokenSource>> OpenValidationSplit(const std::stri
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_DATA_H_
+#endif  // STAGEHAND_ENGINE_DATA_H_

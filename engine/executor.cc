@@ -1,6 +1,6 @@
 // The pipeline engine (see executor.h). LibTorch translation unit: c10::Error from a stage becomes a
 // Status naming the action at Step().
-#include "worker/executor.h"
+#include "engine/executor.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -1,11 +1,11 @@
 // The pipeline engine: runs one rank's action list (schedule/schedule.h), exactly as the coordinator
-// shipped it, over the rank's stages (worker/stage.h) and a transport. Actions are keyed by (stage,
+// shipped it, over the rank's stages (engine/stage.h) and a transport. Actions are keyed by (stage,
 // chunk, micro-batch); the engine knows no model family and no schedule by name. Receive buffers are
 // allocated once from the shapes the stages declare; on GPUs, sends and receives run on their own
 // stream and order with the compute stream through events, so that the host enqueues a whole step
 // without waiting, and each micro-batch slot's forward and backward can be replayed as CUDA graphs.
-#ifndef STAGEHAND_WORKER_EXECUTOR_H_
-#define STAGEHAND_WORKER_EXECUTOR_H_
+#ifndef STAGEHAND_ENGINE_EXECUTOR_H_
+#define STAGEHAND_ENGINE_EXECUTOR_H_
 
 #include <ATen/cuda/CUDAGraph.h>
 #include <torch/torch.h>
@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/data.h"
+#include "engine/stage.h"
+#include "engine/step_timer.h"
+#include "nn/nn.h"
 #include "protos/job.pb.h"
 #include "schedule/schedule.h"
-#include "worker/data.h"
-#include "worker/nn.h"
-#include "worker/stage.h"
-#include "worker/step_timer.h"
-#include "worker/transport.h"
+#include "transport/transport.h"
 
 namespace stagehand {
 
@@ -191,4 +191,4 @@ class Executor {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_EXECUTOR_H_
+#endif  // STAGEHAND_ENGINE_EXECUTOR_H_

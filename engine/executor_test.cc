@@ -1,6 +1,6 @@
 // Tests of the pipeline engine on the CPU: a tiny real model split into fake stages (fake_stage.h), ranks
 // as threads over the in-process transport (fake_transport.h), compared with a single-rank run.
-#include "worker/executor.h"
+#include "engine/executor.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -16,11 +16,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
+#include "engine/data.h"
+#include "engine/fake_stage.h"
+#include "engine/step_timer.h"
 #include "schedule/schedule.h"
-#include "worker/data.h"
-#include "worker/fake_stage.h"
-#include "worker/fake_transport.h"
-#include "worker/step_timer.h"
+#include "transport/fake_transport.h"
 
 namespace stagehand {
 namespace {

@@ -1,8 +1,8 @@
 // A tiny real model for engine tests, on the CPU in fp32: pipeline layer 0 embeds tokens, the middle
 // layers are x + tanh(x W), the last is a linear head to the vocabulary. A FakeStage holds a range of
 // layers and records the calls the engine makes on it.
-#ifndef STAGEHAND_WORKER_FAKE_STAGE_H_
-#define STAGEHAND_WORKER_FAKE_STAGE_H_
+#ifndef STAGEHAND_ENGINE_FAKE_STAGE_H_
+#define STAGEHAND_ENGINE_FAKE_STAGE_H_
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "worker/stage.h"
+#include "engine/stage.h"
 
 namespace stagehand {
 
@@ -156,4 +156,4 @@ class FakeStage : public Stage {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_FAKE_STAGE_H_
+#endif  // STAGEHAND_ENGINE_FAKE_STAGE_H_

@@ -1,5 +1,5 @@
 // The learning-rate schedule (see lr_schedule.h).
-#include "worker/lr_schedule.h"
+#include "engine/lr_schedule.h"
 
 #include <cmath>
 

@@ -1,7 +1,7 @@
 // The learning rate of each step, as nanoGPT and Megatron-LM schedule it: a linear warm-up, then a
 // cosine decay to a floor. No LibTorch.
-#ifndef STAGEHAND_WORKER_LR_SCHEDULE_H_
-#define STAGEHAND_WORKER_LR_SCHEDULE_H_
+#ifndef STAGEHAND_ENGINE_LR_SCHEDULE_H_
+#define STAGEHAND_ENGINE_LR_SCHEDULE_H_
 
 #include <cstdint>
 
@@ -25,4 +25,4 @@ double LearningRate(const LrSchedule& s, int64_t step);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_LR_SCHEDULE_H_
+#endif  // STAGEHAND_ENGINE_LR_SCHEDULE_H_

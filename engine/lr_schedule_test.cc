@@ -1,5 +1,5 @@
 // The learning-rate schedule against values computed by hand (nanoGPT's get_lr).
-#include "worker/lr_schedule.h"
+#include "engine/lr_schedule.h"
 
 #include "gtest/gtest.h"
 

@@ -1,7 +1,7 @@
 // For the model families' tests: checks a stage's zero-bubble split (BackwardInput, then
 // BackwardWeight) against one full Backward of the same micro-batch. LibTorch and GoogleTest; testonly.
-#ifndef STAGEHAND_WORKER_SPLIT_BACKWARD_CHECK_H_
-#define STAGEHAND_WORKER_SPLIT_BACKWARD_CHECK_H_
+#ifndef STAGEHAND_ENGINE_SPLIT_BACKWARD_CHECK_H_
+#define STAGEHAND_ENGINE_SPLIT_BACKWARD_CHECK_H_
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/stage.h"
+#include "engine/stage.h"
 
 namespace stagehand {
 
@@ -65,4 +65,4 @@ inline void ExpectSplitBackwardIsTheWholeBackward(const std::function<std::uniqu
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_SPLIT_BACKWARD_CHECK_H_
+#endif  // STAGEHAND_ENGINE_SPLIT_BACKWARD_CHECK_H_

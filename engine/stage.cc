@@ -1,9 +1,9 @@
 // The Stage interface's defaults (see stage.h). LibTorch translation unit.
-#include "worker/stage.h"
+#include "engine/stage.h"
 
 #include <ATen/cuda/CUDAContext.h>
 
-#include "worker/fused_backward_kernels.h"
+#include "kernels/fused_backward_kernels.h"
 
 namespace stagehand {
 
@@ -14,11 +14,6 @@ torch::Tensor LanguageModelLoss(const torch::Tensor& logits, const torch::Tensor
   // takes it for fp16 only: "conversion is supported for Half type only" for bf16.)
   return F::cross_entropy(logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}),
                           targets.to(logits.device()).reshape({-1}));
-}
-
-bool ModelOptionOn(const ModelSpec& spec, const std::string& name) {
-  auto option = spec.options().find(name);
-  return option == spec.options().end() || option->second != "false";
 }
 
 bool DefersWeightGradients(const JobSpec& job) { return ModelOptionOn(job.model_spec(), "deferred_wgrad"); }
@@ -91,7 +86,7 @@ torch::Tensor Stage::BackwardInput(const torch::Tensor& input, const torch::Tens
   torch::autograd::variable_list grad_outputs;
   if (grad_output.defined()) grad_outputs.push_back(grad_output);
   // Only the input's gradient: autograd runs the nodes on the way to it, and a node that would add a
-  // weight gradient itself (worker/nn.h's Dense) sees that its weight's gradient is not wanted.
+  // weight gradient itself (nn/nn.h's Dense) sees that its weight's gradient is not wanted.
   return torch::autograd::grad({output}, {input}, grad_outputs, /*retain_graph=*/true)[0];
 }
 

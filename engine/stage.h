@@ -2,8 +2,8 @@
 // layers on one device and knows the tensors it takes and gives. The engine (executor.h) runs stages
 // and never a model family; GPT and Llama (models/) implement this interface, and so can a user's own
 // model in a worker binary of their own (docs/custom_model.md).
-#ifndef STAGEHAND_WORKER_STAGE_H_
-#define STAGEHAND_WORKER_STAGE_H_
+#ifndef STAGEHAND_ENGINE_STAGE_H_
+#define STAGEHAND_ENGINE_STAGE_H_
 
 #include <torch/torch.h>
 
@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "nn/model_options.h"
 #include "protos/job.pb.h"
 
 namespace stagehand {
@@ -82,10 +83,6 @@ class Stage {
   virtual void PrepareForGraphs() {}
 };
 
-// A model option that turns a mechanism off (--model_option=NAME=false): unset, or any value but
-// "false", leaves it on.
-bool ModelOptionOn(const ModelSpec& spec, const std::string& name);
-
 // Whether a family's split backward defers its weight gradients (DeferredSplitBackward): the model
 // option deferred_wgrad, on unless "false".
 bool DefersWeightGradients(const JobSpec& job);
@@ -103,4 +100,4 @@ torch::Tensor FusedLanguageModelLoss(const torch::Tensor& logits, const torch::T
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_STAGE_H_
+#endif  // STAGEHAND_ENGINE_STAGE_H_

@@ -1,5 +1,5 @@
 // The step timer (see step_timer.h). LibTorch translation unit.
-#include "worker/step_timer.h"
+#include "engine/step_timer.h"
 
 #include <algorithm>
 

@@ -1,8 +1,8 @@
 // How a pipeline rank uses its GPU's streams (compute beside communication, ordered by events; no-ops
 // on the CPU), and the timer that turns a step's actions into non-overlapping slices for reports and
 // traces (CUDA events on GPUs, the host clock on the CPU). LibTorch.
-#ifndef STAGEHAND_WORKER_STEP_TIMER_H_
-#define STAGEHAND_WORKER_STEP_TIMER_H_
+#ifndef STAGEHAND_ENGINE_STEP_TIMER_H_
+#define STAGEHAND_ENGINE_STEP_TIMER_H_
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -153,4 +153,4 @@ class StepTimer {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_STEP_TIMER_H_
+#endif  // STAGEHAND_ENGINE_STEP_TIMER_H_

@@ -1,5 +1,5 @@
 // See adamw_kernels.h.
-#include "worker/adamw_kernels.h"
+#include "kernels/adamw_kernels.h"
 
 #include <cuda_bf16.h>
 

@@ -2,9 +2,9 @@
 // linear layers' forward reads) and, if asked, zeroes its gradient: the step ATen's _fused_adamw_
 // takes, the cast pass the next forward would make, and the zeroing the next step's accumulation needs,
 // in one pass over the parameters. Plain CUDA (no LibTorch headers), compiled by nvcc in a genrule
-// (worker/BUILD.bazel); the LibTorch side is FusedAdamW::Step in worker/nn.cc.
-#ifndef STAGEHAND_WORKER_ADAMW_KERNELS_H_
-#define STAGEHAND_WORKER_ADAMW_KERNELS_H_
+// (kernels/BUILD.bazel); the LibTorch side is FusedAdamW::Step in nn/nn.cc.
+#ifndef STAGEHAND_KERNELS_ADAMW_KERNELS_H_
+#define STAGEHAND_KERNELS_ADAMW_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -38,4 +38,4 @@ cudaError_t AdamWStep(const AdamWSlice* slices, int64_t count, double lr, double
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_ADAMW_KERNELS_H_
+#endif  // STAGEHAND_KERNELS_ADAMW_KERNELS_H_

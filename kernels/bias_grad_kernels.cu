@@ -1,5 +1,5 @@
 // See bias_grad_kernels.h.
-#include "worker/bias_grad_kernels.h"
+#include "kernels/bias_grad_kernels.h"
 
 #include <cuda_bf16.h>
 

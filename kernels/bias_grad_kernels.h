@@ -1,10 +1,10 @@
 // CUDA kernels for the linear layers' bias gradients (column sums of dy) fused with the pass that makes
 // dy: the cast of an fp32 gradient to bf16, or the assembly of attention's q, k, v gradients into the
 // qkv projection's [B, S, 3H] gradient. Plain CUDA (no LibTorch headers), compiled by nvcc in a genrule
-// (worker/BUILD.bazel); the LibTorch wrappers are in worker/nn.cc (ColumnSums, CastWithColumnSums,
+// (kernels/BUILD.bazel); the LibTorch wrappers are in nn/nn.cc (ColumnSums, CastWithColumnSums,
 // AssembleHeadsGrad).
-#ifndef STAGEHAND_WORKER_BIAS_GRAD_KERNELS_H_
-#define STAGEHAND_WORKER_BIAS_GRAD_KERNELS_H_
+#ifndef STAGEHAND_KERNELS_BIAS_GRAD_KERNELS_H_
+#define STAGEHAND_KERNELS_BIAS_GRAD_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -56,4 +56,4 @@ cudaError_t SumPartialRows(const float* partial, float* sums, int64_t parts, int
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_BIAS_GRAD_KERNELS_H_
+#endif  // STAGEHAND_KERNELS_BIAS_GRAD_KERNELS_H_

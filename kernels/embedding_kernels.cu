@@ -1,5 +1,5 @@
 // See embedding_kernels.h.
-#include "worker/embedding_kernels.h"
+#include "kernels/embedding_kernels.h"
 
 #include <cstdint>
 

@@ -1,9 +1,9 @@
 // The embedding table's gradient added into its .grad in place: each distinct token's rows of the
 // incoming gradient summed in token-position order and added to that token's row, touching only the rows
-// the batch used. Plain CUDA (no LibTorch headers), compiled by nvcc in a genrule (worker/BUILD.bazel);
-// the LibTorch wrapper is EmbeddingLookup in worker/nn.cc.
-#ifndef STAGEHAND_WORKER_EMBEDDING_KERNELS_H_
-#define STAGEHAND_WORKER_EMBEDDING_KERNELS_H_
+// the batch used. Plain CUDA (no LibTorch headers), compiled by nvcc in a genrule (kernels/BUILD.bazel);
+// the LibTorch wrapper is EmbeddingLookup in nn/nn.cc.
+#ifndef STAGEHAND_KERNELS_EMBEDDING_KERNELS_H_
+#define STAGEHAND_KERNELS_EMBEDDING_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -23,4 +23,4 @@ cudaError_t EmbeddingGradAccumulate(const int64_t* sorted_ids, const int64_t* or
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_EMBEDDING_KERNELS_H_
+#endif  // STAGEHAND_KERNELS_EMBEDDING_KERNELS_H_

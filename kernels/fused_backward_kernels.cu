@@ -1,5 +1,5 @@
 // See fused_backward_kernels.h.
-#include "worker/fused_backward_kernels.h"
+#include "kernels/fused_backward_kernels.h"
 
 #include <cuda_bf16.h>
 

@@ -1,9 +1,9 @@
 // CUDA kernels for the backward passes and the loss that LibTorch runs in many passes over memory: the
 // LayerNorm and RMSNorm backward from a bf16 gradient, and the token cross-entropy over bf16 logits
 // without an fp32 copy of them. Plain CUDA (no LibTorch headers), compiled by nvcc in a genrule
-// (worker/BUILD.bazel); the LibTorch code around them is in worker/nn.cc, models/llama and worker/stage.cc.
-#ifndef STAGEHAND_WORKER_FUSED_BACKWARD_KERNELS_H_
-#define STAGEHAND_WORKER_FUSED_BACKWARD_KERNELS_H_
+// (kernels/BUILD.bazel); the LibTorch code around them is in nn/nn.cc, models/llama and engine/stage.cc.
+#ifndef STAGEHAND_KERNELS_FUSED_BACKWARD_KERNELS_H_
+#define STAGEHAND_KERNELS_FUSED_BACKWARD_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -52,4 +52,4 @@ cudaError_t CrossEntropyBackward(const uint16_t* logits, const int64_t* targets,
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_FUSED_BACKWARD_KERNELS_H_
+#endif  // STAGEHAND_KERNELS_FUSED_BACKWARD_KERNELS_H_

@@ -1,5 +1,5 @@
 // See fused_elementwise_kernels.h.
-#include "worker/fused_elementwise_kernels.h"
+#include "kernels/fused_elementwise_kernels.h"
 
 #include <cuda_bf16.h>
 

@@ -1,9 +1,9 @@
 // CUDA kernels for elementwise parts of a decoder that eager LibTorch runs as several passes (each a
 // kernel, most in fp32): rotary position embeddings and SwiGLU, forward and backward, in bf16 with fp32
-// arithmetic. Plain CUDA (no LibTorch headers), compiled by nvcc in a genrule (worker/BUILD.bazel); the
+// arithmetic. Plain CUDA (no LibTorch headers), compiled by nvcc in a genrule (kernels/BUILD.bazel); the
 // autograd functions around them are in models/llama/llama_stage.cc.
-#ifndef STAGEHAND_WORKER_FUSED_ELEMENTWISE_KERNELS_H_
-#define STAGEHAND_WORKER_FUSED_ELEMENTWISE_KERNELS_H_
+#ifndef STAGEHAND_KERNELS_FUSED_ELEMENTWISE_KERNELS_H_
+#define STAGEHAND_KERNELS_FUSED_ELEMENTWISE_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -33,4 +33,4 @@ cudaError_t SwiGluBackward(const uint16_t* gate, const uint16_t* up, const uint1
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_FUSED_ELEMENTWISE_KERNELS_H_
+#endif  // STAGEHAND_KERNELS_FUSED_ELEMENTWISE_KERNELS_H_

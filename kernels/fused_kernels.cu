@@ -1,5 +1,5 @@
 // See fused_kernels.h.
-#include "worker/fused_kernels.h"
+#include "kernels/fused_kernels.h"
 
 #include <cuda_bf16.h>
 

@@ -1,7 +1,7 @@
 // CUDA kernels of our own, for what LibTorch does in several passes over memory. Plain CUDA (no
-// LibTorch headers): compiled by nvcc in a genrule (worker/BUILD.bazel) and called from the models' LibTorch code.
-#ifndef STAGEHAND_WORKER_FUSED_KERNELS_H_
-#define STAGEHAND_WORKER_FUSED_KERNELS_H_
+// LibTorch headers): compiled by nvcc in a genrule (kernels/BUILD.bazel) and called from the models' LibTorch code.
+#ifndef STAGEHAND_KERNELS_FUSED_KERNELS_H_
+#define STAGEHAND_KERNELS_FUSED_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -32,4 +32,4 @@ cudaError_t RmsNormToBf16(const float* x, const float* gamma, uint16_t* y, float
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_FUSED_KERNELS_H_
+#endif  // STAGEHAND_KERNELS_FUSED_KERNELS_H_

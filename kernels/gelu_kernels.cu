@@ -1,5 +1,5 @@
 // See gelu_kernels.h.
-#include "worker/gelu_kernels.h"
+#include "kernels/gelu_kernels.h"
 
 #include <cuda_bf16.h>
 

@@ -1,8 +1,8 @@
 // The backward of y = gelu(h) (exact, erf) fused with the column sums that are its linear layer's bias
-// gradient. Plain CUDA (no LibTorch headers): compiled by nvcc in a genrule (worker/BUILD.bazel) and
-// called from worker/nn.cc's LinearGeluFunction.
-#ifndef STAGEHAND_WORKER_GELU_KERNELS_H_
-#define STAGEHAND_WORKER_GELU_KERNELS_H_
+// gradient. Plain CUDA (no LibTorch headers): compiled by nvcc in a genrule (kernels/BUILD.bazel) and
+// called from nn/nn.cc's LinearGeluFunction.
+#ifndef STAGEHAND_KERNELS_GELU_KERNELS_H_
+#define STAGEHAND_KERNELS_GELU_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -27,4 +27,4 @@ cudaError_t GeluBackwardBias(const uint16_t* da, const uint16_t* h, uint16_t* dh
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_GELU_KERNELS_H_
+#endif  // STAGEHAND_KERNELS_GELU_KERNELS_H_

@@ -1,7 +1,7 @@
 // See gemm_gelu.h. A row-major PyTorch y[m, n] = x[m, k] W[n, k]^T is, read column-major, the problem
 // y^T = W x^T with both operands K-major ("TN"): CUTLASS's M is our n, its N our m, and the bias is per
 // row of its output. Compiled for sm_90a only (warp-specialized TMA kernels and wgmma).
-#include "worker/gemm_gelu.h"
+#include "kernels/gemm_gelu.h"
 
 #include <cuda_runtime.h>
 
@@ -15,7 +15,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
-#include "worker/cutlass_launch.cuh"
+#include "kernels/cutlass_launch.cuh"
 
 namespace stagehand {
 namespace {

@@ -1,9 +1,9 @@
 // fc1 + bias + exact (erf) GELU as one GEMM on Hopper: a CUTLASS 3.x SM90 kernel whose epilogue adds the
 // bias and applies GELU, and optionally writes the pre-activation for the backward. Plain CUDA (no
-// LibTorch headers): compiled by nvcc for sm_90a only (worker/BUILD.bazel); the caller checks
+// LibTorch headers): compiled by nvcc for sm_90a only (kernels/BUILD.bazel); the caller checks
 // GemmGeluAvailable() and falls back to a GEMM and a separate GELU elsewhere.
-#ifndef STAGEHAND_WORKER_GEMM_GELU_H_
-#define STAGEHAND_WORKER_GEMM_GELU_H_
+#ifndef STAGEHAND_KERNELS_GEMM_GELU_H_
+#define STAGEHAND_KERNELS_GEMM_GELU_H_
 
 #include <cuda_runtime_api.h>
 
@@ -36,4 +36,4 @@ const char* GemmGeluVariantName(int variant);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_GEMM_GELU_H_
+#endif  // STAGEHAND_KERNELS_GEMM_GELU_H_

@@ -1,7 +1,7 @@
 // See gemm_residual.h. As in gemm_gelu.cu, the row-major d[m, n] = x[m, k] W[n, k]^T is, read column-major,
 // d^T = W x^T with both operands K-major: CUTLASS's M is our n, its N our m, the bias per row of its
 // output, and c and d are [n, m] column-major. Compiled for sm_90a only.
-#include "worker/gemm_residual.h"
+#include "kernels/gemm_residual.h"
 
 #include <cuda_runtime.h>
 
@@ -13,7 +13,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
-#include "worker/cutlass_launch.cuh"
+#include "kernels/cutlass_launch.cuh"
 
 namespace stagehand {
 namespace {

@@ -3,8 +3,8 @@
 // as LtLinearAddFp32 (lt_gemm.h), in a tile schedule cuBLASLt's heuristic does not offer for it (a
 // ping-pong kernel, whose one warp group's fp32 epilogue overlaps the other's MMAs). Plain CUDA (no
 // LibTorch headers), sm_90a only; the caller checks GemmResidualAvailable().
-#ifndef STAGEHAND_WORKER_GEMM_RESIDUAL_H_
-#define STAGEHAND_WORKER_GEMM_RESIDUAL_H_
+#ifndef STAGEHAND_KERNELS_GEMM_RESIDUAL_H_
+#define STAGEHAND_KERNELS_GEMM_RESIDUAL_H_
 
 #include <cuda_runtime_api.h>
 
@@ -34,4 +34,4 @@ const char* GemmResidualVariantName(int variant);
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_GEMM_RESIDUAL_H_
+#endif  // STAGEHAND_KERNELS_GEMM_RESIDUAL_H_

@@ -1,5 +1,5 @@
 // See lt_gemm.h.
-#include "worker/lt_gemm.h"
+#include "kernels/lt_gemm.h"
 
 #include <cublasLt.h>
 #include <dlfcn.h>

@@ -8,8 +8,8 @@
 // No LibTorch here: the caller passes LibTorch's cuBLASLt handle, workspace and stream. The functions
 // come from the cuBLASLt that LibTorch already loaded (found by symbol, so the process holds one copy
 // of the library, the one LibTorch's cuBLAS was built with); where there is none, LtAvailable() is false.
-#ifndef STAGEHAND_WORKER_LT_GEMM_H_
-#define STAGEHAND_WORKER_LT_GEMM_H_
+#ifndef STAGEHAND_KERNELS_LT_GEMM_H_
+#define STAGEHAND_KERNELS_LT_GEMM_H_
 
 #include <cuda_runtime_api.h>
 
@@ -41,4 +41,4 @@ int64_t LtAlgorithmTimings();
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_LT_GEMM_H_
+#endif  // STAGEHAND_KERNELS_LT_GEMM_H_

@@ -1,5 +1,5 @@
 // The worker's registry of model families (see model_family.h).
-#include "worker/model_family.h"
+#include "models/model_family.h"
 
 #include <algorithm>
 

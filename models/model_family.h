@@ -1,8 +1,8 @@
 // A model family as a worker runs it: its description (models/model_description.h: layers, presets,
 // estimates) and the code that builds its stages. A worker binary registers the families it links
 // before calling WorkerMain (worker_main.h); stagehand's own worker registers GPT and Llama.
-#ifndef STAGEHAND_WORKER_MODEL_FAMILY_H_
-#define STAGEHAND_WORKER_MODEL_FAMILY_H_
+#ifndef STAGEHAND_MODELS_MODEL_FAMILY_H_
+#define STAGEHAND_MODELS_MODEL_FAMILY_H_
 
 #include <cstdint>
 #include <memory>
@@ -57,4 +57,4 @@ std::vector<std::string> RegisteredFamilies();
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_MODEL_FAMILY_H_
+#endif  // STAGEHAND_MODELS_MODEL_FAMILY_H_

@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "worker/nn.h"
+#include "nn/nn.h"
 
 namespace stagehand {
 namespace {

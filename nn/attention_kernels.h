@@ -1,6 +1,6 @@
 // The attention kernels a job may name (ModelSpec.attention), for the job check and the models.
-#ifndef STAGEHAND_MODELS_ATTENTION_KERNELS_H_
-#define STAGEHAND_MODELS_ATTENTION_KERNELS_H_
+#ifndef STAGEHAND_NN_ATTENTION_KERNELS_H_
+#define STAGEHAND_NN_ATTENTION_KERNELS_H_
 
 #include <string>
 
@@ -25,4 +25,4 @@ inline std::string AttentionKernelChoices() {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_MODELS_ATTENTION_KERNELS_H_
+#endif  // STAGEHAND_NN_ATTENTION_KERNELS_H_

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "worker/bias_grad_kernels.h"
-#include "worker/nn.h"
+#include "kernels/bias_grad_kernels.h"
+#include "nn/nn.h"
 
 namespace stagehand {
 namespace {

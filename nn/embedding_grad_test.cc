@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "worker/nn.h"
+#include "nn/nn.h"
 
 namespace stagehand {
 namespace {

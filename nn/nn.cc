@@ -1,5 +1,5 @@
 // Building blocks for model families (see nn.h). LibTorch translation unit.
-#include "worker/nn.h"
+#include "nn/nn.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -16,17 +16,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "models/attention_kernels.h"
-#include "worker/stage.h"
-#include "worker/adamw_kernels.h"
-#include "worker/bias_grad_kernels.h"
-#include "worker/embedding_kernels.h"
-#include "worker/fused_backward_kernels.h"
-#include "worker/fused_kernels.h"
-#include "worker/gelu_kernels.h"
-#include "worker/gemm_gelu.h"
-#include "worker/gemm_residual.h"
-#include "worker/lt_gemm.h"
+#include "kernels/adamw_kernels.h"
+#include "kernels/bias_grad_kernels.h"
+#include "kernels/embedding_kernels.h"
+#include "kernels/fused_backward_kernels.h"
+#include "kernels/fused_kernels.h"
+#include "kernels/gelu_kernels.h"
+#include "kernels/gemm_gelu.h"
+#include "kernels/gemm_residual.h"
+#include "kernels/lt_gemm.h"
+#include "nn/attention_kernels.h"
+#include "nn/model_options.h"
 
 namespace stagehand {
 namespace {

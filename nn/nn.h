@@ -2,8 +2,8 @@
 // cast once per optimizer step and whose weight gradients accumulate into fp32 in the GEMM, a fused
 // LayerNorm-to-bf16 for norms that feed a GEMM, bf16 autocast, per-layer generators, the choice of
 // attention kernel, and fused AdamW. GPT and Llama use them; a user's family may.
-#ifndef STAGEHAND_WORKER_NN_H_
-#define STAGEHAND_WORKER_NN_H_
+#ifndef STAGEHAND_NN_NN_H_
+#define STAGEHAND_NN_NN_H_
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -418,4 +418,4 @@ class FusedAdamW {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_NN_H_
+#endif  // STAGEHAND_NN_NN_H_

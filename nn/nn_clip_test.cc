@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "gtest/gtest.h"
-#include "worker/nn.h"
+#include "nn/nn.h"
 
 namespace stagehand {
 namespace {

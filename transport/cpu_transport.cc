@@ -2,7 +2,7 @@
 // proves the job secret (an HMAC challenge both ways; strangers are dropped and the job goes on), framed
 // blocking Send/Recv over non-blocking sockets and poll() (so deadlines and Abort work), and an
 // all-reduce that reduces at rank 0 in rank order and broadcasts, so every rank gets the same bits.
-#include "worker/cpu_transport.h"
+#include "transport/cpu_transport.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

@@ -1,7 +1,7 @@
 // The CPU transport: a full TCP mesh between the ranks of one communicator, for workers without GPUs,
 // for CI and (later) for reaching other hosts. Correctness and clear failures matter here, speed does not.
-#ifndef STAGEHAND_WORKER_CPU_TRANSPORT_H_
-#define STAGEHAND_WORKER_CPU_TRANSPORT_H_
+#ifndef STAGEHAND_TRANSPORT_CPU_TRANSPORT_H_
+#define STAGEHAND_TRANSPORT_CPU_TRANSPORT_H_
 
 #include <functional>
 #include <memory>
@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "worker/transport.h"
+#include "transport/transport.h"
 
 namespace stagehand {
 
@@ -71,4 +71,4 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectCpuTransport(const CpuTranspor
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_CPU_TRANSPORT_H_
+#endif  // STAGEHAND_TRANSPORT_CPU_TRANSPORT_H_

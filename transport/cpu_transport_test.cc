@@ -1,6 +1,6 @@
 // Tests of the CPU transport with every rank a thread of this process, meeting through one in-memory
 // key-value store, some of them under attack by a stranger on their ports; also the store and DTypeSize.
-#include "worker/cpu_transport.h"
+#include "transport/cpu_transport.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -28,8 +28,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/fd.h"
-#include "worker/in_memory_kv_store.h"
-#include "worker/transport.h"
+#include "transport/in_memory_kv_store.h"
+#include "transport/transport.h"
 
 namespace stagehand {
 namespace {

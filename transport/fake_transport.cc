@@ -1,6 +1,6 @@
 // The in-process test transport (see fake_transport.h): one mutex over all ranks' pending operations,
 // since tests run a handful of ranks and care for clarity, not throughput.
-#include "worker/fake_transport.h"
+#include "transport/fake_transport.h"
 
 #include <algorithm>
 #include <cstring>

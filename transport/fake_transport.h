@@ -1,7 +1,7 @@
 // An in-process Transport for tests: N ranks of one process (threads) meet on a shared FakeFabric,
 // which matches each send with the peer's receive, copies the bytes and records every operation.
-#ifndef STAGEHAND_WORKER_FAKE_TRANSPORT_H_
-#define STAGEHAND_WORKER_FAKE_TRANSPORT_H_
+#ifndef STAGEHAND_TRANSPORT_FAKE_TRANSPORT_H_
+#define STAGEHAND_TRANSPORT_FAKE_TRANSPORT_H_
 
 #include <cstdint>
 #include <deque>
@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "worker/transport.h"
+#include "transport/transport.h"
 
 namespace stagehand {
 
@@ -119,4 +119,4 @@ class FakeTransport : public Transport {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_FAKE_TRANSPORT_H_
+#endif  // STAGEHAND_TRANSPORT_FAKE_TRANSPORT_H_

@@ -1,6 +1,6 @@
 // Tests of the in-process test transport: the engine tests lean on its matching, bounds and abort, so a
 // fake that quietly passed bytes wrongly would make them meaningless.
-#include "worker/fake_transport.h"
+#include "transport/fake_transport.h"
 
 #include <gtest/gtest.h>
 

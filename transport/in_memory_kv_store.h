@@ -1,7 +1,7 @@
 // An in-process KeyValueStore for tests: the same write-once semantics as the coordinator's store,
 // so that transports rendezvous in tests exactly as they do in a job.
-#ifndef STAGEHAND_WORKER_IN_MEMORY_KV_STORE_H_
-#define STAGEHAND_WORKER_IN_MEMORY_KV_STORE_H_
+#ifndef STAGEHAND_TRANSPORT_IN_MEMORY_KV_STORE_H_
+#define STAGEHAND_TRANSPORT_IN_MEMORY_KV_STORE_H_
 
 #include <map>
 #include <string>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "worker/transport.h"
+#include "transport/transport.h"
 
 namespace stagehand {
 
@@ -49,4 +49,4 @@ class InMemoryKeyValueStore : public KeyValueStore {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_IN_MEMORY_KV_STORE_H_
+#endif  // STAGEHAND_TRANSPORT_IN_MEMORY_KV_STORE_H_

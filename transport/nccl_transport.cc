@@ -1,6 +1,6 @@
 // NCCL transport (see nccl_transport.h). Communicators are non-blocking (config.blocking = 0) so that
 // initialisation has a deadline and Abort() from another thread unblocks a stuck collective.
-#include "worker/nccl_transport.h"
+#include "transport/nccl_transport.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

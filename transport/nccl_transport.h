@@ -1,14 +1,14 @@
 // The GPU transport: one NCCL communicator per transport, set up through the coordinator's key-value
 // store (rank 0 publishes the unique id) with a deadline, non-blocking so that it can be aborted.
-#ifndef STAGEHAND_WORKER_NCCL_TRANSPORT_H_
-#define STAGEHAND_WORKER_NCCL_TRANSPORT_H_
+#ifndef STAGEHAND_TRANSPORT_NCCL_TRANSPORT_H_
+#define STAGEHAND_TRANSPORT_NCCL_TRANSPORT_H_
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "worker/transport.h"
+#include "transport/transport.h"
 
 namespace stagehand {
 
@@ -27,4 +27,4 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(const NcclTransp
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_NCCL_TRANSPORT_H_
+#endif  // STAGEHAND_TRANSPORT_NCCL_TRANSPORT_H_

@@ -1,6 +1,6 @@
 // Helpers shared by every transport: the size of each element type, and the default collectives and
 // sub-communicators of transport.h, built on Send/Recv for the transports that have nothing better.
-#include "worker/transport.h"
+#include "transport/transport.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,8 +1,8 @@
 // The communication interface of a worker, with two implementations: NCCL on GPUs
 // (nccl_transport.h) and a CPU transport over TCP for machines without GPUs and for CI
 // (cpu_transport.h). Buffers are raw pointers so that transports need no LibTorch headers.
-#ifndef STAGEHAND_WORKER_TRANSPORT_H_
-#define STAGEHAND_WORKER_TRANSPORT_H_
+#ifndef STAGEHAND_TRANSPORT_TRANSPORT_H_
+#define STAGEHAND_TRANSPORT_TRANSPORT_H_
 
 #include <cstdint>
 #include <memory>
@@ -79,4 +79,4 @@ class KeyValueStore {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_WORKER_TRANSPORT_H_
+#endif  // STAGEHAND_TRANSPORT_TRANSPORT_H_

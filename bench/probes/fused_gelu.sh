@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fc1 + GELU fused (DenseImpl::ForwardGelu): in one run on a GPU host the CUDA tests, the GEMM
-# microbenchmark (worker:gemm_gelu_bench), gpt-1.3b training and inference rows with fused_gelu on and off
+# microbenchmark (//bench:gemm_gelu_bench), gpt-1.3b training and inference rows with fused_gelu on and off
 # (mean of steps 3..10, bench/bench_one_gpu's rows), the pipeline_gpu_check cases, and kernel traces of
 # fused training and inference. From the repository root: OUT=DIR bash bench/probes/fused_gelu.sh
 # (BUNDLE, default dist/bundle); LEAN=1 skips the fused_gelu_gemm=false row and the pipeline check.
