@@ -2,7 +2,8 @@
 // false) over three steps: parameters and moments within a few float ulps (on an H200: 1-3
 // ulps of the moments, 1 of the parameters; not bit for bit), the bf16 copies it writes for linear layers (equal to
 // a fresh cast, and left current for the next forward), and the gradients it zeroes. The *Cuda* cases
-// skip without a GPU; on CPU both run ATen's.
+// skip without a GPU; on CPU both run ATen's. And FusedAdamW against torch::optim::AdamW over five
+// steps (a parameter without a gradient skipped), and its in-place zeroing.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -97,6 +98,69 @@ TEST(FusedAdamWCuda, OwnKernelMatchesAtensFusedAdamW) {
       if (i % 3 == 0) std::cout << "parameter " << i / 3 << ": worst difference " << worst << "\n";
     }
   }
+}
+
+// FusedAdamW against torch::optim::AdamW, with the same hyperparameters, and its in-place zeroing.
+
+std::vector<torch::Tensor> RandomParams(torch::Device device) {
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> params;
+  for (auto shape : {std::vector<int64_t>{7, 5}, {13}, {3, 4, 2}}) {
+    params.push_back(torch::randn(shape).to(device).requires_grad_());
+  }
+  return params;
+}
+
+void ExpectFusedAdamWMatchesTorch(torch::Device device) {
+  std::vector<torch::Tensor> fused = RandomParams(device), reference = RandomParams(torch::kCPU);
+  const double lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  FusedAdamW ours(fused, lr, beta1, beta2, eps, weight_decay);
+  torch::optim::AdamW theirs(
+      reference, torch::optim::AdamWOptions(lr).betas({beta1, beta2}).eps(eps).weight_decay(weight_decay));
+  torch::manual_seed(4);
+  for (int step = 0; step < 5; ++step) {
+    for (size_t i = 0; i < fused.size(); ++i) {
+      // Every other step the last parameter has no gradient: both optimizers skip it.
+      if (step % 2 == 1 && i + 1 == fused.size()) continue;
+      torch::Tensor g = torch::randn(fused[i].sizes());
+      fused[i].mutable_grad() = g.to(device);
+      reference[i].mutable_grad() = g.clone();
+    }
+    ours.Step();
+    theirs.step();
+    ours.ZeroGrad();
+    theirs.zero_grad();
+    for (size_t i = 0; i < fused.size(); ++i) {
+      EXPECT_FALSE(fused[i].grad().defined());
+      const double diff = (fused[i].detach().cpu() - reference[i].detach()).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-6) << "parameter " << i << " after step " << step;
+    }
+  }
+  EXPECT_FALSE(torch::equal(fused[0].detach().cpu(), RandomParams(torch::kCPU)[0].detach()));  // it moved
+}
+
+TEST(FusedAdamW, FewSteps_MatchesTorchAdamW) { ExpectFusedAdamWMatchesTorch(torch::kCPU); }
+
+// Zeroing in place (what captured CUDA graphs need): the same gradient tensors, zeroed, and zeros for a
+// parameter that had none; the default sets them to None.
+TEST(FusedAdamW, ZeroGradInPlace_KeepsGradientTensors) {
+  torch::Tensor a = torch::ones({3}).requires_grad_(true), b = torch::ones({2, 2}).requires_grad_(true);
+  a.mutable_grad() = torch::full({3}, 5.0);
+  const void* address = a.grad().data_ptr();
+  FusedAdamW optimizer({a, b});
+  optimizer.ZeroGrad(/*set_to_none=*/false);
+  EXPECT_EQ(a.grad().data_ptr(), address);
+  EXPECT_TRUE(torch::equal(a.grad(), torch::zeros({3})));
+  ASSERT_TRUE(b.grad().defined());
+  EXPECT_TRUE(torch::equal(b.grad(), torch::zeros({2, 2})));
+  optimizer.ZeroGrad();
+  EXPECT_FALSE(a.grad().defined());
+  EXPECT_FALSE(b.grad().defined());
+}
+
+TEST(FusedAdamWCuda, FewSteps_MatchesTorchAdamWOnCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  ExpectFusedAdamWMatchesTorch(torch::kCUDA);
 }
 
 }  // namespace

@@ -18,8 +18,11 @@ start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
 
 stamp tests
-timeout 150 "$run" gpt_stage_test --gtest_filter='*Gelu*' >"$out/t/tests.log" 2>&1
-echo "tests rc=$?"
+rc=0
+for t in gpt_stage_test dense_test fused_kernels_test; do
+  timeout 150 "$run" "$t" --gtest_filter='*Gelu*' || rc=$?
+done >"$out/t/tests.log" 2>&1
+echo "tests rc=$rc"
 grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|Expected|Which is|rel|ATen" "$out/t/tests.log" | head -40
 
 stamp bench
