@@ -447,7 +447,7 @@ int main(int argc, char** argv) {
       stagehand::ParseFlags(static_cast<int>(split.flags.size()), split.flags.data());
   if (!parsed.ok()) return stagehand::Fail(parsed.status());
   if (parsed->help || split.words.empty()) {
-    const std::string help = stagehand::FlagsHelp(stagehand::kUsage, {"client/client.cc", stagehand::kJobFlagsFile});
+    const std::string help = stagehand::FlagsHelp(stagehand::kUsage, {"client/client.cc", stagehand::kJobFlagsFile}, stagehand::HelpGroups(/*client=*/true));
     std::fputs(help.c_str(), parsed->help ? stdout : stderr);
     return parsed->help ? 0 : stagehand::kExitUsage;
   }

@@ -20,12 +20,16 @@ absl::Status Unknown(absl::string_view name) {
 
 }  // namespace
 
-absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv) {
+absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest) {
   ParsedFlags out;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") {
-      if (i + 1 < argc) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", argv[i + 1], "'"));
+      out.dashdash = true;
+      if (i + 1 < argc && !allow_rest) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", argv[i + 1], "'"));
+      }
+      for (++i; i < argc; ++i) out.rest.emplace_back(argv[i]);
       break;
     }
     if (arg == "-h" || arg == "--help" || arg == "-help" || arg == "--helpfull") {
@@ -86,7 +90,9 @@ std::string FlagsHelp(absl::string_view usage, absl::string_view file_suffix) {
   return FlagsHelp(usage, std::vector<std::string>{std::string(file_suffix)});
 }
 
-std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes) {
+namespace {
+
+std::vector<absl::CommandLineFlag*> FlagsOf(const std::vector<std::string>& file_suffixes) {
   std::vector<absl::CommandLineFlag*> flags;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     for (const std::string& suffix : file_suffixes) {
@@ -97,15 +103,46 @@ std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& f
     }
   }
   std::sort(flags.begin(), flags.end(), [](auto* a, auto* b) { return a->Name() < b->Name(); });
+  return flags;
+}
+
+void AppendFlag(const absl::CommandLineFlag& f, std::string& out) {
+  absl::StrAppend(&out, "  --", f.Name(), " (", f.Help(), ")\n");
+  // A help text that states its default says what an unset flag means; the flag's own value is
+  // then a sentinel (-1, ""), which printed beside it would contradict it.
+  if (absl::StrContains(f.Help(), "default")) return;
+  absl::StrAppend(&out, "      default: ", f.DefaultValue().empty() ? "\"\"" : f.DefaultValue(), "\n");
+}
+
+}  // namespace
+
+std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes) {
   std::string out = absl::StrCat(usage, "\n\nFlags:\n");
-  for (auto* f : flags) {
-    absl::StrAppend(&out, "  --", f->Name(), " (", f->Help(), ")\n");
-    // A help text that states its default says what an unset flag means; the flag's own value is
-    // then a sentinel (-1, ""), which printed beside it would contradict it.
-    if (absl::StrContains(f->Help(), "default")) continue;
-    absl::StrAppend(&out, "      default: ", f->DefaultValue().empty() ? "\"\"" : f->DefaultValue(), "\n");
-  }
+  for (auto* f : FlagsOf(file_suffixes)) AppendFlag(*f, out);
   return out;
+}
+
+std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes,
+                      const std::vector<FlagGroup>& groups) {
+  const std::vector<absl::CommandLineFlag*> flags = FlagsOf(file_suffixes);
+  std::set<std::string, std::less<>> shown;
+  std::string out(usage);
+  for (const FlagGroup& g : groups) {
+    std::string section;
+    for (auto* f : flags) {
+      if (std::find(g.flags.begin(), g.flags.end(), f->Name()) == g.flags.end() || shown.count(f->Name())) continue;
+      shown.insert(std::string(f->Name()));
+      AppendFlag(*f, section);
+    }
+    if (!section.empty()) absl::StrAppend(&out, "\n\n", g.title, ":\n", section);
+  }
+  std::string rest;
+  for (auto* f : flags) {
+    if (!shown.count(f->Name())) AppendFlag(*f, rest);
+  }
+  if (!rest.empty()) absl::StrAppend(&out, "\n\nOther flags:\n", rest);
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  return out + "\n";
 }
 
 }  // namespace stagehand

@@ -17,15 +17,31 @@ namespace stagehand {
 struct ParsedFlags {
   bool help = false;               // --help or -h was given
   std::set<std::string> given;     // names of the flags set on the command line
+  bool dashdash = false;           // "--" was given
+  std::vector<std::string> rest;   // what followed it (with `allow_rest`)
 };
 
-// Accepts --name=value, --name value, --bool / --nobool, and "--" (nothing may follow it).
-absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv);
+// Accepts --name=value, --name value, --bool / --nobool, and "--"; what follows "--" is a program
+// and its arguments where `allow_rest` (the launcher's `launcher [flags] -- PROGRAM ARGS`), else
+// nothing may follow it.
+absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest = false);
 
 // The usage message followed by every flag defined in a file whose path ends with `file_suffix`.
 std::string FlagsHelp(absl::string_view usage, absl::string_view file_suffix);
 // The same over the flags of several files (a binary's own and a shared library's), sorted together.
 std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes);
+
+// A topic of --help: its title and the names of its flags (a name the binary does not define is
+// skipped, so one table serves several binaries).
+struct FlagGroup {
+  std::string title;
+  std::vector<std::string> flags;
+};
+// The flags of `file_suffixes` under the groups' titles, in the groups' order, sorted by name within
+// each; a group with none of the binary's flags is left out, and a flag in no group comes last,
+// under "Other flags", so that none is ever hidden.
+std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes,
+                      const std::vector<FlagGroup>& groups);
 
 }  // namespace stagehand
 

@@ -46,5 +46,23 @@ TEST(ParseFlags, FiniteReal_Parses) {
   EXPECT_FALSE(Parse({"--flags_test_real=abc"}).ok());
 }
 
+// --help by topic: the groups in their order, sorted within; a group with none of the binary's
+// flags left out; a flag of no group under "Other flags", never hidden.
+TEST(FlagsHelp, Groups_InOrder_EmptyOnesLeftOut_TheRestUnderOther) {
+  const std::string help = FlagsHelp("usage", {"common/flags_test.cc"},
+                                     {{"Reals", {"flags_test_real", "flags_test_float"}},
+                                      {"Absent", {"no_such_flag"}},
+                                      {"Again", {"flags_test_real"}}});
+  const size_t reals = help.find("\n\nReals:\n"), other = help.find("\n\nOther flags:\n");
+  ASSERT_NE(reals, std::string::npos) << help;
+  ASSERT_NE(other, std::string::npos) << help;
+  EXPECT_EQ(help.find("Absent"), std::string::npos) << help;
+  EXPECT_EQ(help.find("Again"), std::string::npos) << help;  // a flag is shown once, in its first group
+  EXPECT_LT(help.find("--flags_test_float"), help.find("--flags_test_real")) << help;
+  EXPECT_LT(help.find("--flags_test_real"), other) << help;
+  EXPECT_GT(help.find("--flags_test_int"), other) << help;
+  EXPECT_EQ(help.rfind("usage", 0), 0u) << help;
+}
+
 }  // namespace
 }  // namespace stagehand

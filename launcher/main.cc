@@ -81,6 +81,8 @@ constexpr char kUsage[] =
     "                                           the reference GPT as a 2-stage pipeline\n"
     "  launcher --device=cpu --workers=4        four CPU workers (the default model there: tiny)\n"
     "  launcher --job=job.textproto             a JobSpec file (the flags you type override it)\n"
+    "  launcher --gpus=2 -- python3 train.py    your own PyTorch program on each GPU, with torchrun's environment\n"
+    "                                           (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT: env:// works)\n"
     "\n"
     "Flags labelled \"model:\" apply to every model that trains as a pipeline (GPT, Llama, a family of\n"
     "--worker_binary's), not to --model=allreduce.\n"
@@ -113,6 +115,7 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p, const
   stagehand::LaunchOptions o;
   o.job = stagehand::JobRequestFromFlags(p);
   stagehand::JobRequest& j = o.job;
+  j.program = p.rest;
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.overwrite = absl::GetFlag(FLAGS_overwrite);
   o.worker_binary = absl::GetFlag(FLAGS_worker_binary);
@@ -313,13 +316,30 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  absl::StatusOr<stagehand::ParsedFlags> parsed = stagehand::ParseFlags(argc, argv);
+  absl::StatusOr<stagehand::ParsedFlags> parsed = stagehand::ParseFlags(argc, argv, /*allow_rest=*/true);
   if (!parsed.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(parsed.status().message()).c_str());
     return stagehand::kExitUsage;
   }
+  if (parsed->dashdash && parsed->rest.empty() && !parsed->help) {
+    std::fprintf(stderr, "stagehand: -- with no program after it: launcher [flags] -- PROGRAM [ARGS...] (-- python3 "
+                         "train.py, as with torchrun)\n");
+    return stagehand::kExitUsage;
+  }
+  if (!parsed->rest.empty()) {
+    const char* not_with = absl::GetFlag(FLAGS_serve)              ? "--serve"
+                           : absl::GetFlag(FLAGS_nodes) > 1        ? "--nodes"
+                           : absl::GetFlag(FLAGS_slurm)            ? "--slurm"
+                           : !absl::GetFlag(FLAGS_sweep).empty()   ? "--sweep"
+                                                                   : nullptr;
+    if (not_with != nullptr) {
+      std::fprintf(stderr, "stagehand: %s with a program (-- %s): a program runs on one host, without a sweep, for "
+                           "now; drop %s\n", not_with, parsed->rest[0].c_str(), not_with);
+      return stagehand::kExitUsage;
+    }
+  }
   if (parsed->help) {
-    std::fputs(stagehand::FlagsHelp(kUsage, {"launcher/main.cc", stagehand::kJobFlagsFile}).c_str(), stdout);
+    std::fputs(stagehand::FlagsHelp(kUsage, {"launcher/main.cc", stagehand::kJobFlagsFile}, stagehand::HelpGroups(/*client=*/false)).c_str(), stdout);
     return 0;
   }
   if (!(absl::GetFlag(FLAGS_peak_tflops) > 0)) {  // finite already (ParseFlags)

@@ -48,7 +48,8 @@ class ModelDescription {
 
 // The one job that runs no model: a checked all-reduce per step (the transport's own test).
 inline constexpr char kAllReduceModel[] = "allreduce";
-inline bool IsModelJob(const JobSpec& job) { return job.model() != kAllReduceModel; }
+// A program job (JobSpec.program, the user's own program as the workers) is neither.
+inline bool IsModelJob(const JobSpec& job) { return job.program_size() == 0 && job.model() != kAllReduceModel; }
 
 // Sequences per micro-batch: global_batch over the replicas' micro-batches.
 inline int64_t MicroBatchSize(const JobSpec& job) {

@@ -265,6 +265,11 @@ TEST_F(ClientTest, Help_ListsVerbsAndExitCodes) {
   EXPECT_TRUE(absl::StrContains(r.out, "Exit codes:"));
   EXPECT_TRUE(absl::StrContains(r.out, "--token_file"));
   EXPECT_TRUE(absl::StrContains(r.out, "--steps"));  // the job flags too
+  // By topic, the client's own first; every flag in one.
+  EXPECT_LT(r.out.find("\n\nThe client"), r.out.find("\n  --token_file (")) << r.out;
+  EXPECT_LT(r.out.find("\n  --token_file ("), r.out.find("\n\nThe job:")) << r.out;
+  EXPECT_FALSE(absl::StrContains(r.out, "Other flags:")) << r.out;
+  EXPECT_FALSE(absl::StrContains(r.out, "Several hosts:")) << r.out;
 }
 
 }  // namespace

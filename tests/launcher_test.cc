@@ -818,6 +818,25 @@ TEST(Launcher, Help_NoSentinelDefaultBesideStatedOne) {
   EXPECT_EQ(out.find("--micro-batches"), std::string::npos) << out;
 }
 
+// --help groups the flags by topic, and every flag has one (none under "Other flags").
+TEST(Launcher, Help_FlagsByTopic_EveryFlagInOne) {
+  Launcher l({"--help"});
+  EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 0);
+  const std::string out = l.output();
+  size_t last = 0;
+  for (const char* topic : {"The job:", "The model", "Pipeline and parallelism:", "Training loop:",
+                            "Checkpoints and weights:", "Failure detection:", "GPUs:", "Outputs and startup:",
+                            "Several hosts:", "Serve"}) {
+    const size_t at = out.find(absl::StrCat("\n\n", topic));
+    ASSERT_NE(at, std::string::npos) << topic << " in:\n" << out;
+    EXPECT_GT(at, last) << topic;
+    last = at;
+  }
+  EXPECT_EQ(out.find("Other flags:"), std::string::npos) << out;
+  EXPECT_NE(out.find("Checkpoints and weights:\n"), std::string::npos);
+  EXPECT_LT(out.find("Checkpoints and weights:"), out.find("--checkpoint_every")) << out;
+}
+
 // --help tells the truth: the "--gpus=2 --steps=100" example does not call itself an all-reduce (the
 // default model on GPUs trains gpt-1.3b; --model=allreduce does), exit code 75 is listed, and no flag
 // that Llama takes too is labelled "GPT:".

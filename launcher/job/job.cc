@@ -944,6 +944,70 @@ absl::Status ReadScheduleFile(const JobRequest& request, JobSpec& spec) {
   return TakeMicroBatchesFromSchedule(request, spec);
 }
 
+namespace {
+
+// At most 200 bytes of what the user typed, for a message.
+std::string ClipInput(const std::string& input) {
+  return input.size() <= 200 ? input : absl::StrCat(input.substr(0, 200), "...");
+}
+
+// The directory the user ran the launcher in (`bazel run`: theirs, not the runfiles').
+std::string UserDirectory() {
+  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY")) return wd;
+  char buf[4096];
+  return getcwd(buf, sizeof buf) != nullptr ? buf : ".";
+}
+
+// A program job: PROGRAM resolved as a shell would (a path with a slash against the user's
+// directory, a bare name on PATH) to an executable regular file, its arguments as given, and the
+// user's directory to run in. None of the model's flags apply; --model is refused.
+absl::Status ResolveProgram(const JobRequest& request, JobSpec& spec) {
+  const std::string& name = request.program[0];
+  if (!request.model.empty()) {
+    return Invalid(absl::StrCat("--model=", request.model, " with a program (-- ", name,
+                                "): the program is the job; drop --model"));
+  }
+  const std::string cwd = UserDirectory();
+  std::string path;
+  if (name.find('/') != std::string::npos) {
+    path = name[0] == '/' ? name : absl::StrCat(cwd, "/", name);
+  } else if (!name.empty()) {
+    const char* env_path = std::getenv("PATH");
+    for (absl::string_view dir : absl::StrSplit(env_path != nullptr ? env_path : "/usr/bin:/bin", ':')) {
+      const std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
+      struct stat st;
+      if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(candidate.c_str(), X_OK) == 0) {
+        path = candidate[0] == '/' ? candidate : absl::StrCat(cwd, "/", candidate);
+        break;
+      }
+    }
+    if (path.empty()) {
+      return Invalid(absl::StrCat("-- ", ClipInput(name), ": no such program on PATH; give its path (-- ./",
+                                  ClipInput(name), ") or the interpreter that runs it (-- python3 ", ClipInput(name), ")"));
+    }
+  } else {
+    return Invalid("-- with an empty program name: launcher [flags] -- PROGRAM [ARGS...]");
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return Invalid(absl::StrCat("-- ", ClipInput(name), ": ", ClipInput(path), ": ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) return Invalid(absl::StrCat("-- ", ClipInput(name), ": ", ClipInput(path), " is not a file"));
+  if (access(path.c_str(), X_OK) != 0) {
+    return Invalid(absl::StrCat("-- ", ClipInput(name), ": ", ClipInput(path),
+                                " is not executable: chmod +x it, or run it through its interpreter (-- python3 ",
+                                ClipInput(name), ")"));
+  }
+  spec.clear_program();
+  spec.add_program(path);
+  for (size_t i = 1; i < request.program.size(); ++i) spec.add_program(request.program[i]);
+  spec.set_program_cwd(cwd);
+  spec.clear_model();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceInventory& inventory) {
   ResolvedJob out;
   absl::StatusOr<JobSpec> merged = ReadJob(request);
@@ -968,6 +1032,10 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
   out.host_workers = out.spec.workers();
   if (request.world_workers) out.spec.set_workers(*request.world_workers);
+  if (!request.program.empty()) {  // a program job: the rest is the model's
+    if (absl::Status s = ResolveProgram(request, out.spec); !s.ok()) return s;
+    return out;
+  }
   const bool model_given = !out.spec.model().empty();
   if (!model_given) ChooseDefaultModel(request, steps_given, out);
   if (absl::Status s = CheckAllReduceFlags(request, model_given, out.spec); !s.ok()) return s;

@@ -32,6 +32,8 @@ struct JobRequest {
   std::string model;
   std::optional<int64_t> tensor_elements;
   std::optional<int64_t> seed;
+  // launcher [flags] -- PROGRAM ARGS: a program job (JobSpec.program); empty: stagehand's worker.
+  std::vector<std::string> program;
   std::optional<int64_t> heartbeat_timeout_ms;
   std::optional<int64_t> progress_timeout_ms;
   std::optional<int64_t> register_timeout_ms;

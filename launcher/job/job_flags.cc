@@ -234,4 +234,43 @@ JobRequest JobRequestFromFlags(const ParsedFlags& p) {
   return j;
 }
 
+std::vector<FlagGroup> HelpGroups(bool client) {
+  std::vector<FlagGroup> groups;
+  if (client) {
+    groups.push_back({"The client (the server, your token, what a command shows)",
+                      {"server", "token_file", "tls_ca", "tls_cert", "tls_key", "watch", "follow", "launcher",
+                       "no_lines", "rank", "limit", "offset", "output", "role"}});
+  }
+  const std::vector<FlagGroup> job = {
+      {"The job", {"job", "model", "device", "gpus", "workers", "steps", "seed", "sweep",
+                   "tensor_elements", "worker_binary", "version"}},
+      {"The model (model: every model that trains as a pipeline)",
+       {"hidden", "layers", "heads", "kv_heads", "ffn_hidden", "vocab", "seq", "fp32", "model_option", "data",
+        "val_fraction", "eval_every", "eval_batches", "inference"}},
+      {"Pipeline and parallelism",
+       {"pipeline_stages", "schedule", "schedule_file", "micro_batches", "global_batch", "stage_chunks", "partition",
+        "partition_clocks", "layout", "layout_profiles", "profile_cache", "profile_single_stage", "data_parallel",
+        "shard_optimizer", "bucket_mb", "replica_gbps"}},
+      {"Training loop", {"lr", "warmup_steps", "lr_decay_steps", "min_lr", "weight_decay", "grad_clip"}},
+      {"Checkpoints and weights",
+       {"checkpoint_every", "keep_checkpoints", "resume", "max_restarts", "term_checkpoint_timeout_ms", "export_dir",
+        "init_from", "save_params"}},
+      {"Failure detection",
+       {"heartbeat_timeout_ms", "progress_timeout_ms", "register_timeout_ms", "nccl_init_timeout_ms",
+        "grace_period_ms"}},
+      {"GPUs",
+       {"attention", "fused_layernorm", "cuda_graphs", "init_on_device", "prebuild_attention", "health", "telemetry",
+        "peak_tflops"}},
+      {"Outputs and startup", {"run_dir", "overwrite", "timing", "prefetch_libraries"}},
+  };
+  groups.insert(groups.end(), job.begin(), job.end());
+  if (!client) {
+    groups.push_back({"Several hosts", {"nodes", "node_rank", "coordinator_address", "coordinator_port", "slurm",
+                                        "job_token_file", "tls_cert", "tls_key", "tls_ca"}});
+    groups.push_back({"Serve (a job server for `client`)",
+                      {"serve", "state_dir", "listen", "job_roots", "new_admin_token", "tls_client_ca", "max_cpu_workers"}});
+  }
+  return groups;
+}
+
 }  // namespace stagehand

@@ -1,6 +1,7 @@
 // Unit tests of job resolution: defaults, flags over the job file, the device choice against fake
 // device inventories (0, 2 or 4 GPUs), and every refusal naming what to change.
 #include "launcher/job/job.h"
+#include "models/model_description.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -177,6 +178,42 @@ TEST(JobTest, ResolveJob_TensorElementsWithoutModel_RefusedNamingModelAllreduce)
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.model(), "allreduce");
   EXPECT_EQ(job->spec.tensor_elements(), 1 << 20);
+}
+
+// A program job: a bare name found on PATH, a relative path against the user's directory, the
+// arguments as given, the user's directory to run in; not a model job. Refused: not found, not
+// executable, --model beside it.
+TEST(JobTest, ResolveJob_Program_ResolvedAsAShellWould) {
+  JobRequest r;
+  r.device = "cpu";
+  r.workers = 2;
+  r.program = {"sh", "-c", "true"};
+  absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->spec.program_size(), 3);
+  EXPECT_TRUE(job->spec.program(0) == "/bin/sh" || job->spec.program(0) == "/usr/bin/sh") << job->spec.program(0);
+  EXPECT_EQ(job->spec.program(2), "true");
+  EXPECT_FALSE(IsModelJob(job->spec));
+  EXPECT_EQ(job->spec.workers(), 2);
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/program_", getpid());
+  mkdir(dir.c_str(), 0755);
+  std::ofstream(dir + "/run.sh") << "#!/bin/sh\n";
+  chmod((dir + "/run.sh").c_str(), 0755);
+  std::ofstream(dir + "/plain.py") << "print(1)\n";
+  setenv("BUILD_WORKING_DIRECTORY", dir.c_str(), 1);
+  r.program = {"./run.sh"};
+  job = ResolveJob(r, Inventory(0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.program(0), dir + "/./run.sh");
+  EXPECT_EQ(job->spec.program_cwd(), dir);
+  r.program = {"./plain.py"};
+  ExpectInvalidArgument(ResolveJob(r, Inventory(0)), "plain.py is not executable: chmod +x it");
+  unsetenv("BUILD_WORKING_DIRECTORY");
+  r.program = {"no-such-program-anywhere"};
+  ExpectInvalidArgument(ResolveJob(r, Inventory(0)), "-- no-such-program-anywhere: no such program on PATH");
+  r.program = {"sh"};
+  r.model = "tiny";
+  ExpectInvalidArgument(ResolveJob(r, Inventory(0)), "--model=tiny with a program (-- sh): the program is the job");
 }
 
 TEST(JobTest, ResolveJob_TensorElementsWithAModel_Refused) {

@@ -168,6 +168,7 @@ JobRun::JobRun(JobRunOptions options, ProcessSpawner* spawner, JobListener* list
 
 JobRun::~JobRun() {
   if (server_ != nullptr) server_->Stop();
+  if (store_ != nullptr) store_->Stop();
 }
 
 std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spawner, JobListener* listener,
@@ -205,6 +206,15 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
     return nullptr;
   }
   run->server_ = *std::move(server);
+  if (spec.program_size() > 0) {
+    // On this host's loopback: the ranks of a program job run here (several hosts: refused before).
+    run->store_ = std::make_unique<C10dStoreServer>();
+    if (absl::StatusOr<int> port = run->store_->Start("127.0.0.1", 0); !port.ok()) {
+      listener->Refusal(absl::StrCat("stagehand: the c10d store for the program's ranks: ", Message(port.status())));
+      exit_code = kExitLaunchFailed;
+      return nullptr;
+    }
+  }
   // Created only now, after everything that can refuse the job, so a refusal leaves nothing behind.
   if (absl::Status s = PrepareRunDir(o.run_dir, o.overwrite); !s.ok()) {
     listener->Refusal(absl::StrCat("stagehand: ", Message(s)));
@@ -232,6 +242,16 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
     return run;  // the workers start once every node has joined (StartWorld)
   }
   run->supervisor_ = std::make_unique<Supervisor>(&run->state_, spawner, run->WorkerOptions());
+  if (spec.program_size() > 0) {
+    listener->Text(absl::StrFormat("stagehand: job %s: %d %s worker%s of %s; c10d store 127.0.0.1:%d (MASTER_ADDR, "
+                                   "MASTER_PORT); run directory %s\n",
+                                   o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
+                                   spec.workers() == 1 ? "" : "s", absl::StrJoin(spec.program(), " "),
+                                   run->store_->port(), o.run_dir));
+    (void)run->supervisor_->Start();
+    exit_code = kExitSuccess;
+    return run;
+  }
   listener->Text(absl::StrFormat("stagehand: job %s: %d %s worker%s, %d step%s of %s; coordinator %s; run directory %s\n",
                                  o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
                                  spec.workers() == 1 ? "" : "s", spec.steps(), spec.steps() == 1 ? "" : "s",
@@ -247,6 +267,7 @@ SupervisorOptions JobRun::WorkerOptions() const {
   const int on_machine = o.nodes > 1 ? WorkersOnMachine(state_.Nodes(), 0) : o.job.spec.workers();
   SupervisorOptions so{o.worker_binary, server_->address(), o.run_dir, WorkerEnvironment(on_machine), o.job.gpus,
                        o.launch};
+  if (store_ != nullptr) so.program_env = {"MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", store_->port())};
   if (o.nodes > 1 || o.tls.enabled()) {
     const std::string host = HostOf(server_->address());
     so.worker_args = WorkerNodeArgs(o.tls, host);
@@ -451,8 +472,10 @@ JobRunEnd JobRun::Finish(int first_signal, absl::string_view note) {
   if (code != kExitSuccess && code != kExitCheckpointedOnTerm && !StoppedBySignal(code)) {
     if (std::string grids = FailedActions(state_); !grids.empty()) listener_->Text(grids);
   }
+  if (store_ != nullptr) store_->Stop();
   listener_->Text(EndLine({code, end.report.root_cause(), end.report.steps_done(), spec.steps(), spec.workers(),
-                           absl::ToDoubleSeconds(elapsed), run_dir()}));
+                           absl::ToDoubleSeconds(elapsed), run_dir(),
+                           spec.program_size() > 0 ? absl::StrJoin(spec.program(), " ") : ""}));
   return end;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "launcher/coordinator/coordinator.h"
 #include "launcher/coordinator/coordinator_service.h"
+#include "launcher/store/c10d_store.h"
 #include "launcher/job/job.h"
 #include "launcher/multihost/nodes.h"
 #include "launcher/supervise/process.h"
@@ -113,6 +114,8 @@ class JobRun {
   JobListener* const listener_;
   CoordinatorState state_;
   std::unique_ptr<CoordinatorServer> server_;
+  // A program job's c10d store (MASTER_ADDR/MASTER_PORT), which its ranks' env:// rendezvous use.
+  std::unique_ptr<C10dStoreServer> store_;
   std::unique_ptr<Files> files_;
   std::unique_ptr<Supervisor> supervisor_;
   Progress progress_;

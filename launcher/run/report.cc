@@ -625,6 +625,19 @@ std::string SummaryLines(const RunReport& report, bool action_timing) {
 bool StoppedBySignal(int exit_code) { return exit_code == 128 + SIGINT || exit_code == 128 + SIGTERM; }
 
 std::string EndLine(const RunEnd& end) {
+  if (!end.program.empty()) {
+    const std::string workers = absl::StrCat(end.workers, end.workers == 1 ? " worker" : " workers");
+    if (end.exit_code == 0) {
+      return absl::StrFormat("stagehand: done: %s of %s in %.2f s; run directory %s\n", workers, end.program,
+                             end.seconds, end.run_dir);
+    }
+    if (StoppedBySignal(end.exit_code)) {
+      return absl::StrCat("stagehand: stopped by ", end.exit_code == 128 + SIGINT ? "SIGINT" : "SIGTERM", " (exit ",
+                          end.exit_code, "); run directory ", end.run_dir, "\n");
+    }
+    return absl::StrCat("stagehand: FAILED (exit ", end.exit_code, "): ", end.root_cause, "; run directory ",
+                        end.run_dir, "\n");
+  }
   const std::string of_steps = absl::StrCat(end.steps_done, " of ", end.steps, end.steps == 1 ? " step" : " steps");
   if (end.exit_code == 0) {
     return absl::StrFormat("stagehand: done: %d worker%s, %d step%s in %.2f s; run directory %s\n", end.workers,

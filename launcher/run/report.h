@@ -99,6 +99,7 @@ struct RunEnd {
   int workers = 0;
   double seconds = 0;
   std::string run_dir;
+  std::string program;  // a program job's command line ("": stagehand's worker): no steps to count
 };
 
 // The run's last line (with its newline): "stagehand: done: 1 worker, 10 steps in 2.10 s; run

@@ -118,13 +118,13 @@ bool ArrangeFds(ChildFds* fds) {
   return true;
 }
 
-[[noreturn]] void ExecChild(ChildFds fds, pid_t parent_pid, char* const* argv, char* const* envp) {
+[[noreturn]] void ExecChild(ChildFds fds, pid_t parent_pid, char* const* argv, char* const* envp, const char* cwd) {
   setpgid(0, 0);
   // The getppid() check covers a parent that died before the prctl took effect.
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent_pid) _exit(kExecFailedExit);
   ResetSignals();
   int err = 0;
-  if (ArrangeFds(&fds)) {
+  if (ArrangeFds(&fds) && (cwd[0] == '\0' || chdir(cwd) == 0)) {
     execve(argv[0], argv, envp);
   }
   err = errno;
@@ -143,7 +143,7 @@ bool ArrangeFds(ChildFds* fds) {
 // multi-threaded process may not allocate.
 class ExecArgs {
  public:
-  explicit ExecArgs(const ProcessSpec& spec) : argv_strings_(spec.argv) {
+  explicit ExecArgs(const ProcessSpec& spec) : argv_strings_(spec.argv), cwd_(spec.cwd) {
     const std::string secret_prefix = absl::StrCat(kSecretFdEnv, "=");
     for (const std::string& e : spec.env) {
       if (!absl::StartsWith(e, secret_prefix)) env_strings_.push_back(e);
@@ -156,12 +156,14 @@ class ExecArgs {
   }
   char* const* argv() const { return argv_.data(); }
   char* const* envp() const { return envp_.data(); }
+  const char* cwd() const { return cwd_.c_str(); }  // "": stay where the launcher is
 
  private:
   std::vector<std::string> argv_strings_;
   std::vector<std::string> env_strings_;
   std::vector<char*> argv_;
   std::vector<char*> envp_;
+  std::string cwd_;
 };
 
 // Everything Spawn opens before fork, so that a failure is a Status and not a dead child.
@@ -426,7 +428,7 @@ absl::StatusOr<int> PosixProcessSpawner::Fork(const SpawnFds& fds, const ExecArg
   absl::MutexLock registry_lock(&children.mu);
   absl::MutexLock lock(&mu_);
   const pid_t pid = fork();
-  if (pid == 0) ExecChild(child_fds, parent_pid, args.argv(), args.envp());
+  if (pid == 0) ExecChild(child_fds, parent_pid, args.argv(), args.envp(), args.cwd());
   if (pid < 0) return absl::ErrnoToStatus(errno, "fork");
   starting_.insert(pid);
   children.owners[pid] = this;

@@ -23,6 +23,7 @@ struct ProcessSpec {
   std::string log_path;           // and appended, without the prefix, to this file (if not empty),
                                   // which the terminal's notice of dropped lines names
   std::string secret;             // written to a pipe whose read end the child inherits
+  std::string cwd;                // the child's working directory ("": the launcher's)
 };
 
 struct ProcessExit {

@@ -10,14 +10,17 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 
 namespace stagehand {
@@ -72,6 +75,7 @@ std::string LastErrorLine(absl::string_view log_tail) {
   for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
     if (std::optional<absl::string_view> error = LoggedError(*it)) return OneLine(*error);
   }
+  if (std::string python = PythonException(log_tail); !python.empty()) return OneLine(python);
   for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
     if (LoggedLine(*it)) continue;  // stagehand's own info and warnings are no error
     const std::string lower = absl::AsciiStrToLower(*it);
@@ -81,6 +85,80 @@ std::string LastErrorLine(absl::string_view log_tail) {
     }
   }
   return "";
+}
+
+std::string PythonException(absl::string_view log_tail) {
+  const size_t tb = log_tail.rfind("Traceback (most recent call last):");
+  if (tb == absl::string_view::npos) return "";
+  std::vector<absl::string_view> lines = absl::StrSplit(log_tail.substr(tb), '\n', absl::SkipWhitespace());
+  std::string where;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    absl::string_view line = lines[i];
+    // torch.distributed prefixes a rank's lines with "[rank1]: ".
+    if (absl::StartsWith(line, "[rank")) {
+      const size_t close = line.find("]: ");
+      if (close != absl::string_view::npos) line.remove_prefix(close + 3);
+    }
+    absl::string_view frame = absl::StripLeadingAsciiWhitespace(line);
+    if (absl::ConsumePrefix(&frame, "File \"")) {  // File "/path/train.py", line 42, in main
+      const size_t q = frame.find('"');
+      absl::string_view file = frame.substr(0, q);
+      absl::string_view rest = q == absl::string_view::npos ? "" : frame.substr(q + 1);
+      int line_no = 0;
+      if (absl::ConsumePrefix(&rest, ", line ") && absl::SimpleAtoi(rest.substr(0, rest.find(',')), &line_no)) {
+        where = absl::StrCat(file.substr(file.rfind('/') + 1), ":", line_no);
+      }
+      continue;
+    }
+    // The exception: the first line after the frames that is not indented (a frame's source line
+    // is), "Type: message" or a bare "Type".
+    if (line.empty() || line[0] == ' ' || line[0] == '\t' || line[0] == '^' || line[0] == '~') continue;
+    return where.empty() ? std::string(line) : absl::StrCat(line, " (", where, ")");
+  }
+  return "";
+}
+
+std::vector<std::string> ProgramEnvironment(const std::vector<std::string>& base, const std::vector<std::string>& extra,
+                                            const ProgramRank& r) {
+  std::vector<std::pair<std::string, std::string>> set = {
+      {"RANK", absl::StrCat(r.rank)},
+      {"LOCAL_RANK", absl::StrCat(r.local_rank)},
+      {"WORLD_SIZE", absl::StrCat(r.world_size)},
+      {"LOCAL_WORLD_SIZE", absl::StrCat(r.local_world_size)},
+      {"GROUP_RANK", absl::StrCat(r.node)},
+      {"GROUP_WORLD_SIZE", absl::StrCat(r.nodes)},
+      {"ROLE_RANK", absl::StrCat(r.rank)},
+      {"ROLE_WORLD_SIZE", absl::StrCat(r.world_size)},
+      {"ROLE_NAME", "default"},
+      {"TORCHELASTIC_RESTART_COUNT", absl::StrCat(r.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", absl::StrCat(r.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", r.run_id},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+      {"TORCHELASTIC_ERROR_FILE", r.error_file},
+  };
+  std::vector<std::string> env;
+  auto named = [](const std::string& e, absl::string_view name) {
+    return absl::StartsWith(e, name) && e.size() > name.size() && e[name.size()] == '=';
+  };
+  auto is_set_here = [&](const std::string& e) {
+    for (const auto& [name, value] : set) {
+      if (named(e, name)) return true;
+    }
+    return false;
+  };
+  for (const std::vector<std::string>* from : {&base, &extra}) {
+    for (const std::string& e : *from) {
+      if (!is_set_here(e)) env.push_back(e);
+    }
+  }
+  for (const auto& [name, fallback] : std::vector<std::pair<std::string, std::string>>{
+           {"OMP_NUM_THREADS", "1"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}, {"PYTHONUNBUFFERED", "1"}}) {
+    if (std::none_of(base.begin(), base.end(), [&](const std::string& e) { return named(e, name); })) {
+      env.push_back(absl::StrCat(name, "=", fallback));
+    }
+  }
+  for (const auto& [name, value] : set) env.push_back(absl::StrCat(name, "=", value));
+  return env;
 }
 
 std::string WorkerLastError(const std::string& log_path) {
@@ -124,6 +202,33 @@ bool Supervisor::IsLocal(int rank) const {
 ProcessSpec Supervisor::SpecFor(int index) const {
   const JobSpec& job = state_->job();
   ProcessSpec spec;
+  if (program()) {
+    // Every GPU of this host's ranks, in rank order: a script indexes them by LOCAL_RANK
+    // (torch.cuda.set_device(local_rank)), as under torchrun.
+    std::vector<std::string> base, uuids;
+    for (const std::string& e : options_.env) {
+      if (e.rfind("CUDA_VISIBLE_DEVICES=", 0) != 0 && e.rfind("OMP_NUM_THREADS=", 0) != 0) base.push_back(e);
+    }
+    if (const char* omp = std::getenv("OMP_NUM_THREADS")) base.push_back(absl::StrCat("OMP_NUM_THREADS=", omp));
+    for (const GpuInfo& g : options_.gpus) uuids.push_back(g.uuid);
+    base.push_back(absl::StrCat("CUDA_VISIBLE_DEVICES=", job.device() == "cuda" ? absl::StrJoin(uuids, ",") : ""));
+    const int local = options_.local_workers < 0 ? static_cast<int>(slots_.size()) : options_.local_workers;
+    ProgramRank r;
+    r.rank = index;
+    r.local_rank = index - options_.first_rank;
+    r.world_size = static_cast<int>(slots_.size());
+    r.local_world_size = local;
+    r.restart_count = static_cast<int>(incarnation_ - 1);
+    r.max_restarts = job.max_restarts();
+    r.run_id = state_->job_id();
+    r.error_file = absl::StrCat(options_.run_dir, "/rank", index, ".error.json");
+    spec.argv.assign(job.program().begin(), job.program().end());
+    spec.env = ProgramEnvironment(base, options_.program_env, r);
+    spec.cwd = job.program_cwd();
+    spec.output_prefix = absl::StrCat("[rank ", index, "] ");
+    spec.log_path = absl::StrCat(options_.run_dir, "/rank", index, ".log");
+    return spec;
+  }
   spec.argv = {options_.worker_binary,
                absl::StrCat("--coordinator=", options_.coordinator_address),
                absl::StrCat("--job_id=", state_->job_id()),
@@ -300,6 +405,7 @@ void Supervisor::Judge(int rank, int exit_code, int signal, const std::string* r
   }
   const WorkerState w = state_->Workers()[rank];
   if (signal == 0 && exit_code == 0 && w.finished && w.ok) return;
+  if (program() && signal == 0 && exit_code == 0) return;  // a program's success is its exit code
   if (signal == 0 && exit_code == kWorkerExitStopped && stopping_) return;  // it did as told
   // A remote rank's agent signals it the stop notice after the stop reached it: then not a crash (as a
   // local rank's exit after our SIGTERM is none). Before that, a kill is the cause that set it off.
@@ -318,8 +424,9 @@ void Supervisor::Judge(int rank, int exit_code, int signal, const std::string* r
   const std::string error = remote_error != nullptr
                                 ? OneLine(*remote_error)
                                 : WorkerLastError(absl::StrCat(options_.run_dir, "/rank", rank, ".log"));
-  Record(Kind::kCrash, kExitWorkerFailed, absl::StrCat(Describe(rank), " ", how, " after ", Steps(w.steps_done),
-                                                       error.empty() ? "" : ": ", error));
+  Record(Kind::kCrash, kExitWorkerFailed,
+         absl::StrCat(Describe(rank), " ", how, program() ? "" : absl::StrCat(" after ", Steps(w.steps_done)),
+                      error.empty() ? "" : ": ", error));
 }
 
 void Supervisor::CheckReports() {
@@ -377,6 +484,7 @@ void Supervisor::CheckDeadlines() {
     return Record(Kind::kLaunch, kExitLaunchFailed, *reason);
   }
   if (stopping_) return;  // once stopping, a silent worker is a consequence
+  if (program()) return;  // a program never registers nor heartbeats: its exit is what is judged
   const Timeouts& t = state_->job().timeouts();
   const absl::Time now = now_();
   std::vector<WorkerState> workers = state_->Workers();
@@ -420,12 +528,14 @@ void Supervisor::Escalate() {
       if (!s.exited && s.pid > 0) spawner_->SignalGroup(s.pid, sig);
     }
   };
-  if (!sent_term_ && since >= StopNotice(t)) {
+  // A program hears of no stop but our signals: SIGTERM at once.
+  const absl::Duration notice = program() ? absl::ZeroDuration() : StopNotice(t);
+  if (!sent_term_ && since >= notice) {
     sent_term_ = true;
     signal_all(SIGTERM);
     signal_all(SIGCONT);  // a stopped (SIGSTOP) worker only acts on SIGTERM once it runs again
   }
-  if (!sent_kill_ && since >= StopNotice(t) + absl::Milliseconds(t.grace_ms())) {
+  if (!sent_kill_ && since >= notice + absl::Milliseconds(t.grace_ms())) {
     sent_kill_ = true;
     signal_all(SIGKILL);
   }
@@ -445,8 +555,11 @@ void Supervisor::BeginRestart() {
   const std::string cause = root_cause();
   ++restarts_;
   const absl::Duration backoff = std::min(absl::Seconds(30), absl::Seconds(1) * (1 << std::min(restarts_ - 1, 5)));
-  std::printf("stagehand: restart %d of %d: %s; restarting every worker from the newest checkpoint in %s\n",
-              restarts_, state_->job().max_restarts(), cause.c_str(), absl::FormatDuration(backoff).c_str());
+  // A program resumes from whatever snapshot it keeps; it learns the attempt from TORCHELASTIC_RESTART_COUNT.
+  const std::string how = program() ? absl::StrCat("every worker again (TORCHELASTIC_RESTART_COUNT=", restarts_, ")")
+                                    : std::string("every worker from the newest checkpoint");
+  std::printf("stagehand: restart %d of %d: %s; restarting %s in %s\n", restarts_, state_->job().max_restarts(),
+              cause.c_str(), how.c_str(), absl::FormatDuration(backoff).c_str());
   std::fflush(stdout);
   if (absl::Status s = state_->Restart(); !s.ok()) LOG(ERROR) << s.message();
   incidents_.clear();

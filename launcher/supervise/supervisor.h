@@ -52,7 +52,30 @@ struct SupervisorOptions {
   std::function<void(int rank, const ProcessExit&)> report_exit;
   // An agent: each of its ranks that could not be started, and why (set with report_exit).
   std::function<void(int rank, const std::string& why)> report_spawn_failure;
+  // A program job (JobSpec.program): what every rank's program gets beside its own variables
+  // (ProgramEnvironment): MASTER_ADDR and MASTER_PORT, the launcher's c10d store.
+  std::vector<std::string> program_env;
 };
+
+// A program job's environment for one rank, as torchrun gives it (torch/distributed/run.py and its
+// elastic agent), so that unchanged scripts run: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, TORCHELASTIC_RESTART_COUNT,
+// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE=True,
+// TORCHELASTIC_ERROR_FILE; OMP_NUM_THREADS=1 and TORCH_NCCL_ASYNC_ERROR_HANDLING=1 where `base`
+// (the launcher's environment) does not set them; PYTHONUNBUFFERED=1 so that its lines arrive as
+// written. `base` and `extra` (MASTER_ADDR, MASTER_PORT) come first; what is set here wins.
+struct ProgramRank {
+  int rank = 0, local_rank = 0, world_size = 1, local_world_size = 1, node = 0, nodes = 1;
+  int restart_count = 0, max_restarts = 0;
+  std::string run_id, error_file;
+};
+std::vector<std::string> ProgramEnvironment(const std::vector<std::string>& base, const std::vector<std::string>& extra,
+                                            const ProgramRank& r);
+
+// A Python traceback's exception in the tail of a log: "ValueError: bad batch (train.py:42)", the
+// type and message of its last line with the file (its base name) and line of its innermost frame;
+// "" when the tail holds no traceback.
+std::string PythonException(absl::string_view log_tail);
 
 // A worker's own last error, for the root cause of its exit: from the tail of its log (rank<N>.log),
 // the last line stagehand's logger wrote at severity E or F, less its prefix ("E12:34:56.789 w0
@@ -125,6 +148,8 @@ class Supervisor {
   ProcessSpec SpecFor(int index) const;
   bool IsLocal(int rank) const;
   bool agent() const { return static_cast<bool>(options_.report_exit); }
+  // A program job: its workers never register; their exits are all that is judged.
+  bool program() const { return state_->job().program_size() > 0; }
   // `remote_error`: a remote rank's last error line as its agent read it; a local rank's is read here.
   void Judge(int rank, int exit_code, int signal, const std::string* remote_error = nullptr);
   void CheckLoss(bool at_end);

@@ -637,6 +637,54 @@ TEST(LastErrorLine, OtherwiseTheLastLineNamingAnErrorOrNothing) {
   EXPECT_EQ(LastErrorLine(""), "");
 }
 
+// A Python worker's traceback: the exception with the innermost frame's file:line, also with
+// torch.distributed's "[rank1]: " prefix; what the interpreter printed after it (an abort) is not it.
+TEST(LastErrorLine, PythonTraceback_TheExceptionAndItsFileLine) {
+  EXPECT_EQ(LastErrorLine("step 1\n"
+                          "Traceback (most recent call last):\n"
+                          "  File \"/home/u/train.py\", line 59, in <module>\n"
+                          "    main()\n"
+                          "  File \"/home/u/train.py\", line 41, in main\n"
+                          "    raise ValueError(\"bad batch\")\n"
+                          "ValueError: bad batch\n"
+                          "terminate called without an active exception\n"),
+            "ValueError: bad batch (train.py:41)");
+  EXPECT_EQ(PythonException("[rank1]: Traceback (most recent call last):\n"
+                            "[rank1]:   File \"/x/ddp.py\", line 7, in <module>\n"
+                            "[rank1]:     x = 1 / 0\n"
+                            "[rank1]:         ~~^~~\n"
+                            "[rank1]: ZeroDivisionError: division by zero\n"),
+            "ZeroDivisionError: division by zero (ddp.py:7)");
+  EXPECT_EQ(PythonException("no traceback here\nRuntimeError: x\n"), "");
+}
+
+// torchrun's variables for a rank; the launcher's environment's OMP_NUM_THREADS is kept, else 1.
+TEST(ProgramEnvironment, TorchrunsVariables) {
+  ProgramRank r;
+  r.rank = 3;
+  r.local_rank = 1;
+  r.world_size = 4;
+  r.local_world_size = 2;
+  r.node = 1;
+  r.nodes = 2;
+  r.restart_count = 2;
+  r.max_restarts = 5;
+  r.run_id = "job-1";
+  r.error_file = "/r/rank3.error.json";
+  const std::vector<std::string> env =
+      ProgramEnvironment({"PATH=/bin", "RANK=99"}, {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=4242"}, r);
+  for (const char* want :
+       {"PATH=/bin", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=4242", "RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=4",
+        "LOCAL_WORLD_SIZE=2", "GROUP_RANK=1", "GROUP_WORLD_SIZE=2", "ROLE_RANK=3", "ROLE_WORLD_SIZE=4",
+        "ROLE_NAME=default", "TORCHELASTIC_RESTART_COUNT=2", "TORCHELASTIC_MAX_RESTARTS=5", "TORCHELASTIC_RUN_ID=job-1",
+        "TORCHELASTIC_USE_AGENT_STORE=True", "TORCHELASTIC_ERROR_FILE=/r/rank3.error.json", "OMP_NUM_THREADS=1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "PYTHONUNBUFFERED=1"}) {
+    EXPECT_THAT(env, Contains(want));
+  }
+  EXPECT_THAT(env, ::testing::Not(Contains("RANK=99")));  // ours wins
+  EXPECT_THAT(ProgramEnvironment({"OMP_NUM_THREADS=4"}, {}, r), Contains("OMP_NUM_THREADS=4"));
+}
+
 TEST(LastErrorLine, OneLineOfBoundedLength) {
   const std::string long_error = "E12:00:01.500 w0 a.cc:1] " + std::string(1000, 'x') + "\tend\r\n";
   const std::string line = LastErrorLine(long_error);
