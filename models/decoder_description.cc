@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "models/attention_kernels.h"
+#include "nn/attention_kernels.h"
 
 namespace stagehand {
 

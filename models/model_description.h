@@ -1,6 +1,6 @@
 // What the launcher and the worker know of a model family without LibTorch: presets, validation of
 // sizes, the pipeline layers and their kinds, analytic costs and memory, FLOPs. The launcher plans and
-// checks jobs with it before any worker starts; a worker's ModelFamily (worker/model_family.h) pairs
+// checks jobs with it before any worker starts; a worker's ModelFamily (models/model_family.h) pairs
 // it with the LibTorch code that builds stages.
 #ifndef STAGEHAND_MODELS_MODEL_DESCRIPTION_H_
 #define STAGEHAND_MODELS_MODEL_DESCRIPTION_H_

@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "common/safetensors.h"
+#include "engine/stage.h"
 #include "google/protobuf/text_format.h"
 #include "models/gpt/gpt_stage.h"
 #include "models/llama/llama_stage.h"
+#include "models/model_family.h"
 #include "worker/checkpoint.h"
-#include "worker/model_family.h"
-#include "worker/stage.h"
 
 namespace {
 

@@ -20,7 +20,7 @@ regex=$(IFS='|'; echo "${patterns[*]}")
 files=()
 while IFS= read -r -d '' f; do files+=("${f#./}"); done < <(find -L . -path ./external -prune -o -type f \
   ! -name MANIFEST ! -name _repo_mapping ! -name '*.runfiles_manifest' -print0 | sort -z)
-for must in README.md launcher/main.cc worker/nn.cc schedule/reference_schedules.h tests/no_history_test.sh; do
+for must in README.md launcher/main.cc nn/nn.cc schedule/reference_schedules.h tests/no_history_test.sh; do
   if [ ! -f "$must" ]; then
     echo "no_history: $must is not among the test's files in $PWD; is //:all_sources its data?"
     exit 1

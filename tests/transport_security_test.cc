@@ -194,7 +194,7 @@ void PutLe(uint64_t v, int bytes, std::string& out) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-// A protocol-2 hello (worker/cpu_transport.cc) from only what a stranger can learn: the job id (argv,
+// A protocol-2 hello (transport/cpu_transport.cc) from only what a stranger can learn: the job id (argv,
 // GetServerInfo) and so the key prefix "<job>/world", the world size, the ranks.
 std::string ForgedHello(int sender, int receiver, int world_size, const std::string& key_prefix) {
   uint64_t fnv = 0xcbf29ce484222325ull;

@@ -17,8 +17,8 @@
 #include "absl/time/time.h"
 #include "common/worker_contract.h"
 #include "protos/job.pb.h"
+#include "transport/transport.h"
 #include "worker/coordinator_client.h"
-#include "worker/transport.h"
 
 namespace stagehand {
 

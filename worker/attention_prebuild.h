@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "worker/model_family.h"
+#include "models/model_family.h"
 
 namespace stagehand {
 

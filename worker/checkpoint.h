@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/executor.h"
 #include "protos/job.pb.h"
-#include "worker/executor.h"
-#include "worker/transport.h"
+#include "transport/transport.h"
 
 namespace stagehand {
 

@@ -12,7 +12,7 @@
 #include "absl/time/time.h"
 #include "common/tls.h"
 #include "protos/coordinator.pb.h"
-#include "worker/transport.h"
+#include "transport/transport.h"
 
 namespace stagehand {
 

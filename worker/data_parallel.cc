@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/stage.h"
+#include "engine/stage.h"
 
 namespace stagehand {
 

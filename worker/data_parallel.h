@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/executor.h"
+#include "engine/step_timer.h"
+#include "nn/nn.h"
 #include "protos/job.pb.h"
-#include "worker/executor.h"
-#include "worker/nn.h"
-#include "worker/step_timer.h"
-#include "worker/transport.h"
+#include "transport/transport.h"
 
 namespace stagehand {
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "worker/fake_transport.h"
-#include "worker/nn.h"
+#include "nn/nn.h"
+#include "transport/fake_transport.h"
 
 namespace stagehand {
 namespace {

@@ -3,7 +3,7 @@
 
 #include "models/gpt/gpt_stage.h"
 #include "models/llama/llama_stage.h"
-#include "worker/model_family.h"
+#include "models/model_family.h"
 #include "worker/worker_main.h"
 
 int main(int argc, char** argv) {

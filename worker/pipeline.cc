@@ -31,11 +31,11 @@
 #include "common/readahead.h"
 #include "schedule/schedule_proto.h"
 #include "worker/checkpoint.h"
-#include "worker/lr_schedule.h"
-#include "worker/data.h"
+#include "engine/lr_schedule.h"
+#include "engine/data.h"
 #include "worker/data_parallel.h"
-#include "worker/model_family.h"
-#include "worker/stage.h"
+#include "models/model_family.h"
+#include "engine/stage.h"
 
 namespace stagehand {
 namespace {

@@ -9,10 +9,10 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "engine/executor.h"
 #include "protos/job.pb.h"
+#include "transport/transport.h"
 #include "worker/attention_prebuild.h"
-#include "worker/executor.h"
-#include "worker/transport.h"
 
 namespace stagehand {
 

@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "protos/job.pb.h"
-#include "worker/transport.h"
+#include "transport/transport.h"
 
 namespace stagehand {
 

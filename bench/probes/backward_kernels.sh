@@ -22,9 +22,12 @@ nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
 echo "== (a) CUDA tests, AFTER"
 timeout $(within 60) $mine/run bias_grad_test >"$logs/bias_grad_test.log" 2>&1; echo "bias_grad_test rc=$?" | tee -a "$logs/rc.txt"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|differ" "$logs/bias_grad_test.log" | head -20
-timeout $(within 90) $mine/run gpt_stage_test --gtest_filter='FusedKernelsCuda.NormBackward*:GemmGeluCuda.*:DenseForwardGeluCuda.*:GptStageCuda.FusedLayerNorm*:DenseCuda.*' \
-  >"$logs/gpt_stage_test.log" 2>&1; echo "gpt_stage_test rc=$?" | tee -a "$logs/rc.txt"
-grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|differ|^\[       OK" "$logs/gpt_stage_test.log" | head -30
+for t in "fused_kernels_test FusedKernelsCuda.NormBackward*:GemmGeluCuda.*" "dense_test DenseForwardGeluCuda.*:DenseCuda.*" \
+         "gpt_stage_test GptStageCuda.FusedLayerNorm*"; do
+  set -- $t
+  timeout $(within 90) $mine/run "$1" --gtest_filter="$2" >"$logs/$1.log" 2>&1; echo "$1 rc=$?" | tee -a "$logs/rc.txt"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|differ|^\[       OK" "$logs/$1.log" | head -30
+done
 echo "== (b, c) gpt-1.3b training step, traced at step 10"
 train=(--gpus=1 --model=gpt-1.3b --steps=11 --pipeline_stages=1 --schedule=1f1b --micro_batches=4 --global_batch=32 --overwrite)
 for who in main mine; do

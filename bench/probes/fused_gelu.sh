@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fc1 + GELU fused (DenseImpl::ForwardGelu): in one run on a GPU host the CUDA tests, the GEMM
-# microbenchmark (worker:gemm_gelu_bench), gpt-1.3b training and inference rows with fused_gelu on and off
+# microbenchmark (//bench:gemm_gelu_bench), gpt-1.3b training and inference rows with fused_gelu on and off
 # (mean of steps 3..10, bench/bench_one_gpu's rows), the pipeline_gpu_check cases, and kernel traces of
 # fused training and inference. From the repository root: OUT=DIR bash bench/probes/fused_gelu.sh
 # (BUNDLE, default dist/bundle); LEAN=1 skips the fused_gelu_gemm=false row and the pipeline check.
@@ -18,8 +18,11 @@ start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
 
 stamp tests
-timeout 150 "$run" gpt_stage_test --gtest_filter='*Gelu*' >"$out/t/tests.log" 2>&1
-echo "tests rc=$?"
+rc=0
+for t in gpt_stage_test dense_test fused_kernels_test; do
+  timeout 150 "$run" "$t" --gtest_filter='*Gelu*' || rc=$?
+done >"$out/t/tests.log" 2>&1
+echo "tests rc=$rc"
 grep -E "^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|Failure|Expected|Which is|rel|ATen" "$out/t/tests.log" | head -40
 
 stamp bench

@@ -14,7 +14,10 @@ run=dist/bundle/run
 work="$tmp/runs"; rm -rf "$work"; mkdir -p "$work"
 trap 'rm -rf "$work"; rm -rf "$tmp"' EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
-timeout 90 $run gpt_stage_test --gtest_filter='*Cuda*:FusedLoss.*:LowersDenseWeights.*' >"$out/gpt_stage_test.log" 2>&1; gpt_t=$?
+gpt_t=0
+for t in gpt_stage_test dense_test fused_kernels_test stage_test; do
+  timeout 90 $run "$t" --gtest_filter='*Cuda*:FusedLoss.*:LowersDenseWeights.*' || gpt_t=$?
+done >"$out/gpt_stage_test.log" 2>&1
 timeout 60 $run llama_stage_test --gtest_filter='*Cuda*' >"$out/llama_stage_test.log" 2>&1; llama_t=$?
 timeout 150 $run launcher --run_dir="$work/bare" >"$out/bare.log" 2>&1; bare_rc=$?
 cp "$work/bare/report.json" "$out/bare_report.json" 2>/dev/null
@@ -40,7 +43,7 @@ timeout 90 $run launcher "${gpt_small[@]}" --inference --steps=6 --cuda_graphs=f
 OUT="$out/pipeline_check" timeout 240 bash tests/gpu/pipeline_gpu_check.sh >"$out/pipeline_check.log" 2>&1; pc_rc=$?
 tar -C "$out" -czf "$tmp/gpu_smoke_logs.tgz" . 2>/dev/null && mv "$tmp/gpu_smoke_logs.tgz" "$out/"
 echo "=== $(cat "$out/gpu.txt")"
-echo "gpt_stage_test rc $gpt_t, llama_stage_test rc $llama_t"
+echo "gpt_stage_test, dense_test, fused_kernels_test and stage_test rc $gpt_t, llama_stage_test rc $llama_t"
 echo "=== bare gpt-1.3b (exit $bare_rc)"; grep -E "s/step|first step|done:|GPU:" "$out/bare.log" | tail -6
 echo "=== tinyllama (exit $llama_rc)"; grep -E "s/step|first step|done:" "$out/llama.log" | tail -3
 echo "=== zb-v one rank: exit $(cat "$out/zbv.true.rc")/$(cat "$out/zbv.false.rc"), deferred vs not worst rel loss diff $zbv"

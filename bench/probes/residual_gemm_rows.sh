@@ -13,8 +13,8 @@ logs="$tmp/logs" work="$tmp/runs"
 rm -rf "$logs" "$work"; mkdir -p "$logs" "$work"
 trap 'tar -C "$logs" -czf "$out/residual_gemm_rows.tgz" . 2>/dev/null; rm -rf "$logs" "$work"; rm -rf "$tmp"' EXIT
 run=dist/bundle/run
-timeout 200 $run gpt_stage_test --gtest_filter='DenseCuda.*' >"$logs/gpt_stage_test.log" 2>&1
-echo "gpt_stage_test DenseCuda.* rc $? ($(grep -c '^\[       OK' "$logs/gpt_stage_test.log") ok)" >>"$logs/tests.txt"
+timeout 200 $run dense_test --gtest_filter='DenseCuda.*' >"$logs/dense_test.log" 2>&1
+echo "dense_test DenseCuda.* rc $? ($(grep -c '^\[       OK' "$logs/dense_test.log") ok)" >>"$logs/tests.txt"
 timeout 200 $run bias_grad_test >"$logs/bias_grad_test.log" 2>&1
 echo "bias_grad_test rc $? ($(grep -c '^\[       OK' "$logs/bias_grad_test.log") ok)" >>"$logs/tests.txt"
 grep -hE "^\[  FAILED|Failure|Expected|Which is" "$logs"/*_test.log | head -12 >>"$logs/tests.txt"

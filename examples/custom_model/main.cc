@@ -4,7 +4,7 @@
 #include <string>
 
 #include "examples/custom_model/mlp_lm_family.h"
-#include "worker/model_family.h"
+#include "models/model_family.h"
 #include "worker/worker_main.h"
 
 int main(int argc, char** argv) {

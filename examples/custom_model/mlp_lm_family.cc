@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/stage.h"
 #include "examples/custom_model/mlp_lm_description.h"
-#include "worker/nn.h"
-#include "worker/stage.h"
+#include "nn/nn.h"
 
 namespace stagehand::examples {
 namespace {

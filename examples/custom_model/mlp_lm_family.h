@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "worker/model_family.h"
+#include "models/model_family.h"
 
 namespace stagehand::examples {
 

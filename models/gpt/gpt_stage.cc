@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/stage.h"
 #include "models/gpt/gpt_description.h"
-#include "worker/nn.h"
-#include "worker/stage.h"
+#include "nn/nn.h"
 
 namespace stagehand {
 namespace {

@@ -1,7 +1,7 @@
 // The reference GPT (../shared/targets.md) in LibTorch, cut into the decoder's pipeline layers
 // (models/decoder_layers.h): the token embedding, each block's attention and MLP halves, the head (final
 // LayerNorm and the vocabulary projection). GptStage holds a contiguous range of them; MakeGptFamily()
-// is the family a worker registers, built on the engine's public interface (worker/stage.h).
+// is the family a worker registers, built on the engine's public interface (engine/stage.h).
 #ifndef STAGEHAND_MODELS_GPT_GPT_STAGE_H_
 #define STAGEHAND_MODELS_GPT_GPT_STAGE_H_
 
@@ -11,8 +11,8 @@
 #include <memory>
 
 #include "models/decoder_layers.h"
+#include "models/model_family.h"
 #include "protos/job.pb.h"
-#include "worker/model_family.h"
 
 namespace stagehand {
 
@@ -24,16 +24,16 @@ struct GptConfig {
   int64_t seq = 1024;
   bool bf16_autocast = true;  // bf16 autocast over fp32 parameters (CUDA); false: plain fp32
   // Under bf16 autocast on CUDA, each LayerNorm that feeds a GEMM writes its bf16 output in one kernel
-  // (worker/fused_kernels.h) instead of ATen's fp32 LayerNorm and a cast. Same values up to the rounding of the
+  // (kernels/fused_kernels.h) instead of ATen's fp32 LayerNorm and a cast. Same values up to the rounding of the
   // fp32 sums (a bf16 ulp at most, in rare elements).
   bool fused_layernorm = true;
   // The attention's q, k, v gradients are written into the qkv projection's gradient in one pass
   // (--model_option=fused_qkv_grad=false: autograd's unbind and permute backward, two passes).
   bool fused_qkv_grad = true;
-  // The norms' backward takes their bf16 output gradient in one kernel (worker/fused_backward_kernels.h)
+  // The norms' backward takes their bf16 output gradient in one kernel (kernels/fused_backward_kernels.h)
   // instead of an fp32 upcast and ATen's backward (--model_option=fused_norm_backward=false: ATen's).
   bool fused_norm_backward = true;
-  // The loss over the bf16 logits without an fp32 copy (FusedLanguageModelLoss in worker/stage.h;
+  // The loss over the bf16 logits without an fp32 copy (FusedLanguageModelLoss in engine/stage.h;
   // --model_option=fused_cross_entropy=false: the fp32 upcast and torch's cross_entropy).
   bool fused_cross_entropy = true;
   // The residual stream's gradient is added to each norm's dx inside the fused norm backward
@@ -58,7 +58,7 @@ struct GptConfig {
   // (--model_option=fused_bias_grad=false: ATen's copies, cast and reduce).
   bool fused_bias_grad = true;
   // The embedding's backward adds into the table's .grad only the rows the batch used (EmbeddingLookup,
-  // worker/nn.h; --model_option=fused_embedding_grad=false: ATen's dense gradient and autograd's add).
+  // nn/nn.h; --model_option=fused_embedding_grad=false: ATen's dense gradient and autograd's add).
   bool fused_embedding_grad = true;
 
   int64_t pipeline_layers() const { return DecoderPipelineLayers(layers); }
@@ -70,7 +70,7 @@ GptConfig GptConfigFromSpec(const ModelSpec& spec);
 // One pipeline stage: layers [first, last) of the model.
 class GptStageImpl : public torch::nn::Module {
  public:
-  // `init_device`: where the parameters are made and drawn (worker/nn.h LayerGenerator: a CUDA device
+  // `init_device`: where the parameters are made and drawn (nn/nn.h LayerGenerator: a CUDA device
   // draws other numbers than the CPU); the module is moved to its run device afterwards either way.
   GptStageImpl(const GptConfig& config, int first, int last, uint64_t seed,
                const torch::Device& init_device = torch::kCPU);

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/stage.h"
+#include "kernels/fused_elementwise_kernels.h"
+#include "kernels/fused_kernels.h"
 #include "models/llama/llama_description.h"
-#include "worker/fused_elementwise_kernels.h"
-#include "worker/fused_kernels.h"
-#include "worker/nn.h"
-#include "worker/stage.h"
+#include "nn/nn.h"
 
 namespace stagehand {
 namespace {
@@ -137,7 +137,7 @@ torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up, bool fu
 class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Function> {
  public:
   // x: contiguous and 16-byte aligned, weight fp32 aligned (FusedRmsNormApplies checks).
-  // With `skip`, x comes back as a second output (see LayerNormToBf16Function in worker/nn.cc).
+  // With `skip`, x comes back as a second output (see LayerNormToBf16Function in nn/nn.cc).
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                                 const torch::Tensor& weight, double eps, bool fused_backward,
                                                 bool skip) {

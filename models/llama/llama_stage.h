@@ -1,7 +1,7 @@
 // Llama (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, no biases, untied head) in
 // LibTorch, cut into the decoder's pipeline layers (models/decoder_layers.h). LlamaStage holds a
 // contiguous range of them; MakeLlamaFamily() is the family a worker registers, built only on the
-// engine's public interface (worker/stage.h, worker/model_family.h, worker/nn.h).
+// engine's public interface (engine/stage.h, models/model_family.h, nn/nn.h).
 #ifndef STAGEHAND_MODELS_LLAMA_LLAMA_STAGE_H_
 #define STAGEHAND_MODELS_LLAMA_LLAMA_STAGE_H_
 
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "models/decoder_layers.h"
+#include "models/model_family.h"
 #include "protos/job.pb.h"
-#include "worker/model_family.h"
 
 namespace stagehand {
 
@@ -31,19 +31,19 @@ struct LlamaConfig {
   double norm_eps = 1e-5;
   bool bf16_autocast = true;  // bf16 autocast over fp32 parameters (CUDA); false: plain fp32
   // Under bf16 autocast on CUDA, each RMSNorm (all feed a GEMM) writes its bf16 output in one kernel
-  // (worker/fused_kernels.h) instead of ATen's fp32 ops and a cast; rows of a multiple of 128 up to
+  // (kernels/fused_kernels.h) instead of ATen's fp32 ops and a cast; rows of a multiple of 128 up to
   // 4096 elements, else the ATen path. false: spec.fused_layernorm() is false.
   bool fused_rmsnorm = true;
-  // The norms' backward takes their bf16 output gradient in one kernel (worker/fused_backward_kernels.h)
+  // The norms' backward takes their bf16 output gradient in one kernel (kernels/fused_backward_kernels.h)
   // instead of an fp32 upcast and ATen's backward (--model_option=fused_norm_backward=false: ATen's).
   bool fused_norm_backward = true;
-  // The loss over the bf16 logits without an fp32 copy (FusedLanguageModelLoss in worker/stage.h;
+  // The loss over the bf16 logits without an fp32 copy (FusedLanguageModelLoss in engine/stage.h;
   // --model_option=fused_cross_entropy=false: the fp32 upcast and torch's cross_entropy).
   bool fused_cross_entropy = true;
   // The residual stream's gradient is added to each norm's dx inside the fused norm backward
   // (--model_option=fused_residual_grad=false: autograd's add).
   bool fused_residual_grad = true;
-  // Rotary embeddings and SwiGLU in one bf16 kernel each way (worker/fused_elementwise_kernels.h;
+  // Rotary embeddings and SwiGLU in one bf16 kernel each way (kernels/fused_elementwise_kernels.h;
   // --model_option=fused_rotary=false / fused_swiglu=false: the ATen ops).
   bool fused_rotary = true;
   bool fused_swiglu = true;
@@ -53,7 +53,7 @@ struct LlamaConfig {
   bool fused_residual_gemm = true;
   bool cutlass_residual_gemm = true;
   // The embedding's backward adds into the table's .grad only the rows the batch used (EmbeddingLookup,
-  // worker/nn.h; --model_option=fused_embedding_grad=false: ATen's dense gradient and autograd's add).
+  // nn/nn.h; --model_option=fused_embedding_grad=false: ATen's dense gradient and autograd's add).
   bool fused_embedding_grad = true;
 
   int64_t head_dim() const { return hidden / heads; }
@@ -66,7 +66,7 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& spec);
 // One pipeline stage: layers [first, last) of the model. Parameters depend on (seed, layer) only.
 class LlamaStageImpl : public torch::nn::Module {
  public:
-  // `init_device`: where the parameters are made and drawn (worker/nn.h LayerGenerator: a CUDA device
+  // `init_device`: where the parameters are made and drawn (nn/nn.h LayerGenerator: a CUDA device
   // draws other numbers than the CPU); the module is moved to its run device afterwards either way.
   LlamaStageImpl(const LlamaConfig& config, int first, int last, uint64_t seed,
                  const torch::Device& init_device = torch::kCPU);

@@ -18,13 +18,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/data.h"
+#include "engine/split_backward_check.h"
+#include "engine/stage.h"
+#include "kernels/fused_elementwise_kernels.h"
+#include "kernels/fused_kernels.h"
 #include "models/llama/llama_description.h"
-#include "worker/data.h"
-#include "worker/fused_elementwise_kernels.h"
-#include "worker/fused_kernels.h"
-#include "worker/nn.h"
-#include "worker/split_backward_check.h"
-#include "worker/stage.h"
+#include "nn/nn.h"
 
 namespace stagehand {
 namespace {
