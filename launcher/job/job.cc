@@ -339,7 +339,7 @@ absl::Status ValidateRanges(const JobRequest& r, const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// The validation split (worker/data.h): a token file's end, held out of a model's training, large
+// The validation split (engine/data.h): a token file's end, held out of a model's training, large
 // enough for one global batch, its forward part of the schedule free of deadlock; the evaluation
 // flags only with a split. Fills eval_every and eval_batches.
 absl::Status ResolveEval(JobSpec& spec) {
