@@ -419,7 +419,12 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
   const bool one_id = verb == "status" || verb == "watch" || verb == "cancel" || verb == "delete" || verb == "logs";
   if (one_id && !Arity(words, 2)) return Usage(absl::StrCat("`", verb, "` takes one job id: client ", verb, " ID"));
   if (verb == "fetch" && !Arity(words, 3)) return Usage("`fetch` takes a job id and a file: client fetch ID FILE");
-  if ((verb == "submit" || verb == "list" || verb == "info") && !Arity(words, 1)) {
+  if (verb == "submit" && !Arity(words, 1)) {
+    return Usage(absl::StrCat("`submit` takes no arguments, got '", absl::CHexEscape(words[1].substr(0, 200)),
+                              "': a server runs no program of yours (-- PROGRAM), so that a submit token cannot make "
+                              "it a shell; `launcher [flags] -- PROGRAM` runs one on its own host"));
+  }
+  if ((verb == "list" || verb == "info") && !Arity(words, 1)) {
     return Usage(absl::StrCat("`", verb, "` takes no arguments, got '", absl::CHexEscape(words[1].substr(0, 200)), "'"));
   }
   absl::StatusOr<std::unique_ptr<ControlClient>> client = Connect();

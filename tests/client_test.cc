@@ -215,6 +215,11 @@ TEST_F(ClientTest, Errors_OneLineEach_WithTheirExitCodes) {
   EXPECT_TRUE(absl::StrContains(unknown.err, "unknown verb 'frobnicate'")) << unknown.err;
   EXPECT_EQ(Client("watch").code, 2);
   EXPECT_EQ(Client("--bogus list").code, 2);
+  // A program is not something a server runs for a token.
+  Result program = Client("submit --device=cpu -- python3 train.py");
+  EXPECT_EQ(program.code, 2) << program.err;
+  EXPECT_TRUE(absl::StrContains(program.err, "a server runs no program of yours")) << program.err;
+  EXPECT_EQ(std::count(program.err.begin(), program.err.end(), '\n'), 1) << program.err;
   Result missing = Client("status nope");
   EXPECT_EQ(missing.code, 1);
   EXPECT_EQ(std::count(missing.err.begin(), missing.err.end(), '\n'), 1) << missing.err;

@@ -1036,6 +1036,12 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
     if (absl::Status s = ResolveProgram(request, out.spec); !s.ok()) return s;
     return out;
   }
+  // A program comes from the command line only (-- PROGRAM), never from a job file, a resumed run's
+  // job.textproto or a server's submission: a submit token must not make the server a shell.
+  if (out.spec.program_size() > 0 || !out.spec.program_cwd().empty()) {
+    return Invalid("the job names a program (its `program` field): a program is given on the launcher's "
+                   "command line only (launcher [flags] -- PROGRAM ARGS); drop the field");
+  }
   const bool model_given = !out.spec.model().empty();
   if (!model_given) ChooseDefaultModel(request, steps_given, out);
   if (absl::Status s = CheckAllReduceFlags(request, model_given, out.spec); !s.ok()) return s;

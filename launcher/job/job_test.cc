@@ -216,6 +216,23 @@ TEST(JobTest, ResolveJob_Program_ResolvedAsAShellWould) {
   ExpectInvalidArgument(ResolveJob(r, Inventory(0)), "--model=tiny with a program (-- sh): the program is the job");
 }
 
+// A program never comes in a job file or a submission (a server's JobSpec): only from the command
+// line, so that a submit token cannot make the server run a command.
+TEST(JobTest, ResolveJob_ProgramInTheJobItself_Refused) {
+  JobRequest r;
+  JobSpec spec;
+  spec.set_device("cpu");
+  spec.set_workers(1);
+  spec.add_program("/bin/sh");
+  spec.add_program("-c");
+  spec.add_program("touch /tmp/owned");
+  r.spec = spec;
+  ExpectInvalidArgument(ResolveJob(r, Inventory(0)), "a program is given on the launcher's command line only");
+  JobRequest f;
+  f.job_file = WriteJobFile("with_program.textproto", "device: \"cpu\" workers: 1 program: \"/bin/true\"");
+  ExpectInvalidArgument(ResolveJob(f, Inventory(0)), "the job names a program");
+}
+
 TEST(JobTest, ResolveJob_TensorElementsWithAModel_Refused) {
   JobRequest r;
   r.device = "cpu";
