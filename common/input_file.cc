@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace stagehand {
@@ -64,6 +65,11 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, const std::
     }
   }
   return text;
+}
+
+std::string ClipInput(absl::string_view input, size_t max_bytes) {
+  if (input.size() <= max_bytes) return absl::CHexEscape(input);
+  return absl::StrCat(absl::CHexEscape(input.substr(0, max_bytes)), "... (", input.size(), " bytes)");
 }
 
 }  // namespace stagehand

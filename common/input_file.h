@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/fd.h"
 
 namespace stagehand {
@@ -32,6 +33,10 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, const std::
 
 // "a FIFO", "a directory", "a character device", ...: what a non-regular st_mode is, for messages.
 std::string FileKind(mode_t mode);
+
+// User input as an error message may echo it: its first `max_bytes` bytes with non-printable bytes
+// escaped, and "... (N bytes)" when it is longer, so that a 100 MB name makes a short line.
+std::string ClipInput(absl::string_view input, size_t max_bytes = 200);
 
 }  // namespace stagehand
 

@@ -946,11 +946,6 @@ absl::Status ReadScheduleFile(const JobRequest& request, JobSpec& spec) {
 
 namespace {
 
-// At most 200 bytes of what the user typed, for a message.
-std::string ClipInput(const std::string& input) {
-  return input.size() <= 200 ? input : absl::StrCat(input.substr(0, 200), "...");
-}
-
 // The directory the user ran the launcher in (`bazel run`: theirs, not the runfiles').
 std::string UserDirectory() {
   if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY")) return wd;

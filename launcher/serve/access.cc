@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/fd.h"
+#include "common/input_file.h"
 
 namespace stagehand {
 namespace {
@@ -110,11 +111,6 @@ std::string FreeAdminName(const std::vector<TokenRecord>& tokens) {
 }
 
 }  // namespace
-
-std::string ClipInput(absl::string_view input, size_t max_bytes) {
-  if (input.size() <= max_bytes) return absl::CHexEscape(input);
-  return absl::StrCat(absl::CHexEscape(input.substr(0, max_bytes)), "... (", input.size(), " bytes)");
-}
 
 absl::Status ValidateName(absl::string_view name, absl::string_view what) {
   const bool chars_ok = std::all_of(name.begin(), name.end(), [](char c) {

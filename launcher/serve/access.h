@@ -29,10 +29,6 @@ enum class Verb { kView, kSubmit, kCancel, kMint, kDelete };
 // and a shell. INVALID_ARGUMENT naming `what` ("token name").
 absl::Status ValidateName(absl::string_view name, absl::string_view what);
 
-// User input as an error message may echo it: its first `max_bytes` bytes with non-printable bytes
-// escaped, and "... (N bytes)" when it is longer, so that a 100 MB name makes a short line.
-std::string ClipInput(absl::string_view input, size_t max_bytes = 200);
-
 // A new token: "sh_" and 64 hex digits of 32 random bytes from the kernel. UNAVAILABLE when the kernel
 // gives no random bytes.
 absl::StatusOr<std::string> MintToken();

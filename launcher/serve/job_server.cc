@@ -28,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/fd.h"
+#include "common/input_file.h"
 #include "launcher/run/launch.h"
 #include "launcher/job/run_dir.h"
 #include "launcher/job/worker_binary.h"
