@@ -1098,6 +1098,11 @@ bool WritesTermCheckpoints(const JobSpec& job) {
          absl::ToInt64Milliseconds(TermCheckpointTimeout(job)) > 0;
 }
 
+int64_t CheckpointAtOrPast(const std::string& run_dir, int64_t step) {
+  absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(run_dir);
+  return found.ok() && found->manifest.step() >= step ? found->manifest.step() : 0;
+}
+
 absl::Duration TermCheckpointTimeout(const JobSpec& job) {
   return absl::Milliseconds(job.has_term_checkpoint_timeout_ms() ? job.term_checkpoint_timeout_ms()
                                                                   : kDefaultTermCheckpointMs);

@@ -133,6 +133,9 @@ inline constexpr int64_t kDefaultTermCheckpointMs = 120000;
 bool WritesTermCheckpoints(const JobSpec& job);
 // That timeout.
 absl::Duration TermCheckpointTimeout(const JobSpec& job);
+// The step of the newest complete checkpoint in `run_dir` when it is at or past `step` (a SIGTERM's
+// checkpoint-and-stop step), else 0. Node 0 and the agents of several hosts judge the stop by it.
+int64_t CheckpointAtOrPast(const std::string& run_dir, int64_t step);
 
 // What `client submit` sends: the job file (relative to the user's directory) with the typed flags
 // over it and --schedule_file read into pipeline.schedule_text, nothing resolved or defaulted (the

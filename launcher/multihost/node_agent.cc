@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/checkpoint.h"
 #include "common/host.h"
 #include "launcher/job/job.h"
 #include "launcher/job/run_dir.h"
@@ -193,10 +192,9 @@ bool NodeAgent::TermCheckpointSettled(absl::Time now) {
   }
   // Rank 0 writes the manifest once every rank's shard is on disk, after this host's ranks ended.
   const JobSpec& job = joined_.job();
-  absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(job.run_dir());
-  if (found.ok() && found->manifest.step() >= term_at_) {
-    if (found->manifest.step() < job.steps()) {
-      term_step_ = found->manifest.step();
+  if (const int64_t step = CheckpointAtOrPast(job.run_dir(), term_at_); step > 0) {
+    if (step < job.steps()) {
+      term_step_ = step;
     } else {
       term_final_ = true;  // the run reached its end: a checkpoint of the last step, no stop
     }

@@ -355,10 +355,8 @@ bool JobRun::StartWorld() {
 // newest, at or past the step asked for and short of the end (0: none).
 int64_t JobRun::TermCheckpointStep() const {
   if (term_at_ == 0) return 0;
-  absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(options_.run_dir);
-  if (!found.ok()) return 0;
-  const int64_t step = found->manifest.step();
-  return step >= term_at_ && step < state_.job().steps() ? step : 0;
+  const int64_t step = CheckpointAtOrPast(options_.run_dir, term_at_);
+  return step < state_.job().steps() ? step : 0;
 }
 
 const std::string& JobRun::coordinator_address() const {
