@@ -185,8 +185,8 @@ absl::StatusOr<std::string> SubmissionId() {
   return id;
 }
 
-int Submit(ControlClient& client, const ParsedFlags& parsed) {
-  const JobRequest request = JobRequestFromFlags(parsed);
+int Submit(ControlClient& client, const ParsedFlags& parsed, const JobFlags& job_flags) {
+  const JobRequest request = JobRequestFromFlags(parsed, job_flags);
   absl::StatusOr<JobSpec> spec = MergeJobRequest(request);
   if (!spec.ok()) return Fail(spec.status());
   control::SubmitJobRequest submit;
@@ -410,7 +410,7 @@ SplitArgs Split(int argc, char** argv) {
 // The verb's positional arguments, counted.
 bool Arity(const std::vector<std::string>& words, size_t n) { return words.size() == n; }
 
-int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
+int Run(const std::vector<std::string>& words, const ParsedFlags& parsed, const JobFlags& job_flags) {
   const std::string& verb = words[0];
   static const char* kVerbs[] = {"submit", "list", "status", "watch", "cancel", "delete", "logs", "fetch", "token", "info"};
   if (std::find(std::begin(kVerbs), std::end(kVerbs), verb) == std::end(kVerbs)) {
@@ -430,7 +430,7 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
   absl::StatusOr<std::unique_ptr<ControlClient>> client = Connect();
   if (!client.ok()) return Fail(client.status());
   ControlClient& c = **client;
-  if (verb == "submit") return Submit(c, parsed);
+  if (verb == "submit") return Submit(c, parsed, job_flags);
   if (verb == "list") return List(c);
   if (verb == "status") return Status(c, words[1]);
   if (verb == "watch") return Watch(c, words[1], absl::GetFlag(FLAGS_no_lines));
@@ -448,13 +448,14 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed) {
 int main(int argc, char** argv) {
   stagehand::QuietGrpcLogs();  // a wrong CA is our one line, not gRPC's too
   stagehand::SplitArgs split = stagehand::Split(argc, argv);
+  stagehand::JobFlags job_flags;  // `client submit` takes the launcher's job flags
   absl::StatusOr<stagehand::ParsedFlags> parsed =
-      stagehand::ParseFlags(static_cast<int>(split.flags.size()), split.flags.data());
+      stagehand::ParseFlags(static_cast<int>(split.flags.size()), split.flags.data(), /*allow_rest=*/false, &job_flags);
   if (!parsed.ok()) return stagehand::Fail(parsed.status());
   if (parsed->help || split.words.empty()) {
-    const std::string help = stagehand::FlagsHelp(stagehand::kUsage, {"client/client.cc", stagehand::kJobFlagsFile}, stagehand::HelpGroups(/*client=*/true));
+    const std::string help = stagehand::FlagsHelp(stagehand::kUsage, {"client/client.cc", stagehand::kJobFlagsFile}, stagehand::HelpGroups(/*client=*/true), &job_flags);
     std::fputs(help.c_str(), parsed->help ? stdout : stderr);
     return parsed->help ? 0 : stagehand::kExitUsage;
   }
-  return stagehand::Run(split.words, *parsed);
+  return stagehand::Run(split.words, *parsed, job_flags);
 }

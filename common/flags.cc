@@ -20,7 +20,7 @@ absl::Status Unknown(absl::string_view name) {
 
 }  // namespace
 
-absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest) {
+absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest, ExtraFlags* extra) {
   ParsedFlags out;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
@@ -49,6 +49,33 @@ absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest) {
     std::string normalized(name);
     std::replace(normalized.begin(), normalized.end(), '-', '_');
     name = normalized;
+    if (extra != nullptr) {
+      std::optional<ExtraFlags::Info> info = extra->Find(normalized);
+      if (!info && !has_value && absl::StartsWith(normalized, "no")) {
+        info = extra->Find(normalized.substr(2));
+        if (info && info->is_bool) {
+          normalized = normalized.substr(2);
+          value = "false";
+          has_value = true;
+        } else {
+          info.reset();
+        }
+      }
+      if (info) {
+        if (!has_value) {
+          if (info->is_bool) {
+            value = "true";
+          } else if (i + 1 < argc) {
+            value = argv[++i];
+          } else {
+            return absl::InvalidArgumentError(absl::StrCat("--", normalized, " needs a value"));
+          }
+        }
+        if (absl::Status s = extra->Set(normalized, value); !s.ok()) return s;
+        out.given.insert(normalized);
+        continue;
+      }
+    }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr && !has_value && absl::StartsWith(name, "no")) {
       flag = absl::FindCommandLineFlag(name.substr(2));
@@ -106,39 +133,69 @@ std::vector<absl::CommandLineFlag*> FlagsOf(const std::vector<std::string>& file
   return flags;
 }
 
-void AppendFlag(const absl::CommandLineFlag& f, std::string& out) {
-  absl::StrAppend(&out, "  --", f.Name(), " (", f.Help(), ")\n");
+// One flag of --help, from abseil's registry or from ExtraFlags.
+struct HelpEntry {
+  std::string name;
+  std::string help;
+  std::string default_value;
+  bool has_default = false;  // abseil's flags print theirs unless the help states it
+};
+
+std::vector<HelpEntry> Entries(const std::vector<absl::CommandLineFlag*>& flags, const ExtraFlags* extra) {
+  std::vector<HelpEntry> out;
+  for (absl::CommandLineFlag* f : flags) {
+    HelpEntry e;
+    e.name = std::string(f->Name());
+    e.help = f->Help();
+    e.default_value = f->DefaultValue();
+    e.has_default = true;
+    out.push_back(std::move(e));
+  }
+  if (extra != nullptr) {
+    for (const std::string& name : extra->Names()) {
+      HelpEntry e;
+      e.name = name;
+      e.help = extra->Find(name)->help;
+      out.push_back(std::move(e));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const HelpEntry& a, const HelpEntry& b) { return a.name < b.name; });
+  return out;
+}
+
+void AppendFlag(const HelpEntry& f, std::string& out) {
+  absl::StrAppend(&out, "  --", f.name, " (", f.help, ")\n");
   // A help text that states its default says what an unset flag means; the flag's own value is
   // then a sentinel (-1, ""), which printed beside it would contradict it.
-  if (absl::StrContains(f.Help(), "default")) return;
-  absl::StrAppend(&out, "      default: ", f.DefaultValue().empty() ? "\"\"" : f.DefaultValue(), "\n");
+  if (!f.has_default || absl::StrContains(f.help, "default")) return;
+  absl::StrAppend(&out, "      default: ", f.default_value.empty() ? "\"\"" : f.default_value, "\n");
 }
 
 }  // namespace
 
 std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes) {
   std::string out = absl::StrCat(usage, "\n\nFlags:\n");
-  for (auto* f : FlagsOf(file_suffixes)) AppendFlag(*f, out);
+  for (const HelpEntry& f : Entries(FlagsOf(file_suffixes), nullptr)) AppendFlag(f, out);
   return out;
 }
 
 std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes,
-                      const std::vector<FlagGroup>& groups) {
-  const std::vector<absl::CommandLineFlag*> flags = FlagsOf(file_suffixes);
+                      const std::vector<FlagGroup>& groups, const ExtraFlags* extra) {
+  const std::vector<HelpEntry> flags = Entries(FlagsOf(file_suffixes), extra);
   std::set<std::string, std::less<>> shown;
   std::string out(usage);
   for (const FlagGroup& g : groups) {
     std::string section;
-    for (auto* f : flags) {
-      if (std::find(g.flags.begin(), g.flags.end(), f->Name()) == g.flags.end() || shown.count(f->Name())) continue;
-      shown.insert(std::string(f->Name()));
-      AppendFlag(*f, section);
+    for (const HelpEntry& f : flags) {
+      if (std::find(g.flags.begin(), g.flags.end(), f.name) == g.flags.end() || shown.count(f.name)) continue;
+      shown.insert(f.name);
+      AppendFlag(f, section);
     }
     if (!section.empty()) absl::StrAppend(&out, "\n\n", g.title, ":\n", section);
   }
   std::string rest;
-  for (auto* f : flags) {
-    if (!shown.count(f->Name())) AppendFlag(*f, rest);
+  for (const HelpEntry& f : flags) {
+    if (!shown.count(f.name)) AppendFlag(f, rest);
   }
   if (!rest.empty()) absl::StrAppend(&out, "\n\nOther flags:\n", rest);
   if (!out.empty() && out.back() == '\n') out.pop_back();

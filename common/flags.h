@@ -5,6 +5,7 @@
 #ifndef STAGEHAND_COMMON_FLAGS_H_
 #define STAGEHAND_COMMON_FLAGS_H_
 
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,10 +22,28 @@ struct ParsedFlags {
   std::vector<std::string> rest;   // what followed it (with `allow_rest`)
 };
 
+// Flags defined outside abseil's registry (the job's options, read from JobSpec by reflection):
+// ParseFlags asks them first, and FlagsHelp lists them with the registry's.
+class ExtraFlags {
+ public:
+  struct Info {
+    bool is_bool = false;
+    std::string help;
+  };
+  virtual ~ExtraFlags() = default;
+  // The flag named `name` (already normalized to "_"), or nullopt if it is not one of these.
+  virtual std::optional<Info> Find(const std::string& name) const = 0;
+  // Sets it from the command line's text; INVALID_ARGUMENT "--name=value: ..." when it does not parse.
+  virtual absl::Status Set(const std::string& name, absl::string_view value) = 0;
+  // Every name, for --help.
+  virtual std::vector<std::string> Names() const = 0;
+};
+
 // Accepts --name=value, --name value, --bool / --nobool, and "--"; what follows "--" is a program
 // and its arguments where `allow_rest` (the launcher's `launcher [flags] -- PROGRAM ARGS`), else
-// nothing may follow it.
-absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest = false);
+// nothing may follow it. Names are looked up in `extra` (if given) before abseil's registry.
+absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest = false,
+                                       ExtraFlags* extra = nullptr);
 
 // The usage message followed by every flag defined in a file whose path ends with `file_suffix`.
 std::string FlagsHelp(absl::string_view usage, absl::string_view file_suffix);
@@ -37,11 +56,11 @@ struct FlagGroup {
   std::string title;
   std::vector<std::string> flags;
 };
-// The flags of `file_suffixes` under the groups' titles, in the groups' order, sorted by name within
+// The flags of `file_suffixes` (and `extra`'s) under the groups' titles, in the groups' order, sorted by name within
 // each; a group with none of the binary's flags is left out, and a flag in no group comes last,
 // under "Other flags", so that none is ever hidden.
 std::string FlagsHelp(absl::string_view usage, const std::vector<std::string>& file_suffixes,
-                      const std::vector<FlagGroup>& groups);
+                      const std::vector<FlagGroup>& groups, const ExtraFlags* extra = nullptr);
 
 }  // namespace stagehand
 

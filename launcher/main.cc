@@ -110,10 +110,11 @@ stagehand::NodeOptions NodeOptionsFromFlags() {
 }
 
 // `node`: from --slurm (ApplySlurm), else from the flags.
-stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p, const std::optional<stagehand::NodeOptions>& node,
+stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p, const stagehand::JobFlags& job_flags,
+                                          const std::optional<stagehand::NodeOptions>& node,
                                           const stagehand::NodeTls& tls) {
   stagehand::LaunchOptions o;
-  o.job = stagehand::JobRequestFromFlags(p);
+  o.job = stagehand::JobRequestFromFlags(p, job_flags);
   stagehand::JobRequest& j = o.job;
   j.program = p.rest;
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
@@ -128,7 +129,7 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p, const
   o.job_token_file = absl::GetFlag(FLAGS_job_token_file);
   if (node) {
     // Slurm's GPUs for this host, unless the flags chose (CPU workers, or a count of their own).
-    if (node->gpus && *node->gpus > 0 && !j.gpus && j.device != "cpu") j.gpus = node->gpus;
+    if (node->gpus && *node->gpus > 0 && !j.gpus && j.flags.device() != "cpu") j.gpus = node->gpus;
     // srun gives every node the same --run_dir: on a shared file system the agents' must differ.
     if (node->node_rank > 0 && !o.run_dir.empty()) absl::StrAppend(&o.run_dir, "-node", node->node_rank);
   }
@@ -316,7 +317,8 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  absl::StatusOr<stagehand::ParsedFlags> parsed = stagehand::ParseFlags(argc, argv, /*allow_rest=*/true);
+  stagehand::JobFlags job_flags;  // the job's options, JobSpec's fields (launcher/job/job_options.h)
+  absl::StatusOr<stagehand::ParsedFlags> parsed = stagehand::ParseFlags(argc, argv, /*allow_rest=*/true, &job_flags);
   if (!parsed.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(parsed.status().message()).c_str());
     return stagehand::kExitUsage;
@@ -339,7 +341,8 @@ int main(int argc, char** argv) {
     }
   }
   if (parsed->help) {
-    std::fputs(stagehand::FlagsHelp(kUsage, {"launcher/main.cc", stagehand::kJobFlagsFile}, stagehand::HelpGroups(/*client=*/false)).c_str(), stdout);
+    std::fputs(stagehand::FlagsHelp(kUsage, {"launcher/main.cc", stagehand::kJobFlagsFile},
+                                   stagehand::HelpGroups(/*client=*/false), &job_flags).c_str(), stdout);
     return 0;
   }
   if (!(absl::GetFlag(FLAGS_peak_tflops) > 0)) {  // finite already (ParseFlags)
@@ -368,7 +371,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return stagehand::kExitLaunchFailed;
   }
-  stagehand::LaunchOptions options = OptionsFromFlags(*parsed, slurm_node, tls);  // isatty(1) before the capture
+  stagehand::LaunchOptions options = OptionsFromFlags(*parsed, job_flags, slurm_node, tls);  // isatty(1) before the capture
   options.launch = launch;
   // From here on the launcher's stdout goes through the bounded terminal writer (terminal.h), so that
   // a terminal that stops reading cannot block supervision. If the capture cannot be set up, stdout

@@ -214,8 +214,8 @@ TEST(Eval, BadFlags_RefusedWithOneLineBeforeAnythingStarts) {
     std::string says;
   };
   const std::vector<Case> cases = {
-      {{"--val_fraction=1"}, "--val_fraction=1: out of range; pass --val_fraction=F with 0 <= F < 1"},
-      {{"--val_fraction=-0.1"}, "0 <= F < 1"},
+      {{"--val_fraction=1"}, "--val_fraction=1: out of range; pass --val_fraction=X with 0 <= X < 1"},
+      {{"--val_fraction=-0.1"}, "0 <= X < 1"},
       {{"--eval_every=5"}, "--eval_every evaluates a validation split, and the job has none"},
       {{"--eval_batches=2"}, "--eval_batches evaluates a validation split"},
       {{"--val_fraction=0.001"}, "fewer than one evaluation batch (--global_batch=16); pass --val_fraction=0.009"},

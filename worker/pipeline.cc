@@ -22,6 +22,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/job_option.h"
 #include "common/log_message.h"
 #include "models/model_description.h"
 #include "common/checkpoint.h"
@@ -123,7 +124,7 @@ absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const ModelFamily& family, cons
   o.num_layers = family.description().NumLayers(job.model_spec());
   o.device = DeviceOf(job);
   o.seed = static_cast<uint64_t>(job.seed());
-  o.init_on_device = !job.has_init_on_device() || job.init_on_device();  // unset: on the device
+  o.init_on_device = BoolOption(job, JobSpec::kInitOnDeviceFieldNumber);
   return family.MakeStage(o);
 }
 
@@ -256,8 +257,8 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   if (job.has_weight_decay()) o.weight_decay = job.weight_decay();
   o.fused_optimizer = ModelOptionOn(job.model_spec(), "fused_optimizer");
   o.grad_clip = job.grad_clip();
-  o.timing = !job.has_timing() || job.timing();  // unset: timed
-  o.cuda_graphs = !job.has_cuda_graphs() || job.cuda_graphs();
+  o.timing = BoolOption(job, JobSpec::kTimingFieldNumber);
+  o.cuda_graphs = BoolOption(job, JobSpec::kCudaGraphsFieldNumber);
   o.device = DeviceOf(job);
   o.replicas = std::max(1, a.replica_group_size());
   o.replica = ReplicaOf(a);
@@ -295,7 +296,7 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   // After the first step every library page this worker needs is mapped: recorded (a few ms, in a
   // thread of its own) for the next launch's readahead (common/readahead.h).
   ReadaheadRecorder readahead;
-  const bool record_readahead = !job.has_prefetch_libraries() || job.prefetch_libraries();
+  const bool record_readahead = BoolOption(job, JobSpec::kPrefetchLibrariesFieldNumber);
   if (context.before_first_step) context.before_first_step();
   for (int64_t step = first_step; step < job.steps(); ++step) {
     executor.SetLearningRate(LearningRate(lr, step));
@@ -312,7 +313,7 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
     if (step == 0) {
       LogMessage(LogSeverity::kInfo, __FILE__, __LINE__).stream()
           << "startup: data " << data_s << " s, stages built " << built_s - data_s << " s (parameters drawn on "
-          << (job.device() == "cuda" && (!job.has_init_on_device() || job.init_on_device()) ? "the device" : "the CPU")
+          << (job.device() == "cuda" && BoolOption(job, JobSpec::kInitOnDeviceFieldNumber) ? "the device" : "the CPU")
           << "), step 0 " << r->seconds << " s; " << SecondsSince(start) << " s since the assignment";
     }
     const int64_t done = step + 1;

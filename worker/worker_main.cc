@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/host.h"
+#include "common/job_option.h"
 #include "common/worker_contract.h"
 #include "models/model_description.h"
 #include "models/model_family.h"
@@ -96,7 +97,7 @@ absl::StatusOr<RegisteredProfile> WorkerProfile(const JobSpec& job, const Device
     if (!layers.ok()) return layers.status();
     return RegisteredProfile{*std::move(layers), {}};
   }
-  const bool cached = !job.has_profile_cache() || job.profile_cache();
+  const bool cached = BoolOption(job, JobSpec::kProfileCacheFieldNumber);
   const std::string dir = cached ? DefaultProfileCacheDir() : "";
   const std::string key = ProfileCacheKey(job, device);
   if (cached) {
@@ -351,7 +352,7 @@ int Main() {
   }
   Run run{&client, *assignment, req.incarnation(), nullptr, device.ok() ? device->uuid() : "", nullptr};
   run.local_dir = absl::GetFlag(FLAGS_run_dir);  // the job's run directory (node 0's) keeps the checkpoints
-  if (cuda && device.ok() && IsModelJob(job->job()) && (!job->job().has_profile_cache() || job->job().profile_cache())) {
+  if (cuda && device.ok() && IsModelJob(job->job()) && BoolOption(job->job(), JobSpec::kProfileCacheFieldNumber)) {
     run.clock_dir = DefaultProfileCacheDir();
     if (!run.clock_dir.empty()) run.clock_key = ProfileCacheKey(job->job(), *device);
   }

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -23,6 +24,7 @@
 #include "common/checkpoint.h"
 #include "common/input_file.h"
 #include "launcher/coordinator/liveness.h"
+#include "launcher/job/job_options.h"
 #include "launcher/job/run_dir.h"
 #include "launcher/job/data_file.h"
 #include "models/export_layout.h"
@@ -33,7 +35,6 @@ namespace stagehand {
 namespace {
 
 constexpr int kDefaultCpuWorkers = 2;
-constexpr int64_t kDayMs = int64_t{24} * 3600 * 1000;
 
 // The training defaults each built-in preset carries, whichever way it was chosen (--model, the job
 // file, a submitted spec, or the bare run's choice): the small CPU presets learn visibly at 3e-3, the
@@ -86,16 +87,14 @@ void ApplyDefaults(JobSpec& spec) {
   if (!spec.has_steps()) spec.set_steps(10);
   if (!spec.has_tensor_elements()) spec.set_tensor_elements(1 << 20);
   if (!spec.has_seed()) spec.set_seed(0);
-  if (!spec.has_timing()) spec.set_timing(true);
-  if (!spec.has_cuda_graphs()) spec.set_cuda_graphs(true);
-  if (!spec.has_telemetry()) spec.set_telemetry(true);
+  // The job's own switches that are on unless turned off, as protos/job.proto declares them.
+  for (const JobOption& o : JobOptions()) {
+    if (o.fields.size() == 1 && o.is_bool() && o.option->default_true() && !HasJobOption(o, spec)) {
+      if (absl::Status s = SetJobOption(o, "true", spec); !s.ok()) std::abort();  // a bool takes "true"
+    }
+  }
   if (spec.health().empty()) spec.set_health("warn");
-  if (!spec.has_init_on_device()) spec.set_init_on_device(true);
-  if (!spec.has_prebuild_attention()) spec.set_prebuild_attention(true);
-  if (!spec.has_profile_cache()) spec.set_profile_cache(true);
   if (!spec.has_profile_single_stage()) spec.set_profile_single_stage(false);
-  if (!spec.has_partition_clocks()) spec.set_partition_clocks(true);
-  if (!spec.has_prefetch_libraries()) spec.set_prefetch_libraries(true);
   Timeouts& t = *spec.mutable_timeouts();
   if (!t.has_register_ms()) t.set_register_ms(60000);
   if (!t.has_heartbeat_interval_ms()) t.set_heartbeat_interval_ms(kDefaultHeartbeatIntervalMs);  // liveness.h
@@ -122,155 +121,7 @@ absl::Status Positive(const char* flag, int64_t v) {
 }
 
 // The flags the user typed, over the job file: one overlay.
-void ApplyRequest(const JobRequest& r, JobSpec& spec) {
-  if (!r.device.empty()) spec.set_device(r.device);
-  if (r.workers) spec.set_workers(*r.workers);
-  if (r.steps) spec.set_steps(*r.steps);
-  if (!r.model.empty()) spec.set_model(r.model);
-  if (r.tensor_elements) spec.set_tensor_elements(*r.tensor_elements);
-  if (r.seed) spec.set_seed(*r.seed);
-  Timeouts& t = *spec.mutable_timeouts();
-  if (r.heartbeat_timeout_ms) t.set_heartbeat_timeout_ms(*r.heartbeat_timeout_ms);
-  if (r.progress_timeout_ms) t.set_progress_timeout_ms(*r.progress_timeout_ms);
-  if (r.register_timeout_ms) t.set_register_ms(*r.register_timeout_ms);
-  if (r.nccl_init_timeout_ms) t.set_nccl_init_ms(*r.nccl_init_timeout_ms);
-  if (r.grace_ms) t.set_grace_ms(*r.grace_ms);
-  ModelSpec& g = *spec.mutable_model_spec();
-  if (r.vocab) g.set_vocab(*r.vocab);
-  if (r.hidden) g.set_hidden(*r.hidden);
-  if (r.heads) g.set_heads(*r.heads);
-  if (r.kv_heads) g.set_kv_heads(*r.kv_heads);
-  if (r.ffn_hidden) g.set_ffn_hidden(*r.ffn_hidden);
-  if (r.layers) g.set_layers(*r.layers);
-  for (const auto& [k, v] : r.model_options) (*g.mutable_options())[k] = v;
-  if (r.seq) g.set_seq(*r.seq);
-  if (r.fp32) g.set_fp32(*r.fp32);
-  if (!r.attention.empty()) g.set_attention(r.attention);
-  if (r.fused_layernorm) g.set_fused_layernorm(*r.fused_layernorm);
-  PipelineSpec& p = *spec.mutable_pipeline();
-  if (r.pipeline_stages) p.set_stages(*r.pipeline_stages);
-  if (!r.schedule.empty()) p.set_schedule(r.schedule);
-  if (r.micro_batches) p.set_micro_batches(*r.micro_batches);
-  if (r.stage_chunks) p.set_stage_chunks(*r.stage_chunks);
-  if (r.global_batch) p.set_global_batch(*r.global_batch);
-  if (!r.partition.empty()) p.set_partition(r.partition);
-  if (r.inference) p.set_inference(*r.inference);
-  if (!r.data.empty()) spec.set_data(r.data);
-  if (r.lr) spec.set_lr(*r.lr);
-  if (r.save_params) spec.set_save_params(*r.save_params);
-  if (r.timing) spec.set_timing(*r.timing);
-  if (r.cuda_graphs) spec.set_cuda_graphs(*r.cuda_graphs);
-  if (r.telemetry) spec.set_telemetry(*r.telemetry);
-  if (!r.health.empty()) spec.set_health(r.health);
-  if (r.checkpoint_every) spec.set_checkpoint_every(*r.checkpoint_every);
-  if (r.keep_checkpoints) spec.set_keep_checkpoints(*r.keep_checkpoints);
-  if (!r.resume.empty()) spec.set_resume(r.resume);
-  if (!r.export_dir.empty()) spec.set_export_dir(r.export_dir);
-  if (!r.init_from.empty()) spec.set_init_from(r.init_from);
-  if (r.max_restarts) spec.set_max_restarts(*r.max_restarts);
-  if (r.warmup_steps) spec.set_warmup_steps(*r.warmup_steps);
-  if (r.lr_decay_steps) spec.set_lr_decay_steps(*r.lr_decay_steps);
-  if (r.min_lr) spec.set_min_lr(*r.min_lr);
-  if (r.weight_decay) spec.set_weight_decay(*r.weight_decay);
-  if (r.grad_clip) spec.set_grad_clip(*r.grad_clip);
-  if (r.init_on_device) spec.set_init_on_device(*r.init_on_device);
-  if (r.prebuild_attention) spec.set_prebuild_attention(*r.prebuild_attention);
-  if (r.profile_cache) spec.set_profile_cache(*r.profile_cache);
-  if (r.profile_single_stage) spec.set_profile_single_stage(*r.profile_single_stage);
-  if (r.partition_clocks) spec.set_partition_clocks(*r.partition_clocks);
-  if (r.prefetch_libraries) spec.set_prefetch_libraries(*r.prefetch_libraries);
-  if (r.data_parallel) spec.set_data_parallel(*r.data_parallel);
-  if (r.shard_optimizer) spec.set_shard_optimizer(*r.shard_optimizer);
-  if (!r.layout.empty()) spec.set_layout(r.layout);
-  if (!r.layout_profiles.empty()) spec.set_layout_profiles(r.layout_profiles);
-  if (r.bucket_mb) spec.set_bucket_mb(*r.bucket_mb);
-  if (r.replica_gbps) spec.set_replica_gbps(*r.replica_gbps);
-  if (r.val_fraction) spec.set_val_fraction(*r.val_fraction);
-  if (r.eval_every) spec.set_eval_every(*r.eval_every);
-  if (r.eval_batches) spec.set_eval_batches(*r.eval_batches);
-  if (r.term_checkpoint_timeout_ms) spec.set_term_checkpoint_timeout_ms(*r.term_checkpoint_timeout_ms);
-}
-
-// One ranged number of the merged job: the flag that sets it ("" for none) and its job-file field.
-struct Ranged {
-  const char* flag;
-  const char* field;
-  bool set;          // the merged job has it (else the default, in range, comes later)
-  bool from_flag;    // the user typed the flag (else the job file set it)
-  int64_t value, lo, hi;
-};
-
-absl::Status CheckRanged(const Ranged& f, const std::string& job_file) {
-  if (!f.set || (f.value >= f.lo && f.value <= f.hi)) return absl::OkStatus();
-  const std::string range = absl::StrCat(f.lo, " <= N <= ", f.hi);
-  if (f.from_flag) {
-    return Invalid(absl::StrCat("--", f.flag, "=", f.value, ": out of range; pass --", f.flag, "=N with ", range));
-  }
-  return Invalid(absl::StrCat("--job=", job_file, ": ", f.field, ": ", f.value, " is out of range; write ", f.field,
-                              ": N with ", range, *f.flag ? absl::StrCat(" (or pass --", f.flag, "=N)") : ""));
-}
-
-std::vector<Ranged> RangedFields(const JobRequest& r, const JobSpec& s) {
-  const Timeouts& t = s.timeouts();
-  const ModelSpec& m = s.model_spec();
-  const PipelineSpec& p = s.pipeline();
-  return {
-      {"workers", "workers", s.has_workers(), r.workers.has_value(), s.workers(), 1, kMaxWorkers},
-      {"steps", "steps", s.has_steps(), r.steps.has_value(), s.steps(), 1, 1000000000},
-      {"tensor_elements", "tensor_elements", s.has_tensor_elements(), r.tensor_elements.has_value(),
-       s.tensor_elements(), 1, int64_t{1} << 28},
-      {"register_timeout_ms", "timeouts.register_ms", t.has_register_ms(), r.register_timeout_ms.has_value(),
-       t.register_ms(), 1, kDayMs},
-      {"", "timeouts.heartbeat_interval_ms", t.has_heartbeat_interval_ms(), false, t.heartbeat_interval_ms(), 1, 60000},
-      {"heartbeat_timeout_ms", "timeouts.heartbeat_timeout_ms", t.has_heartbeat_timeout_ms(),
-       r.heartbeat_timeout_ms.has_value(), t.heartbeat_timeout_ms(), 1, kDayMs},
-      {"progress_timeout_ms", "timeouts.progress_timeout_ms", t.has_progress_timeout_ms(),
-       r.progress_timeout_ms.has_value(), t.progress_timeout_ms(), 1, kDayMs},
-      {"nccl_init_timeout_ms", "timeouts.nccl_init_ms", t.has_nccl_init_ms(), r.nccl_init_timeout_ms.has_value(),
-       t.nccl_init_ms(), 1, kDayMs},
-      {"grace_period_ms", "timeouts.grace_ms", t.has_grace_ms(), r.grace_ms.has_value(), t.grace_ms(), 1, 600000},
-      {"vocab", "model_spec.vocab", m.has_vocab(), r.vocab.has_value(), m.vocab(), 2, int64_t{1} << 20},
-      {"hidden", "model_spec.hidden", m.has_hidden(), r.hidden.has_value(), m.hidden(), 1, int64_t{1} << 16},
-      {"heads", "model_spec.heads", m.has_heads(), r.heads.has_value(), m.heads(), 1, 1024},
-      {"kv_heads", "model_spec.kv_heads", m.has_kv_heads(), r.kv_heads.has_value(), m.kv_heads(), 1, 1024},
-      {"ffn_hidden", "model_spec.ffn_hidden", m.has_ffn_hidden(), r.ffn_hidden.has_value(), m.ffn_hidden(), 1,
-       int64_t{1} << 18},
-      {"layers", "model_spec.layers", m.has_layers(), r.layers.has_value(), m.layers(), 1, 1024},
-      {"seq", "model_spec.seq", m.has_seq(), r.seq.has_value(), m.seq(), 1, kMaxSeq},
-      {"pipeline_stages", "pipeline.stages", p.has_stages(), r.pipeline_stages.has_value(), p.stages(), 1, kMaxWorkers},
-      {"micro_batches", "pipeline.micro_batches", p.has_micro_batches(), r.micro_batches.has_value(),
-       p.micro_batches(), 1, kMaxMicroBatches},
-      {"global_batch", "pipeline.global_batch", p.has_global_batch(), r.global_batch.has_value(), p.global_batch(),
-       1, int64_t{1} << 24},
-      {"checkpoint_every", "checkpoint_every", s.has_checkpoint_every(), r.checkpoint_every.has_value(),
-       s.checkpoint_every(), 1, 1000000000},
-      {"keep_checkpoints", "keep_checkpoints", s.has_keep_checkpoints(), r.keep_checkpoints.has_value(),
-       s.keep_checkpoints(), 1, 1000000},
-      {"max_restarts", "max_restarts", s.has_max_restarts(), r.max_restarts.has_value(), s.max_restarts(), 0, 1000},
-      {"warmup_steps", "warmup_steps", s.has_warmup_steps(), r.warmup_steps.has_value(), s.warmup_steps(), 0,
-       1000000000},
-      {"lr_decay_steps", "lr_decay_steps", s.has_lr_decay_steps(), r.lr_decay_steps.has_value(), s.lr_decay_steps(), 1,
-       1000000000},
-      {"stage_chunks", "pipeline.stage_chunks", p.has_stage_chunks(), r.stage_chunks.has_value(), p.stage_chunks(),
-       1, 64},
-      {"data_parallel", "data_parallel", s.has_data_parallel(), r.data_parallel.has_value(), s.data_parallel(), 1,
-       kMaxWorkers},
-      {"eval_every", "eval_every", s.has_eval_every(), r.eval_every.has_value(), s.eval_every(), 1, 1000000000},
-      {"eval_batches", "eval_batches", s.has_eval_batches(), r.eval_batches.has_value(), s.eval_batches(), 1, 1000000},
-      {"term_checkpoint_timeout_ms", "term_checkpoint_timeout_ms", s.has_term_checkpoint_timeout_ms(),
-       r.term_checkpoint_timeout_ms.has_value(), s.term_checkpoint_timeout_ms(), 0, kDayMs},
-  };
-}
-
-// A real number that must be finite and inside (lo, hi) (lo excluded: a learning rate of 0 learns nothing).
-absl::Status CheckReal(const char* flag, const char* field, bool set, bool from_flag, double v, double lo, double hi,
-                       const std::string& job_file) {
-  if (!set || (std::isfinite(v) && v > lo && v <= hi)) return absl::OkStatus();
-  const std::string range = absl::StrCat(lo, " < X <= ", hi);
-  if (from_flag) return Invalid(absl::StrCat("--", flag, "=", v, ": out of range; pass --", flag, "=X with ", range));
-  return Invalid(absl::StrCat("--job=", job_file, ": ", field, ": ", v, " is out of range; write ", field, ": X with ",
-                              range, *flag ? absl::StrCat(" (or pass --", flag, "=X)") : ""));
-}
+void ApplyRequest(const JobRequest& r, JobSpec& spec) { spec.MergeFrom(r.flags); }
 
 // Names become a directory under runs/: no separators, no "..", nothing hidden.
 absl::Status CheckName(const std::string& name) {
@@ -289,52 +140,7 @@ absl::Status ValidateRanges(const JobRequest& r, const JobSpec& spec) {
     if (absl::Status s = Positive("gpus", *r.gpus); !s.ok()) return s;
     if (*r.gpus > kMaxWorkers) return Invalid(absl::StrCat("--gpus=", *r.gpus, ": pass at most ", kMaxWorkers));
   }
-  for (const Ranged& f : RangedFields(r, spec)) {
-    if (absl::Status s = CheckRanged(f, r.job_file); !s.ok()) return s;
-  }
-  const ModelSpec& m = spec.model_spec();
-  if (absl::Status s = CheckReal("lr", "lr", spec.has_lr(), r.lr.has_value(), spec.lr(), 0, 10, r.job_file); !s.ok()) {
-    return s;
-  }
-  // 0 is a value here (no decay, a floor of 0): the interval is closed below.
-  if (absl::Status s = CheckReal("min_lr", "min_lr", spec.has_min_lr(), r.min_lr.has_value(), spec.min_lr(), -1e-300,
-                                 10, r.job_file); !s.ok() || (spec.has_min_lr() && spec.min_lr() < 0)) {
-    return s.ok() ? Invalid(absl::StrCat("--min_lr=", spec.min_lr(), ": out of range; pass --min_lr=X with 0 <= X <= 10")) : s;
-  }
-  if (absl::Status s = CheckReal("weight_decay", "weight_decay", spec.has_weight_decay(), r.weight_decay.has_value(),
-                                 spec.weight_decay(), -1e-300, 10, r.job_file);
-      !s.ok() || (spec.has_weight_decay() && spec.weight_decay() < 0)) {
-    return s.ok() ? Invalid(absl::StrCat("--weight_decay=", spec.weight_decay(),
-                                         ": out of range; pass --weight_decay=X with 0 <= X <= 10"))
-                  : s;
-  }
-  if (absl::Status s = CheckReal("grad_clip", "grad_clip", spec.has_grad_clip(), r.grad_clip.has_value(),
-                                 spec.grad_clip(), 0, 1e6, r.job_file); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckReal("bucket_mb", "bucket_mb", spec.has_bucket_mb(), r.bucket_mb.has_value(),
-                                 spec.bucket_mb(), 0, 4096, r.job_file); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckReal("replica_gbps", "replica_gbps", spec.has_replica_gbps(), r.replica_gbps.has_value(),
-                                 spec.replica_gbps(), 0, 1e6, r.job_file); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckReal("", "model_spec.rope_theta", m.has_rope_theta(), false, m.rope_theta(), 0, 1e12,
-                                 r.job_file); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckReal("", "model_spec.norm_eps", m.has_norm_eps(), false, m.norm_eps(), 0, 1, r.job_file);
-      !s.ok()) {
-    return s;
-  }
-  if (spec.has_val_fraction() && !(std::isfinite(spec.val_fraction()) && spec.val_fraction() >= 0 &&
-                                    spec.val_fraction() < 1)) {
-    return Invalid(r.val_fraction ? absl::StrCat("--val_fraction=", spec.val_fraction(),
-                                                 ": out of range; pass --val_fraction=F with 0 <= F < 1")
-                                  : absl::StrCat("--job=", r.job_file, ": val_fraction: ", spec.val_fraction(),
-                                                 " is out of range; write val_fraction: F with 0 <= F < 1"));
-  }
+  if (absl::Status s = CheckJobOptionRanges(spec, r.flags, r.job_file); !s.ok()) return s;
   if (!spec.name().empty()) return CheckName(spec.name());
   return absl::OkStatus();
 }
@@ -513,9 +319,9 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " names micro-batch ", m - 1,
                                 "; a schedule runs at most ", kMaxMicroBatches, " micro-batches"));
   }
-    if (r.micro_batches && *r.micro_batches != m) {
+    if (r.flags.pipeline().has_micro_batches() && r.flags.pipeline().micro_batches() != m) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " runs ", m, " micro-batches but --micro_batches=",
-                                *r.micro_batches, "; drop --micro_batches or pass ", m));
+                                r.flags.pipeline().micro_batches(), "; drop --micro_batches or pass ", m));
   }
   spec.mutable_pipeline()->set_micro_batches(static_cast<int32_t>(m));
   return absl::OkStatus();
@@ -538,7 +344,7 @@ void ChooseDefaultModel(const JobRequest& r, bool steps_given, ResolvedJob& out)
 // means to time the collective (as bench/bench_startup does) would time a model's first training step
 // instead, and one GPU runs no collective at all.
 absl::Status CheckAllReduceFlags(const JobRequest& r, bool model_given, const JobSpec& spec) {
-  if (!r.tensor_elements || !IsModelJob(spec)) return absl::OkStatus();
+  if (!r.flags.has_tensor_elements() || !IsModelJob(spec)) return absl::OkStatus();
   if (!model_given) {
     return Invalid(absl::StrCat("--tensor_elements sizes the all-reduce of --model=allreduce, and with no --model "
                                 "this job would train ", spec.model(), " instead: pass --model=allreduce, or drop "
@@ -603,7 +409,7 @@ absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, Reso
   std::string device = spec.device();
   const bool auto_device = device.empty() || device == "auto";
   if (auto_device) device = r.gpus || !inv.gpus.empty() ? "cuda" : "cpu";
-  if (r.gpus && r.device.empty() && device == "cpu") device = "cuda";  // the flag overrides the job file
+  if (r.gpus && r.flags.device().empty() && device == "cpu") device = "cuda";  // the flag overrides the job file
   if (device == "cpu") {
     if (r.gpus) return Invalid("--gpus and --device=cpu contradict each other; use --workers=N for CPU workers");
     const int n = spec.has_workers() ? spec.workers() : kDefaultCpuWorkers;
@@ -617,8 +423,8 @@ absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, Reso
     return absl::OkStatus();
   }
   const int n = r.gpus ? *r.gpus : (spec.has_workers() ? spec.workers() : static_cast<int>(inv.gpus.size()));
-  if (r.workers && *r.workers != n) {
-    return Invalid(absl::StrCat("--workers=", *r.workers, " with ", n,
+  if (r.flags.has_workers() && r.flags.workers() != n) {
+    return Invalid(absl::StrCat("--workers=", r.flags.workers(), " with ", n,
                                 " GPUs: GPU jobs run one worker per GPU; drop --workers or pass --gpus"));
   }
   if (inv.gpus.empty()) {
@@ -707,7 +513,7 @@ class Changes {
 // change (refused); a changed setting of the trajectory is said in one note. The layout (devices,
 // workers, stages, schedule, micro-batches, partition) is this run's own: a checkpoint resumes on any.
 absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std::string>& notes) {
-  const std::string flag = absl::StrCat("--resume=", r.resume.empty() ? spec.resume() : r.resume);
+  const std::string flag = absl::StrCat("--resume=", r.flags.resume().empty() ? spec.resume() : r.flags.resume());
   absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(spec.resume());
   if (!found.ok()) return ResumeNotFound(flag, found.status());
   const CheckpointManifest& manifest = found->manifest;
@@ -828,7 +634,7 @@ absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std
 // `export_given`: the user asked for them (the job file or the flags), not the checkpointed job.
 absl::Status ResolveResume(const JobRequest& r, bool steps_given, bool export_given, ResolvedJob& out) {
   JobSpec& spec = out.spec;
-  const std::string flag = absl::StrCat("--resume=", r.resume.empty() ? spec.resume() : r.resume);
+  const std::string flag = absl::StrCat("--resume=", r.flags.resume().empty() ? spec.resume() : r.flags.resume());
   if (!IsModelJob(spec)) return Invalid(absl::StrCat(flag, ": only a model's training resumes; drop --resume"));
   absl::StatusOr<FoundCheckpoint> found = NewestCheckpoint(spec.resume());
   if (!found.ok()) return ResumeNotFound(flag, found.status());
@@ -958,8 +764,8 @@ std::string UserDirectory() {
 // user's directory to run in. None of the model's flags apply; --model is refused.
 absl::Status ResolveProgram(const JobRequest& request, JobSpec& spec) {
   const std::string& name = request.program[0];
-  if (!request.model.empty()) {
-    return Invalid(absl::StrCat("--model=", request.model, " with a program (-- ", name,
+  if (!request.flags.model().empty()) {
+    return Invalid(absl::StrCat("--model=", request.flags.model(), " with a program (-- ", name,
                                 "): the program is the job; drop --model"));
   }
   const std::string cwd = UserDirectory();
@@ -1067,11 +873,13 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
 
 absl::StatusOr<ResolvedJob> ResolveHostDevices(const JobRequest& request, const DeviceInventory& inventory) {
   ResolvedJob out;
-  for (const auto& [flag, n] : {std::pair{"workers", request.workers}, std::pair{"gpus", request.gpus}}) {
+  const std::optional<int> workers =
+      request.flags.has_workers() ? std::optional<int>(request.flags.workers()) : std::nullopt;
+  for (const auto& [flag, n] : {std::pair{"workers", workers}, std::pair{"gpus", request.gpus}}) {
     if (n && (*n < 1 || *n > kMaxWorkers)) return Invalid(absl::StrCat("--", flag, "=", *n, ": pass 1 to ", kMaxWorkers));
   }
-  if (request.workers) out.spec.set_workers(*request.workers);
-  if (!request.device.empty()) out.spec.set_device(request.device);
+  if (request.flags.has_workers()) out.spec.set_workers(request.flags.workers());
+  if (!request.flags.device().empty()) out.spec.set_device(request.flags.device());
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
   return out;
 }

@@ -16,80 +16,26 @@
 
 namespace stagehand {
 
-// The launcher's flags that shape the job: one overlay on the job file. Only what the user typed is
-// set (an unset optional, an empty string), so the job file's value (or the default) holds otherwise,
-// and a typed flag wins, bools too (--timing=false over `timing: true`).
+// What the user asked for: a job file (or a JobSpec given whole) with the typed flags over it. Only
+// what the user typed is set in `flags` (an unset optional, an empty string), so the job file's value
+// (or the default) holds otherwise, and a typed flag wins, bools too (--timing=false over
+// `timing: true`).
 struct JobRequest {
   std::string job_file;           // protobuf text format JobSpec; "" for none
   std::optional<JobSpec> spec;    // a JobSpec given whole in place of job_file (a server's submission)
   // The job server's: holds a resumed job's settings, once carried from its run (data, export_dir), to
   // what the submitter may name, before anything reads them. Unset: nothing more is checked.
   std::function<absl::Status(const JobSpec&)> check_resumed;
+  // The job options the user typed (job_options.h): merged over the job file, field by field.
+  JobSpec flags;
   std::optional<int> gpus;        // --gpus
-  std::string device;             // --device: "" (not given), "auto", "cuda", "cpu"
-  std::optional<int> workers;     // --workers (CPU workers; with cuda it must equal the GPU count)
-  std::optional<int64_t> steps;
-  std::string model;
-  std::optional<int64_t> tensor_elements;
-  std::optional<int64_t> seed;
+  std::string schedule_file;      // --schedule_file: read into pipeline.schedule_text
   // launcher [flags] -- PROGRAM ARGS: a program job (JobSpec.program); empty: stagehand's worker.
   std::vector<std::string> program;
-  std::optional<int64_t> heartbeat_timeout_ms;
-  std::optional<int64_t> progress_timeout_ms;
-  std::optional<int64_t> register_timeout_ms;
-  std::optional<int64_t> nccl_init_timeout_ms;
-  std::optional<int64_t> grace_ms;
-  // Models (--model=tiny, gpt-1.3b, llama-tiny, tinyllama-1.1b, or a family of --worker_binary's).
   bool custom_worker = false;     // --worker_binary given: a model unknown here may be its family's
-  std::optional<int> pipeline_stages;
-  std::string schedule;
-  std::string schedule_file;      // read into pipeline.schedule_text
-  std::optional<int> micro_batches;
-  std::optional<int> stage_chunks;  // model chunks per worker (interleaved-1f1b, zb-v)
-  std::optional<int64_t> global_batch;
-  std::string partition;
-  std::optional<int64_t> vocab, hidden, heads, kv_heads, ffn_hidden, layers, seq;
-  std::vector<std::pair<std::string, std::string>> model_options;  // --model_option=KEY=VALUE
-  std::optional<bool> fp32;
-  std::string attention;
-  std::optional<bool> fused_layernorm;
-  std::string data;
-  std::optional<double> lr;
-  std::optional<bool> inference;
-  std::optional<bool> save_params;
-  std::optional<bool> timing;
-  std::optional<bool> cuda_graphs;
-  std::optional<bool> telemetry;  // --telemetry: GPU workers sample clocks, power, throttling
-  std::string health;             // --health: off, warn, strict ("" not given)
   // Several hosts (node 0): the workers of the whole job. --gpus and --workers count this host's,
   // which the devices are checked against; the pipeline is sized by this one.
   std::optional<int> world_workers;
-  std::optional<int64_t> checkpoint_every;  // --checkpoint_every
-  std::optional<int> keep_checkpoints;
-  std::string resume;                       // --resume=RUN_DIR (or one checkpoint's directory)
-  std::string export_dir;                   // --export_dir=DIR: the weights at the end of the run
-  std::string init_from;                    // --init_from=DIR: start from exported weights
-  std::optional<int> max_restarts;
-  std::optional<int64_t> warmup_steps, lr_decay_steps;
-  std::optional<double> min_lr, weight_decay, grad_clip;
-  std::optional<bool> init_on_device;
-  std::optional<bool> prebuild_attention;  // --prebuild_attention: cuDNN's attention kernels ahead of step 0
-  std::optional<bool> profile_cache;
-  std::optional<bool> profile_single_stage;
-  std::optional<bool> partition_clocks;  // --partition_clocks: the partition weighs GPU clocks
-  std::optional<bool> prefetch_libraries;  // --prefetch_libraries: library readahead at start-up
-  // Data parallelism and the layout (launcher/plan/layout.h).
-  std::optional<int> data_parallel;
-  std::optional<bool> shard_optimizer;
-  std::string layout;             // "manual" or "auto"
-  std::string layout_profiles;    // --layout=auto: recorded LayerProfile files, comma-separated
-  std::optional<double> bucket_mb;
-  std::optional<double> replica_gbps;
-  // Evaluation on a held-out split of the token file, and the SIGTERM checkpoint's wait.
-  std::optional<double> val_fraction;
-  std::optional<int64_t> eval_every;
-  std::optional<int> eval_batches;
-  std::optional<int64_t> term_checkpoint_timeout_ms;
 };
 
 struct ResolvedJob {

@@ -123,7 +123,7 @@ TEST(JobTest, ResolveJob_NoFlags_AppliesDefaults) {
 TEST(JobTest, ResolveJob_GpusFlag_TakesFirstNGpus) {
   JobRequest r;
   r.gpus = 2;
-  r.model = "allreduce";
+  r.flags.set_model("allreduce");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(4));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.device(), "cuda");
@@ -157,7 +157,7 @@ TEST(JobTest, ResolveJob_NoGpuNoFlags_RunsTwoCpuWorkersWithNote) {
 
 TEST(JobTest, ResolveJob_NoModelWithSteps_KeepsTheSteps) {
   JobRequest r;
-  r.steps = 7;
+  r.flags.set_steps(7);
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.model(), "tiny");
@@ -169,11 +169,11 @@ TEST(JobTest, ResolveJob_NoModelWithSteps_KeepsTheSteps) {
 TEST(JobTest, ResolveJob_TensorElementsWithoutModel_RefusedNamingModelAllreduce) {
   JobRequest r;
   r.gpus = 1;
-  r.steps = 1;
-  r.tensor_elements = 1 << 20;
+  r.flags.set_steps(1);
+  r.flags.set_tensor_elements(1 << 20);
   ExpectInvalidArgument(ResolveJob(r, Inventory(1)), "with no --model this job would train gpt-1.3b instead: pass "
                                                      "--model=allreduce, or drop --tensor_elements");
-  r.model = "allreduce";
+  r.flags.set_model("allreduce");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(1));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.model(), "allreduce");
@@ -185,8 +185,8 @@ TEST(JobTest, ResolveJob_TensorElementsWithoutModel_RefusedNamingModelAllreduce)
 // executable, --model beside it.
 TEST(JobTest, ResolveJob_Program_ResolvedAsAShellWould) {
   JobRequest r;
-  r.device = "cpu";
-  r.workers = 2;
+  r.flags.set_device("cpu");
+  r.flags.set_workers(2);
   r.program = {"sh", "-c", "true"};
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
@@ -212,7 +212,7 @@ TEST(JobTest, ResolveJob_Program_ResolvedAsAShellWould) {
   r.program = {"no-such-program-anywhere"};
   ExpectInvalidArgument(ResolveJob(r, Inventory(0)), "-- no-such-program-anywhere: no such program on PATH");
   r.program = {"sh"};
-  r.model = "tiny";
+  r.flags.set_model("tiny");
   ExpectInvalidArgument(ResolveJob(r, Inventory(0)), "--model=tiny with a program (-- sh): the program is the job");
 }
 
@@ -235,9 +235,9 @@ TEST(JobTest, ResolveJob_ProgramInTheJobItself_Refused) {
 
 TEST(JobTest, ResolveJob_TensorElementsWithAModel_Refused) {
   JobRequest r;
-  r.device = "cpu";
-  r.model = "tiny";
-  r.tensor_elements = 4096;
+  r.flags.set_device("cpu");
+  r.flags.set_model("tiny");
+  r.flags.set_tensor_elements(4096);
   ExpectInvalidArgument(ResolveJob(r, Inventory(0)), "not --model=tiny's job: drop --tensor_elements");
 }
 
@@ -267,9 +267,9 @@ TEST(JobTest, ResolveJob_SubmittedSpecNoModelWithSteps_KeepsTheStepsAndLr) {
 
 TEST(JobTest, ResolveJob_DeviceCpuWithWorkers_RunsThatManyCpuWorkersWithoutNote) {
   JobRequest r;
-  r.device = "cpu";
-  r.workers = 4;
-  r.model = "allreduce";
+  r.flags.set_device("cpu");
+  r.flags.set_workers(4);
+  r.flags.set_model("allreduce");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(2));  // GPUs visible, CPU asked for
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.device(), "cpu");
@@ -310,33 +310,33 @@ TEST(JobTest, ResolveJob_NegativeGpus_IsInvalidArgumentNamingFlag) {
 
 TEST(JobTest, ResolveJob_ZeroWorkers_IsInvalidArgumentNamingFlag) {
   JobRequest r;
-  r.device = "cpu";
-  r.workers = 0;
+  r.flags.set_device("cpu");
+  r.flags.set_workers(0);
   ExpectInvalidArgument(ResolveJob(r, Inventory(0)), "--workers=0");
 }
 
 // --steps=0 is as meaningless as --gpus=0; it must not silently become the default of 10.
 TEST(JobTest, ResolveJob_ZeroSteps_IsInvalidArgumentNamingFlag) {
   JobRequest r;
-  r.steps = 0;
+  r.flags.set_steps(0);
   ExpectInvalidArgument(ResolveJob(r, Inventory(2)), "--steps=0");
 }
 
 TEST(JobTest, ResolveJob_NegativeSteps_IsInvalidArgumentNamingFlag) {
   JobRequest r;
-  r.steps = -3;
+  r.flags.set_steps(-3);
   ExpectInvalidArgument(ResolveJob(r, Inventory(2)), "--steps=-3");
 }
 
 TEST(JobTest, ResolveJob_HeartbeatTimeoutBelowTwoIntervals_IsInvalidArgument) {
   JobRequest r;
-  r.heartbeat_timeout_ms = 150;  // the interval is 100 ms
+  r.flags.mutable_timeouts()->set_heartbeat_timeout_ms(150);  // the interval is 100 ms
   ExpectInvalidArgument(ResolveJob(r, Inventory(2)), "--heartbeat_timeout_ms=150");
 }
 
 TEST(JobTest, ResolveJob_UnknownDevice_IsInvalidArgumentListingDevices) {
   JobRequest r;
-  r.device = "tpu";
+  r.flags.set_device("tpu");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(2));
   ExpectInvalidArgument(job, "--device=tpu");
   EXPECT_THAT(std::string(job.status().message()), HasSubstr("cuda, cpu or auto"));
@@ -344,7 +344,7 @@ TEST(JobTest, ResolveJob_UnknownDevice_IsInvalidArgumentListingDevices) {
 
 TEST(JobTest, ResolveJob_UnknownModel_ListsKnownModels) {
   JobRequest r;
-  r.model = "bert";
+  r.flags.set_model("bert");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(2));
   ExpectInvalidArgument(job, "--model=bert");
   ASSERT_THAT(KnownModels(), Not(IsEmpty()));
@@ -353,7 +353,7 @@ TEST(JobTest, ResolveJob_UnknownModel_ListsKnownModels) {
 
 TEST(JobTest, ResolveJob_GpusWithDeviceCpu_Contradict) {
   JobRequest r;
-  r.device = "cpu";
+  r.flags.set_device("cpu");
   r.gpus = 2;
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(2));
   ExpectInvalidArgument(job, "--gpus and --device=cpu contradict");
@@ -362,9 +362,9 @@ TEST(JobTest, ResolveJob_GpusWithDeviceCpu_Contradict) {
 
 TEST(JobTest, ResolveJob_WorkersDifferFromGpusWithCuda_IsInvalidArgument) {
   JobRequest r;
-  r.device = "cuda";
+  r.flags.set_device("cuda");
   r.gpus = 2;
-  r.workers = 3;
+  r.flags.set_workers(3);
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(4));
   ExpectInvalidArgument(job, "--workers=3 with 2 GPUs");
   EXPECT_THAT(std::string(job.status().message()), HasSubstr("one worker per GPU"));
@@ -372,7 +372,7 @@ TEST(JobTest, ResolveJob_WorkersDifferFromGpusWithCuda_IsInvalidArgument) {
 
 TEST(JobTest, ResolveJob_CudaWithoutGpu_IsInvalidArgumentSuggestingCpu) {
   JobRequest r;
-  r.device = "cuda";
+  r.flags.set_device("cuda");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ExpectInvalidArgument(job, "none is visible");
   EXPECT_THAT(std::string(job.status().message()), AllOf(HasSubstr(kNoGpuNote), HasSubstr("--device=cpu")));
@@ -418,10 +418,10 @@ TEST(JobTest, ResolveJob_JobFile_ValuesHoldWithoutFlags) {
 TEST(JobTest, ResolveJob_JobFileAndFlags_FlagsOverride) {
   JobRequest r;
   r.job_file = WriteJobFile("flags_override.textproto", kJobText);
-  r.steps = 5;
-  r.seed = 9;
-  r.grace_ms = 2000;
-  r.workers = 4;
+  r.flags.set_steps(5);
+  r.flags.set_seed(9);
+  r.flags.mutable_timeouts()->set_grace_ms(2000);
+  r.flags.set_workers(4);
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   const JobSpec& spec = job->spec;
@@ -514,33 +514,33 @@ struct FlagCase {
 // taken for "unset" (the preset's value) or passed on to the workers.
 TEST(JobTest, ResolveJob_OutOfRangeFlag_IsOneLineNamingFlagAndRange) {
   const std::vector<FlagCase> cases = {
-      {"micro_batches=0", [](JobRequest& r) { r.micro_batches = 0; }, "--micro_batches=0: out of range; pass --micro_batches=N with 1 <= N"},
-      {"global_batch=0", [](JobRequest& r) { r.global_batch = 0; }, "--global_batch=0: out of range"},
-      {"seq=0", [](JobRequest& r) { r.seq = 0; }, "--seq=0: out of range"},
-      {"seq=1000000", [](JobRequest& r) { r.seq = 1000000; }, "--seq=1000000: out of range; pass --seq=N with 1 <= N <= 131072"},
-      {"heads=0", [](JobRequest& r) { r.heads = 0; }, "--heads=0"},
-      {"layers=0", [](JobRequest& r) { r.layers = 0; }, "--layers=0"},
-      {"vocab=0", [](JobRequest& r) { r.vocab = 0; }, "--vocab=0"},
-      {"hidden=-1", [](JobRequest& r) { r.hidden = -1; }, "--hidden=-1"},
-      {"lr=0", [](JobRequest& r) { r.lr = 0; }, "--lr=0: out of range; pass --lr=X with 0 < X <= 10"},
-      {"lr=-1", [](JobRequest& r) { r.lr = -1; }, "--lr=-1"},
-      {"lr=nan", [](JobRequest& r) { r.lr = std::nan(""); }, "--lr=nan"},
-      {"lr=inf", [](JobRequest& r) { r.lr = HUGE_VAL; }, "--lr=inf"},
-      {"steps=0", [](JobRequest& r) { r.steps = 0; }, "--steps=0"},
-      {"heartbeat_timeout_ms=0", [](JobRequest& r) { r.heartbeat_timeout_ms = 0; }, "--heartbeat_timeout_ms=0"},
-      {"register_timeout_ms=-5", [](JobRequest& r) { r.register_timeout_ms = -5; }, "--register_timeout_ms=-5"},
-      {"grace_period_ms=0", [](JobRequest& r) { r.grace_ms = 0; }, "--grace_period_ms=0"},
-      {"progress_timeout_ms=0", [](JobRequest& r) { r.progress_timeout_ms = 0; }, "--progress_timeout_ms=0"},
-      {"nccl_init_timeout_ms=0", [](JobRequest& r) { r.nccl_init_timeout_ms = 0; }, "--nccl_init_timeout_ms=0"},
-      {"pipeline_stages=0", [](JobRequest& r) { r.pipeline_stages = 0; }, "--pipeline_stages=0"},
-      {"workers=2147483647", [](JobRequest& r) { r.workers = 2147483647; }, "--workers=2147483647: out of range"},
-      {"tensor_elements=0", [](JobRequest& r) { r.tensor_elements = 0; }, "--tensor_elements=0"},
+      {"micro_batches=0", [](JobRequest& r) { r.flags.mutable_pipeline()->set_micro_batches(0); }, "--micro_batches=0: out of range; pass --micro_batches=N with 1 <= N"},
+      {"global_batch=0", [](JobRequest& r) { r.flags.mutable_pipeline()->set_global_batch(0); }, "--global_batch=0: out of range"},
+      {"seq=0", [](JobRequest& r) { r.flags.mutable_model_spec()->set_seq(0); }, "--seq=0: out of range"},
+      {"seq=1000000", [](JobRequest& r) { r.flags.mutable_model_spec()->set_seq(1000000); }, "--seq=1000000: out of range; pass --seq=N with 1 <= N <= 131072"},
+      {"heads=0", [](JobRequest& r) { r.flags.mutable_model_spec()->set_heads(0); }, "--heads=0"},
+      {"layers=0", [](JobRequest& r) { r.flags.mutable_model_spec()->set_layers(0); }, "--layers=0"},
+      {"vocab=0", [](JobRequest& r) { r.flags.mutable_model_spec()->set_vocab(0); }, "--vocab=0"},
+      {"hidden=-1", [](JobRequest& r) { r.flags.mutable_model_spec()->set_hidden(-1); }, "--hidden=-1"},
+      {"lr=0", [](JobRequest& r) { r.flags.set_lr(0); }, "--lr=0: out of range; pass --lr=X with 0 < X <= 10"},
+      {"lr=-1", [](JobRequest& r) { r.flags.set_lr(-1); }, "--lr=-1"},
+      {"lr=nan", [](JobRequest& r) { r.flags.set_lr(std::nan("")); }, "--lr=nan"},
+      {"lr=inf", [](JobRequest& r) { r.flags.set_lr(HUGE_VAL); }, "--lr=inf"},
+      {"steps=0", [](JobRequest& r) { r.flags.set_steps(0); }, "--steps=0"},
+      {"heartbeat_timeout_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_heartbeat_timeout_ms(0); }, "--heartbeat_timeout_ms=0"},
+      {"register_timeout_ms=-5", [](JobRequest& r) { r.flags.mutable_timeouts()->set_register_ms(-5); }, "--register_timeout_ms=-5"},
+      {"grace_period_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_grace_ms(0); }, "--grace_period_ms=0"},
+      {"progress_timeout_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_progress_timeout_ms(0); }, "--progress_timeout_ms=0"},
+      {"nccl_init_timeout_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_nccl_init_ms(0); }, "--nccl_init_timeout_ms=0"},
+      {"pipeline_stages=0", [](JobRequest& r) { r.flags.mutable_pipeline()->set_stages(0); }, "--pipeline_stages=0"},
+      {"workers=2147483647", [](JobRequest& r) { r.flags.set_workers(2147483647); }, "--workers=2147483647: out of range"},
+      {"tensor_elements=0", [](JobRequest& r) { r.flags.set_tensor_elements(0); }, "--tensor_elements=0"},
   };
   for (const FlagCase& c : cases) {
     SCOPED_TRACE(c.name);
     JobRequest r;
-    r.device = "cpu";
-    r.model = "tiny";
+    r.flags.set_device("cpu");
+    r.flags.set_model("tiny");
     c.set(r);
     ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), c.message);
   }
@@ -593,9 +593,9 @@ TEST(JobTest, ResolveJob_BoolFlagsOverJobFile_FlagWins) {
   r.job_file = WriteJobFile("bools.textproto",
                             "model: \"allreduce\" device: \"cpu\" timing: true cuda_graphs: false save_params: true "
                             "model_spec { fp32: true }");
-  r.timing = false;
-  r.cuda_graphs = true;
-  r.save_params = false;
+  r.flags.set_timing(false);
+  r.flags.set_cuda_graphs(true);
+  r.flags.set_save_params(false);
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_FALSE(job->spec.timing());
@@ -606,7 +606,7 @@ TEST(JobTest, ResolveJob_BoolFlagsOverJobFile_FlagWins) {
 
 TEST(JobTest, ResolveJob_NoTimingAnywhere_DefaultsToTimedWithGraphs) {
   JobRequest r;
-  r.model = "allreduce";
+  r.flags.set_model("allreduce");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_TRUE(job->spec.has_timing() && job->spec.timing());
@@ -616,11 +616,11 @@ TEST(JobTest, ResolveJob_NoTimingAnywhere_DefaultsToTimedWithGraphs) {
 // The attention kernels' prebuild is on unless turned off, by the flag or the job file (the flag wins).
 TEST(JobTest, ResolveJob_PrebuildAttention_DefaultOnFlagAndFileTurnItOff) {
   JobRequest r;
-  r.model = "allreduce";
+  r.flags.set_model("allreduce");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_TRUE(job->spec.has_prebuild_attention() && job->spec.prebuild_attention());
-  r.prebuild_attention = false;
+  r.flags.set_prebuild_attention(false);
   job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_FALSE(job->spec.prebuild_attention());
@@ -629,7 +629,7 @@ TEST(JobTest, ResolveJob_PrebuildAttention_DefaultOnFlagAndFileTurnItOff) {
   job = ResolveJob(f, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_FALSE(job->spec.prebuild_attention());
-  f.prebuild_attention = true;
+  f.flags.set_prebuild_attention(true);
   job = ResolveJob(f, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_TRUE(job->spec.prebuild_attention());
@@ -637,14 +637,14 @@ TEST(JobTest, ResolveJob_PrebuildAttention_DefaultOnFlagAndFileTurnItOff) {
 
 TEST(JobTest, ResolveJob_TelemetryAndHealth_DefaultsAndFlagsOverFile) {
   JobRequest r;
-  r.model = "allreduce";
+  r.flags.set_model("allreduce");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_TRUE(job->spec.has_telemetry() && job->spec.telemetry());
   EXPECT_EQ(job->spec.health(), "warn");
   r.job_file = WriteJobFile("telemetry.textproto", "model: \"allreduce\" telemetry: true health: \"strict\"");
-  r.telemetry = false;
-  r.health = "off";
+  r.flags.set_telemetry(false);
+  r.flags.set_health("off");
   job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_FALSE(job->spec.telemetry());
@@ -653,16 +653,16 @@ TEST(JobTest, ResolveJob_TelemetryAndHealth_DefaultsAndFlagsOverFile) {
 
 TEST(JobTest, ResolveJob_UnknownHealth_IsOneLineListingModes) {
   JobRequest r;
-  r.model = "allreduce";
-  r.health = "on";
+  r.flags.set_model("allreduce");
+  r.flags.set_health("on");
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "--health=on (or the job file's health:): unknown; use off, warn");
 }
 
 TEST(JobTest, ResolveJob_CpuWorkersBeyondMemory_IsRefusedWithCount) {
   JobRequest r;
-  r.device = "cpu";
-  r.model = "allreduce";
-  r.workers = 1000;
+  r.flags.set_device("cpu");
+  r.flags.set_model("allreduce");
+  r.flags.set_workers(1000);
   DeviceInventory inv = Inventory(0);
   inv.memory_bytes = int64_t{4} << 30;  // 16 workers of 256 MiB
   ExpectOneLineRefusal(ResolveJob(r, inv), "pass --workers=16 or fewer");
@@ -670,9 +670,9 @@ TEST(JobTest, ResolveJob_CpuWorkersBeyondMemory_IsRefusedWithCount) {
 
 TEST(JobTest, ResolveJob_CpuWorkersBeyondCores_IsRefused) {
   JobRequest r;
-  r.device = "cpu";
-  r.model = "allreduce";
-  r.workers = 17;
+  r.flags.set_device("cpu");
+  r.flags.set_model("allreduce");
+  r.flags.set_workers(17);
   DeviceInventory inv = Inventory(0);
   inv.cpu_cores = 2;
   ExpectOneLineRefusal(ResolveJob(r, inv), "more than 8 CPU workers per core on 2 cores; pass --workers=16 or fewer");
@@ -680,9 +680,9 @@ TEST(JobTest, ResolveJob_CpuWorkersBeyondCores_IsRefused) {
 
 TEST(JobTest, ResolveJob_CpuWorkersOutnumberCores_WarnsAndRuns) {
   JobRequest r;
-  r.device = "cpu";
-  r.model = "allreduce";
-  r.workers = 4;
+  r.flags.set_device("cpu");
+  r.flags.set_model("allreduce");
+  r.flags.set_workers(4);
   DeviceInventory inv = Inventory(0);
   inv.cpu_cores = 2;
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, inv);
@@ -707,7 +707,7 @@ TEST(JobTest, ResolveJob_RelativeJobAndDataUnderBazelRun_ResolvedAgainstUserDire
   setenv("BUILD_WORKING_DIRECTORY", dir.c_str(), 1);
   JobRequest r;
   r.job_file = "relative.textproto";
-  r.data = "relative.bin";
+  r.flags.set_data("relative.bin");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   unsetenv("BUILD_WORKING_DIRECTORY");
   ASSERT_TRUE(job.ok()) << job.status();
@@ -720,10 +720,10 @@ TEST(JobTest, ResolveJob_TokenAboveVocab_IsRefusedBeforeStartNamingPosition) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/bad_token.bin");
   std::ofstream(path, std::ios::binary) << tokens;
   JobRequest r;
-  r.device = "cpu";
-  r.model = "tiny";
-  r.vocab = 200;
-  r.data = path;
+  r.flags.set_device("cpu");
+  r.flags.set_model("tiny");
+  r.flags.mutable_model_spec()->set_vocab(200);
+  r.flags.set_data(path);
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "token 255 at position 4321");
 }
 
@@ -733,7 +733,7 @@ TEST(JobTest, ResolveJob_PresetLr_SameForModelFlagJobFileAndBareRun) {
   ASSERT_TRUE(bare.ok()) << bare.status();
   ASSERT_EQ(bare->spec.model(), "tiny");
   JobRequest tiny;
-  tiny.model = "tiny";
+  tiny.flags.set_model("tiny");
   absl::StatusOr<ResolvedJob> typed = ResolveJob(tiny, Inventory(0));
   ASSERT_TRUE(typed.ok()) << typed.status();
   EXPECT_DOUBLE_EQ(typed->spec.lr(), bare->spec.lr());
@@ -753,7 +753,7 @@ TEST(JobTest, ResolveJob_PresetLr_SameForModelFlagJobFileAndBareRun) {
   // The large presets keep the reference runs' rate, by preset or by family name; the GPU bare run too.
   for (const char* model : {"gpt-1.3b", "gpt", "tinyllama-1.1b", "llama"}) {
     JobRequest r;
-    r.model = model;
+    r.flags.set_model(model);
     absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(2));
     ASSERT_TRUE(job.ok()) << model << ": " << job.status();
     EXPECT_DOUBLE_EQ(job->spec.lr(), 1e-4) << model;
@@ -762,7 +762,7 @@ TEST(JobTest, ResolveJob_PresetLr_SameForModelFlagJobFileAndBareRun) {
   ASSERT_TRUE(gpu_bare.ok()) << gpu_bare.status();
   EXPECT_DOUBLE_EQ(gpu_bare->spec.lr(), 1e-4);
   // --lr wins over the preset's.
-  tiny.lr = 5e-4;
+  tiny.flags.set_lr(5e-4);
   absl::StatusOr<ResolvedJob> explicit_lr = ResolveJob(tiny, Inventory(0));
   ASSERT_TRUE(explicit_lr.ok()) << explicit_lr.status();
   EXPECT_DOUBLE_EQ(explicit_lr->spec.lr(), 5e-4);
@@ -818,15 +818,15 @@ std::string FakeRun(const std::string& name, const JobRequest& request, int64_t 
 
 JobRequest TinyAtLowLr() {
   JobRequest r;
-  r.device = "cpu";
-  r.model = "tiny";
-  r.lr = 1e-4;
-  r.steps = 50;
-  r.seed = 7;
-  r.global_batch = 16;
-  r.warmup_steps = 5;
-  r.checkpoint_every = 5;
-  r.fp32 = true;
+  r.flags.set_device("cpu");
+  r.flags.set_model("tiny");
+  r.flags.set_lr(1e-4);
+  r.flags.set_steps(50);
+  r.flags.set_seed(7);
+  r.flags.mutable_pipeline()->set_global_batch(16);
+  r.flags.set_warmup_steps(5);
+  r.flags.set_checkpoint_every(5);
+  r.flags.mutable_model_spec()->set_fp32(true);
   return r;
 }
 
@@ -835,7 +835,7 @@ JobRequest TinyAtLowLr() {
 TEST(ResumeTest, ResumeAlone_ContinuesTheCheckpointedJob) {
   const std::string run = FakeRun("resume_alone", TinyAtLowLr(), 20);
   JobRequest r;
-  r.resume = run;
+  r.flags.set_resume(run);
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   const JobSpec& spec = job->spec;
@@ -853,7 +853,7 @@ TEST(ResumeTest, ResumeAlone_ContinuesTheCheckpointedJob) {
     EXPECT_THAT(note, Not(HasSubstr("trajectory")));
   }
   // The checkpoint's own directory names the same job.
-  r.resume = CheckpointDir(run, 20);
+  r.flags.set_resume(CheckpointDir(run, 20));
   job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_DOUBLE_EQ(job->spec.lr(), 1e-4);
@@ -866,10 +866,10 @@ TEST(ResumeTest, ExportDir_CarriedUntilWrittenThenLeftWithANote) {
   const std::string exported = absl::StrCat(::testing::TempDir(), "/resume_export_out");
   std::filesystem::remove_all(exported);
   JobRequest original = TinyAtLowLr();
-  original.export_dir = exported;
+  original.flags.set_export_dir(exported);
   const std::string run = FakeRun("resume_export", original, 20);
   JobRequest r;
-  r.resume = run;
+  r.flags.set_resume(run);
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.export_dir(), exported);
@@ -887,7 +887,7 @@ TEST(ResumeTest, CheckResumed_SeesTheCarriedJobAndItsRefusalStands) {
   JobRequest original = TinyAtLowLr();
   const std::string run = FakeRun("resume_hook", original, 20);
   JobRequest r;
-  r.resume = run;
+  r.flags.set_resume(run);
   std::string seen_model;
   r.check_resumed = [&seen_model](const JobSpec& spec) {
     seen_model = spec.model();
@@ -906,17 +906,17 @@ TEST(ResumeTest, JobFileThatIsALink_Refused) {
   std::filesystem::rename(run + "/job.textproto", elsewhere);
   std::filesystem::create_symlink(elsewhere, run + "/job.textproto");
   JobRequest r;
-  r.resume = run;
+  r.flags.set_resume(run);
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "is a symbolic link");
 }
 
 TEST(ResumeTest, TrajectoryChanges_WinAndAreSaidInOneLine) {
   const std::string run = FakeRun("resume_changed", TinyAtLowLr(), 20);
   JobRequest r;
-  r.resume = run;
-  r.lr = 3e-3;
-  r.global_batch = 32;
-  r.workers = 4;  // the layout is this run's: not a change of the trajectory
+  r.flags.set_resume(run);
+  r.flags.set_lr(3e-3);
+  r.flags.mutable_pipeline()->set_global_batch(32);
+  r.flags.set_workers(4);  // the layout is this run's: not a change of the trajectory
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_DOUBLE_EQ(job->spec.lr(), 3e-3);
@@ -932,8 +932,8 @@ TEST(ResumeTest, TrajectoryChanges_WinAndAreSaidInOneLine) {
   EXPECT_EQ(lines, 1);
   // More steps with a cosine decay that ends at --steps move its end: said too.
   JobRequest more;
-  more.resume = run;
-  more.steps = 80;
+  more.flags.set_resume(run);
+  more.flags.set_steps(80);
   job = ResolveJob(more, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.steps(), 80);
@@ -943,25 +943,25 @@ TEST(ResumeTest, TrajectoryChanges_WinAndAreSaidInOneLine) {
 TEST(ResumeTest, ModelOrSizeChange_RefusedInOneLine) {
   const std::string run = FakeRun("resume_sizes", TinyAtLowLr(), 20);
   JobRequest r;
-  r.resume = run;
-  r.layers = 3;
+  r.flags.set_resume(run);
+  r.flags.mutable_model_spec()->set_layers(3);
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "keeps its model's sizes: drop --layers");
-  r.layers.reset();
-  r.hidden = 96;
+  r.flags.mutable_model_spec()->clear_layers();
+  r.flags.mutable_model_spec()->set_hidden(96);
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "drop --hidden");
-  r.hidden.reset();
-  r.model = "llama-tiny";
+  r.flags.mutable_model_spec()->clear_hidden();
+  r.flags.set_model("llama-tiny");
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "pass --model=tiny");
   // The same model and sizes, typed again, are no change.
-  r.model = "tiny";
+  r.flags.set_model("tiny");
   EXPECT_TRUE(ResolveJob(r, Inventory(0)).ok());
 }
 
 TEST(ResumeTest, CheckpointWithoutJobFile_TakesTheManifestsModelSeedAndData) {
   const std::string run = FakeRun("resume_no_job", TinyAtLowLr(), 20, /*with_job=*/false);
   JobRequest r;
-  r.resume = run;
-  r.steps = 30;
+  r.flags.set_resume(run);
+  r.flags.set_steps(30);
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->spec.model(), "tiny");
@@ -979,18 +979,18 @@ TEST(JobTest, ResolveJob_FifoInputs_RefusedAtOnceNamingTheFlag) {
   job_file.job_file = fifo;
   ExpectOneLineRefusal(resolve(job_file), "--job=" + fifo + ": not a regular file but a FIFO");
   JobRequest schedule;
-  schedule.model = "tiny";
+  schedule.flags.set_model("tiny");
   schedule.schedule_file = fifo;
   ExpectOneLineRefusal(resolve(schedule), "--schedule_file=" + fifo + ": not a regular file but a FIFO");
   JobRequest data;
-  data.model = "tiny";
-  data.data = fifo;
+  data.flags.set_model("tiny");
+  data.flags.set_data(fifo);
   ExpectOneLineRefusal(resolve(data), "--data=" + fifo + ": not a regular file but a FIFO");
   JobRequest profiles;
-  profiles.model = "tiny";
-  profiles.device = "cpu";
-  profiles.layout = "auto";
-  profiles.layout_profiles = fifo;
+  profiles.flags.set_model("tiny");
+  profiles.flags.set_device("cpu");
+  profiles.flags.set_layout("auto");
+  profiles.flags.set_layout_profiles(fifo);
   ExpectOneLineRefusal(resolve(profiles), "--layout_profiles: " + fifo + ": not a regular file but a FIFO");
   // A checkpoint whose MANIFEST is a FIFO.
   const std::string run = ::testing::TempDir() + "/fifo_run";
@@ -998,7 +998,7 @@ TEST(JobTest, ResolveJob_FifoInputs_RefusedAtOnceNamingTheFlag) {
   std::filesystem::create_directories(CheckpointDir(run, 3));
   const std::string manifest = MakeFifo(CheckpointDir(run, 3) + "/MANIFEST");
   JobRequest resume;
-  resume.resume = run;
+  resume.flags.set_resume(run);
   absl::StatusOr<ResolvedJob> resumed = WithinTenSeconds(manifest, [&] { return ResolveJob(resume, Inventory(0)); });
   ExpectOneLineRefusal(resumed, manifest + ": not a regular file but a FIFO");
   EXPECT_THAT(std::string(resumed.status().message()), HasSubstr("--resume=" + run));
@@ -1016,13 +1016,13 @@ TEST(JobTest, MicroBatches_LargestAcceptedCheckedWithinSeconds_BeyondRefusedNami
       {4, "1f1b"}, {4, "gpipe"}, {8, "1f1b"}, {2, "interleaved-1f1b"}, {2, "zb-v"}, {4, "zb-h1"}};
   for (const auto& [workers, schedule] : layouts) {
     JobRequest r;
-    r.device = "cpu";
-    r.workers = workers;
-    r.model = "tiny";
-    r.schedule = schedule;
+    r.flags.set_device("cpu");
+    r.flags.set_workers(workers);
+    r.flags.set_model("tiny");
+    r.flags.mutable_pipeline()->set_schedule(schedule);
     const int m = static_cast<int>(std::min<int64_t>(kMaxMicroBatches, kMaxPipelinePairs / (workers * DefaultChunks(schedule))));
-    r.micro_batches = m;
-    r.global_batch = m;
+    r.flags.mutable_pipeline()->set_micro_batches(m);
+    r.flags.mutable_pipeline()->set_global_batch(m);
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
     ASSERT_TRUE(job.ok()) << schedule << " x " << m << ": " << job.status();
@@ -1030,17 +1030,17 @@ TEST(JobTest, MicroBatches_LargestAcceptedCheckedWithinSeconds_BeyondRefusedNami
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15)) << workers << " x " << schedule << " x " << m;
   }
   JobRequest r;
-  r.device = "cpu";
-  r.model = "tiny";
-  r.micro_batches = kMaxMicroBatches + 1;
+  r.flags.set_device("cpu");
+  r.flags.set_model("tiny");
+  r.flags.mutable_pipeline()->set_micro_batches(kMaxMicroBatches + 1);
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "--micro_batches=1025: out of range; pass --micro_batches=N with 1 <= N <= 1024");
-  r.workers = 8;
-  r.micro_batches = 1024;
-  r.global_batch = 1024;
+  r.flags.set_workers(8);
+  r.flags.mutable_pipeline()->set_micro_batches(1024);
+  r.flags.mutable_pipeline()->set_global_batch(1024);
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "more than the 4096 a schedule is checked for before the start; "
                                                     "pass --micro_batches=512 or fewer");
-  r.workers = 4;
-  r.schedule = "interleaved-1f1b";
+  r.flags.set_workers(4);
+  r.flags.mutable_pipeline()->set_schedule("interleaved-1f1b");
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "on 4 stages x 2 chunks is 8192");
 }
 
@@ -1068,8 +1068,8 @@ std::string WriteTemp(const std::string& name, const std::string& text) {
 TEST(MergeJobRequestTest, JobFileAndFlags_FlagsWinNothingResolved) {
   JobRequest request;
   request.job_file = WriteTemp("merge.textproto", "name: \"n\" steps: 5 data: \"rel/tokens.bin\" timing: true");
-  request.steps = 7;
-  request.timing = false;
+  request.flags.set_steps(7);
+  request.flags.set_timing(false);
   request.gpus = 3;
   request.schedule_file = WriteTemp("merge.schedule", "0F0 0B0\n");
   absl::StatusOr<JobSpec> spec = MergeJobRequest(request);

@@ -304,9 +304,9 @@ void Line(const std::string& text) {
 
 int RunAgent(const AgentLaunch& launch) {
   JobRequest host;
-  host.device = launch.device;
+  host.flags.set_device(launch.device);
   host.gpus = launch.gpus;
-  host.workers = launch.workers;
+  if (launch.workers) host.flags.set_workers(*launch.workers);
   absl::StatusOr<ResolvedJob> devices = ResolveHostDevices(host, QueryDevices());
   absl::StatusOr<std::string> worker = FindWorker(launch.worker_binary);
   absl::StatusOr<std::string> token = launch.job_token_file.empty() ? "" : ReadJobToken(launch.job_token_file);

@@ -5,12 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_option.h"
 
 namespace stagehand {
 
 bool WeighsClocks(const JobSpec& job) {
-  return job.device() == "cuda" && (!job.has_telemetry() || job.telemetry()) &&
-         (!job.has_partition_clocks() || job.partition_clocks());
+  return job.device() == "cuda" && BoolOption(job, JobSpec::kTelemetryFieldNumber) &&
+         BoolOption(job, JobSpec::kPartitionClocksFieldNumber);
 }
 
 ClockWeights RankClocks(const JobSpec& job, const std::vector<WorkerState>& workers) {

@@ -196,7 +196,7 @@ absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, con
   JobRequest request = options.job;
   // Several hosts: the other nodes' counts come when they join, and the job is resolved again for the
   // whole world then (WorldResolver). Until then, the pipeline is checked at the stages asked for.
-  if (several) request.world_workers = options.job.pipeline_stages;
+  if (several && options.job.flags.pipeline().has_stages()) request.world_workers = options.job.flags.pipeline().stages();
   absl::StatusOr<ResolvedJob> job = ResolveJob(request, inventory);
   if (!job.ok()) return job.status();
   if (several) job->spec.set_workers(job->host_workers);  // node 0's part until the world is fixed
@@ -241,7 +241,7 @@ std::function<absl::StatusOr<JobSpec>(int, const std::vector<NodeState>&)> World
 // coordinator starts; unless --prefetch_libraries=false. A worker binary that cannot be found reads
 // nothing (the launch's own check says so).
 void StartPrefetch(const LaunchOptions& options, LibraryPrefetcher& prefetcher) {
-  if (options.job.prefetch_libraries && !*options.job.prefetch_libraries) return;
+  if (options.job.flags.has_prefetch_libraries() && !options.job.flags.prefetch_libraries()) return;
   absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
   if (worker.ok()) prefetcher.Start(DefaultReadaheadDir(), *worker);
 }
@@ -266,10 +266,11 @@ int LaunchAgent(const LaunchOptions& options) {
   a.run_dir = options.run_dir;
   a.overwrite = options.overwrite;
   a.worker_binary = options.worker_binary;
-  a.device = options.job.device;
+  const JobSpec& typed = options.job.flags;
+  a.device = typed.device();
   a.gpus = options.job.gpus;
-  a.workers = options.job.workers;
-  a.register_timeout_ms = options.job.register_timeout_ms;
+  if (typed.has_workers()) a.workers = typed.workers();
+  if (typed.timeouts().has_register_ms()) a.register_timeout_ms = typed.timeouts().register_ms();
   a.launch = options.launch;
   if (absl::Status s = CheckNodeOptions(a.node, a.tls, a.job_token_file); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", Message(s).c_str());
@@ -357,7 +358,7 @@ struct SweepPlan {
 SweepPlan PlanSweep(const LaunchOptions& options, const std::vector<int>& counts, const std::string& base) {
   SweepPlan plan;
   const DeviceInventory inventory = QueryDevices();
-  plan.cpu = options.job.device == "cpu" || (options.job.device != "cuda" && inventory.gpus.empty());
+  plan.cpu = options.job.flags.device() == "cpu" || (options.job.flags.device() != "cuda" && inventory.gpus.empty());
   for (int n : counts) {
     SweepPoint p;
     p.workers = p.stages = n;
@@ -366,8 +367,8 @@ SweepPlan PlanSweep(const LaunchOptions& options, const std::vector<int>& counts
     }
     LaunchOptions o = options;
     o.run_dir = absl::StrCat(base, "/workers_", n);
-    if (plan.cpu) o.job.workers = n; else o.job.gpus = n;
-    o.job.pipeline_stages = n;
+    if (plan.cpu) o.job.flags.set_workers(n); else o.job.gpus = n;
+    o.job.flags.mutable_pipeline()->set_stages(n);
     plan.points.push_back(p);
     plan.runs.push_back(o);
   }
@@ -443,7 +444,7 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
     if (!base_existed) rmdir(base.c_str());  // nothing started: leave nothing behind
     return exit_code;
   }
-  const std::string model = !results_model.empty() ? results_model : options.job.model;
+  const std::string model = !results_model.empty() ? results_model : options.job.flags.model();
   const std::string title = absl::StrCat("stagehand sweep: ", model, plan.cpu ? " on CPU workers" : " on GPUs");
   WriteErrors errors;
   errors.Add(WriteFileAtomically(base + "/sweep.csv", SweepCsv(plan.points)));

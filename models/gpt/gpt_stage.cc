@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_option.h"
 #include "engine/stage.h"
 #include "models/gpt/gpt_description.h"
 #include "nn/nn.h"
@@ -287,7 +288,7 @@ GptConfig GptConfigFromSpec(const ModelSpec& g) {
   c.layers = g.layers();
   c.seq = g.seq();
   c.bf16_autocast = !g.fp32();
-  c.fused_layernorm = !g.has_fused_layernorm() || g.fused_layernorm();  // unset: fused
+  c.fused_layernorm = BoolOption(g, ModelSpec::kFusedLayernormFieldNumber);
   auto on = [&](const char* name) { return ModelOptionOn(g, name); };
   c.fused_qkv_grad = on("fused_qkv_grad");
   c.fused_norm_backward = on("fused_norm_backward");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_option.h"
 #include "engine/stage.h"
 #include "kernels/fused_elementwise_kernels.h"
 #include "kernels/fused_kernels.h"
@@ -489,7 +490,7 @@ LlamaConfig LlamaConfigFromSpec(const ModelSpec& m) {
   c.rope_theta = m.rope_theta();
   c.norm_eps = m.norm_eps();
   c.bf16_autocast = !m.fp32();
-  c.fused_rmsnorm = !m.has_fused_layernorm() || m.fused_layernorm();  // unset: fused
+  c.fused_rmsnorm = BoolOption(m, ModelSpec::kFusedLayernormFieldNumber);
   auto on = [&](const char* name) { return ModelOptionOn(m, name); };
   c.fused_norm_backward = on("fused_norm_backward");
   c.fused_cross_entropy = on("fused_cross_entropy");
