@@ -49,7 +49,7 @@ grep -q "^## stagehand sweep: $py $train --report --steps 8 --out $work/sweep.lo
 grep -qF '| workers | stages | step time (s) | tokens/s | speedup |' "$work/sweep/sweep.md" || fail "sweep.md: $(cat "$work/sweep/sweep.md")"
 head -c 4 "$work/sweep/sweep.svg" | grep -q '<svg' && tail -n 1 "$work/sweep/sweep.svg" | grep -qx '</svg>' ||
   fail "sweep.svg is no SVG"
-step "$(grep -A5 '^## ' "$work/sweep/sweep.md" | tail -n 3 | tr '\n' ' ')"
+step "$(tail -n 3 "$work/sweep/sweep.md" | tr '\n' ' ')"
 
 step "each run's report.json: samples/s, and TFLOP/s from the script's FLOPs without an MFU"
 for n in 1 2 4; do
@@ -67,7 +67,7 @@ left=$(pgrep -f -- "$work/sweep.losses" || true)
 [ -z "$left" ] || fail "processes left after the sweep: $(ps -o pid,args -p "$left")"
 
 step "a count the machine cannot hold: one line, exit 2, nothing started"
-too_many=$(( $(nproc) * 8 + 1 ))
+too_many=$(( $(getconf _NPROCESSORS_CONF) * 8 + 1 ))  # nproc would heed OMP_NUM_THREADS
 set +e
 out=$("$launcher" --sweep=1,$too_many --device=cpu --run_dir="$work/refused" -- "$py" "$train" 2>&1)
 rc=$?
