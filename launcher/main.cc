@@ -332,11 +332,10 @@ int main(int argc, char** argv) {
     const char* not_with = absl::GetFlag(FLAGS_serve)              ? "--serve"
                            : absl::GetFlag(FLAGS_nodes) > 1        ? "--nodes"
                            : absl::GetFlag(FLAGS_slurm)            ? "--slurm"
-                           : !absl::GetFlag(FLAGS_sweep).empty()   ? "--sweep"
                                                                    : nullptr;
     if (not_with != nullptr) {
-      std::fprintf(stderr, "stagehand: %s with a program (-- %s): a program runs on one host, without a sweep, for "
-                           "now; drop %s\n", not_with, parsed->rest[0].c_str(), not_with);
+      std::fprintf(stderr, "stagehand: %s with a program (-- %s): a program runs on one host, for now; drop %s\n",
+                   not_with, parsed->rest[0].c_str(), not_with);
       return stagehand::kExitUsage;
     }
   }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -43,7 +44,15 @@ absl::StatusOr<std::string> FindWorker(const std::string& given) {
 }
 
 std::string FindProgramModuleDir() {
-  for (const std::string& dir : {ExeDir() + "/python", ExeDir() + "/launcher.runfiles/stagehand/python"}) {
+  std::vector<std::string> dirs = {ExeDir() + "/python", ExeDir() + "/launcher.runfiles/stagehand/python"};
+  // Run by a test (or a binary) of this workspace that has //python:stagehand in its data: the
+  // launcher's own runfiles tree exists only where //launcher was built by itself.
+  for (const char* var : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
+    if (const char* root = std::getenv(var); root != nullptr && *root != '\0') {
+      dirs.push_back(absl::StrCat(root, "/stagehand/python"));
+    }
+  }
+  for (const std::string& dir : dirs) {
     if (access((dir + "/stagehand/__init__.py").c_str(), R_OK) == 0) return dir;
   }
   return "";

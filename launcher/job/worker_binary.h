@@ -14,8 +14,8 @@ namespace stagehand {
 absl::StatusOr<std::string> FindWorker(const std::string& given);
 
 // The folder of the pure-Python `stagehand` module (python/stagehand) that a program job's ranks get on
-// their PYTHONPATH: beside the launcher in the bundle (python/), in its runfiles in bazel-bin; "" when
-// neither has it.
+// their PYTHONPATH: beside the launcher in the bundle (python/), in its runfiles in bazel-bin, else in
+// the runfiles of the test or binary that runs it ($RUNFILES_DIR, $TEST_SRCDIR); "" when none has it.
 std::string FindProgramModuleDir();
 
 // The workers' environment: the launcher's, less what the supervisor sets per worker, with OMP threads

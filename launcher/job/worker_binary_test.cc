@@ -1,10 +1,20 @@
 // Unit tests of the workers' environment (worker_binary.h): NCCL's network settings pass through to
 // every worker, the variables the supervisor sets per worker do not, NVLink multicast is forced off,
-// and OpenMP's threads are shared out unless the launcher's environment says.
+// and OpenMP's threads are shared out unless the launcher's environment says; the `stagehand`
+// module is found in the runfiles of what runs the launcher.
 #include "launcher/job/worker_binary.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -54,6 +64,26 @@ TEST(WorkerEnvironmentFromTest, OmpThreads_SharedOutAmongWorkers_UnlessGiven) {
   const std::vector<std::string> given = WorkerEnvironmentFrom({"OMP_NUM_THREADS=3"}, 4, 16);
   EXPECT_THAT(given, Contains("OMP_NUM_THREADS=3"));
   EXPECT_THAT(given, Not(Contains("OMP_NUM_THREADS=4")));
+}
+
+// A test that runs the launcher (its runfiles at $RUNFILES_DIR) holds the module where the
+// launcher's own runfiles tree does not exist.
+TEST(FindProgramModuleDirTest, InTheRunfilesOfWhatRunsTheLauncher) {
+  const std::string root = absl::StrCat(::testing::TempDir(), "/module_runfiles_", getpid());
+  for (const char* dir : {"", "/stagehand", "/stagehand/python", "/stagehand/python/stagehand"}) {
+    ASSERT_TRUE(mkdir(absl::StrCat(root, dir).c_str(), 0755) == 0 || errno == EEXIST) << dir;
+  }
+  const std::string init = root + "/stagehand/python/stagehand/__init__.py";
+  std::ofstream(init) << "\n";
+  const char* had = std::getenv("RUNFILES_DIR");
+  const std::string saved = had != nullptr ? had : "";
+  setenv("RUNFILES_DIR", root.c_str(), 1);
+  EXPECT_EQ(FindProgramModuleDir(), root + "/stagehand/python");
+  if (had != nullptr) setenv("RUNFILES_DIR", saved.c_str(), 1); else unsetenv("RUNFILES_DIR");
+  std::remove(init.c_str());
+  for (const char* dir : {"/stagehand/python/stagehand", "/stagehand/python", "/stagehand", ""}) {
+    rmdir(absl::StrCat(root, dir).c_str());
+  }
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/readahead.h"
@@ -359,16 +360,18 @@ SweepPlan PlanSweep(const LaunchOptions& options, const std::vector<int>& counts
   SweepPlan plan;
   const DeviceInventory inventory = QueryDevices();
   plan.cpu = options.job.flags.device() == "cpu" || (options.job.flags.device() != "cuda" && inventory.gpus.empty());
+  const bool program = !options.job.program.empty();
   for (int n : counts) {
     SweepPoint p;
-    p.workers = p.stages = n;
+    p.workers = n;
+    p.stages = program ? 0 : n;  // a program is no pipeline of ours: no bubble bound
     if (!plan.cpu && n > static_cast<int>(inventory.gpus.size())) {
       p.note = absl::StrCat(n, " GPUs asked, ", inventory.gpus.size(), " visible");
     }
     LaunchOptions o = options;
     o.run_dir = absl::StrCat(base, "/workers_", n);
     if (plan.cpu) o.job.flags.set_workers(n); else o.job.gpus = n;
-    o.job.flags.mutable_pipeline()->set_stages(n);
+    if (!program) o.job.flags.mutable_pipeline()->set_stages(n);
     plan.points.push_back(p);
     plan.runs.push_back(o);
   }
@@ -436,6 +439,7 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
     if (!r.report.job().model().empty()) results_model = r.report.job().model();
     p.step_seconds = r.report.step_seconds();
     p.tokens_per_second = r.report.tokens_per_second();
+    p.samples_per_second = r.report.samples_per_second();
     p.micro_batches = r.report.job().pipeline().micro_batches();
     for (const RankReport& rank : r.report.ranks()) p.peak_memory_bytes.push_back(rank.peak_memory_bytes());
     if (!r.started) break;  // the job itself is refused: every count would be
@@ -444,8 +448,10 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
     if (!base_existed) rmdir(base.c_str());  // nothing started: leave nothing behind
     return exit_code;
   }
-  const std::string model = !results_model.empty() ? results_model : options.job.flags.model();
-  const std::string title = absl::StrCat("stagehand sweep: ", model, plan.cpu ? " on CPU workers" : " on GPUs");
+  const std::string what = !options.job.program.empty() ? absl::StrJoin(options.job.program, " ")
+                           : !results_model.empty()      ? results_model
+                                                         : options.job.flags.model();
+  const std::string title = absl::StrCat("stagehand sweep: ", what, plan.cpu ? " on CPU workers" : " on GPUs");
   WriteErrors errors;
   errors.Add(WriteFileAtomically(base + "/sweep.csv", SweepCsv(plan.points)));
   errors.Add(WriteFileAtomically(base + "/sweep.md", SweepMarkdown(plan.points, title)));

@@ -60,9 +60,10 @@ absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, con
 // first thing), so that Launch() receives them with sigtimedwait.
 LaunchResult Launch(const LaunchOptions& options);
 
-// `launcher --sweep=1,2,4`: the same job at each worker count (counts beyond the visible GPUs are
-// skipped with a note), each run in <run_dir>/workers_<N>, then sweep.csv, sweep.md and sweep.svg in
-// <run_dir>. Every count is checked before the first runs (a refused one: exit 2, nothing started).
+// `launcher --sweep=1,2,4`: the same job, a model or a program (`-- PROGRAM`), at each worker count
+// (counts beyond the visible GPUs are skipped with a note), each run in <run_dir>/workers_<N>, then
+// sweep.csv, sweep.md and sweep.svg in <run_dir> (sweep_report.h: a program's runs compare by the
+// throughput its script reports). Every count is checked before the first runs (a refused one: exit 2, nothing started).
 // Returns 0 when every run that was not skipped succeeded, else the first failure's code.
 int Sweep(const LaunchOptions& options, const std::vector<int>& counts);
 

@@ -104,7 +104,11 @@ void Progress::PrintProgramStep(const ReportStepRequest& r) {
   std::string text = absl::StrFormat("step %d", r.step() + 1);
   if (r.has_loss()) absl::StrAppend(&text, absl::StrFormat("  loss %.4f", r.loss()));
   absl::StrAppend(&text, absl::StrFormat("  %.3f s", r.step_seconds()));
-  if (r.tokens() > 0 && r.step_seconds() > 0) absl::StrAppend(&text, absl::StrFormat("  %.0f tokens/s", r.tokens() / r.step_seconds()));
+  if (r.tokens() > 0 && r.step_seconds() > 0) {
+    absl::StrAppend(&text, absl::StrFormat("  %.0f tokens/s", r.tokens() / r.step_seconds()));
+  } else if (r.samples() > 0 && r.step_seconds() > 0) {
+    absl::StrAppend(&text, absl::StrFormat("  %.1f samples/s", r.samples() / r.step_seconds()));
+  }
   if (bar_ && drawn_) write_("\n");
   drawn_ = false;
   write_(absl::StrCat("stagehand: ", text, "\n"));

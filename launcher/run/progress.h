@@ -3,7 +3,8 @@
 // second step on, an ETA from the mean of the last steps, the tokens seen, and after an evaluation
 // the validation loss and perplexity; once every rank has reported, the parameter count; for the
 // checked all-reduce, nccl-tests' columns (size, count, type, time, algbw, busbw, #wrong) and its
-// average bus bandwidth at the end.
+// average bus bandwidth at the end; for a program, rank 0's steps with what its script reported
+// (the loss, tokens/s, else samples/s).
 #ifndef STAGEHAND_LAUNCHER_RUN_PROGRESS_H_
 #define STAGEHAND_LAUNCHER_RUN_PROGRESS_H_
 

@@ -1,4 +1,5 @@
-// Tests of the progress lines: nccl-tests' all-reduce columns and bandwidths, the model's ETA.
+// Tests of the progress lines: nccl-tests' all-reduce columns and bandwidths, the model's ETA, a
+// program's throughput.
 #include "launcher/run/progress.h"
 
 #include <gtest/gtest.h>
@@ -112,6 +113,30 @@ TEST(PrintStep, EveryRanksParameters_PrintedOnceWithTheTotal) {
   p.PrintStep(r, job);
   EXPECT_NE(text.find("stagehand: parameters: 3500000 (3.50M): rank 0 1.50M, rank 1 2.00M\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("parameters"), text.rfind("parameters")) << text;
+}
+
+// A program's step: samples/s where its script reports samples but not tokens; tokens/s first.
+TEST(PrintStep, ProgramWithSamples_SamplesPerSecondUnlessTokens) {
+  JobSpec job;
+  job.add_program("/usr/bin/python3");
+  job.set_workers(2);
+  std::string text;
+  Progress p(/*bar=*/false, [&text](absl::string_view t) { text.append(t.data(), t.size()); });
+  ReportStepRequest r;
+  r.set_step(2);
+  r.set_rank(0);
+  r.set_step_seconds(0.5);
+  r.set_samples(16);
+  p.PrintStep(r, job);
+  EXPECT_EQ(text, "stagehand: step 3  0.500 s  32.0 samples/s\n");
+  text.clear();
+  r.set_tokens(1024);
+  p.PrintStep(r, job);
+  EXPECT_EQ(text, "stagehand: step 3  0.500 s  2048 tokens/s\n");
+  text.clear();
+  r.set_rank(1);  // rank 0's steps are the job's
+  p.PrintStep(r, job);
+  EXPECT_EQ(text, "");
 }
 
 }  // namespace

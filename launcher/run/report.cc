@@ -54,6 +54,8 @@ Reports TimedReports(const Reports& all, int64_t warmup_steps) {
 struct StepTime {
   double seconds = 0;
   int64_t tokens = 0;
+  int64_t samples = 0;  // a program's (stagehand.step), as its tokens and FLOPs
+  double flops = 0;
 };
 
 // Per step: the time of the rank holding the loss (the head finishes last, so its step time is the
@@ -66,6 +68,8 @@ std::map<int64_t, StepTime> StepTimes(const Reports& timed) {
     StepTime& s = out[key.second];
     s.seconds = std::max(s.seconds, r->step_seconds());
     s.tokens = std::max(s.tokens, r->tokens());  // every rank reports the pipeline's batch
+    s.samples = std::max(s.samples, r->samples());
+    s.flops = std::max(s.flops, r->flops());
     if (r->has_loss()) head[key.second] = std::max(head[key.second], r->step_seconds());
   }
   for (const auto& [step, seconds] : head) out[step].seconds = seconds;
@@ -73,19 +77,24 @@ std::map<int64_t, StepTime> StepTimes(const Reports& timed) {
 }
 
 // Tokens/s is total tokens over total time, i.e. mean tokens / mean step time, so one slow step
-// weighs by its length as it does in wall time.
+// weighs by its length as it does in wall time; samples/s and a program's FLOPs alike.
 void FillThroughput(const Reports& timed, const ReportInput& input, int ranks, RunReport& report) {
   double seconds = 0;
-  double tokens = 0;
+  double tokens = 0, samples = 0, flops = 0;
   const std::map<int64_t, StepTime> steps = StepTimes(timed);
   for (const auto& [step, t] : steps) {
     seconds += t.seconds;
     tokens += static_cast<double>(t.tokens);
+    samples += static_cast<double>(t.samples);
+    flops += t.flops;
   }
   report.set_flops_per_step(StepFlops(input.job));
   if (steps.empty() || seconds <= 0) return;
+  // A program's FLOPs are what its script reported; a model's are counted from its shape.
+  if (flops > 0) report.set_flops_per_step(flops / steps.size());
   report.set_step_seconds(seconds / steps.size());
   report.set_tokens_per_second(tokens / seconds);
+  report.set_samples_per_second(samples / seconds);
   report.set_tflops(report.flops_per_step() / report.step_seconds() / 1e12);
   const double peak = input.peak_tflops_per_device * ranks;
   if (peak > 0) report.set_mfu(report.tflops() / peak);

@@ -259,6 +259,52 @@ TEST(BuildReport, InferenceWithoutLoss_StepTimeIsMaxOverRanks) {
   EXPECT_EQ(r.ranks_size(), 2);  // no hosts given: 1 + the highest rank seen
 }
 
+// A program's steps (stagehand.step): samples/s, and FLOP/s and MFU from the FLOPs its script
+// reported (the whole job's per step, on every rank alike: counted once), not from a model's shape.
+ReportInput ProgramRun(double peak_tflops_per_device) {
+  ReportInput in;
+  in.job.add_program("/usr/bin/python3");
+  in.job.add_program("train.py");
+  in.job.set_workers(2);
+  in.peak_tflops_per_device = peak_tflops_per_device;
+  in.warmup_steps = 1;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<std::pair<int, double>> seconds_per_step = {{0, 10.0}, {1, 0.5 - 0.1 * rank}, {2, 0.3 - 0.1 * rank}};
+    for (const auto& [step, seconds] : seconds_per_step) {
+      ReportStepRequest r = WithLoss(Step(rank, step, seconds, 0, 0), 1);
+      r.set_samples(16);
+      r.set_flops(2e12);
+      in.steps.push_back(r);
+    }
+  }
+  return in;
+}
+
+TEST(BuildReport, ProgramSteps_SamplesPerSecondAndReportedFlops) {
+  const RunReport r = BuildReport(ProgramRun(/*peak_tflops_per_device=*/10));
+  EXPECT_THAT(r.step_seconds(), DoubleNear(0.4, kTol));  // the slowest rank's 0.5 and 0.3
+  EXPECT_THAT(r.samples_per_second(), DoubleNear(32 / 0.8, kTol));
+  EXPECT_EQ(r.tokens_per_second(), 0);
+  EXPECT_THAT(r.flops_per_step(), DoubleNear(2e12, 1e-3));
+  EXPECT_THAT(r.tflops(), DoubleNear(4e12 / 0.8 / 1e12, kTol));
+  EXPECT_THAT(r.mfu(), DoubleNear(5.0 / (10 * 2), kTol));
+  // CPU workers: no peak, so FLOP/s without an MFU.
+  const RunReport cpu = BuildReport(ProgramRun(/*peak_tflops_per_device=*/0));
+  EXPECT_THAT(cpu.tflops(), DoubleNear(5, kTol));
+  EXPECT_EQ(cpu.mfu(), 0);
+}
+
+TEST(BuildReport, ProgramWithoutSamplesOrFlops_NoneReported) {
+  ReportInput in = ProgramRun(10);
+  for (ReportStepRequest& r : in.steps) r.clear_samples(), r.clear_flops();
+  const RunReport r = BuildReport(in);
+  EXPECT_THAT(r.step_seconds(), DoubleNear(0.4, kTol));
+  EXPECT_EQ(r.samples_per_second(), 0);
+  EXPECT_EQ(r.flops_per_step(), 0);
+  EXPECT_EQ(r.tflops(), 0);
+  EXPECT_EQ(r.mfu(), 0);
+}
+
 TEST(BuildReport, WarmupCoversAllSteps_UsesEveryStep) {
   ReportInput in;
   in.job = Gpt(128, 64, 2, 16, 4);

@@ -1,5 +1,6 @@
-// The outputs of a scaling sweep: speedup and efficiency against the smallest successful run, the
-// pipeline bubble bound, and sweep.csv, a markdown table and a standalone SVG plot built from them.
+// The outputs of a scaling sweep: throughput, speedup and efficiency against the smallest successful
+// run, the pipeline bubble bound, and sweep.csv, a markdown table and a standalone SVG plot built
+// from them.
 #include "launcher/run/sweep_report.h"
 
 #include <algorithm>
@@ -21,16 +22,21 @@ namespace {
 
 constexpr double kGiB = static_cast<double>(int64_t{1} << 30);
 
-// The base must have a usable step time, or every speedup would divide by zero; ties keep the first in
-// the vector so the choice does not depend on the sort order of the caller.
+// A run with a step time: one whose throughput can be measured.
+bool Timed(const SweepPoint& p) { return p.ok && p.step_seconds > 0; }
+
+// The base must have a usable throughput, or every speedup would divide by zero; ties keep the first
+// in the vector so the choice does not depend on the sort order of the caller.
 const SweepPoint* Base(const std::vector<SweepPoint>& points) {
   const SweepPoint* base = nullptr;
   for (const SweepPoint& p : points) {
-    if (!p.ok || p.workers <= 0 || !(p.step_seconds > 0)) continue;
+    if (p.workers <= 0 || !(Throughput(points, p) > 0)) continue;
     if (base == nullptr || p.workers < base->workers) base = &p;
   }
   return base;
 }
+
+std::string ThroughputText(double v) { return absl::StrFormat(v >= 100 ? "%.0f" : "%.2f", v); }
 
 // Throughput of a run in units of one worker under the bubble-only model: each of workers/stages
 // data-parallel replicas of a pipeline reaches PipelineSpeedupBound(stages, m); a run that is not a pipeline
@@ -76,19 +82,20 @@ std::string CsvField(const std::string& s) {
 }
 
 std::string CsvRow(const std::vector<SweepPoint>& points, const SweepPoint& p) {
-  // Commas in the note become semicolons so that naive splitters (cut, awk -F,) still see 10 columns.
+  // Commas in the note become semicolons so that naive splitters (cut, awk -F,) still see 11 columns.
   const std::string status = absl::StrReplaceAll(OneLine(Status(p)), {{",", ";"}});
   std::vector<std::string> f = {absl::StrCat(p.workers), absl::StrCat(p.stages), status};
   if (p.ok) {
     const double bound = SpeedupBound(points, p);
     f.push_back(absl::StrFormat("%.6f", p.step_seconds));
     f.push_back(absl::StrFormat("%.1f", p.tokens_per_second));
+    f.push_back(absl::StrFormat("%.1f", p.samples_per_second));
     f.push_back(absl::StrFormat("%.4f", Speedup(points, p)));
     f.push_back(absl::StrFormat("%.4f", Efficiency(points, p)));
     f.push_back(bound > 0 ? absl::StrFormat("%.4f", bound) : "");
     f.push_back(MaxGiB(p.peak_memory_bytes));
   } else {
-    f.insert(f.end(), 6, "");  // a run that did not finish has no measurements
+    f.insert(f.end(), 7, "");  // a run that did not finish has no measurements
   }
   f.push_back(OneLine(p.run_dir));
   for (std::string& field : f) field = CsvField(field);
@@ -110,7 +117,7 @@ std::string MdRow(const std::vector<SweepPoint>& points, const SweepPoint& p) {
   if (p.ok) {
     const double bound = SpeedupBound(points, p);
     f.push_back(absl::StrFormat("%.4f", p.step_seconds));
-    f.push_back(absl::StrFormat("%.0f", p.tokens_per_second));
+    f.push_back(ThroughputText(Throughput(points, p)));
     f.push_back(absl::StrFormat("%.2fx", Speedup(points, p)));
     f.push_back(absl::StrFormat("%.1f%%", 100 * Efficiency(points, p)));
     f.push_back(bound > 0 ? absl::StrFormat("%.2fx", bound) : "-");
@@ -316,10 +323,29 @@ std::string Legend() {
 
 }  // namespace
 
+std::string ThroughputUnit(const std::vector<SweepPoint>& points) {
+  bool timed = false, tokens = true, samples = true;
+  for (const SweepPoint& p : points) {
+    if (!Timed(p)) continue;
+    timed = true;
+    tokens = tokens && p.tokens_per_second > 0;
+    samples = samples && p.samples_per_second > 0;
+  }
+  return !timed ? "steps/s" : tokens ? "tokens/s" : samples ? "samples/s" : "steps/s";
+}
+
+double Throughput(const std::vector<SweepPoint>& points, const SweepPoint& p) {
+  if (!Timed(p)) return 0;
+  const std::string unit = ThroughputUnit(points);
+  if (unit == "tokens/s") return p.tokens_per_second;
+  if (unit == "samples/s") return p.samples_per_second;
+  return 1 / p.step_seconds;
+}
+
 double Speedup(const std::vector<SweepPoint>& points, const SweepPoint& p) {
   const SweepPoint* base = Base(points);
-  if (base == nullptr || !p.ok || !(p.step_seconds > 0)) return 0;
-  return base->step_seconds / p.step_seconds;
+  if (base == nullptr) return 0;
+  return Throughput(points, p) / Throughput(points, *base);
 }
 
 double Efficiency(const std::vector<SweepPoint>& points, const SweepPoint& p) {
@@ -337,7 +363,7 @@ double PipelineSpeedupBound(int stages, int micro_batches) {
 
 std::string SweepCsv(const std::vector<SweepPoint>& points) {
   std::string out =
-      "workers,stages,status,step_seconds,tokens_per_second,speedup,efficiency,bubble_bound,"
+      "workers,stages,status,step_seconds,tokens_per_second,samples_per_second,speedup,efficiency,bubble_bound,"
       "peak_memory_gib_max,run_dir\n";
   for (const SweepPoint& p : points) out += CsvRow(points, p);
   return out;
@@ -345,7 +371,8 @@ std::string SweepCsv(const std::vector<SweepPoint>& points) {
 
 std::string SweepMarkdown(const std::vector<SweepPoint>& points, const std::string& title) {
   std::string out = absl::StrCat("## ", OneLine(title), "\n\n");
-  out += "| workers | stages | step time (s) | tokens/s | speedup | efficiency | bound | memory per GPU (GiB) |\n";
+  out += absl::StrCat("| workers | stages | step time (s) | ", ThroughputUnit(points),
+                      " | speedup | efficiency | bound | memory per GPU (GiB) |\n");
   out += "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const SweepPoint& p : points) out += MdRow(points, p);
   return out;

@@ -1,5 +1,6 @@
-// Unit tests of the sweep outputs: speedup and efficiency against the right base, the bubble bound,
-// CSV quoting, the markdown table, and the SVG checked as well-formed XML with plain C++ (no python).
+// Unit tests of the sweep outputs: throughput, speedup and efficiency against the right base, the
+// bubble bound, CSV quoting, the markdown table, and the SVG checked as well-formed XML with plain
+// C++ (no python).
 #include "launcher/run/sweep_report.h"
 
 #include <cstdint>
@@ -52,7 +53,7 @@ std::vector<SweepPoint> Example() {
   one.tokens_per_second = 14000.4;
   one.peak_memory_bytes = {static_cast<int64_t>(19.6 * kGiB)};
   SweepPoint two = Ok(2, 0.373, 2, 8);
-  two.tokens_per_second = 21959.0;
+  two.tokens_per_second = 21957.6;  // the same tokens per step as one worker's: 0.585 / 0.373 faster
   two.peak_memory_bytes = {static_cast<int64_t>(19.6 * kGiB), static_cast<int64_t>(16.5 * kGiB)};
   return {one, two, NotOk(4, "4 GPUs asked, 2 visible", /*ran=*/false)};
 }
@@ -147,6 +148,43 @@ TEST(Speedup, ZeroStepTime_IsNotABaseAndNotDividedBy) {
   EXPECT_EQ(Efficiency(points, points[2]), 0);
 }
 
+// A program whose every rank takes a batch of its own (weak scaling): the step time stays, the
+// samples per step grow with the workers, and the speedup is the samples/s'.
+TEST(Speedup, ProgramReportingSamples_FromSamplesPerSecond) {
+  std::vector<SweepPoint> points = {Ok(1, 0.5), Ok(2, 0.5), Ok(4, 0.625)};
+  points[0].samples_per_second = 32;
+  points[1].samples_per_second = 64;
+  points[2].samples_per_second = 102.4;
+  EXPECT_EQ(ThroughputUnit(points), "samples/s");
+  EXPECT_THAT(Throughput(points, points[2]), DoubleNear(102.4, kTol));
+  EXPECT_THAT(Speedup(points, points[0]), DoubleNear(1.0, kTol));
+  EXPECT_THAT(Speedup(points, points[1]), DoubleNear(2.0, kTol));
+  EXPECT_THAT(Speedup(points, points[2]), DoubleNear(3.2, kTol));
+  EXPECT_THAT(Efficiency(points, points[2]), DoubleNear(0.8, kTol));
+  EXPECT_THAT(SweepMarkdown(points, "t"), HasSubstr("| workers | stages | step time (s) | samples/s | speedup |"));
+  EXPECT_THAT(SweepMarkdown(points, "t"), HasSubstr("| 4 | 0 | 0.6250 | 102 | 3.20x | 80.0% | - | - |\n"));
+  EXPECT_THAT(SweepCsv(points), HasSubstr("\n4,0,ok,0.625000,0.0,102.4,3.2000,0.8000,,,runs/w4\n"));
+}
+
+// Tokens where every run that finished reported them, even beside samples; samples only where every
+// one did; else steps/s. A run that did not finish has no say.
+TEST(ThroughputUnit, TokensThenSamplesThenSteps) {
+  std::vector<SweepPoint> points = {Ok(1, 0.5), Ok(2, 0.25), NotOk(4, "oom", /*ran=*/true)};
+  EXPECT_EQ(ThroughputUnit(points), "steps/s");
+  EXPECT_THAT(Throughput(points, points[1]), DoubleNear(4.0, kTol));
+  EXPECT_EQ(Throughput(points, points[2]), 0);
+  points[0].samples_per_second = 10;
+  EXPECT_EQ(ThroughputUnit(points), "steps/s");  // the 2-worker run reported none
+  points[1].samples_per_second = 30;
+  EXPECT_EQ(ThroughputUnit(points), "samples/s");
+  EXPECT_THAT(Speedup(points, points[1]), DoubleNear(3.0, kTol));
+  points[0].tokens_per_second = 100;
+  points[1].tokens_per_second = 150;
+  EXPECT_EQ(ThroughputUnit(points), "tokens/s");
+  EXPECT_THAT(Speedup(points, points[1]), DoubleNear(1.5, kTol));
+  EXPECT_EQ(ThroughputUnit({}), "steps/s");
+}
+
 TEST(BubbleBound, Values) {
   EXPECT_THAT(PipelineSpeedupBound(2, 8), DoubleNear(1.7778, kTol));
   EXPECT_THAT(PipelineSpeedupBound(4, 8), DoubleNear(32.0 / 11, kTol));
@@ -159,11 +197,11 @@ TEST(BubbleBound, Values) {
 TEST(SweepCsv, Example_HeaderRowsAndSkippedStatus) {
   const std::string csv = SweepCsv(Example());
   EXPECT_EQ(csv,
-            "workers,stages,status,step_seconds,tokens_per_second,speedup,efficiency,bubble_bound,"
-            "peak_memory_gib_max,run_dir\n"
-            "1,1,ok,0.585000,14000.4,1.0000,1.0000,1.0000,19.600,runs/w1\n"
-            "2,2,ok,0.373000,21959.0,1.5684,0.7842,1.7778,19.600,runs/w2\n"
-            "4,4,skipped: 4 GPUs asked; 2 visible,,,,,,,\n");
+            "workers,stages,status,step_seconds,tokens_per_second,samples_per_second,speedup,efficiency,"
+            "bubble_bound,peak_memory_gib_max,run_dir\n"
+            "1,1,ok,0.585000,14000.4,0.0,1.0000,1.0000,1.0000,19.600,runs/w1\n"
+            "2,2,ok,0.373000,21957.6,0.0,1.5684,0.7842,1.7778,19.600,runs/w2\n"
+            "4,4,skipped: 4 GPUs asked; 2 visible,,,,,,,,\n");
 }
 
 TEST(SweepCsv, CommasAndQuotes_StayOneFieldEach) {
@@ -174,8 +212,8 @@ TEST(SweepCsv, CommasAndQuotes_StayOneFieldEach) {
   const std::string csv = SweepCsv({ok, failed});
   EXPECT_THAT(csv, HasSubstr(",\"runs/say \"\"hi\"\"\"\n"));
   EXPECT_THAT(csv,
-              HasSubstr("2,2,\"failed: rank 1: \"\"NCCL error\"\"; unhandled system error\",,,,,,,\"runs/a,b\"\n"));
-  // Outside quotes, every row has the header's 9 separators.
+              HasSubstr("2,2,\"failed: rank 1: \"\"NCCL error\"\"; unhandled system error\",,,,,,,,\"runs/a,b\"\n"));
+  // Outside quotes, every row has the header's 10 separators.
   for (absl::string_view row : absl::StrSplit(csv, '\n', absl::SkipEmpty())) {
     int commas = 0;
     bool quoted = false;
@@ -183,7 +221,7 @@ TEST(SweepCsv, CommasAndQuotes_StayOneFieldEach) {
       if (c == '"') quoted = !quoted;
       if (c == ',' && !quoted) ++commas;
     }
-    EXPECT_EQ(commas, 9) << row;
+    EXPECT_EQ(commas, 10) << row;
     EXPECT_FALSE(quoted) << row;
   }
 }
@@ -194,13 +232,13 @@ TEST(SweepMarkdown, Example_FormatsEveryColumn) {
             "| workers | stages | step time (s) | tokens/s | speedup | efficiency | bound | memory per GPU (GiB) |\n"
             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
             "| 1 | 1 | 0.5850 | 14000 | 1.00x | 100.0% | 1.00x | 19.6 |\n"
-            "| 2 | 2 | 0.3730 | 21959 | 1.57x | 78.4% | 1.78x | 19.6 / 16.5 |\n"
+            "| 2 | 2 | 0.3730 | 21958 | 1.57x | 78.4% | 1.78x | 19.6 / 16.5 |\n"
             "| 4 | 4 | skipped: 4 GPUs asked, 2 visible |  |  |  |  |  |\n");
 }
 
 TEST(SweepMarkdown, FailedNoteWithPipe_IsEscapedAndNotPipeline_HasNoBound) {
   const std::string md = SweepMarkdown({Ok(1, 0.5), NotOk(2, "a|b", /*ran=*/true)}, "t");
-  EXPECT_THAT(md, HasSubstr("| 1 | 0 | 0.5000 | 0 | 1.00x | 100.0% | - | - |\n"));
+  EXPECT_THAT(md, HasSubstr("| 1 | 0 | 0.5000 | 2.00 | 1.00x | 100.0% | - | - |\n"));  // 2 steps/s
   EXPECT_THAT(md, HasSubstr("| 2 | 2 | failed: a\\|b |"));
 }
 

@@ -127,7 +127,6 @@ std::optional<ReportStepRequest> ParseProgramStep(absl::string_view line, int ra
   r.set_rank(rank);
   r.set_incarnation(incarnation);
   bool has_step = false;
-  int64_t samples = -1;
   for (absl::string_view field : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
     const size_t eq = field.find('=');
     if (eq == absl::string_view::npos) return std::nullopt;
@@ -145,13 +144,14 @@ std::optional<ReportStepRequest> ParseProgramStep(absl::string_view line, int ra
     } else if (key == "tokens" && absl::SimpleAtoi(value, &n) && n >= 0) {
       r.set_tokens(n);
     } else if (key == "samples" && absl::SimpleAtoi(value, &n) && n >= 0) {
-      samples = n;
+      r.set_samples(n);
+    } else if (key == "flops" && absl::SimpleAtod(value, &x) && std::isfinite(x) && x >= 0) {
+      r.set_flops(x);
     } else {
       return std::nullopt;  // a key we do not know, or a value that is not one
     }
   }
   if (!has_step) return std::nullopt;
-  (void)samples;  // kept in the line; the reports count tokens only, for now
   return r;
 }
 

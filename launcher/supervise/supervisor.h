@@ -74,9 +74,10 @@ struct ProgramRank {
   std::string steps_file;  // STAGEHAND_STEPS_FILE: where the `stagehand` module appends its steps
 };
 // <run_dir>/rank<N>.steps: the lines a rank's `stagehand.step()` calls append ("step=3 seconds=0.12
-// loss=2.5 tokens=4096"), which the launcher reads (ParseProgramStep).
+// loss=2.5 tokens=4096 samples=8 flops=1.2e+12"), which the launcher reads (ParseProgramStep).
 std::string ProgramStepsFile(const std::string& run_dir, int rank);
-// One such line as a step report of `rank`; nullopt for a line that is not one.
+// One such line as a step report of `rank`; nullopt for a line that is not one (an unknown key, a
+// negative count, FLOPs that are not a finite number).
 std::optional<ReportStepRequest> ParseProgramStep(absl::string_view line, int rank, int64_t incarnation);
 std::vector<std::string> ProgramEnvironment(const std::vector<std::string>& base, const std::vector<std::string>& extra,
                                             const ProgramRank& r);

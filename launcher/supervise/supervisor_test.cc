@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -683,6 +684,32 @@ TEST(ProgramEnvironment, TorchrunsVariables) {
   }
   EXPECT_THAT(env, ::testing::Not(Contains("RANK=99")));  // ours wins
   EXPECT_THAT(ProgramEnvironment({"OMP_NUM_THREADS=4"}, {}, r), Contains("OMP_NUM_THREADS=4"));
+}
+
+// The `stagehand` module's line: every key it writes; a key it never writes, or a value that is
+// not one, makes the line no step (never a step with a field dropped).
+TEST(ParseProgramStep, EveryKey_AndBadValues_AreNoStep) {
+  std::optional<ReportStepRequest> r =
+      ParseProgramStep("step=3 seconds=0.25 loss=2.5 tokens=4096 samples=16 flops=1.5e+12", 1, 7);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->rank(), 1);
+  EXPECT_EQ(r->incarnation(), 7);
+  EXPECT_EQ(r->step(), 3);
+  EXPECT_EQ(r->step_seconds(), 0.25);
+  EXPECT_TRUE(r->has_loss());
+  EXPECT_EQ(r->loss(), 2.5);
+  EXPECT_EQ(r->tokens(), 4096);
+  EXPECT_EQ(r->samples(), 16);
+  EXPECT_EQ(r->flops(), 1.5e12);
+  r = ParseProgramStep("step=0 seconds=0.1", 0, 0);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_FALSE(r->has_loss());
+  EXPECT_EQ(r->samples(), 0);
+  EXPECT_EQ(r->flops(), 0);
+  for (const char* bad : {"seconds=0.1", "step=1 samples=-1", "step=1 flops=inf", "step=1 flops=nan",
+                          "step=1 flops=-2", "step=1 watts=3", "step=1 samples"}) {
+    EXPECT_FALSE(ParseProgramStep(bad, 0, 0).has_value()) << bad;
+  }
 }
 
 TEST(LastErrorLine, OneLineOfBoundedLength) {

@@ -1,9 +1,11 @@
-"""A small torch.distributed DDP training script in torchrun's style, for tests/program_test.sh.
+"""A small torch.distributed DDP training script in torchrun's style, for tests/program_test.sh and
+tests/program_sweep_test.sh.
 
 Every rank takes its shard of each global batch; DDP averages the gradients, so the run equals one
 process over the whole batch. Rank 0 prints one "step N loss X" line per step (the global batch's
-mean loss, all-reduced) and writes them to --out. --fail_rank R --fail_step S raises on rank R at
-step S; --hang_rank R sleeps there instead.
+mean loss, all-reduced) and writes them to --out; --report reports each step to the launcher
+(stagehand.step: the loss, the global batch's tokens, samples and FLOPs). --fail_rank R
+--fail_step S raises on rank R at step S; --hang_rank R sleeps there instead.
 """
 import argparse
 import os
@@ -67,7 +69,9 @@ def main():
             print(f"step {step} loss {losses[-1]:.17g}", flush=True)
         if args.report:
             import stagehand  # on PYTHONPATH under the launcher
-            stagehand.step(loss=losses[-1], tokens=args.global_batch * 8)
+            # The global batch's: 8 inputs a sample, and 6 FLOPs a parameter a sample (forward and backward).
+            stagehand.step(loss=losses[-1], tokens=args.global_batch * 8, samples=args.global_batch,
+                           flops=6 * sum(w.numel() for w in model.parameters()) * args.global_batch)
         if args.snapshot:
             if rank == 0:
                 torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "data": data.get_state(),
