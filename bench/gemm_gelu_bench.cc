@@ -53,8 +53,8 @@ void Forward(int64_t m, int64_t n, int64_t k, bool aux, int iters) {
   for (int v = 0; v < stagehand::GemmGeluVariants(); ++v) {
     auto run = [&] {
       BenchCheck(stagehand::GemmBiasGelu(Bits(x), Bits(w), Bits(b), Bits(a), aux ? Bits(h) : nullptr, m, n, k,
-                                    at::cuda::getCurrentCUDAStream(), v),
-            stagehand::GemmGeluVariantName(v));
+                                         at::cuda::getCurrentCUDAStream(), v),
+                 stagehand::GemmGeluVariantName(v));
     };
     run();
     double err = (a.to(torch::kFloat32) - ref.to(torch::kFloat32)).abs().max().item<double>();
@@ -87,8 +87,8 @@ void Backward(int64_t m, int64_t n, int iters) {
   torch::Tensor db;
   auto run = [&] {
     BenchCheck(stagehand::GeluBackwardBias(Bits(da), Bits(h), Bits(dh), partial.data_ptr<float>(), m, n,
-                                      at::cuda::getCurrentCUDAStream()),
-          "GeluBackwardBias");
+                                           at::cuda::getCurrentCUDAStream()),
+               "GeluBackwardBias");
     db = partial.sum(0);
   };
   run();
@@ -133,13 +133,13 @@ int main(int argc, char** argv) {
   }
   torch::NoGradGuard no_grad;
   if (interleave) {
-    std::printf("%-9s %6s %6s %6s  %-34s %9s %8s %8s %10s\n", "kind", "M", "N", "K", "kernel (median)", "ms",
-                "TFLOP/s", "vs_v0", "max_err");
+    std::printf("%-9s %6s %6s %6s  %-34s %9s %8s %8s %10s\n", "kind", "M", "N", "K", "kernel (median)", "ms", "TFLOP/s",
+                "vs_v0", "max_err");
     Interleaved(argc > 2 ? std::atoi(argv[2]) : 7);
     return 0;
   }
-  std::printf("%-9s %6s %6s %6s  %-34s %9s %8s %8s %10s\n", "kind", "M", "N", "K", "kernel", "ms", "TFLOP/s",
-              "vs_ATen", "max_err");
+  std::printf("%-9s %6s %6s %6s  %-34s %9s %8s %8s %10s\n", "kind", "M", "N", "K", "kernel", "ms", "TFLOP/s", "vs_ATen",
+              "max_err");
   Forward(8192, 8192, 2048, /*aux=*/true, iters);    // training: a micro-batch of 8 x 1024 tokens
   Forward(16384, 8192, 2048, /*aux=*/false, iters);  // inference: 16 sequences
   Forward(8192, 8192, 2048, /*aux=*/false, iters);

@@ -165,8 +165,7 @@ void Bench(const Problem& p, int iters, double heat_ms) {
     d.zero_();
     if (run() != CUBLAS_STATUS_SUCCESS) continue;
     const double e = err();
-    Row(p, "#" + std::to_string(i) + " " + AlgoName(results[i].algo), TimeMs([&] { run(); }, iters, heat_ms), base,
-        e);
+    Row(p, "#" + std::to_string(i) + " " + AlgoName(results[i].algo), TimeMs([&] { run(); }, iters, heat_ms), base, e);
   }
   Row(p, "model's choice again", TimeMs(model, iters, heat_ms), base, -1);
   Sym<decltype(&cublasLtMatmulPreferenceDestroy)>("cublasLtMatmulPreferenceDestroy")(pref);

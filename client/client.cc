@@ -33,7 +33,8 @@
 
 ABSL_FLAG(std::string, server, "", "HOST:PORT of `launcher --serve` (default: $STAGEHAND_SERVER)");
 ABSL_FLAG(std::string, token_file, "", "a file holding your token (default: $STAGEHAND_TOKEN_FILE)");
-ABSL_FLAG(std::string, tls_ca, "", "PEM: the CA that signed the server's certificate; turns TLS on (default: $STAGEHAND_TLS_CA)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM: the CA that signed the server's certificate; turns TLS on (default: $STAGEHAND_TLS_CA)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM: your client certificate, for mutual TLS (default: $STAGEHAND_TLS_CERT)");
 ABSL_FLAG(std::string, tls_key, "", "PEM: the key of --tls_cert (default: $STAGEHAND_TLS_KEY)");
 ABSL_FLAG(bool, watch, false, "submit: then watch the job and exit with its exit code");
@@ -103,7 +104,8 @@ std::string FlagOrEnv(const absl::Flag<std::string>& flag, const char* env) {
 absl::StatusOr<std::unique_ptr<ControlClient>> Connect() {
   ControlClientOptions options;
   options.server = absl::GetFlag(FLAGS_server);
-  if (options.server.empty() && std::getenv("STAGEHAND_SERVER") != nullptr) options.server = std::getenv("STAGEHAND_SERVER");
+  if (options.server.empty() && std::getenv("STAGEHAND_SERVER") != nullptr)
+    options.server = std::getenv("STAGEHAND_SERVER");
   const std::string token_file = FlagOrEnv(FLAGS_token_file, "STAGEHAND_TOKEN_FILE");
   if (!token_file.empty()) {
     absl::StatusOr<TokenFile> token = ReadTokenFile(token_file);
@@ -196,9 +198,10 @@ int Submit(ControlClient& client, const ParsedFlags& parsed, const JobFlags& job
   *submit.mutable_job() = *std::move(spec);
   if (request.gpus) submit.set_gpus(*request.gpus);
   if (const size_t bytes = submit.ByteSizeLong(); bytes > 256 * 1024) {  // the server's kMaxSubmissionBytes
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "the job is ", bytes / 1024, " KiB serialized; a server takes at most 256 KiB (a --schedule_file or --job "
-        "file that large is too): make it smaller")));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("the job is ", bytes / 1024,
+                     " KiB serialized; a server takes at most 256 KiB (a --schedule_file or --job "
+                     "file that large is too): make it smaller")));
   }
   absl::StatusOr<control::JobInfo> job = client.Submit(submit);
   if (!job.ok()) return Fail(job.status());
@@ -241,9 +244,11 @@ int Status(ControlClient& client, const std::string& id) {
   std::printf("  submitted by %s, %s ago\n", j.submitted_by().c_str(), Age(j.submit_time_ms()).c_str());
   std::printf("  devices: %s\n", Devices(j).c_str());
   if (j.start_time_ms() > 0) std::printf("  started %s ago\n", Age(j.start_time_ms()).c_str());
-  std::printf("  steps done: %lld of %lld\n", static_cast<long long>(j.steps_done()), static_cast<long long>(j.spec().steps()));
+  std::printf("  steps done: %lld of %lld\n", static_cast<long long>(j.steps_done()),
+              static_cast<long long>(j.spec().steps()));
   if (HasExitCode(j)) std::printf("  exit code: %d, ended %s ago\n", j.exit_code(), Age(j.end_time_ms()).c_str());
-  if (j.state() == control::JOB_STATE_LOST) std::printf("  no exit code (lost), ended %s ago\n", Age(j.end_time_ms()).c_str());
+  if (j.state() == control::JOB_STATE_LOST)
+    std::printf("  no exit code (lost), ended %s ago\n", Age(j.end_time_ms()).c_str());
   if (!j.cancelled_by().empty()) std::printf("  cancelled by: %s\n", j.cancelled_by().c_str());
   if (!j.root_cause().empty()) std::printf("  root cause: %s\n", j.root_cause().c_str());
   if (!j.run_dir().empty()) std::printf("  run dir (on the server): %s\n", j.run_dir().c_str());
@@ -271,15 +276,17 @@ int Cancel(ControlClient& client, const std::string& id) {
     return 0;
   }
   return Fail(absl::DeadlineExceededError(absl::StrCat("job ", id, " is still ", StateName(job->state()), " ",
-                                                       grace_ms / 1000 + 5, " s after the cancel; check `client status ", id, "`")));
+                                                       grace_ms / 1000 + 5,
+                                                       " s after the cancel; check `client status ", id, "`")));
 }
 
 int Logs(ControlClient& client, const std::string& id) {
   const int rank = absl::GetFlag(FLAGS_launcher) ? -1 : absl::GetFlag(FLAGS_rank);  // -1: launcher.log
-  absl::Status s = client.Logs(id, rank, absl::GetFlag(FLAGS_offset), absl::GetFlag(FLAGS_follow), [](absl::string_view data) {
-    std::fwrite(data.data(), 1, data.size(), stdout);
-    std::fflush(stdout);
-  });
+  absl::Status s =
+      client.Logs(id, rank, absl::GetFlag(FLAGS_offset), absl::GetFlag(FLAGS_follow), [](absl::string_view data) {
+        std::fwrite(data.data(), 1, data.size(), stdout);
+        std::fflush(stdout);
+      });
   return s.ok() ? 0 : Fail(s);
 }
 
@@ -306,12 +313,15 @@ int Fetch(ControlClient& client, const std::string& id, const std::string& path)
 // --role's value, with the flag named in the refusal.
 absl::StatusOr<control::Role> RoleFlag(const std::string& role) {
   absl::StatusOr<control::Role> r = ParseRole(role);
-  if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("--role=", role, ": pass --role=view, --role=submit or --role=admin"));
+  if (!r.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat("--role=", role, ": pass --role=view, --role=submit or --role=admin"));
   return r;
 }
 
 std::string FormatMillis(int64_t ms) {
-  return ms == 0 ? std::string("-") : absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(ms), absl::LocalTimeZone());
+  return ms == 0 ? std::string("-")
+                 : absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(ms), absl::LocalTimeZone());
 }
 
 int Token(ControlClient& client, const std::vector<std::string>& args) {
@@ -343,9 +353,9 @@ int Token(ControlClient& client, const std::vector<std::string>& args) {
   if (!output.empty()) {
     file.reset(::open(output.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!file.valid()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--output=", output, ": cannot create it: ", ErrnoText(errno),
-          errno == EEXIST ? " (it exists; remove it or pass another file)" : "")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--output=", output, ": cannot create it: ", ErrnoText(errno),
+                       errno == EEXIST ? " (it exists; remove it or pass another file)" : "")));
     }
     (void)::fchmod(file.get(), 0600);  // whatever the umask
   }
@@ -372,7 +382,8 @@ int Token(ControlClient& client, const std::vector<std::string>& args) {
 int Info(ControlClient& client) {
   absl::StatusOr<control::GetServerInfoResponse> info = client.Info();
   if (!info.ok()) return Fail(info.status());
-  std::printf("server %s: stagehand %s, protocol %d\n", client.tls_info().server.c_str(), info->version().c_str(), info->protocol());
+  std::printf("server %s: stagehand %s, protocol %d\n", client.tls_info().server.c_str(), info->version().c_str(),
+              info->protocol());
   std::printf("  gpus: %d, cpu workers: %d\n", info->gpus(), info->cpu_workers());
   std::printf("  tls: %s\n", info->mutual_tls() ? "mutual" : info->tls() ? "yes" : "no (plaintext loopback)");
   return 0;
@@ -412,9 +423,11 @@ bool Arity(const std::vector<std::string>& words, size_t n) { return words.size(
 
 int Run(const std::vector<std::string>& words, const ParsedFlags& parsed, const JobFlags& job_flags) {
   const std::string& verb = words[0];
-  static const char* kVerbs[] = {"submit", "list", "status", "watch", "cancel", "delete", "logs", "fetch", "token", "info"};
+  static const char* kVerbs[] = {"submit", "list", "status", "watch", "cancel",
+                                 "delete", "logs", "fetch",  "token", "info"};
   if (std::find(std::begin(kVerbs), std::end(kVerbs), verb) == std::end(kVerbs)) {
-    return Usage(absl::StrCat("unknown verb '", absl::CHexEscape(verb.substr(0, 200)), verb.size() > 200 ? "..." : "", "': use submit, list, status, watch, cancel, delete, logs, fetch, token or info"));
+    return Usage(absl::StrCat("unknown verb '", absl::CHexEscape(verb.substr(0, 200)), verb.size() > 200 ? "..." : "",
+                              "': use submit, list, status, watch, cancel, delete, logs, fetch, token or info"));
   }
   const bool one_id = verb == "status" || verb == "watch" || verb == "cancel" || verb == "delete" || verb == "logs";
   if (one_id && !Arity(words, 2)) return Usage(absl::StrCat("`", verb, "` takes one job id: client ", verb, " ID"));
@@ -425,7 +438,8 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed, const 
                               "it a shell; `launcher [flags] -- PROGRAM` runs one on its own host"));
   }
   if ((verb == "list" || verb == "info") && !Arity(words, 1)) {
-    return Usage(absl::StrCat("`", verb, "` takes no arguments, got '", absl::CHexEscape(words[1].substr(0, 200)), "'"));
+    return Usage(
+        absl::StrCat("`", verb, "` takes no arguments, got '", absl::CHexEscape(words[1].substr(0, 200)), "'"));
   }
   absl::StatusOr<std::unique_ptr<ControlClient>> client = Connect();
   if (!client.ok()) return Fail(client.status());
@@ -453,7 +467,8 @@ int main(int argc, char** argv) {
       stagehand::ParseFlags(static_cast<int>(split.flags.size()), split.flags.data(), /*allow_rest=*/false, &job_flags);
   if (!parsed.ok()) return stagehand::Fail(parsed.status());
   if (parsed->help || split.words.empty()) {
-    const std::string help = stagehand::FlagsHelp(stagehand::kUsage, {"client/client.cc", stagehand::kJobFlagsFile}, stagehand::HelpGroups(/*client=*/true), &job_flags);
+    const std::string help = stagehand::FlagsHelp(stagehand::kUsage, {"client/client.cc", stagehand::kJobFlagsFile},
+                                                  stagehand::HelpGroups(/*client=*/true), &job_flags);
     std::fputs(help.c_str(), parsed->help ? stdout : stderr);
     return parsed->help ? 0 : stagehand::kExitUsage;
   }

@@ -75,8 +75,8 @@ class AtomicFile {
 
  private:
   absl::Status Error(absl::string_view what) const {
-    const absl::StatusCode code = errno == EACCES || errno == EPERM ? absl::StatusCode::kPermissionDenied
-                                                                   : absl::StatusCode::kFailedPrecondition;
+    const absl::StatusCode code =
+        errno == EACCES || errno == EPERM ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kFailedPrecondition;
     return absl::Status(code, absl::StrCat(what, " ", path_, ": ", std::strerror(errno),
                                            "; pass --output=PATH in a directory you can write"));
   }
@@ -151,7 +151,8 @@ absl::StatusOr<control::JobInfo> ControlClient::Submit(const control::SubmitJobR
     const absl::Time start = absl::Now();
     s = stub_->SubmitJob(Context(true, options_.submit_timeout).get(), request, &response);
     if (s.ok()) return response;
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && s.error_message().find("shutting down") != std::string::npos) {
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        s.error_message().find("shutting down") != std::string::npos) {
       shutting_down = s;
     }
     if (!Retryable(s)) break;

@@ -18,9 +18,9 @@
 namespace stagehand {
 
 struct ControlClientOptions {
-  std::string server;            // HOST:PORT
-  std::string token;             // sent as "authorization: Bearer <token>"; "" sends none
-  ClientTlsFiles tls;            // all empty: plaintext
+  std::string server;                              // HOST:PORT
+  std::string token;                               // sent as "authorization: Bearer <token>"; "" sends none
+  ClientTlsFiles tls;                              // all empty: plaintext
   absl::Duration rpc_timeout = absl::Seconds(10);  // unary calls
   // SubmitJob: the server may check a job for up to 20 s (job_server.h) before it answers.
   absl::Duration submit_timeout = absl::Seconds(30);

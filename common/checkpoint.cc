@@ -71,7 +71,8 @@ absl::Status RemoveTree(const std::string& dir) {
       return absl::InternalError(absl::StrCat("removing ", dir, "/", n, ": ", ErrnoText(errno)));
     }
   }
-  if (rmdir(dir.c_str()) != 0 && errno != ENOENT) return absl::InternalError(absl::StrCat("removing ", dir, ": ", ErrnoText(errno)));
+  if (rmdir(dir.c_str()) != 0 && errno != ENOENT)
+    return absl::InternalError(absl::StrCat("removing ", dir, ": ", ErrnoText(errno)));
   return absl::OkStatus();
 }
 
@@ -90,12 +91,13 @@ absl::Status CheckShardsPresent(const std::string& dir, const CheckpointManifest
     const std::string p = dir + "/" + s.file();
     if (stat(p.c_str(), &st) != 0) {
       return absl::DataLossError(absl::StrCat("checkpoint shard ", p, " is missing (", ErrnoText(errno),
-                                              "); refusing the checkpoint: remove ", dir, " to resume from an older one"));
+                                              "); refusing the checkpoint: remove ", dir,
+                                              " to resume from an older one"));
     }
     if (st.st_size != s.bytes()) {
-      return absl::DataLossError(absl::StrCat("checkpoint shard ", p, " has ", st.st_size, " bytes but its manifest says ",
-                                              s.bytes(), "; refusing the corrupt checkpoint: remove ", dir,
-                                              " to resume from an older one"));
+      return absl::DataLossError(
+          absl::StrCat("checkpoint shard ", p, " has ", st.st_size, " bytes but its manifest says ", s.bytes(),
+                       "; refusing the corrupt checkpoint: remove ", dir, " to resume from an older one"));
     }
   }
   return absl::OkStatus();
@@ -163,8 +165,8 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
   absl::StatusOr<std::string> text = ReadRegularFile(path, path, int64_t{64} << 20);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) return text.status();
-    return absl::DataLossError(absl::StrCat(text.status().message(), "; remove ", dir,
-                                            " to resume from an older checkpoint"));
+    return absl::DataLossError(
+        absl::StrCat(text.status().message(), "; remove ", dir, " to resume from an older checkpoint"));
   }
   CheckpointManifest m;
   if (!google::protobuf::TextFormat::ParseFromString(*text, &m) || m.format() != 1 || m.shards_size() == 0) {
@@ -198,9 +200,9 @@ absl::StatusOr<FoundCheckpoint> NewestCheckpoint(const std::string& path) {
     found.manifest = *std::move(m);
     return found;
   }
-  return absl::NotFoundError(absl::StrCat("no complete checkpoint under ", listing,
-                                          found.skipped.empty() ? "" : absl::StrCat(" (", found.skipped.size(),
-                                                                                    " without a manifest)")));
+  return absl::NotFoundError(
+      absl::StrCat("no complete checkpoint under ", listing,
+                   found.skipped.empty() ? "" : absl::StrCat(" (", found.skipped.size(), " without a manifest)")));
 }
 
 absl::Status VerifyShard(const std::string& dir, const CheckpointShard& shard) {
@@ -220,10 +222,9 @@ absl::Status VerifyShard(const std::string& dir, const CheckpointShard& shard) {
     bytes += n;
   }
   if (bytes != shard.bytes() || HexDigest(sha.Final()) != shard.sha256()) {
-    return absl::DataLossError(absl::StrCat("checkpoint shard ", path, " does not match its manifest (",
-                                            bytes != shard.bytes() ? "size" : "SHA-256",
-                                            "): refusing the corrupt checkpoint; remove ", dir,
-                                            " to resume from an older one"));
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint shard ", path, " does not match its manifest (", bytes != shard.bytes() ? "size" : "SHA-256",
+        "): refusing the corrupt checkpoint; remove ", dir, " to resume from an older one"));
   }
   return absl::OkStatus();
 }

@@ -19,9 +19,9 @@ namespace stagehand {
 
 inline constexpr char kManifestName[] = "MANIFEST";
 
-std::string CheckpointsDir(const std::string& run_dir);                 // <run_dir>/checkpoints
-std::string CheckpointDir(const std::string& run_dir, int64_t step);   // .../step_00000012
-std::string ShardName(int rank);                                        // rank0.safetensors
+std::string CheckpointsDir(const std::string& run_dir);               // <run_dir>/checkpoints
+std::string CheckpointDir(const std::string& run_dir, int64_t step);  // .../step_00000012
+std::string ShardName(int rank);                                      // rank0.safetensors
 
 // A file written under `path`.tmp, hashed as it goes, and renamed to `path` on Commit (after fsync;
 // the directory is fsync'd too). Destroyed uncommitted, it removes the temporary file.

@@ -67,7 +67,7 @@ TEST(Safetensors, BadHeaders_Refused) {
     prefix[0] = static_cast<char>(json.size());
     return ParseSafetensorsPrefix(prefix + json, 8 + json.size() + data).status();
   };
-  EXPECT_FALSE(parse(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8).ok());   // 3 floats in 8 bytes
+  EXPECT_FALSE(parse(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8).ok());    // 3 floats in 8 bytes
   EXPECT_FALSE(parse(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12).ok());  // a hole
   EXPECT_FALSE(parse(R"({"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", 1).ok());     // unknown dtype
   EXPECT_FALSE(parse(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8).ok());    // trailing bytes

@@ -33,8 +33,7 @@ Sha256Digest HmacSha256(absl::string_view key, absl::string_view message) {
   // The one-shot HMAC() fails only on allocation failure or a bad digest: neither can be handled here,
   // and returning a predictable digest would be worse than stopping.
   if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-           reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(),
-           &len) == nullptr ||
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), out.data(), &len) == nullptr ||
       len != out.size()) {
     std::fputs("stagehand: HMAC-SHA256 failed in libcrypto (out of memory?)\n", stderr);
     std::abort();
@@ -81,8 +80,8 @@ absl::Status RandomBytes(uint8_t* out, size_t n) {
     const ssize_t got = ::getrandom(out, n, 0);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
-      return absl::UnavailableError(absl::StrCat("getrandom: ", ErrnoText(errno),
-                                                 "; this kernel cannot give random bytes"));
+      return absl::UnavailableError(
+          absl::StrCat("getrandom: ", ErrnoText(errno), "; this kernel cannot give random bytes"));
     }
     out += got;
     n -= static_cast<size_t>(got);

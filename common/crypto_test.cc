@@ -1,4 +1,5 @@
-// Tests of common/crypto.h: the FIPS 180-4 SHA-256 examples, the RFC 4231 HMAC-SHA256 vectors, the comparison, and random bytes.
+// Tests of common/crypto.h: the FIPS 180-4 SHA-256 examples, the RFC 4231 HMAC-SHA256 vectors, the comparison, and
+// random bytes.
 #include "common/crypto.h"
 
 #include <string>
@@ -39,8 +40,7 @@ TEST(CryptoTest, HmacSha256_Rfc4231Vectors_MatchTheRfc) {
        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
       {"case 3", std::string(20, '\xaa'), std::string(50, '\xdd'),
        "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"},
-      {"case 4", key4, std::string(50, '\xcd'),
-       "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b"},
+      {"case 4", key4, std::string(50, '\xcd'), "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b"},
       {"case 6", std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First",
        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
       {"case 7", std::string(131, '\xaa'),

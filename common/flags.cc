@@ -36,7 +36,8 @@ absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest, E
       out.help = true;
       continue;
     }
-    if (!absl::StartsWith(arg, "-")) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'; flags look like --name=value"));
+    if (!absl::StartsWith(arg, "-"))
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'; flags look like --name=value"));
     arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
     absl::string_view name = arg, value;
     bool has_value = false;

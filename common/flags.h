@@ -16,10 +16,10 @@
 namespace stagehand {
 
 struct ParsedFlags {
-  bool help = false;               // --help or -h was given
-  std::set<std::string> given;     // names of the flags set on the command line
-  bool dashdash = false;           // "--" was given
-  std::vector<std::string> rest;   // what followed it (with `allow_rest`)
+  bool help = false;              // --help or -h was given
+  std::set<std::string> given;    // names of the flags set on the command line
+  bool dashdash = false;          // "--" was given
+  std::vector<std::string> rest;  // what followed it (with `allow_rest`)
 };
 
 // Flags defined outside abseil's registry (the job's options, read from JobSpec by reflection):
@@ -42,8 +42,7 @@ class ExtraFlags {
 // Accepts --name=value, --name value, --bool / --nobool, and "--"; what follows "--" is a program
 // and its arguments where `allow_rest` (the launcher's `launcher [flags] -- PROGRAM ARGS`), else
 // nothing may follow it. Names are looked up in `extra` (if given) before abseil's registry.
-absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest = false,
-                                       ExtraFlags* extra = nullptr);
+absl::StatusOr<ParsedFlags> ParseFlags(int argc, char** argv, bool allow_rest = false, ExtraFlags* extra = nullptr);
 
 // The usage message followed by every flag defined in a file whose path ends with `file_suffix`.
 std::string FlagsHelp(absl::string_view usage, absl::string_view file_suffix);

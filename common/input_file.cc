@@ -33,7 +33,8 @@ absl::StatusOr<RegularFile> OpenRegularFile(const std::string& path, const std::
     return err == ENOENT ? absl::NotFoundError(line) : absl::InvalidArgumentError(line);
   }
   f.fd.reset(fd);
-  if (::fstat(fd, &f.st) != 0) return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read it: ", ErrnoText(errno)));
+  if (::fstat(fd, &f.st) != 0)
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read it: ", ErrnoText(errno)));
   if (!S_ISREG(f.st.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": not a regular file but ", FileKind(f.st.st_mode), "; pass a regular file"));

@@ -16,8 +16,8 @@
 namespace stagehand {
 
 struct RegularFile {
-  UniqueFd fd;       // blocking again, close-on-exec
-  struct stat st{};  // fstat of fd: st_size, st_mode
+  UniqueFd fd;        // blocking again, close-on-exec
+  struct stat st {};  // fstat of fd: st_size, st_mode
 };
 
 // Opens `path` with O_RDONLY | O_NONBLOCK | O_CLOEXEC (a FIFO opens at once, with no writer), fstats

@@ -19,10 +19,14 @@ std::string* tag ABSL_GUARDED_BY(tag_mu) = nullptr;
 
 char SeverityChar(LogSeverity s) {
   switch (s) {
-    case LogSeverity::kInfo: return 'I';
-    case LogSeverity::kWarning: return 'W';
-    case LogSeverity::kError: return 'E';
-    case LogSeverity::kFatal: return 'F';
+    case LogSeverity::kInfo:
+      return 'I';
+    case LogSeverity::kWarning:
+      return 'W';
+    case LogSeverity::kError:
+      return 'E';
+    case LogSeverity::kFatal:
+      return 'F';
   }
   return '?';
 }

@@ -142,8 +142,7 @@ int64_t ReadaheadList::total_bytes() const {
 }
 
 std::vector<ByteRange> MergeRanges(std::vector<ByteRange> ranges, int64_t gap) {
-  std::sort(ranges.begin(), ranges.end(),
-            [](const ByteRange& a, const ByteRange& b) { return a.offset < b.offset; });
+  std::sort(ranges.begin(), ranges.end(), [](const ByteRange& a, const ByteRange& b) { return a.offset < b.offset; });
   std::vector<ByteRange> out;
   for (const ByteRange& r : ranges) {
     if (r.length <= 0) continue;
@@ -187,8 +186,8 @@ absl::StatusOr<ReadaheadList> ParseReadaheadList(const std::string& text) {
     } else if (f[0] == "range") {
       ByteRange r;
       if (list.files.empty()) return LineError(n, "a range before any file");
-      if (f.size() != 3 || !absl::SimpleAtoi(f[1], &r.offset) || !absl::SimpleAtoi(f[2], &r.length) ||
-          r.offset < 0 || r.length <= 0 || r.offset > list.files.back().size - r.length) {
+      if (f.size() != 3 || !absl::SimpleAtoi(f[1], &r.offset) || !absl::SimpleAtoi(f[2], &r.length) || r.offset < 0 ||
+          r.length <= 0 || r.offset > list.files.back().size - r.length) {
         return LineError(n, "expected \"range OFFSET LENGTH\" inside the file");
       }
       list.files.back().ranges.push_back(r);
@@ -218,7 +217,8 @@ std::string ReadaheadListPath(const std::string& dir, const std::string& key) {
 absl::StatusOr<ReadaheadList> ReadReadaheadList(const std::string& path) {
   // A regular file only (input_file.h): a FIFO in the cache must not hang the prefetcher.
   absl::StatusOr<std::string> text = ReadRegularFile(path, path, int64_t{64} << 20);
-  if (!text.ok()) return absl::NotFoundError(absl::StrCat("no readahead list at ", path, " (", text.status().message(), ")"));
+  if (!text.ok())
+    return absl::NotFoundError(absl::StrCat("no readahead list at ", path, " (", text.status().message(), ")"));
   return ParseReadaheadList(*text);
 }
 
@@ -271,9 +271,9 @@ absl::StatusOr<ReadaheadList> TouchedLibraryPages(int64_t gap) {
     if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || path.find('\n') != std::string::npos) continue;
     f.file = {path, st.st_size, MtimeNs(st), MergeRanges(std::move(f.pages), gap)};
     for (ByteRange& r : f.file.ranges) r.length = std::min(r.length, f.file.size - r.offset);  // the last page
-    f.file.ranges.erase(std::remove_if(f.file.ranges.begin(), f.file.ranges.end(),
-                                       [](const ByteRange& r) { return r.length <= 0; }),
-                        f.file.ranges.end());
+    f.file.ranges.erase(
+        std::remove_if(f.file.ranges.begin(), f.file.ranges.end(), [](const ByteRange& r) { return r.length <= 0; }),
+        f.file.ranges.end());
     if (!f.file.ranges.empty()) order.push_back(&f);
   }
   std::sort(order.begin(), order.end(), [&exe](const Found* a, const Found* b) {
@@ -369,9 +369,10 @@ void LibraryPrefetcher::Start(const std::string& dir, const std::string& worker_
     absl::StatusOr<ReadaheadList> list = ReadReadaheadList(path);
     if (absl::IsNotFound(list.status())) return;  // none yet: the first run records it
     if (!list.ok()) {
-      std::fprintf(stderr, "stagehand: warning: ignoring the library readahead list %s (%s); the next run rewrites "
-                   "it (--prefetch_libraries=false turns this off)\n", path.c_str(),
-                   std::string(list.status().message()).c_str());
+      std::fprintf(stderr,
+                   "stagehand: warning: ignoring the library readahead list %s (%s); the next run rewrites "
+                   "it (--prefetch_libraries=false turns this off)\n",
+                   path.c_str(), std::string(list.status().message()).c_str());
       return;
     }
     if (list->key != *key) return;  // another worker's (a hash collision): not ours to use
@@ -428,8 +429,8 @@ void ReadaheadRecorder::Start(const std::string& dir) {
         }
         *list = std::move(merged);
       } else {
-        history = absl::StrFormat("; earlier jobs' pages dropped (%.1f MiB with them)",
-                                  merged.total_bytes() / 1048576.0);
+        history =
+            absl::StrFormat("; earlier jobs' pages dropped (%.1f MiB with them)", merged.total_bytes() / 1048576.0);
       }
     }
     if (absl::Status s = WriteReadaheadList(path, *list); !s.ok()) {
@@ -437,10 +438,10 @@ void ReadaheadRecorder::Start(const std::string& dir) {
       return;
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    result_ = absl::StrFormat("library readahead list: %d files, %.1f MiB (this job touched %.1f MiB%s), written in "
-                              "%.1f ms to %s",
-                              static_cast<int>(list->files.size()), list->total_bytes() / 1048576.0,
-                              touched / 1048576.0, history, ms, path);
+    result_ = absl::StrFormat(
+        "library readahead list: %d files, %.1f MiB (this job touched %.1f MiB%s), written in "
+        "%.1f ms to %s",
+        static_cast<int>(list->files.size()), list->total_bytes() / 1048576.0, touched / 1048576.0, history, ms, path);
   });
 }
 

@@ -83,10 +83,10 @@ absl::StatusOr<ReadaheadList> TouchedLibraryPages(int64_t gap);
 
 // What a readahead did.
 struct ReadaheadStats {
-  int files = 0;          // files asked for
-  int skipped = 0;        // files missing or changed since the list was recorded
-  int64_t bytes = 0;      // bytes asked for
-  double seconds = 0;     // the posix_fadvise calls, start to end
+  int files = 0;       // files asked for
+  int skipped = 0;     // files missing or changed since the list was recorded
+  int64_t bytes = 0;   // bytes asked for
+  double seconds = 0;  // the posix_fadvise calls, start to end
   bool cancelled = false;
 };
 
@@ -100,9 +100,9 @@ ReadaheadStats ReadAhead(const ReadaheadList& list, const std::atomic<bool>* can
 void PutLauncherFilesFirst(ReadaheadList& list);
 
 // The launcher's (and an agent's) readahead: Start reads the list of `worker_binary` from `dir` and
-// reads ahead (PutLauncherFilesFirst) in a thread of its own, so that start-up never waits on it. A missing list, or one of
-// another key, is silent; an unreadable or malformed one gives one warning line on stderr. Cancel
-// stops it between ranges; the destructor cancels and joins.
+// reads ahead (PutLauncherFilesFirst) in a thread of its own, so that start-up never waits on it. A missing list, or
+// one of another key, is silent; an unreadable or malformed one gives one warning line on stderr. Cancel stops it
+// between ranges; the destructor cancels and joins.
 class LibraryPrefetcher {
  public:
   LibraryPrefetcher() = default;
@@ -124,8 +124,8 @@ class LibraryPrefetcher {
 // The worker's side: records this process's touched library pages for `worker_binary` (the running
 // executable) into `dir`, added to what the list there already holds (MergeReadaheadLists, under an
 // flock so that the ranks of a host merge one after another; a list that does not parse is replaced,
-// and one that would grow past twice this job's pages starts again from them), in a thread of its own; the destructor joins it (a few ms), so no temporary
-// file outlives the process.
+// and one that would grow past twice this job's pages starts again from them), in a thread of its own; the destructor
+// joins it (a few ms), so no temporary file outlives the process.
 class ReadaheadRecorder {
  public:
   ReadaheadRecorder() = default;

@@ -79,7 +79,10 @@ TEST(ReadaheadList, Malformed_IsInvalidArgumentNamingTheLine) {
            {head + "file 8192 5 /a.so\nrange 4096 8192\n", "line 4"},  // past the end
            {head + "file 8192 5 /a.so\nrange -1 10\n", "line 4"},
            {head + "file 8192 5 /a.so\nbogus\n", "line 4"},
-           {std::string("\x7f" "ELF\x02\x01", 6), "line 1"}}) {
+           {std::string("\x7f"
+                        "ELF\x02\x01",
+                        6),
+            "line 1"}}) {
     absl::StatusOr<ReadaheadList> list = ParseReadaheadList(text);
     ASSERT_FALSE(list.ok()) << text;
     EXPECT_EQ(list.status().code(), absl::StatusCode::kInvalidArgument);
@@ -106,7 +109,9 @@ TEST(ReadAhead, ChangedSizeOrMtimeOrMissing_IsSkipped) {
   const std::string grown = WriteFile(dir + "/grown.so", 16384);
   const std::string touched = WriteFile(dir + "/touched.so", 16384);
   ReadaheadList list;
-  list.files = {Recorded(same, {{0, 8192}}), Recorded(grown, {{0, 4096}}), Recorded(touched, {{0, 4096}}),
+  list.files = {Recorded(same, {{0, 8192}}),
+                Recorded(grown, {{0, 4096}}),
+                Recorded(touched, {{0, 4096}}),
                 {dir + "/missing.so", 4096, 1, {{0, 4096}}}};
   WriteFile(grown, 20000);
   timespec times[2] = {{0, UTIME_OMIT}, {12345, 0}};
@@ -233,7 +238,8 @@ TEST(ReadaheadRecorder, Start_KeepsWhatTheListAlreadyHeld) {
   ASSERT_GE(now->files.size(), 2u);
   EXPECT_EQ(now->files.back().path, extra);
   EXPECT_EQ(now->files.back().ranges, (std::vector<ByteRange>{{0, 8192}}));
-  for (const FileRanges& f : now->files) EXPECT_FALSE(absl::StrContains(f.path, "libgone.so")) << "a removed file stays";
+  for (const FileRanges& f : now->files)
+    EXPECT_FALSE(absl::StrContains(f.path, "libgone.so")) << "a removed file stays";
 }
 
 // A list that would grow past twice this job's pages starts again from them: an earlier job's file of

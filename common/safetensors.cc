@@ -99,7 +99,8 @@ int64_t SafetensorsDtypeBytes(const std::string& d) {
   return 0;
 }
 
-std::string SafetensorsPrefix(std::vector<SafetensorsEntry>& tensors, const std::map<std::string, std::string>& metadata) {
+std::string SafetensorsPrefix(std::vector<SafetensorsEntry>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   std::string json = "{";
   if (!metadata.empty()) {
     json += "\"__metadata__\":{";
@@ -173,7 +174,8 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
   const UniqueFd fd = std::move(file->fd);
   const struct stat st = file->st;
   std::string len(8, '\0');
-  if (pread(fd.get(), len.data(), 8, 0) != 8) return absl::DataLossError(absl::StrCat(path, ": not a safetensors file: too short"));
+  if (pread(fd.get(), len.data(), 8, 0) != 8)
+    return absl::DataLossError(absl::StrCat(path, ": not a safetensors file: too short"));
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(len[i]);
   if (n > static_cast<uint64_t>(kMaxHeader) || static_cast<int64_t>(8 + n) > st.st_size) {
@@ -199,7 +201,9 @@ absl::Status ReadSafetensorsData(const std::string& path, const SafetensorsHeade
   while (left > 0) {
     ssize_t got = pread(fd.get(), dst, std::min<int64_t>(left, int64_t{1} << 30), off);
     if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return absl::DataLossError(absl::StrCat(path, ": reading ", e.name, ": ", got < 0 ? ErrnoText(errno) : "unexpected end"));
+    if (got <= 0)
+      return absl::DataLossError(
+          absl::StrCat(path, ": reading ", e.name, ": ", got < 0 ? ErrnoText(errno) : "unexpected end"));
     dst += got;
     off += got;
     left -= got;

@@ -15,15 +15,15 @@ namespace stagehand {
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;            // "F32", "BF16", "F16", "F64", "I64", "I32", "U8", ...
+  std::string dtype;  // "F32", "BF16", "F16", "F64", "I64", "I32", "U8", ...
   std::vector<int64_t> shape;
-  int64_t begin = 0, end = 0;   // byte range in the data section (after the header)
+  int64_t begin = 0, end = 0;  // byte range in the data section (after the header)
 };
 
 struct SafetensorsHeader {
-  std::vector<SafetensorsEntry> tensors;  // in data order
+  std::vector<SafetensorsEntry> tensors;        // in data order
   std::map<std::string, std::string> metadata;  // "__metadata__": strings only, as the format says
-  int64_t data_start = 0;                 // file offset of the data section
+  int64_t data_start = 0;                       // file offset of the data section
   const SafetensorsEntry* Find(const std::string& name) const;
 };
 

@@ -63,9 +63,9 @@ bool KeyMatchesCertificate(const std::string& cert_pem, const std::string& key_p
 
 // A certificate and its key, both read and checked against each other.
 absl::StatusOr<grpc::SslServerCredentialsOptions::PemKeyCertPair> ReadKeyPair(const std::string& cert_flag,
-                                                                             const std::string& cert,
-                                                                             const std::string& key_flag,
-                                                                             const std::string& key) {
+                                                                              const std::string& cert,
+                                                                              const std::string& key_flag,
+                                                                              const std::string& key) {
   absl::StatusOr<std::string> cert_pem = ReadPemFile(cert_flag, cert, PemKind::kCertificates);
   if (!cert_pem.ok()) return cert_pem.status();
   absl::StatusOr<std::string> key_pem = ReadPemFile(key_flag, key, PemKind::kPrivateKey);
@@ -104,11 +104,12 @@ std::string ExplainUnavailable(const grpc::Status& s, const ClientTlsInfo& info)
                       Has(s, "Broken pipe") || Has(s, "GOAWAY") || Has(s, "closed");
   const bool handshake = Has(s, "andshake") || Has(s, "SSL") || Has(s, "ssl") || Has(s, "certificate");
   if (info.tls && (closed || handshake)) {
-    return absl::StrCat("the TLS handshake with ", server,
-                        " failed: check that --tls_ca is the CA that signed the server's certificate and, for "
-                        "mutual TLS, that --tls_cert is signed by the CA the server trusts (--tls_client_ca)",
-                        info.client_cert ? "" : "; the server may require a client certificate: pass --tls_cert and --tls_key",
-                        " (", s.error_message(), ")");
+    return absl::StrCat(
+        "the TLS handshake with ", server,
+        " failed: check that --tls_ca is the CA that signed the server's certificate and, for "
+        "mutual TLS, that --tls_cert is signed by the CA the server trusts (--tls_client_ca)",
+        info.client_cert ? "" : "; the server may require a client certificate: pass --tls_cert and --tls_key", " (",
+        s.error_message(), ")");
   }
   if (!info.tls && closed) {
     return absl::StrCat("the server at ", server, " closed the connection before any reply: if it uses TLS (a ",
@@ -140,12 +141,14 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::stri
   if (absl::StripAsciiWhitespace(pem).empty()) return Bad(flag, path, "the file is empty; pass a PEM file");
   const bool want_cert = kind == PemKind::kCertificates;
   if (!absl::StrContains(pem, "-----BEGIN ")) {
-    return Bad(flag, path, absl::StrCat("not PEM (no -----BEGIN line); pass a PEM ",
-                                        want_cert ? "certificate" : "private key", " (openssl x509 -outform PEM)"));
+    return Bad(flag, path,
+               absl::StrCat("not PEM (no -----BEGIN line); pass a PEM ", want_cert ? "certificate" : "private key",
+                            " (openssl x509 -outform PEM)"));
   }
   if (!ParsesAs(pem, kind)) {
-    return Bad(flag, path, want_cert ? "holds no valid PEM certificate (-----BEGIN CERTIFICATE-----)"
-                                     : "holds no valid unencrypted PEM private key (-----BEGIN PRIVATE KEY-----)");
+    return Bad(flag, path,
+               want_cert ? "holds no valid PEM certificate (-----BEGIN CERTIFICATE-----)"
+                         : "holds no valid unencrypted PEM private key (-----BEGIN PRIVATE KEY-----)");
   }
   return pem;
 }
@@ -168,7 +171,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(co
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(const ClientTlsFiles& files) {
   if (files.ca.empty() && files.cert.empty() && files.key.empty()) return grpc::InsecureChannelCredentials();
   if (files.cert.empty() != files.key.empty()) {
-    return absl::InvalidArgumentError("--tls_cert and --tls_key go together: pass both (a client certificate and its key) or neither");
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together: pass both (a client certificate and its key) or neither");
   }
   grpc::SslCredentialsOptions options;
   if (!files.ca.empty()) {
@@ -199,9 +203,10 @@ absl::Status ExplainRpcError(const grpc::Status& s, const ClientTlsInfo& info) {
                                              "): ask its admin for one, or pass --token_file"));
     case grpc::StatusCode::CANCELLED:
       // A server that is shutting down cancels the calls still open (a submission being checked).
-      return absl::Status(code, absl::StrCat("the server at ", info.server, " ended the call before answering (",
-                                             s.error_message(), "), as one that is shutting down does: run the "
-                                             "command again once it is back"));
+      return absl::Status(
+          code, absl::StrCat("the server at ", info.server, " ended the call before answering (", s.error_message(),
+                             "), as one that is shutting down does: run the "
+                             "command again once it is back"));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return absl::Status(code, absl::StrCat("the server at ", info.server, " did not answer in time (",
                                              s.error_message(), "): check that it is up and reachable"));

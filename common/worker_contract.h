@@ -11,9 +11,9 @@ inline constexpr char kSecretFdEnv[] = "STAGEHAND_SECRET_FD";
 
 // A worker's exit codes.
 inline constexpr int kWorkerExitOk = 0;
-inline constexpr int kWorkerExitFailed = 1;            // failed, and reported it to the coordinator
-inline constexpr int kWorkerExitStopped = 3;           // the coordinator stopped the job, or replaced us
-inline constexpr int kWorkerExitLostCoordinator = 4;   // no answer from the coordinator for too long
+inline constexpr int kWorkerExitFailed = 1;           // failed, and reported it to the coordinator
+inline constexpr int kWorkerExitStopped = 3;          // the coordinator stopped the job, or replaced us
+inline constexpr int kWorkerExitLostCoordinator = 4;  // no answer from the coordinator for too long
 
 }  // namespace stagehand
 

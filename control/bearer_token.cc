@@ -46,11 +46,13 @@ absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
   TokenFile out;
   out.token = std::string(absl::StripAsciiWhitespace(text));
   if (out.token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--token_file=", path, ": empty; put the token you were "
+    return absl::InvalidArgumentError(absl::StrCat("--token_file=", path,
+                                                   ": empty; put the token you were "
                                                    "given in it"));
   }
   if (std::any_of(out.token.begin(), out.token.end(), [](char c) { return !absl::ascii_isgraph(c); })) {
-    return absl::InvalidArgumentError(absl::StrCat("--token_file=", path, ": holds more than one word; it should "
+    return absl::InvalidArgumentError(absl::StrCat("--token_file=", path,
+                                                   ": holds more than one word; it should "
                                                    "hold the token alone"));
   }
   if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {

@@ -47,7 +47,6 @@ SplitMix64 RowRng(uint64_t seed, int64_t step, int64_t index, int64_t row) {
   return SplitMix64(Mix64(h ^ static_cast<uint64_t>(row)));
 }
 
-
 // Each sequence starts at a random token; the next token is succ[previous] with probability 9/10,
 // else uniform. The best achievable loss is about 0.9 nats at vocab 256 (against ln 256 = 5.55).
 class SyntheticCorpus : public TokenSource {
@@ -166,7 +165,8 @@ std::unique_ptr<TokenSource> MakeSyntheticCorpus(int64_t vocab, int64_t seq, uin
 ValidationSplit SplitOf(int64_t tokens, int64_t seq, double val_fraction) {
   ValidationSplit v;
   v.tokens = tokens;
-  if (val_fraction > 0) v.sequences = static_cast<int64_t>(std::floor(static_cast<double>(tokens) * val_fraction)) / (seq + 1);
+  if (val_fraction > 0)
+    v.sequences = static_cast<int64_t>(std::floor(static_cast<double>(tokens) * val_fraction)) / (seq + 1);
   v.start = tokens - v.sequences * (seq + 1);
   return v;
 }
@@ -201,8 +201,7 @@ absl::StatusOr<MappedTokens> MapTokenFile(const std::string& path, int64_t vocab
   const int mmap_errno = errno;
   close(fd);  // the mapping keeps the file
   if (mapped == MAP_FAILED) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot map token file ", path, ": ", std::strerror(mmap_errno)));
+    return absl::InvalidArgumentError(absl::StrCat("cannot map token file ", path, ": ", std::strerror(mmap_errno)));
   }
   const auto* tokens = static_cast<const uint16_t*>(mapped);
   if (absl::Status s = CheckTokens(path, tokens, count, vocab); !s.ok()) {
@@ -221,9 +220,9 @@ absl::StatusOr<std::unique_ptr<TokenSource>> OpenTokenFile(const std::string& pa
   const ValidationSplit split = SplitOf(static_cast<int64_t>(m->count), seq, val_fraction);
   if (split.start < seq + 1) {
     munmap(const_cast<uint16_t*>(m->tokens), m->bytes);
-    return absl::FailedPreconditionError(absl::StrCat("token file ", path, ": --val_fraction=", val_fraction,
-                                                      " leaves ", split.start, " tokens to train on, fewer than seq + 1 = ",
-                                                      seq + 1, "; pass a smaller --val_fraction"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("token file ", path, ": --val_fraction=", val_fraction, " leaves ", split.start,
+                     " tokens to train on, fewer than seq + 1 = ", seq + 1, "; pass a smaller --val_fraction"));
   }
   return std::unique_ptr<TokenSource>(
       std::make_unique<TokenFile>(m->tokens, static_cast<size_t>(split.start), m->bytes, seq, seed));

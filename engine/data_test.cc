@@ -32,8 +32,9 @@ TEST(SyntheticCorpus, SameSeedStepIndex_SameBatch) {
   EXPECT_TRUE(a.device().is_cpu());
   EXPECT_GE(a.min().item<int64_t>(), 0);
   EXPECT_LT(a.max().item<int64_t>(), c.vocab);
-  EXPECT_TRUE(torch::equal(a, MakeSyntheticCorpus(c.vocab, c.seq, 9)->Batch(3, 1, 4)));  // another instance, as another rank
-  EXPECT_TRUE(torch::equal(a, corpus->Batch(3, 1, 8).slice(0, 0, 4)));       // rows do not depend on batch size
+  EXPECT_TRUE(
+      torch::equal(a, MakeSyntheticCorpus(c.vocab, c.seq, 9)->Batch(3, 1, 4)));  // another instance, as another rank
+  EXPECT_TRUE(torch::equal(a, corpus->Batch(3, 1, 8).slice(0, 0, 4)));           // rows do not depend on batch size
 }
 
 TEST(SyntheticCorpus, DifferentIndexStepOrSeed_DifferentBatch) {
@@ -100,7 +101,8 @@ TEST(OpenTokenFile, ExactlySeqPlusOneTokens_GivesTheWholeFile) {
   const Sizes c;
   std::vector<uint16_t> tokens(c.seq + 1);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = 255 - i;
-  absl::StatusOr<std::unique_ptr<TokenSource>> source = OpenTokenFile(WriteTokens("exact.bin", tokens), c.vocab, c.seq, 5);
+  absl::StatusOr<std::unique_ptr<TokenSource>> source =
+      OpenTokenFile(WriteTokens("exact.bin", tokens), c.vocab, c.seq, 5);
   ASSERT_TRUE(source.ok()) << source.status();
   torch::Tensor batch = (*source)->Batch(0, 0, 2);
   for (int64_t t = 0; t <= c.seq; ++t) EXPECT_EQ(batch[1][t].item<int64_t>(), 255 - t);
@@ -122,7 +124,8 @@ TEST(OpenTokenFile, Directory_IsInvalidArgument) {
 
 TEST(OpenTokenFile, FewerThanSeqPlusOneTokens_IsInvalidArgument) {
   const Sizes c;
-  ExpectInvalid(OpenTokenFile(WriteTokens("short.bin", std::vector<uint16_t>(c.seq, 1)), c.vocab, c.seq, 1), "seq + 1 = 33");
+  ExpectInvalid(OpenTokenFile(WriteTokens("short.bin", std::vector<uint16_t>(c.seq, 1)), c.vocab, c.seq, 1),
+                "seq + 1 = 33");
   ExpectInvalid(OpenTokenFile(WriteTokens("empty.bin", {}), c.vocab, c.seq, 1), "seq + 1 = 33");
 }
 

@@ -19,15 +19,24 @@ namespace {
 // For messages: what an action kind does.
 const char* ActionKindName(ActionKind k) {
   switch (k) {
-    case ActionKind::kForward: return "forward";
-    case ActionKind::kBackward: return "backward";
-    case ActionKind::kBackwardInput: return "input-gradient";
-    case ActionKind::kBackwardWeight: return "weight-gradient";
-    case ActionKind::kSendForward: return "send activation";
-    case ActionKind::kRecvForward: return "receive activation";
-    case ActionKind::kSendBackward: return "send gradient";
-    case ActionKind::kRecvBackward: return "receive gradient";
-    case ActionKind::kOptimizerStep: return "optimizer step";
+    case ActionKind::kForward:
+      return "forward";
+    case ActionKind::kBackward:
+      return "backward";
+    case ActionKind::kBackwardInput:
+      return "input-gradient";
+    case ActionKind::kBackwardWeight:
+      return "weight-gradient";
+    case ActionKind::kSendForward:
+      return "send activation";
+    case ActionKind::kRecvForward:
+      return "receive activation";
+    case ActionKind::kSendBackward:
+      return "send gradient";
+    case ActionKind::kRecvBackward:
+      return "receive gradient";
+    case ActionKind::kOptimizerStep:
+      return "optimizer step";
   }
   return "unknown";
 }
@@ -65,16 +74,16 @@ std::vector<int> LastGradientActions(const std::vector<Action>& actions, size_t 
 
 // What one (chunk, micro-batch) holds within a step.
 struct Executor::Slot {
-  torch::Tensor input, output;  // the forward's input (a leaf when training) and output (or loss)
-  torch::Tensor grad_out;       // the gradient w.r.t. input, to send upstream
+  torch::Tensor input, output;    // the forward's input (a leaf when training) and output (or loss)
+  torch::Tensor grad_out;         // the gradient w.r.t. input, to send upstream
   torch::Tensor grad_for_weight;  // zero-bubble split: the output's gradient, kept from I for W
   torch::Tensor act_in, grad_in;  // receive buffers, allocated once
   std::shared_ptr<at::cuda::CUDAEvent> act_ready, grad_ready;  // when their receive is done
-  torch::Tensor act_out, grad_out_buffer;  // with graphs: copies of what a slot's replay produced
+  torch::Tensor act_out, grad_out_buffer;                      // with graphs: copies of what a slot's replay produced
 };
 
-std::unique_ptr<GraphSlot> CaptureSlot(Stage& stage, int64_t batch, int64_t seq, bool first, bool last,
-                                       bool inference, int loss_divisor, const torch::Device& device) {
+std::unique_ptr<GraphSlot> CaptureSlot(Stage& stage, int64_t batch, int64_t seq, bool first, bool last, bool inference,
+                                       int loss_divisor, const torch::Device& device) {
   const bool loss = last && !inference;
   auto slot = std::make_unique<GraphSlot>();
   slot->input = Empty(stage.Input(batch), device).zero_();
@@ -95,9 +104,9 @@ std::unique_ptr<GraphSlot> CaptureSlot(Stage& stage, int64_t batch, int64_t seq,
   if (!inference) {
     // The autograd engine's device thread launches the backward onto the capturing stream.
     slot->backward.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-    torch::autograd::backward({slot->output}, loss ? torch::autograd::variable_list{}
-                                                   : torch::autograd::variable_list{slot->grad_output},
-                              /*retain_graph=*/true);
+    torch::autograd::backward(
+        {slot->output}, loss ? torch::autograd::variable_list{} : torch::autograd::variable_list{slot->grad_output},
+        /*retain_graph=*/true);
     slot->backward.capture_end();
     if (!first) slot->grad_input = slot->input.grad();
   }
@@ -106,10 +115,17 @@ std::unique_ptr<GraphSlot> CaptureSlot(Stage& stage, int64_t batch, int64_t seq,
 
 Executor::Executor(ExecutorOptions options, std::vector<std::unique_ptr<Stage>> chunks, const TokenSource* data,
                    Transport* transport, Streams* streams)
-    : o_(std::move(options)), actions_(o_.schedule.ranks[o_.rank]),
-      eval_actions_(ForwardPart(o_.schedule).ranks[o_.rank]), running_(&actions_), chunks_(std::move(chunks)), data_(data),
-      transport_(transport), streams_(streams), m_(o_.schedule.num_microbatches),
-      training_(!o_.schedule.forward_only), timer_(o_.timing, streams) {
+    : o_(std::move(options)),
+      actions_(o_.schedule.ranks[o_.rank]),
+      eval_actions_(ForwardPart(o_.schedule).ranks[o_.rank]),
+      running_(&actions_),
+      chunks_(std::move(chunks)),
+      data_(data),
+      transport_(transport),
+      streams_(streams),
+      m_(o_.schedule.num_microbatches),
+      training_(!o_.schedule.forward_only),
+      timer_(o_.timing, streams) {
   for (int s = 0; s < o_.schedule.num_stages; ++s) {
     if (o_.schedule.stage_rank[s] == o_.rank) chunk_stage_.push_back(s);
   }
@@ -118,8 +134,8 @@ Executor::Executor(ExecutorOptions options, std::vector<std::unique_ptr<Stage>> 
   // Peak memory from here on: the profile that ran before (and its graphs) is not the run's.
   if (o_.device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(0);
   if (training_) {
-    optimizer_ = std::make_unique<FusedAdamW>(Parameters(), o_.lr, 0.9, 0.95, 1e-8, o_.weight_decay,
-                                              o_.fused_optimizer);
+    optimizer_ =
+        std::make_unique<FusedAdamW>(Parameters(), o_.lr, 0.9, 0.95, 1e-8, o_.weight_decay, o_.fused_optimizer);
     for (auto& c : chunks_) c->SetTraining(true);
   } else {
     for (auto& c : chunks_) c->SetTraining(false);
@@ -188,17 +204,17 @@ absl::Status Executor::Check() const {
         }
         break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", o_.rank, ": the executor does not run ", name, " (", ActionKindName(a.kind),
-            ") actions"));
+        return absl::InvalidArgumentError(absl::StrCat("rank ", o_.rank, ": the executor does not run ", name, " (",
+                                                       ActionKindName(a.kind), ") actions"));
     }
     if (a.kind == ActionKind::kOptimizerStep) continue;
     if (a.chunk < 0 || a.chunk >= static_cast<int>(chunks_.size()) || chunk_stage_[a.chunk] != a.stage ||
         a.microbatch < 0 || a.microbatch >= m_) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", o_.rank, ": ", name, " names chunk ", a.chunk,
-                                                     " and micro-batch ", a.microbatch, ", which this rank does "
-                                                     "not hold (", chunks_.size(), " chunks, ", m_,
-                                                     " micro-batches)"));
+                                                     " and micro-batch ", a.microbatch,
+                                                     ", which this rank does "
+                                                     "not hold (",
+                                                     chunks_.size(), " chunks, ", m_, " micro-batches)"));
     }
     if (IsCommunication(a.kind) && transport_ == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", o_.rank, ": ", name, " without a transport"));
@@ -372,8 +388,12 @@ absl::Status Executor::Communicate(const std::vector<Action>& group) {
     Stage& stage = *chunks_[x.chunk];
     torch::Tensor t;
     switch (x.kind) {
-      case ActionKind::kSendForward: t = s.output.defined() ? s.output.detach() : t; break;
-      case ActionKind::kSendBackward: t = s.grad_out; break;
+      case ActionKind::kSendForward:
+        t = s.output.defined() ? s.output.detach() : t;
+        break;
+      case ActionKind::kSendBackward:
+        t = s.grad_out;
+        break;
       case ActionKind::kRecvForward:
         if (!s.act_in.defined()) s.act_in = Empty(stage.Input(o_.micro_batch), o_.device);
         t = s.act_in;
@@ -382,11 +402,13 @@ absl::Status Executor::Communicate(const std::vector<Action>& group) {
         if (!s.grad_in.defined()) s.grad_in = Empty(stage.Output(o_.micro_batch), o_.device);
         t = s.grad_in;
         break;
-      default: return absl::InternalError("not a communication action");
+      default:
+        return absl::InternalError("not a communication action");
     }
     if (!t.defined() || !t.is_contiguous()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          ToString(x), ": nothing to send (the list sends before it computes, or the stage's output is not "
+      return absl::FailedPreconditionError(
+          absl::StrCat(ToString(x),
+                       ": nothing to send (the list sends before it computes, or the stage's output is not "
                        "contiguous)"));
     }
     if (IsSend(x.kind)) streams_->KeepForComm(t);
@@ -406,7 +428,8 @@ absl::Status Executor::Communicate(const std::vector<Action>& group) {
     if (x.kind == ActionKind::kRecvForward) s.act_ready = done;
     if (x.kind == ActionKind::kRecvBackward) s.grad_ready = done;
     if (x.kind == ActionKind::kSendBackward) s.grad_out = torch::Tensor();
-    if (x.kind == ActionKind::kSendForward && (!training_ || evaluating_)) s.output = torch::Tensor();  // no backward needs it
+    if (x.kind == ActionKind::kSendForward && (!training_ || evaluating_))
+      s.output = torch::Tensor();  // no backward needs it
   }
   return absl::OkStatus();
 }
@@ -430,10 +453,14 @@ absl::Status Executor::Compute(const Action& x) {
   }
   timer_.StartCompute();
   switch (x.kind) {
-    case ActionKind::kForward: Forward(x); break;
+    case ActionKind::kForward:
+      Forward(x);
+      break;
     case ActionKind::kBackward:
     case ActionKind::kBackwardInput:
-    case ActionKind::kBackwardWeight: Backward(x); break;
+    case ActionKind::kBackwardWeight:
+      Backward(x);
+      break;
     case ActionKind::kOptimizerStep:
       if (o_.grad_clip > 0) {  // --grad_clip with replicas is refused before the job starts
         if (absl::Status s = ClipGradients(); !s.ok()) return s;
@@ -521,8 +548,8 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step) {
     if (s.ok() && sync_ != nullptr) NotifyGradients(at, i);
     if (!s.ok()) {
       failed_action_ = static_cast<int>(at);
-      return absl::Status(s.code(), absl::StrCat("rank ", o_.rank, ", ", ToString(actions_[at]), " (step ", step,
-                                                 "): ", s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("rank ", o_.rank, ", ", ToString(actions_[at]), " (step ", step, "): ", s.message()));
     }
   }
   ++steps_run_;
@@ -531,7 +558,8 @@ absl::StatusOr<StepResult> Executor::Step(int64_t step) {
   r.step = step;
   if (loss_sum_.defined() && sync_ != nullptr) {
     absl::StatusOr<double> mean = sync_->MeanLoss(loss_sum_);  // the global batch's, as one process's
-    if (!mean.ok()) return absl::Status(mean.status().code(), absl::StrCat("rank ", o_.rank, ": ", mean.status().message()));
+    if (!mean.ok())
+      return absl::Status(mean.status().code(), absl::StrCat("rank ", o_.rank, ": ", mean.status().message()));
     r.has_loss = sync_->ReportsLoss();
     r.loss = *mean;
   } else if (loss_sum_.defined()) {

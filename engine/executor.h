@@ -31,9 +31,9 @@ struct StepResult {
   bool has_loss = false;  // on the rank holding the last stage
   double loss = 0;        // mean over the step's micro-batches
   double seconds = 0;
-  int64_t tokens = 0;     // tokens through the whole pipeline this step (all its replicas)
+  int64_t tokens = 0;  // tokens through the whole pipeline this step (all its replicas)
   int64_t peak_memory_bytes = 0;
-  StepTiming timing;      // where the step's time went on this rank (actions empty when timing is off)
+  StepTiming timing;  // where the step's time went on this rank (actions empty when timing is off)
   // Filled by the pipeline's loop (pipeline.cc), not by Step: an evaluation after this step, and the
   // parameters of this rank's stages.
   bool has_val_loss = false;
@@ -43,17 +43,17 @@ struct StepResult {
 
 struct ExecutorOptions {
   int rank = 0;
-  Schedule schedule;         // ranks[rank] is this rank's list; the other ranks' lists may be empty
-  int64_t micro_batch = 1;   // sequences per micro-batch
-  int64_t seq = 1;           // tokens per sequence (the batch's inputs; targets are shifted by one)
+  Schedule schedule;        // ranks[rank] is this rank's list; the other ranks' lists may be empty
+  int64_t micro_batch = 1;  // sequences per micro-batch
+  int64_t seq = 1;          // tokens per sequence (the batch's inputs; targets are shifted by one)
   double lr = 1e-4;
   double weight_decay = 0.1;  // AdamW's
   // AdamW in our one-launch kernel that also writes the linear layers' bf16 copies and zeroes the
   // gradients (FusedAdamW; --model_option=fused_optimizer=false: ATen's _fused_adamw_ and separate passes).
   bool fused_optimizer = true;
-  double grad_clip = 0;      // > 0: the global gradient norm (every rank's, over the transport) is clipped to it
+  double grad_clip = 0;  // > 0: the global gradient norm (every rank's, over the transport) is clipped to it
   bool timing = true;
-  bool cuda_graphs = true;   // on GPUs: replay captured graphs from step 1 where the list allows it
+  bool cuda_graphs = true;  // on GPUs: replay captured graphs from step 1 where the list allows it
   torch::Device device = torch::kCPU;
   // Data parallelism: the step's global batch has replicas x micro-batches x micro_batch sequences;
   // this rank's pipeline runs replica `replica`'s consecutive share of them.
@@ -93,8 +93,8 @@ struct GraphSlot {
 // of `seq` tokens on the current stream, in a memory pool of its own. `first`/`last`: whether the stage takes tokens /
 // computes the loss, which is divided by `loss_divisor`. The stage must have been run once eagerly
 // (warmed-up kernels, gradients allocated: the graphs accumulate into them in place).
-std::unique_ptr<GraphSlot> CaptureSlot(Stage& stage, int64_t batch, int64_t seq, bool first, bool last,
-                                       bool inference, int loss_divisor, const torch::Device& device);
+std::unique_ptr<GraphSlot> CaptureSlot(Stage& stage, int64_t batch, int64_t seq, bool first, bool last, bool inference,
+                                       int loss_divisor, const torch::Device& device);
 
 class Executor {
  public:
@@ -158,8 +158,8 @@ class Executor {
 
   const ExecutorOptions o_;
   const std::vector<Action>& actions_;
-  const std::vector<Action> eval_actions_;    // ForwardPart of the list
-  const std::vector<Action>* running_;        // actions_, or eval_actions_ while evaluating
+  const std::vector<Action> eval_actions_;  // ForwardPart of the list
+  const std::vector<Action>* running_;      // actions_, or eval_actions_ while evaluating
   bool evaluating_ = false;
   std::vector<std::unique_ptr<Stage>> chunks_;
   std::vector<int> chunk_stage_;  // chunk -> virtual stage
@@ -169,18 +169,18 @@ class Executor {
   const int m_;
   const bool training_;
   int64_t step_ = 0;
-  int64_t steps_run_ = 0;         // by this executor: a resumed run's first step is eager too
+  int64_t steps_run_ = 0;  // by this executor: a resumed run's first step is eager too
   std::unique_ptr<FusedAdamW> optimizer_;
-  std::vector<Slot> slots_;       // [chunk * m + mb]
+  std::vector<Slot> slots_;  // [chunk * m + mb]
   torch::Tensor loss_sum_;
-  torch::Tensor batch_;           // the step's global batch of tokens, on the device
+  torch::Tensor batch_;  // the step's global batch of tokens, on the device
   // The next step's batch, fetched while the GPU still ran this step's kernels (PrefetchBatch), and
   // which (source, step, index) it is.
   torch::Tensor next_batch_;
   const TokenSource* next_from_ = nullptr;
   int64_t next_step_ = -1, next_index_ = -1;
   StepTimer timer_;
-  bool graphs_ = false;           // CUDA graphs wanted; captured at the start of step 1 (step 0 warms up)
+  bool graphs_ = false;  // CUDA graphs wanted; captured at the start of step 1 (step 0 warms up)
   bool captured_ = false;
   std::vector<std::unique_ptr<GraphSlot>> graph_slots_;
   std::vector<int> graph_slot_of_;  // micro-batch -> graph slot (one chunk per rank)

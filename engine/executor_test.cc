@@ -69,7 +69,8 @@ std::unique_ptr<TokenSource> Data() { return MakeSyntheticCorpus(kModel.vocab, k
 std::function<int(const torch::Tensor&)> IdentifyTokens(const TokenSource& data, int64_t step, int m) {
   std::vector<torch::Tensor> tokens;
   const torch::Tensor batch = data.Batch(step, 0, m * kMicroBatch);
-  for (int mb = 0; mb < m; ++mb) tokens.push_back(batch.slice(0, mb * kMicroBatch, (mb + 1) * kMicroBatch).slice(1, 0, -1));
+  for (int mb = 0; mb < m; ++mb)
+    tokens.push_back(batch.slice(0, mb * kMicroBatch, (mb + 1) * kMicroBatch).slice(1, 0, -1));
   return [tokens](const torch::Tensor& input) {
     for (size_t mb = 0; mb < tokens.size(); ++mb) {
       if (input.sizes() == tokens[mb].sizes() && torch::equal(input, tokens[mb])) return static_cast<int>(mb);
@@ -276,8 +277,8 @@ TEST(ExecutorTest, Step_Inference_ForwardOnlyAndNoOptimizer) {
 TEST(ExecutorTest, Step_SplitBackwardAndTwoChunksPerRank_MatchOneRank) {
   constexpr int kM = 4, kSteps = 2;
   const RunResult want = RunOneRank("1f1b", kM, kSteps);
-  for (const auto& [name, chunks] : std::vector<std::pair<std::string, int>>{
-           {"zb-h1", 1}, {"interleaved-1f1b", 2}, {"zb-v", 2}}) {
+  for (const auto& [name, chunks] :
+       std::vector<std::pair<std::string, int>>{{"zb-h1", 1}, {"interleaved-1f1b", 2}, {"zb-v", 2}}) {
     SCOPED_TRACE(name);
     absl::StatusOr<Schedule> s = MakeSchedule(name, 2, kM, chunks);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -308,8 +309,8 @@ TEST(ExecutorTest, Step_SplitBackwardAndTwoChunksPerRank_MatchOneRank) {
     std::vector<torch::Tensor> got;
     for (int v = 0; v < s->num_stages; ++v) {
       const Executor& e = *ranks[s->stage_rank[v]]->executor;
-      const int chunk = static_cast<int>(std::find(e.chunk_stages().begin(), e.chunk_stages().end(), v) -
-                                         e.chunk_stages().begin());
+      const int chunk =
+          static_cast<int>(std::find(e.chunk_stages().begin(), e.chunk_stages().end(), v) - e.chunk_stages().begin());
       for (const torch::Tensor& p : e.Parameters(chunk)) got.push_back(p.detach().clone());
     }
     ExpectClose(got, want.parameters);

@@ -30,10 +30,9 @@ class FusedCrossEntropyFunction : public torch::autograd::Function<FusedCrossEnt
     const int64_t rows = logits.size(0), vocab = logits.size(1);
     torch::Tensor row_loss = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
     torch::Tensor lse = torch::empty({rows}, row_loss.options());
-    const cudaError_t e = CrossEntropyForward(reinterpret_cast<const uint16_t*>(logits.data_ptr<at::BFloat16>()),
-                                              targets.data_ptr<int64_t>(), row_loss.data_ptr<float>(),
-                                              lse.data_ptr<float>(), rows, vocab, kIgnoreIndex,
-                                              at::cuda::getCurrentCUDAStream());
+    const cudaError_t e = CrossEntropyForward(
+        reinterpret_cast<const uint16_t*>(logits.data_ptr<at::BFloat16>()), targets.data_ptr<int64_t>(),
+        row_loss.data_ptr<float>(), lse.data_ptr<float>(), rows, vocab, kIgnoreIndex, at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(e == cudaSuccess, "CrossEntropyForward: ", cudaGetErrorString(e));
     // The mean over the tokens that count, as cross_entropy's: on the device, nothing waits for the host.
     const torch::Tensor count = targets.ne(kIgnoreIndex).sum().to(torch::kFloat32);
@@ -63,8 +62,8 @@ torch::Tensor FusedLanguageModelLoss(const torch::Tensor& logits, const torch::T
   }
   const torch::Tensor flat = logits.reshape({-1, logits.size(-1)}).contiguous();
   const torch::Tensor t = targets.to(logits.device(), torch::kInt64).reshape({-1}).contiguous();
-  TORCH_CHECK(t.size(0) == flat.size(0), "the loss takes one target per token: ", flat.size(0), " tokens, ",
-              t.size(0), " targets");
+  TORCH_CHECK(t.size(0) == flat.size(0), "the loss takes one target per token: ", flat.size(0), " tokens, ", t.size(0),
+              " targets");
   return FusedCrossEntropyFunction::apply(flat, t);
 }
 

@@ -28,9 +28,9 @@ struct StageOptions {
   const JobSpec* job = nullptr;  // resolved: job->model_spec() holds every size
   int first_layer = 0;           // pipeline layers [first_layer, last_layer) of the model
   int last_layer = 0;
-  int num_layers = 0;            // the model's pipeline layers in all
+  int num_layers = 0;  // the model's pipeline layers in all
   torch::Device device = torch::kCPU;
-  uint64_t seed = 0;             // parameters must depend on (seed, layer) only, never on the partition
+  uint64_t seed = 0;  // parameters must depend on (seed, layer) only, never on the partition
   // On a CUDA device: draw the parameters there (LayerGenerator(seed, layer, device), other numbers than
   // the CPU's) instead of on the CPU and copying them over. JobSpec.init_on_device; false: the CPU draws.
   bool init_on_device = false;

@@ -12,7 +12,6 @@ at::cuda::CUDAStream CommStream() {
   return stream;
 }
 
-
 StepTiming StepTimer::Finish(int rank, int64_t step, double step_ms) const {
   StepTiming t;
   t.set_rank(rank);
@@ -44,7 +43,8 @@ StepTiming StepTimer::Finish(int rank, int64_t step, double step_ms) const {
   double prev = 0;
   for (const Entry* e : track) {
     const double start = std::max(prev, Ms(e->start)), end = std::max(start, Ms(e->end));
-    add(e->waited_for.empty() ? "idle" : "wait " + e->waited_for, e->waited_for.empty() ? "idle" : "wait", prev, start, 0);
+    add(e->waited_for.empty() ? "idle" : "wait " + e->waited_for, e->waited_for.empty() ? "idle" : "wait", prev, start,
+        0);
     add(e->name, e->kind, start, end, e->bytes);
     prev = end;
   }

@@ -104,8 +104,8 @@ class StepTimer {
     std::string name;
     for (const Action& a : group) absl::StrAppend(&name, name.empty() ? "" : " ", ToString(a));
     const bool send = group[0].kind == ActionKind::kSendForward || group[0].kind == ActionKind::kSendBackward;
-    comm_.push_back({name, send ? "send" : "recv", pending_, Mark(streams_->cuda() ? &streams_->comm() : nullptr), "",
-                     bytes});
+    comm_.push_back(
+        {name, send ? "send" : "recv", pending_, Mark(streams_->cuda() ? &streams_->comm() : nullptr), "", bytes});
   }
   // After the step's streams have synchronised.
   StepTiming Finish(int rank, int64_t step, double step_ms) const;
@@ -124,9 +124,12 @@ class StepTimer {
   };
   static std::string Kind(ActionKind k) {
     switch (k) {
-      case ActionKind::kForward: return "forward";
-      case ActionKind::kOptimizerStep: return "optimizer";
-      default: return "backward";
+      case ActionKind::kForward:
+        return "forward";
+      case ActionKind::kOptimizerStep:
+        return "optimizer";
+      default:
+        return "backward";
     }
   }
   static std::shared_ptr<at::cuda::CUDAEvent> Record(const at::cuda::CUDAStream& stream) {
@@ -134,9 +137,7 @@ class StepTimer {
     e->record(stream);
     return e;
   }
-  Mark_ Mark(const at::cuda::CUDAStream* stream) const {
-    return {stream ? Record(*stream) : nullptr, Clock::now()};
-  }
+  Mark_ Mark(const at::cuda::CUDAStream* stream) const { return {stream ? Record(*stream) : nullptr, Clock::now()}; }
   double Ms(const Mark_& m) const {  // since the step's start
     if (m.event) return step_start_->elapsed_time(*m.event);
     return std::chrono::duration<double, std::milli>(m.host - host_start_).count();

@@ -25,9 +25,8 @@ __device__ __forceinline__ void Update(float& param, float grad, float& exp_avg,
   param -= step_size * exp_avg / denom;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    AdamWKernel(const AdamWSlice* __restrict__ slices, double lr, double beta1, double beta2, double weight_decay,
-                double eps, bool zero_grad) {
+__global__ void __launch_bounds__(kThreads) AdamWKernel(const AdamWSlice* __restrict__ slices, double lr, double beta1,
+                                                        double beta2, double weight_decay, double eps, bool zero_grad) {
   const AdamWSlice s = slices[blockIdx.x];
   const double step = *s.step;
   const float bias_correction1 = static_cast<float>(1 - pow(beta1, step));
@@ -79,7 +78,7 @@ cudaError_t AdamWStep(const AdamWSlice* slices, int64_t count, double lr, double
   if (count < 0 || count > INT32_MAX) return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
   AdamWKernel<<<static_cast<unsigned int>(count), kThreads, 0, stream>>>(slices, lr, beta1, beta2, weight_decay, eps,
-                                                                          zero_grad);
+                                                                         zero_grad);
   return cudaGetLastError();
 }
 

@@ -31,8 +31,8 @@ constexpr int64_t kAdamWSliceElements = 65536;
 // One block per slice (slices: a device array of `count`). The update is ATen's fused AdamW's formula
 // (mode ADAMW, no amsgrad, no maximize, no grad scaling): the bias corrections in double from the step
 // count then rounded to float, the moments and the decay in double arithmetic rounded to float, the
-// step in float. It agrees with ATen's kernel within a few float ulps, not bit for bit (adamw_test). The bf16 copy rounds the new parameter to nearest
-// even (what .to(bf16) gives); zero_grad writes 0 to the gradient after reading it.
+// step in float. It agrees with ATen's kernel within a few float ulps, not bit for bit (adamw_test). The bf16 copy
+// rounds the new parameter to nearest even (what .to(bf16) gives); zero_grad writes 0 to the gradient after reading it.
 cudaError_t AdamWStep(const AdamWSlice* slices, int64_t count, double lr, double beta1, double beta2,
                       double weight_decay, double eps, bool zero_grad, cudaStream_t stream);
 

@@ -107,7 +107,8 @@ struct HeadsSource {
     const int64_t within = c - which * hidden, h = within / head_dim, d = within - h * head_dim;
     const int64_t b = r / seq, s = r - b * seq;
     const HeadsGradView& v = g[which];
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(v.data + b * v.stride_b + h * v.stride_h + s * v.stride_s + d));
+    const uint4 u =
+        __ldg(reinterpret_cast<const uint4*>(v.data + b * v.stride_b + h * v.stride_h + s * v.stride_s + d));
     *reinterpret_cast<uint4*>(out + r * cols + c) = u;
     Unpack(u, f);
   }
@@ -132,7 +133,7 @@ __device__ __forceinline__ void BlockPartialRow(const float (&acc)[kVec], float 
 
 // One row at a time (Source's operator() loads, writes and unpacks it), otherwise as ColumnPartialsKernel.
 template <class Source>
-__global__ void __launch_bounds__(kColThreads * kRowThreads)
+__global__ void __launch_bounds__(kColThreads* kRowThreads)
     RowByRowPartialsKernel(Source source, float* __restrict__ partial, int64_t rows, int64_t cols,
                            int64_t rows_per_chunk) {
   __shared__ float shared[kRowThreads][kBlockCols];
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(kColThreads * kRowThreads)
 // ascending; Source::kLoads rows' loads issued before any is used), then the block adds its kRowThreads
 // rows of sums in shared memory, row 0 first.
 template <class Source>
-__global__ void __launch_bounds__(kColThreads * kRowThreads, kBlocksPerSm)
+__global__ void __launch_bounds__(kColThreads* kRowThreads, kBlocksPerSm)
     ColumnPartialsKernel(Source source, float* __restrict__ partial, int64_t rows, int64_t cols,
                          int64_t rows_per_chunk) {
   constexpr int kLoads = Source::kLoads;
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(kColThreads * kRowThreads, kBlocksPerSm)
 // sums[c] = the partial rows' sum for column c: a block takes 32 columns (128 contiguous bytes per row
 // for a warp), its kRowThreads warps every kRowThreads-th partial row, then warp 0 adds the warps' sums
 // in order. One thread per column summing every row in turn took 7.5 us per call (gpt-1.3b's shapes).
-__global__ void __launch_bounds__(kColThreads * kRowThreads)
+__global__ void __launch_bounds__(kColThreads* kRowThreads)
     FinishSumsKernel(const float* __restrict__ partial, float* __restrict__ sums, int64_t parts, int64_t cols,
                      bool accumulate) {
   __shared__ float shared[kRowThreads][kColThreads];
@@ -212,13 +213,14 @@ __global__ void __launch_bounds__(kColThreads * kRowThreads)
 }
 
 template <class Source>
-cudaError_t Launch(const Source& source, float* partial, float* sums, int64_t rows, int64_t cols,
-                   cudaStream_t stream, bool accumulate) {
+cudaError_t Launch(const Source& source, float* partial, float* sums, int64_t rows, int64_t cols, cudaStream_t stream,
+                   bool accumulate) {
   if (rows < 1 || !ColumnSumsSupports(cols) || !Aligned(partial)) return cudaErrorInvalidValue;
   const int64_t per = RowsPerChunk(rows, cols, Source::kBlocksPerSm), parts = (rows + per - 1) / per;
   const dim3 grid(static_cast<unsigned>(ColBlocks(cols)), static_cast<unsigned>(parts));
   if constexpr (std::is_same_v<Source, HeadsSource>) {
-    RowByRowPartialsKernel<Source><<<grid, dim3(kColThreads, kRowThreads), 0, stream>>>(source, partial, rows, cols, per);
+    RowByRowPartialsKernel<Source>
+        <<<grid, dim3(kColThreads, kRowThreads), 0, stream>>>(source, partial, rows, cols, per);
   } else {
     ColumnPartialsKernel<Source><<<grid, dim3(kColThreads, kRowThreads), 0, stream>>>(source, partial, rows, cols, per);
   }
@@ -250,15 +252,15 @@ cudaError_t ColumnSumsBf16(const uint16_t* x, float* partial, float* sums, int64
   return Launch(Bf16Source{x, cols}, partial, sums, rows, cols, stream, accumulate);
 }
 
-cudaError_t CastBf16WithColumnSums(const float* x, uint16_t* y, float* partial, float* sums, int64_t rows,
-                                   int64_t cols, cudaStream_t stream, bool accumulate) {
+cudaError_t CastBf16WithColumnSums(const float* x, uint16_t* y, float* partial, float* sums, int64_t rows, int64_t cols,
+                                   cudaStream_t stream, bool accumulate) {
   if (!Aligned(x) || !Aligned(y)) return cudaErrorInvalidValue;
   return Launch(CastSource{x, y, cols}, partial, sums, rows, cols, stream, accumulate);
 }
 
-cudaError_t AssembleHeadsGradWithColumnSums(const HeadsGradView grads[3], int64_t batch, int64_t heads,
-                                            int64_t seq, int64_t head_dim, uint16_t* dqkv, float* partial,
-                                            float* sums, cudaStream_t stream, bool accumulate) {
+cudaError_t AssembleHeadsGradWithColumnSums(const HeadsGradView grads[3], int64_t batch, int64_t heads, int64_t seq,
+                                            int64_t head_dim, uint16_t* dqkv, float* partial, float* sums,
+                                            cudaStream_t stream, bool accumulate) {
   if (head_dim <= 0 || head_dim % kVec != 0 || heads <= 0 || seq <= 0 || !Aligned(dqkv)) return cudaErrorInvalidValue;
   HeadsSource source{{grads[0], grads[1], grads[2]}, seq, heads, head_dim, 3 * heads * head_dim, dqkv};
   for (const HeadsGradView& v : source.g) {

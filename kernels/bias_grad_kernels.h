@@ -32,8 +32,8 @@ cudaError_t ColumnSumsBf16(const uint16_t* x, float* partial, float* sums, int64
 
 // y = bf16(x) (round to nearest even, as .to(bf16)) and sums[c] = sum over r of y[r, c] (of the rounded
 // values: what summing the cast copy gives), x [rows, cols] fp32 contiguous, y bf16 contiguous.
-cudaError_t CastBf16WithColumnSums(const float* x, uint16_t* y, float* partial, float* sums, int64_t rows,
-                                   int64_t cols, cudaStream_t stream, bool accumulate = false);
+cudaError_t CastBf16WithColumnSums(const float* x, uint16_t* y, float* partial, float* sums, int64_t rows, int64_t cols,
+                                   cudaStream_t stream, bool accumulate = false);
 
 // One of q, k, v as [B, NH, S, D] bf16 with the last dimension contiguous: element (b, h, s, d) at
 // data[b * stride_b + h * stride_h + s * stride_s + d] (strides in elements, multiples of 8).
@@ -45,9 +45,9 @@ struct HeadsGradView {
 // dqkv [B * S, 3 * NH * D] bf16 contiguous (the gradient of the qkv projection's output [B, S, 3H] that
 // is viewed as [B, S, 3, NH, D]): dqkv[b * S + s, i * H + h * D + d] = grads[i](b, h, s, d), and
 // sums[c] = sum over rows of dqkv[., c] (the qkv bias's gradient), in one pass. head_dim a multiple of 8.
-cudaError_t AssembleHeadsGradWithColumnSums(const HeadsGradView grads[3], int64_t batch, int64_t heads,
-                                            int64_t seq, int64_t head_dim, uint16_t* dqkv, float* partial,
-                                            float* sums, cudaStream_t stream, bool accumulate = false);
+cudaError_t AssembleHeadsGradWithColumnSums(const HeadsGradView grads[3], int64_t batch, int64_t heads, int64_t seq,
+                                            int64_t head_dim, uint16_t* dqkv, float* partial, float* sums,
+                                            cudaStream_t stream, bool accumulate = false);
 
 // sums[c] (+)= the sum of partial[p, c] over p = 0 .. parts - 1, in that order (the second pass above, for
 // partial rows another kernel wrote: the norm and GELU backward's), partial [parts, cols] fp32 contiguous.

@@ -35,7 +35,8 @@ __device__ __forceinline__ void Bf16x8ToFloat(uint4 u, float (&f)[8]) {
 // Row groups a norm-backward block holds for rows of threads_per_row threads: up to 1024 threads, and
 // at most 15 groups when a row spans warps (each such group syncs on its own named barrier, 1 .. 15).
 __host__ __device__ constexpr int NormRowsPerBlock(int threads_per_row) {
-  return threads_per_row <= kWarp ? 1024 / threads_per_row : (1024 / threads_per_row < 15 ? 1024 / threads_per_row : 15);
+  return threads_per_row <= kWarp ? 1024 / threads_per_row
+                                  : (1024 / threads_per_row < 15 ? 1024 / threads_per_row : 15);
 }
 
 // The norm backward's shape for rows of kVecs * 128 elements: a group of kCols / 8 threads takes a row,
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(NormBackwardShape<kVecs>::kThreads, NormBackwa
   // The block's partial sums, its groups added in order (group 0 first).
   float4* pg = partial_dgamma + static_cast<int64_t>(blockIdx.x) * (S::kCols / 4);
   float4* pb = kCentered ? partial_dbeta + static_cast<int64_t>(blockIdx.x) * (S::kCols / 4) : nullptr;
-  auto write = [&](const float (&acc)[8], float4* out) {
+  auto write = [&](const float(&acc)[8], float4* out) {
     if constexpr (S::kRows == 1) {
       out[2 * t] = make_float4(acc[0], acc[1], acc[2], acc[3]);
       out[2 * t + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
@@ -205,11 +206,11 @@ cudaError_t LaunchNormBackward(const uint16_t* dy, const float* x, const float* 
                                const float* rstd, const float* residual, float* dx, float* pg, float* pb, int64_t rows,
                                cudaStream_t stream) {
   const int64_t blocks = NormBackwardPartials(rows, kVecs * 128);
-  NormBackwardKernel<kVecs, kCentered><<<static_cast<unsigned int>(blocks), NormBackwardShape<kVecs>::kThreads, 0,
-                                         stream>>>(
-      reinterpret_cast<const uint4*>(dy), reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma),
-      mean, rstd, reinterpret_cast<const float4*>(residual), reinterpret_cast<float4*>(dx), reinterpret_cast<float4*>(pg),
-      reinterpret_cast<float4*>(pb), rows);
+  NormBackwardKernel<kVecs, kCentered>
+      <<<static_cast<unsigned int>(blocks), NormBackwardShape<kVecs>::kThreads, 0, stream>>>(
+          reinterpret_cast<const uint4*>(dy), reinterpret_cast<const float4*>(x),
+          reinterpret_cast<const float4*>(gamma), mean, rstd, reinterpret_cast<const float4*>(residual),
+          reinterpret_cast<float4*>(dx), reinterpret_cast<float4*>(pg), reinterpret_cast<float4*>(pb), rows);
   return cudaGetLastError();
 }
 
@@ -227,7 +228,8 @@ cudaError_t DispatchNormBackward(int vecs, const uint16_t* dy, const float* x, c
                                  cudaStream_t stream) {
   switch (vecs) {
 #define STAGEHAND_NORM_BACKWARD_CASE(V) \
-  case V: return LaunchEither<V>(dy, x, gamma, mean, rstd, res, dx, pg, pb, rows, stream);
+  case V:                               \
+    return LaunchEither<V>(dy, x, gamma, mean, rstd, res, dx, pg, pb, rows, stream);
     STAGEHAND_NORM_BACKWARD_CASE(1)
     STAGEHAND_NORM_BACKWARD_CASE(2)
     STAGEHAND_NORM_BACKWARD_CASE(4)
@@ -238,7 +240,8 @@ cudaError_t DispatchNormBackward(int vecs, const uint16_t* dy, const float* x, c
     STAGEHAND_NORM_BACKWARD_CASE(24)
     STAGEHAND_NORM_BACKWARD_CASE(32)
 #undef STAGEHAND_NORM_BACKWARD_CASE
-    default: return cudaErrorInvalidValue;
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -358,8 +361,18 @@ bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 bool NormBackwardSupports(int64_t cols) {
   if (cols <= 0 || cols % 128 != 0) return false;
   switch (cols / 128) {
-    case 1: case 2: case 4: case 6: case 8: case 12: case 16: case 24: case 32: return true;
-    default: return false;
+    case 1:
+    case 2:
+    case 4:
+    case 6:
+    case 8:
+    case 12:
+    case 16:
+    case 24:
+    case 32:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -383,7 +396,7 @@ cudaError_t NormBackward(const uint16_t* dy, const float* x, const float* gamma,
   if (mean != nullptr && (partial_dbeta == nullptr || !Aligned(partial_dbeta, 16))) return cudaErrorInvalidValue;
   if (residual != nullptr && !Aligned(residual, 16)) return cudaErrorInvalidValue;
   return DispatchNormBackward(static_cast<int>(cols / 128), dy, x, gamma, mean, rstd, residual, dx, partial_dgamma,
-                                 partial_dbeta, rows, stream);
+                              partial_dbeta, rows, stream);
 }
 
 cudaError_t CrossEntropyForward(const uint16_t* logits, const int64_t* targets, float* row_loss, float* lse,
@@ -392,7 +405,7 @@ cudaError_t CrossEntropyForward(const uint16_t* logits, const int64_t* targets, 
   if (rows == 0) return cudaSuccess;
   const bool vectors = vocab % 8 == 0 && Aligned(logits, 16);
   CrossEntropyForwardKernel<<<static_cast<unsigned int>(rows), kCeThreads, 0, stream>>>(logits, targets, row_loss, lse,
-                                                                                      vocab, ignore_index, vectors);
+                                                                                        vocab, ignore_index, vectors);
   return cudaGetLastError();
 }
 

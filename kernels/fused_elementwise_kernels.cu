@@ -115,7 +115,7 @@ bool Aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
 }  // namespace
 
 cudaError_t RotaryBf16(const uint16_t* x, const float* cos, const float* sin, uint16_t* y, int64_t batch, int64_t seq,
-                   int64_t heads, int64_t dim, bool backward, cudaStream_t stream) {
+                       int64_t heads, int64_t dim, bool backward, cudaStream_t stream) {
   if (dim <= 0 || dim % 2 != 0 || batch < 0 || seq <= 0 || heads <= 0) return cudaErrorInvalidValue;
   const int64_t pairs = batch * seq * heads * (dim / 2);
   if (pairs >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
@@ -134,8 +134,8 @@ cudaError_t SwiGluForward(const uint16_t* gate, const uint16_t* up, uint16_t* y,
   return cudaGetLastError();
 }
 
-cudaError_t SwiGluBackward(const uint16_t* gate, const uint16_t* up, const uint16_t* dy, uint16_t* dgate,
-                           uint16_t* dup, int64_t n, cudaStream_t stream) {
+cudaError_t SwiGluBackward(const uint16_t* gate, const uint16_t* up, const uint16_t* dy, uint16_t* dgate, uint16_t* dup,
+                           int64_t n, cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const bool pairs = n % 2 == 0 && Aligned4(gate) && Aligned4(up) && Aligned4(dy) && Aligned4(dgate) && Aligned4(dup);

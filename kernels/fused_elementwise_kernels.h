@@ -21,15 +21,15 @@ namespace stagehand {
 //   dx[j] = dy[j] cos[p, j] + dy[j + h] sin[p, j + h],  dx[j + h] = dy[j + h] cos[p, j + h] - dy[j] sin[p, j].
 // cudaErrorInvalidValue for an odd dim or 2^31 pairs (x.numel() / 2) or more, else the launch's error.
 cudaError_t RotaryBf16(const uint16_t* x, const float* cos, const float* sin, uint16_t* y, int64_t batch, int64_t seq,
-                   int64_t heads, int64_t dim, bool backward, cudaStream_t stream);
+                       int64_t heads, int64_t dim, bool backward, cudaStream_t stream);
 
 // SwiGLU: y = silu(gate) up, elementwise over n bf16 values, in fp32 and rounded once.
 cudaError_t SwiGluForward(const uint16_t* gate, const uint16_t* up, uint16_t* y, int64_t n, cudaStream_t stream);
 
 // Its backward from dy: dgate = dy up silu'(gate), dup = dy silu(gate), with
 // silu'(g) = s (1 + g (1 - s)), s = sigmoid(g).
-cudaError_t SwiGluBackward(const uint16_t* gate, const uint16_t* up, const uint16_t* dy, uint16_t* dgate,
-                           uint16_t* dup, int64_t n, cudaStream_t stream);
+cudaError_t SwiGluBackward(const uint16_t* gate, const uint16_t* up, const uint16_t* dy, uint16_t* dgate, uint16_t* dup,
+                           int64_t n, cudaStream_t stream);
 
 }  // namespace stagehand
 

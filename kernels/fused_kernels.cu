@@ -18,7 +18,7 @@ __device__ __forceinline__ float WarpSum(float v) {
 // row is read once, its mean and variance come from warp shuffles (two passes over the registers, so
 // the variance is the mean of squared deviations, as exact as a Welford pass), and it is written once.
 template <int kVecs>
-__global__ void __launch_bounds__(kWarp * kRowsPerBlock)
+__global__ void __launch_bounds__(kWarp* kRowsPerBlock)
     LayerNormToBf16Kernel(const float4* __restrict__ x, const float4* __restrict__ gamma,
                           const float4* __restrict__ beta, uint2* __restrict__ y, float* __restrict__ mean_out,
                           float* __restrict__ rstd_out, int64_t rows, float eps) {
@@ -51,8 +51,10 @@ __global__ void __launch_bounds__(kWarp * kRowsPerBlock)
   for (int i = 0; i < kVecs; ++i) {
     const int k = i * kWarp + lane;
     const float4 g = gamma[k], b = beta[k];
-    const __nv_bfloat162 lo = __floats2bfloat162_rn((v[i].x - mean) * rstd * g.x + b.x, (v[i].y - mean) * rstd * g.y + b.y);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn((v[i].z - mean) * rstd * g.z + b.z, (v[i].w - mean) * rstd * g.w + b.w);
+    const __nv_bfloat162 lo =
+        __floats2bfloat162_rn((v[i].x - mean) * rstd * g.x + b.x, (v[i].y - mean) * rstd * g.y + b.y);
+    const __nv_bfloat162 hi =
+        __floats2bfloat162_rn((v[i].z - mean) * rstd * g.z + b.z, (v[i].w - mean) * rstd * g.w + b.w);
     uint2 packed;
     packed.x = *reinterpret_cast<const unsigned int*>(&lo);
     packed.y = *reinterpret_cast<const unsigned int*>(&hi);
@@ -65,8 +67,8 @@ cudaError_t Launch(const float* x, const float* gamma, const float* beta, uint16
                    int64_t rows, float eps, cudaStream_t stream) {
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   LayerNormToBf16Kernel<kVecs><<<static_cast<unsigned int>(blocks), kWarp * kRowsPerBlock, 0, stream>>>(
-      reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma),
-      reinterpret_cast<const float4*>(beta), reinterpret_cast<uint2*>(y), mean, rstd, rows, eps);
+      reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma), reinterpret_cast<const float4*>(beta),
+      reinterpret_cast<uint2*>(y), mean, rstd, rows, eps);
   return cudaGetLastError();
 }
 
@@ -84,7 +86,7 @@ cudaError_t Dispatch(int vecs, const float* x, const float* gamma, const float* 
 
 // One warp per row of kVecs * 128 floats held in registers, as LayerNormToBf16Kernel, without the mean.
 template <int kVecs>
-__global__ void __launch_bounds__(kWarp * kRowsPerBlock)
+__global__ void __launch_bounds__(kWarp* kRowsPerBlock)
     RmsNormToBf16Kernel(const float4* __restrict__ x, const float4* __restrict__ gamma, uint2* __restrict__ y,
                         float* __restrict__ rstd_out, int64_t rows, float eps) {
   const int lane = threadIdx.x % kWarp;
@@ -116,13 +118,13 @@ __global__ void __launch_bounds__(kWarp * kRowsPerBlock)
 }
 
 template <int kVecs>
-cudaError_t DispatchRms(int vecs, const float* x, const float* gamma, uint16_t* y, float* rstd, int64_t rows,
-                        float eps, cudaStream_t stream) {
+cudaError_t DispatchRms(int vecs, const float* x, const float* gamma, uint16_t* y, float* rstd, int64_t rows, float eps,
+                        cudaStream_t stream) {
   if (vecs == kVecs) {
     const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
     RmsNormToBf16Kernel<kVecs><<<static_cast<unsigned int>(blocks), kWarp * kRowsPerBlock, 0, stream>>>(
-        reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma), reinterpret_cast<uint2*>(y),
-        rstd, rows, eps);
+        reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(gamma), reinterpret_cast<uint2*>(y), rstd,
+        rows, eps);
     return cudaGetLastError();
   }
   if constexpr (kVecs < 32) {

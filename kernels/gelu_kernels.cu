@@ -85,7 +85,7 @@ __device__ __forceinline__ void GeluRow(const float* table, const uint4& ga, con
 // da and h are loaded before any is used (loads in flight). The warps' sums are then added in shared
 // memory in warp order, so every run adds in the same order (and as the one-part-a-block kernel did).
 constexpr int kLoads = 4;
-__global__ void __launch_bounds__(kWarp * kWarps, kBlocksPerSm)
+__global__ void __launch_bounds__(kWarp* kWarps, kBlocksPerSm)
     GeluBackwardBiasKernel(const uint4* __restrict__ da, const uint4* __restrict__ h, uint4* __restrict__ dh,
                            float* __restrict__ partial, int64_t rows, int64_t cols, int64_t rows_per_part,
                            int64_t parts) {
@@ -153,8 +153,7 @@ int64_t GeluBackwardPartials(int64_t rows) {
 
 cudaError_t GeluBackwardBias(const uint16_t* da, const uint16_t* h, uint16_t* dh, float* partial_db, int64_t rows,
                              int64_t cols, cudaStream_t stream) {
-  if (!GeluBackwardSupports(cols) || rows < 0 || !Aligned(da) || !Aligned(h) || !Aligned(dh) ||
-      partial_db == nullptr) {
+  if (!GeluBackwardSupports(cols) || rows < 0 || !Aligned(da) || !Aligned(h) || !Aligned(dh) || partial_db == nullptr) {
     return cudaErrorInvalidValue;
   }
   const int64_t parts = GeluBackwardPartials(rows);

@@ -5,7 +5,6 @@
 
 #include <cuda_runtime.h>
 
-
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -31,8 +30,8 @@ template <class Tile, class Cluster, class KernelSchedule, class EpilogueSchedul
 struct Config {
   using Fusion = std::conditional_t<
       kAux,
-      cutlass::epilogue::fusion::LinCombPerRowBiasEltActAux<LayoutD, cutlass::epilogue::thread::GELU, Bf16, float,
-                                                            Bf16, Bf16>,
+      cutlass::epilogue::fusion::LinCombPerRowBiasEltActAux<LayoutD, cutlass::epilogue::thread::GELU, Bf16, float, Bf16,
+                                                            Bf16>,
       cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<cutlass::epilogue::thread::GELU, Bf16, float, Bf16>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
@@ -81,23 +80,25 @@ using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
 
 // The tile configurations: the model's one in the build (two kernels, with and without the
-// pre-activation output, a minute of nvcc on a small machine); eight more in the microbenchmark's. Variant 0 is what the model uses: ping-pong (one warp group's
-// GELU epilogue overlaps the other's MMAs), 128x128x64 tiles, and for each output the cluster and swizzle
-// that were fastest on an H200 for gpt-1.3b's shapes (worker:gemm_gelu_bench, bench/results/
-// gemm-gelu-h200-2026-12-01.md): with h, 2x1 and swizzle 8 (training, m = 8192); without, 1x2 and swizzle 1
-// (inference, m = 16384). The others are for the microbenchmark.
+// pre-activation output, a minute of nvcc on a small machine); eight more in the microbenchmark's. Variant 0 is what
+// the model uses: ping-pong (one warp group's GELU epilogue overlaps the other's MMAs), 128x128x64 tiles, and for each
+// output the cluster and swizzle that were fastest on an H200 for gpt-1.3b's shapes (worker:gemm_gelu_bench,
+// bench/results/ gemm-gelu-h200-2026-12-01.md): with h, 2x1 and swizzle 8 (training, m = 8192); without, 1x2 and
+// swizzle 1 (inference, m = 16384). The others are for the microbenchmark.
 template <class Tile, class Cluster, bool kAux>
 using PingpongConfig = Config<Tile, Cluster, Pingpong, PingpongEpilogue, kAux>;
 
 template <bool kAux>
-cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* a,
-                     uint16_t* h, int m, int n, int k, cudaStream_t stream) {
+cudaError_t Dispatch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* a, uint16_t* h,
+                     int m, int n, int k, cudaStream_t stream) {
   switch (variant) {
     case 0:
       if constexpr (kAux) {
-        return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_2, _1, _1>, kAux>>(x, w, bias, a, h, m, n, k, 8, stream);
+        return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_2, _1, _1>, kAux>>(x, w, bias, a, h, m, n, k, 8,
+                                                                                    stream);
       } else {
-        return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_1, _2, _1>, kAux>>(x, w, bias, a, h, m, n, k, 1, stream);
+        return Run<PingpongConfig<Shape<_128, _128, _64>, Shape<_1, _2, _1>, kAux>>(x, w, bias, a, h, m, n, k, 1,
+                                                                                    stream);
       }
 #ifdef STAGEHAND_GEMM_GELU_VARIANTS
     case 1:
@@ -145,16 +146,26 @@ int GemmGeluVariants() {
 
 const char* GemmGeluVariantName(int variant) {
   switch (variant) {
-    case 0: return "model's: pp 128x128 h:2x1/8 else:1x2/1";
-    case 1: return "coop 128x256x64 cl 2x1 sw8";
-    case 2: return "pingpong 128x128x64 cl 1x2 sw8";
-    case 3: return "pingpong 128x128x64 cl 2x1 sw1";
-    case 4: return "coop 256x128x64 cl 1x2 sw1";
-    case 5: return "pingpong 128x192x64 cl 1x2 sw1";
-    case 6: return "coop 256x192x64 cl 1x2 sw1";
-    case 7: return "coop 128x192x64 cl 2x1 sw8";
-    case 8: return "coop 128x192x64 cl 1x2 sw1";
-    default: return "?";
+    case 0:
+      return "model's: pp 128x128 h:2x1/8 else:1x2/1";
+    case 1:
+      return "coop 128x256x64 cl 2x1 sw8";
+    case 2:
+      return "pingpong 128x128x64 cl 1x2 sw8";
+    case 3:
+      return "pingpong 128x128x64 cl 2x1 sw1";
+    case 4:
+      return "coop 256x128x64 cl 1x2 sw1";
+    case 5:
+      return "pingpong 128x192x64 cl 1x2 sw1";
+    case 6:
+      return "coop 256x192x64 cl 1x2 sw1";
+    case 7:
+      return "coop 128x192x64 cl 2x1 sw8";
+    case 8:
+      return "coop 128x192x64 cl 1x2 sw1";
+    default:
+      return "?";
   }
 }
 

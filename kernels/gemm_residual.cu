@@ -32,8 +32,8 @@ struct Config {
   using Fusion = cutlass::epilogue::fusion::LinCombPerRowBias<float, float, float, float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, float, LayoutD, kAlignCD, float, LayoutD,
-      kAlignCD, EpilogueSchedule, Fusion>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, float, LayoutD, kAlignCD, float, LayoutD, kAlignCD,
+      EpilogueSchedule, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutA, kAlignAB, Bf16, LayoutB, kAlignAB, float,
       Tile, Cluster,
@@ -44,8 +44,8 @@ struct Config {
 };
 
 template <class C>
-cudaError_t Run(const uint16_t* x, const uint16_t* w, const float* bias, const float* c, float* d, int m, int n,
-                int k, int swizzle, cudaStream_t stream) {
+cudaError_t Run(const uint16_t* x, const uint16_t* w, const float* bias, const float* c, float* d, int m, int n, int k,
+                int swizzle, cudaStream_t stream) {
   using Gemm = typename C::Gemm;
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;
@@ -125,14 +125,22 @@ int GemmResidualVariants() {
 
 const char* GemmResidualVariantName(int variant) {
   switch (variant) {
-    case 0: return "model's: pingpong 128x128x64 cl 1x2 sw1";
-    case 1: return "coop 128x256x64 cl 2x1 sw8";
-    case 2: return "pingpong 128x128x64 cl 2x1 sw8";
-    case 3: return "coop 256x128x64 cl 1x2 sw1";
-    case 4: return "pingpong 64x256x64 cl 1x2 sw1";
-    case 5: return "pingpong 128x192x64 cl 1x2 sw1";
-    case 6: return "coop 256x192x64 cl 1x2 sw1";
-    default: return "?";
+    case 0:
+      return "model's: pingpong 128x128x64 cl 1x2 sw1";
+    case 1:
+      return "coop 128x256x64 cl 2x1 sw8";
+    case 2:
+      return "pingpong 128x128x64 cl 2x1 sw8";
+    case 3:
+      return "coop 256x128x64 cl 1x2 sw1";
+    case 4:
+      return "pingpong 64x256x64 cl 1x2 sw1";
+    case 5:
+      return "pingpong 128x192x64 cl 1x2 sw1";
+    case 6:
+      return "coop 256x192x64 cl 1x2 sw1";
+    default:
+      return "?";
   }
 }
 

@@ -80,7 +80,8 @@ struct Plan {
 
 // The bias pointer is part of the key (a parameter keeps its address), so that a plan never changes after it
 // is made and threads can share it.
-using PlanKey = std::tuple<void*, int64_t, int64_t, int64_t, const float*, uint32_t, uint32_t, uint32_t, uint32_t, size_t>;
+using PlanKey =
+    std::tuple<void*, int64_t, int64_t, int64_t, const float*, uint32_t, uint32_t, uint32_t, uint32_t, size_t>;
 
 // What the algorithm choice depends on: PlanKey without the bias's address (only whether there is a bias).
 // Every layer of one shape shares the choice, so a model times each shape once rather than once per
@@ -173,8 +174,8 @@ std::shared_ptr<Plan> MakePlan(const PlanKey& key, const Operands& operands, Alg
   const bool has_bias = bias != nullptr;
   auto plan = std::make_shared<Plan>();
   auto fail = [&](const char* what, cublasStatus_t s) {
-    plan->error = absl::StrCat("cuBLASLt ", what, " failed (status ", static_cast<int>(s), ") for m=", m, " n=", n,
-                               " k=", k);
+    plan->error =
+        absl::StrCat("cuBLASLt ", what, " failed (status ", static_cast<int>(s), ") for m=", m, " n=", n, " k=", k);
     return std::move(plan);
   };
   cublasStatus_t s = api.desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
@@ -239,8 +240,7 @@ std::string LtLinearAddFp32(void* lt_handle, void* workspace, size_t workspace_b
   const LtApi& api = Api();
   if (!api.ok) return "cuBLASLt is not loaded in this process";
   if (m <= 0 || n <= 0 || k <= 0) return absl::StrCat("empty product m=", m, " n=", n, " k=", k);
-  const PlanKey key{lt_handle, m, n, k, bias, Alignment(x), Alignment(w), Alignment(c), Alignment(d),
-                    workspace_bytes};
+  const PlanKey key{lt_handle, m, n, k, bias, Alignment(x), Alignment(w), Alignment(c), Alignment(d), workspace_bytes};
   // Never destroyed: plans may be in use by threads still running at exit.
   static absl::Mutex* mu = new absl::Mutex();
   static auto* plans = new std::map<PlanKey, std::shared_ptr<const Plan>>();

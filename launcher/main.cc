@@ -24,20 +24,26 @@
 #include "launcher/supervise/supervisor.h"
 #include "launcher/supervise/terminal.h"
 
-ABSL_FLAG(std::string, run_dir, "", "where logs and reports go, a new or empty directory (default: the job "
-                                   "file's run_dir, else runs/<time>-<name>-<job id>)");
-ABSL_FLAG(bool, overwrite, false, "replace the earlier run in a non-empty --run_dir (only files a run writes are removed)");
-ABSL_FLAG(std::string, coordinator_address, "127.0.0.1:0", "HOST:PORT the coordinator serves on, HOST a loopback address (127.0.0.0/8, [::1]) or a name resolving only to one; port 0 picks one");
+ABSL_FLAG(std::string, run_dir, "",
+          "where logs and reports go, a new or empty directory (default: the job "
+          "file's run_dir, else runs/<time>-<name>-<job id>)");
+ABSL_FLAG(bool, overwrite, false,
+          "replace the earlier run in a non-empty --run_dir (only files a run writes are removed)");
+ABSL_FLAG(std::string, coordinator_address, "127.0.0.1:0",
+          "HOST:PORT the coordinator serves on, HOST a loopback address (127.0.0.0/8, [::1]) or a name resolving only "
+          "to one; port 0 picks one");
 ABSL_FLAG(std::string, worker_binary, "", "the worker executable (default: beside the launcher)");
-ABSL_FLAG(std::string, sweep, "", "run the job at each worker count, e.g. 1,2,4, and write sweep.csv, sweep.md and "
-                                  "sweep.svg in the run directory");
+ABSL_FLAG(std::string, sweep, "",
+          "run the job at each worker count, e.g. 1,2,4, and write sweep.csv, sweep.md and "
+          "sweep.svg in the run directory");
 ABSL_FLAG(double, peak_tflops, 989.0, "peak TFLOP/s of one device, for MFU (dense bf16 of an H100/H200)");
 ABSL_FLAG(bool, serve, false,
           "serve the control service on --listen: clients (bazel run //client) submit, watch and cancel "
           "jobs, queued for their devices and kept in --state_dir across restarts");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "with --serve: HOST:PORT of the control service; a non-loopback HOST needs --tls_cert and --tls_key");
-ABSL_FLAG(std::string, state_dir, "", "with --serve: the job store (jobs.db), admin.token and the jobs' run directories");
+ABSL_FLAG(std::string, state_dir, "",
+          "with --serve: the job store (jobs.db), admin.token and the jobs' run directories");
 ABSL_FLAG(std::string, tls_cert, "",
           "this host's certificate (PEM): the server's with --serve; with --nodes or a non-loopback "
           "--coordinator_address, the job's certificate of this host (mutual TLS with --tls_key and --tls_ca)");
@@ -45,10 +51,12 @@ ABSL_FLAG(std::string, tls_key, "", "the private key of --tls_cert (PEM)");
 ABSL_FLAG(std::string, tls_ca, "",
           "the CA that signed every host's certificate of the job (PEM): the coordinator requires client "
           "certificates it signed, and agents and workers check the coordinator's against it");
-ABSL_FLAG(int, nodes, 1, "hosts the job spans: one launcher per host, ranks node-major; --gpus and --workers "
-                         "count the host's own workers");
-ABSL_FLAG(int, node_rank, 0, "this host's node, 0 to --nodes - 1: 0 coordinates (serving at --coordinator_address) "
-                             "and runs its workers; any other is an agent that joins node 0 at --coordinator_address");
+ABSL_FLAG(int, nodes, 1,
+          "hosts the job spans: one launcher per host, ranks node-major; --gpus and --workers "
+          "count the host's own workers");
+ABSL_FLAG(int, node_rank, 0,
+          "this host's node, 0 to --nodes - 1: 0 coordinates (serving at --coordinator_address) "
+          "and runs its workers; any other is an agent that joins node 0 at --coordinator_address");
 ABSL_FLAG(std::string, job_token_file, "",
           "a file holding the job secret (32 or more characters, mode 0600), the same on every node: how agents "
           "prove themselves to node 0 without TLS (loopback)");
@@ -137,9 +145,21 @@ stagehand::LaunchOptions OptionsFromFlags(const stagehand::ParsedFlags& p, const
 }
 
 // An agent's job comes from node 0: of the flags, only those about this host and its link apply.
-constexpr const char* kAgentFlags[] = {"nodes", "node_rank", "coordinator_address", "tls_cert", "tls_key", "tls_ca",
-                                       "job_token_file", "run_dir", "overwrite", "worker_binary", "device", "gpus",
-                                       "workers", "register_timeout_ms", "prefetch_libraries"};
+constexpr const char* kAgentFlags[] = {"nodes",
+                                       "node_rank",
+                                       "coordinator_address",
+                                       "tls_cert",
+                                       "tls_key",
+                                       "tls_ca",
+                                       "job_token_file",
+                                       "run_dir",
+                                       "overwrite",
+                                       "worker_binary",
+                                       "device",
+                                       "gpus",
+                                       "workers",
+                                       "register_timeout_ms",
+                                       "prefetch_libraries"};
 
 int CheckAgentFlags(const stagehand::ParsedFlags& p) {
   // Under --slurm every node gets the same command line: an agent ignores the job's flags.
@@ -157,9 +177,9 @@ int CheckAgentFlags(const stagehand::ParsedFlags& p) {
 }
 
 // The flags a server takes; every other one shapes a job, which with --serve comes from a client.
-constexpr const char* kServeFlags[] = {"serve", "listen", "state_dir", "tls_cert", "tls_key", "tls_client_ca",
-                                       "max_cpu_workers", "worker_binary", "peak_tflops", "new_admin_token",
-                                       "job_roots"};
+constexpr const char* kServeFlags[] = {"serve",       "listen",          "state_dir",       "tls_cert",
+                                       "tls_key",     "tls_client_ca",   "max_cpu_workers", "worker_binary",
+                                       "peak_tflops", "new_admin_token", "job_roots"};
 
 bool IsServeFlag(const std::string& name) {
   for (const char* f : kServeFlags) {
@@ -207,7 +227,8 @@ int Run(const stagehand::LaunchOptions& options) {
     for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_sweep), ',')) {
       int n = 0;
       if (!absl::SimpleAtoi(c, &n) || n < 1) {
-        std::fprintf(stderr, "stagehand: --sweep=%s: expected worker counts like 1,2,4\n", absl::GetFlag(FLAGS_sweep).c_str());
+        std::fprintf(stderr, "stagehand: --sweep=%s: expected worker counts like 1,2,4\n",
+                     absl::GetFlag(FLAGS_sweep).c_str());
         return stagehand::kExitUsage;
       }
       counts.push_back(n);
@@ -248,7 +269,8 @@ std::optional<int> PlaceSlurmNode(stagehand::NodeOptions& node, stagehand::NodeT
                node.coordinator_address.c_str(), gpus.c_str());
   if (loopback && node.node_rank == 0) {
     // Debian's /etc/hosts maps a host's own name to 127.0.1.1: node 0 would serve where no other host reaches.
-    std::fprintf(stderr, "stagehand: --slurm: warning: %s resolves to a loopback address here; nodes on other "
+    std::fprintf(stderr,
+                 "stagehand: --slurm: warning: %s resolves to a loopback address here; nodes on other "
                  "machines cannot reach it (map the name to this node's network address in /etc/hosts or DNS)\n",
                  node.coordinator_address.c_str());
   }
@@ -265,15 +287,18 @@ std::optional<int> ApplySlurm(const stagehand::ParsedFlags& p, std::optional<sta
   if (absl::GetFlag(FLAGS_serve)) return std::nullopt;  // RunServer refuses job flags, --slurm among them
   if (!absl::GetFlag(FLAGS_slurm)) {
     if (absl::GetFlag(FLAGS_coordinator_port) != 0) {
-      std::fprintf(stderr, "stagehand: --coordinator_port is for --slurm; without it pass --coordinator_address=HOST:PORT\n");
+      std::fprintf(stderr,
+                   "stagehand: --coordinator_port is for --slurm; without it pass --coordinator_address=HOST:PORT\n");
       return stagehand::kExitUsage;
     }
     return std::nullopt;
   }
   for (const char* flag : {"nodes", "node_rank", "coordinator_address"}) {
     if (p.given.count(flag)) {
-      std::fprintf(stderr, "stagehand: --%s with --slurm: Slurm's job step says it; drop --%s (the port: "
-                   "--coordinator_port)\n", flag, flag);
+      std::fprintf(stderr,
+                   "stagehand: --%s with --slurm: Slurm's job step says it; drop --%s (the port: "
+                   "--coordinator_port)\n",
+                   flag, flag);
       return stagehand::kExitUsage;
     }
   }
@@ -285,8 +310,8 @@ std::optional<int> ApplySlurm(const stagehand::ParsedFlags& p, std::optional<sta
     std::fprintf(stderr, "stagehand: %s\n", std::string(node.status().message()).c_str());
     return stagehand::kExitUsage;
   }
-  for (auto [flag, path] : {std::pair{"--tls_cert", &tls.cert}, std::pair{"--tls_key", &tls.key},
-                            std::pair{"--tls_ca", &tls.ca}}) {
+  for (auto [flag, path] :
+       {std::pair{"--tls_cert", &tls.cert}, std::pair{"--tls_key", &tls.key}, std::pair{"--tls_ca", &tls.ca}}) {
     absl::StatusOr<std::string> expanded = stagehand::ExpandNodePattern(flag, *path, *node);
     if (!expanded.ok()) {
       std::fprintf(stderr, "stagehand: %s\n", std::string(expanded.status().message()).c_str());
@@ -324,15 +349,16 @@ int main(int argc, char** argv) {
     return stagehand::kExitUsage;
   }
   if (parsed->dashdash && parsed->rest.empty() && !parsed->help) {
-    std::fprintf(stderr, "stagehand: -- with no program after it: launcher [flags] -- PROGRAM [ARGS...] (-- python3 "
-                         "train.py, as with torchrun)\n");
+    std::fprintf(stderr,
+                 "stagehand: -- with no program after it: launcher [flags] -- PROGRAM [ARGS...] (-- python3 "
+                 "train.py, as with torchrun)\n");
     return stagehand::kExitUsage;
   }
   if (!parsed->rest.empty()) {
-    const char* not_with = absl::GetFlag(FLAGS_serve)              ? "--serve"
-                           : absl::GetFlag(FLAGS_nodes) > 1        ? "--nodes"
-                           : absl::GetFlag(FLAGS_slurm)            ? "--slurm"
-                                                                   : nullptr;
+    const char* not_with = absl::GetFlag(FLAGS_serve)       ? "--serve"
+                           : absl::GetFlag(FLAGS_nodes) > 1 ? "--nodes"
+                           : absl::GetFlag(FLAGS_slurm)     ? "--slurm"
+                                                            : nullptr;
     if (not_with != nullptr) {
       std::fprintf(stderr, "stagehand: %s with a program (-- %s): a program runs on one host, for now; drop %s\n",
                    not_with, parsed->rest[0].c_str(), not_with);
@@ -341,7 +367,9 @@ int main(int argc, char** argv) {
   }
   if (parsed->help) {
     std::fputs(stagehand::FlagsHelp(kUsage, {"launcher/main.cc", stagehand::kJobFlagsFile},
-                                   stagehand::HelpGroups(/*client=*/false), &job_flags).c_str(), stdout);
+                                    stagehand::HelpGroups(/*client=*/false), &job_flags)
+                   .c_str(),
+               stdout);
     return 0;
   }
   if (!(absl::GetFlag(FLAGS_peak_tflops) > 0)) {  // finite already (ParseFlags)
@@ -370,7 +398,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "stagehand: %s\n", std::string(s.message()).c_str());
     return stagehand::kExitLaunchFailed;
   }
-  stagehand::LaunchOptions options = OptionsFromFlags(*parsed, job_flags, slurm_node, tls);  // isatty(1) before the capture
+  stagehand::LaunchOptions options =
+      OptionsFromFlags(*parsed, job_flags, slurm_node, tls);  // isatty(1) before the capture
   options.launch = launch;
   // From here on the launcher's stdout goes through the bounded terminal writer (terminal.h), so that
   // a terminal that stops reading cannot block supervision. If the capture cannot be set up, stdout

@@ -10,8 +10,8 @@
 namespace stagehand {
 
 std::string DecoderDescription::DescribeLayers(const ModelSpec& spec) const {
-  return absl::StrCat("the embedding, ", spec.layers(), " blocks of two halves (attention, MLP), the head: ",
-                      NumLayers(spec), " pipeline layers");
+  return absl::StrCat("the embedding, ", spec.layers(),
+                      " blocks of two halves (attention, MLP), the head: ", NumLayers(spec), " pipeline layers");
 }
 
 LayerProfile DecoderDescription::Estimate(const ModelSpec& spec, int64_t micro_batch) const {
@@ -24,8 +24,11 @@ LayerProfile DecoderDescription::Estimate(const ModelSpec& spec, int64_t micro_b
 }
 
 absl::Status DecoderDescription::CheckCommon(const ModelSpec& spec) {
-  for (auto [name, v] : {std::pair<const char*, int64_t>{"vocab", spec.vocab()}, {"hidden", spec.hidden()},
-                         {"heads", spec.heads()}, {"layers", spec.layers()}, {"seq", spec.seq()}}) {
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"vocab", spec.vocab()},
+                         {"hidden", spec.hidden()},
+                         {"heads", spec.heads()},
+                         {"layers", spec.layers()},
+                         {"seq", spec.seq()}}) {
     if (v < 1) return absl::InvalidArgumentError(absl::StrCat("--", name, "=", v, ": must be at least 1"));
   }
   if (!IsAttentionKernel(spec.attention())) {
@@ -34,10 +37,10 @@ absl::Status DecoderDescription::CheckCommon(const ModelSpec& spec) {
   }
   if (spec.hidden() % spec.heads() != 0) {
     const int64_t lower = spec.hidden() - spec.hidden() % spec.heads();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--hidden=", spec.hidden(), " is not divisible by --heads=", spec.heads(), "; use --hidden=",
-        lower > 0 ? absl::StrCat(lower, " or ") : "", lower + spec.heads(), ", or a number of heads that divides ",
-        spec.hidden()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hidden=", spec.hidden(), " is not divisible by --heads=", spec.heads(),
+                     "; use --hidden=", lower > 0 ? absl::StrCat(lower, " or ") : "", lower + spec.heads(),
+                     ", or a number of heads that divides ", spec.hidden()));
   }
   return absl::OkStatus();
 }

@@ -16,18 +16,22 @@ constexpr int64_t DecoderPipelineLayers(int64_t blocks) { return 2 * blocks + 2;
 
 // The kind of pipeline layer `layer` (0 <= layer < DecoderPipelineLayers(blocks)).
 constexpr DecoderLayerKind DecoderLayerKindOf(int64_t layer, int64_t blocks) {
-  return layer == 0                               ? DecoderLayerKind::kEmbedding
+  return layer == 0                                   ? DecoderLayerKind::kEmbedding
          : layer == DecoderPipelineLayers(blocks) - 1 ? DecoderLayerKind::kHead
-         : layer % 2 == 1                         ? DecoderLayerKind::kAttention
-                                                  : DecoderLayerKind::kMlp;
+         : layer % 2 == 1                             ? DecoderLayerKind::kAttention
+                                                      : DecoderLayerKind::kMlp;
 }
 
 constexpr const char* DecoderLayerKindName(DecoderLayerKind kind) {
   switch (kind) {
-    case DecoderLayerKind::kEmbedding: return "embedding";
-    case DecoderLayerKind::kAttention: return "attention";
-    case DecoderLayerKind::kMlp: return "MLP";
-    case DecoderLayerKind::kHead: return "head";
+    case DecoderLayerKind::kEmbedding:
+      return "embedding";
+    case DecoderLayerKind::kAttention:
+      return "attention";
+    case DecoderLayerKind::kMlp:
+      return "MLP";
+    case DecoderLayerKind::kHead:
+      return "head";
   }
   return "?";
 }

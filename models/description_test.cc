@@ -107,7 +107,7 @@ TEST(Estimate, OneCostPerLayer_HeadKeepsTheMostActivations) {
   const LayerProfile p = FindBuiltinModel("tiny")->Estimate(s, 4);
   ASSERT_EQ(p.layers_size(), 10);
   EXPECT_EQ(p.micro_batch(), 4);
-  EXPECT_EQ(p.layers(1).forward_ms(), p.layers(3).forward_ms());  // every attention half alike
+  EXPECT_EQ(p.layers(1).forward_ms(), p.layers(3).forward_ms());              // every attention half alike
   EXPECT_GT(p.layers(9).activation_bytes(), p.layers(1).activation_bytes());  // the logits
 }
 

@@ -35,9 +35,12 @@ std::string GptExportName(const ModelSpec& spec, const std::string& internal) {
   if (dot == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dot), &layer)) return internal;
   const absl::string_view param = rest.substr(dot + 1);
   switch (DecoderLayerKindOf(layer, spec.layers())) {
-    case DecoderLayerKind::kEmbedding: return absl::StrCat("tok.", param);
-    case DecoderLayerKind::kHead: return param == "lm_head.weight" ? "head.weight" : std::string(param);
-    default: return absl::StrCat("blocks.", (layer - 1) / 2, ".", param);
+    case DecoderLayerKind::kEmbedding:
+      return absl::StrCat("tok.", param);
+    case DecoderLayerKind::kHead:
+      return param == "lm_head.weight" ? "head.weight" : std::string(param);
+    default:
+      return absl::StrCat("blocks.", (layer - 1) / 2, ".", param);
   }
 }
 
@@ -127,25 +130,26 @@ absl::StatusOr<std::vector<ExportTensor>> ExportedTensors(const ModelSpec& s) {
 std::string ExportConfigJson(const std::string& model, const ModelSpec& s) {
   std::vector<std::pair<std::string, std::string>> f;
   if (s.family() == "llama") {
-    f = {{"architectures", "[\"LlamaForCausalLM\"]"},
-         {"model_type", Quoted("llama")},
-         {"vocab_size", absl::StrCat(s.vocab())},
-         {"hidden_size", absl::StrCat(s.hidden())},
-         {"intermediate_size", absl::StrCat(s.ffn_hidden())},
-         {"num_attention_heads", absl::StrCat(s.heads())},
-         {"num_key_value_heads", absl::StrCat(s.kv_heads())},
-         {"num_hidden_layers", absl::StrCat(s.layers())},
-         {"head_dim", absl::StrCat(s.hidden() / s.heads())},
-         {"hidden_act", Quoted("silu")},
-         {"rms_norm_eps", Number(s.norm_eps())},
-         {"rope_theta", Number(s.rope_theta())},
-         {"rope_parameters", absl::StrCat("{\"rope_type\": \"default\", \"rope_theta\": ", Number(s.rope_theta()), "}")},
-         {"max_position_embeddings", absl::StrCat(s.seq())},
-         {"attention_bias", "false"},
-         {"attention_dropout", "0.0"},
-         {"mlp_bias", "false"},
-         {"tie_word_embeddings", "false"},
-         {"torch_dtype", Quoted("float32")}};
+    f = {
+        {"architectures", "[\"LlamaForCausalLM\"]"},
+        {"model_type", Quoted("llama")},
+        {"vocab_size", absl::StrCat(s.vocab())},
+        {"hidden_size", absl::StrCat(s.hidden())},
+        {"intermediate_size", absl::StrCat(s.ffn_hidden())},
+        {"num_attention_heads", absl::StrCat(s.heads())},
+        {"num_key_value_heads", absl::StrCat(s.kv_heads())},
+        {"num_hidden_layers", absl::StrCat(s.layers())},
+        {"head_dim", absl::StrCat(s.hidden() / s.heads())},
+        {"hidden_act", Quoted("silu")},
+        {"rms_norm_eps", Number(s.norm_eps())},
+        {"rope_theta", Number(s.rope_theta())},
+        {"rope_parameters", absl::StrCat("{\"rope_type\": \"default\", \"rope_theta\": ", Number(s.rope_theta()), "}")},
+        {"max_position_embeddings", absl::StrCat(s.seq())},
+        {"attention_bias", "false"},
+        {"attention_dropout", "0.0"},
+        {"mlp_bias", "false"},
+        {"tie_word_embeddings", "false"},
+        {"torch_dtype", Quoted("float32")}};
   } else {
     f = {{"architectures", absl::StrCat("[\"", s.family() == "gpt" ? "StagehandGPT" : s.family(), "\"]")},
          {"model_type", Quoted(s.family() == "gpt" ? "stagehand-gpt" : s.family())},
@@ -174,7 +178,8 @@ absl::StatusOr<ExportDirectory> ReadExportDirectory(const std::string& dir) {
   absl::StatusOr<std::string> text = ReadWhole(config);
   if (!text.ok()) {
     if (!absl::IsNotFound(text.status())) return text.status();  // "<path>: not a regular file but a FIFO; ..."
-    return Invalid(absl::StrCat(config, " is missing: pass a directory written by --export_dir (or Hugging Face's "
+    return Invalid(absl::StrCat(config,
+                                " is missing: pass a directory written by --export_dir (or Hugging Face's "
                                 "save_pretrained)"));
   }
   e.config_json = *text;
@@ -193,8 +198,7 @@ absl::StatusOr<ExportDirectory> ReadExportDirectory(const std::string& dir) {
     std::set<std::string> files;
     for (const auto& [name, file] : map->second.struct_value().fields()) {
       if (file.string_value().empty() || file.string_value().find('/') != std::string::npos) {
-        return Invalid(absl::StrCat(index_path, " maps ", name, " to a file name it cannot be: ",
-                                    file.string_value()));
+        return Invalid(absl::StrCat(index_path, " maps ", name, " to a file name it cannot be: ", file.string_value()));
       }
       index[name] = file.string_value();
       files.insert(file.string_value());
@@ -228,7 +232,8 @@ absl::StatusOr<ExportDirectory> ReadExportDirectory(const std::string& dir) {
   }
   for (const auto& [name, file] : index) {
     if (!e.where.count(name)) {
-      return Invalid(absl::StrCat(index_path, " puts ", name, " in ", file, ", which lacks it; export the model again"));
+      return Invalid(
+          absl::StrCat(index_path, " puts ", name, " in ", file, ", which lacks it; export the model again"));
     }
   }
   return e;
@@ -276,9 +281,10 @@ absl::Status CheckConfig(const ExportDirectory& e, const ModelSpec& s) {
     }
     const double got = it->second.number_value();
     if (std::abs(got - f.want) > 1e-9 * std::max(1.0, std::abs(f.want))) {
-      const std::string fix = *f.flag ? absl::StrCat("pass --", f.flag, "=", Number(got))
-                                      : absl::StrCat("set model_spec { ", f.key == std::string("rms_norm_eps") ? "norm_eps" : f.key,
-                                                     ": ", Number(got), " } in the job file");
+      const std::string fix =
+          *f.flag ? absl::StrCat("pass --", f.flag, "=", Number(got))
+                  : absl::StrCat("set model_spec { ", f.key == std::string("rms_norm_eps") ? "norm_eps" : f.key, ": ",
+                                 Number(got), " } in the job file");
       return Invalid(absl::StrCat(path, " has ", f.key, " ", Number(got), " but this job's model has ", Number(f.want),
                                   "; ", fix, " (or pass another export)"));
     }
@@ -308,7 +314,8 @@ absl::Status CheckExportMatches(const ExportDirectory& e, const ModelSpec& spec)
                                   Shape(t.shape), "; pass the model's sizes it was exported with"));
     }
     if (got.dtype != "F32" && got.dtype != "BF16" && got.dtype != "F16") {
-      return Invalid(absl::StrCat(file, " holds ", t.name, " as ", got.dtype, "; pass an export of F32, BF16 or F16 tensors"));
+      return Invalid(
+          absl::StrCat(file, " holds ", t.name, " as ", got.dtype, "; pass an export of F32, BF16 or F16 tensors"));
     }
   }
   for (const auto& [name, at] : e.where) {

@@ -44,9 +44,9 @@ std::string ExportConfigJson(const std::string& model, const ModelSpec& spec);
 struct ExportDirectory {
   std::string dir;
   std::string config_json;
-  std::vector<std::string> files;                  // the safetensors files, in order
-  std::vector<SafetensorsHeader> headers;          // headers[i] is files[i]'s
-  std::map<std::string, std::pair<int, int>> where;  // name -> (file index, index in its header)
+  std::vector<std::string> files;                                // the safetensors files, in order
+  std::vector<SafetensorsHeader> headers;                        // headers[i] is files[i]'s
+  std::map<std::string, std::pair<int, int>> where;              // name -> (file index, index in its header)
   const SafetensorsEntry& Entry(const std::string& name) const;  // one that `where` has
 };
 // Reads config.json, the index (or model.safetensors) and every file's header. INVALID_ARGUMENT with

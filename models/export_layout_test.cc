@@ -53,7 +53,8 @@ TEST(ExportName, Gpt_MapsPipelineLayersToPeerNames) {
 }
 
 TEST(ExportName, Llama_IsHuggingFacesAlready) {
-  EXPECT_EQ(ExportName(Resolved("llama-tiny"), "model.layers.2.mlp.up_proj.weight"), "model.layers.2.mlp.up_proj.weight");
+  EXPECT_EQ(ExportName(Resolved("llama-tiny"), "model.layers.2.mlp.up_proj.weight"),
+            "model.layers.2.mlp.up_proj.weight");
 }
 
 TEST(ExportedTensors, CountsAndShapes) {

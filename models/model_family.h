@@ -27,8 +27,8 @@ struct AttentionCall {
   bool causal = true;
   bool packed_qkv = false;
   bool operator==(const AttentionCall& o) const {
-    return heads == o.heads && kv_heads == o.kv_heads && head_dim == o.head_dim && seq == o.seq &&
-           causal == o.causal && packed_qkv == o.packed_qkv;
+    return heads == o.heads && kv_heads == o.kv_heads && head_dim == o.head_dim && seq == o.seq && causal == o.causal &&
+           packed_qkv == o.packed_qkv;
   }
 };
 

@@ -94,7 +94,8 @@ TEST(FusedAdamWCuda, OwnKernelMatchesAtensFusedAdamW) {
     for (size_t i = 0; i < own.size(); ++i) {
       const double worst = (own[i] - aten[i]).abs().max().item<double>();
       const double scale = aten[i].abs().max().item<double>();
-      EXPECT_LE(worst, 1e-6 * scale) << "tensor " << i << " (parameter " << i / 3 << ", " << "pmv"[i % 3] << ")";
+      EXPECT_LE(worst, 1e-6 * scale) << "tensor " << i << " (parameter " << i / 3 << ", "
+                                     << "pmv"[i % 3] << ")";
       if (i % 3 == 0) std::cout << "parameter " << i / 3 << ": worst difference " << worst << "\n";
     }
   }
@@ -115,8 +116,8 @@ void ExpectFusedAdamWMatchesTorch(torch::Device device) {
   std::vector<torch::Tensor> fused = RandomParams(device), reference = RandomParams(torch::kCPU);
   const double lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   FusedAdamW ours(fused, lr, beta1, beta2, eps, weight_decay);
-  torch::optim::AdamW theirs(
-      reference, torch::optim::AdamWOptions(lr).betas({beta1, beta2}).eps(eps).weight_decay(weight_decay));
+  torch::optim::AdamW theirs(reference,
+                             torch::optim::AdamWOptions(lr).betas({beta1, beta2}).eps(eps).weight_decay(weight_decay));
   torch::manual_seed(4);
   for (int step = 0; step < 5; ++step) {
     for (size_t i = 0; i < fused.size(); ++i) {

@@ -102,9 +102,19 @@ void ExpectSumsClose(const torch::Tensor& sums, const torch::Tensor& x, const st
 
 const std::vector<std::pair<int64_t, int64_t>>& Shapes() {
   static const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {8192, 6144}, {8192, 2048}, {8192, 8192}, {1, 6144}, {1001, 2048}, {1001, 8192}, {1, 8}, {1001, 24}, {33, 264},
+      {8192, 6144},
+      {8192, 2048},
+      {8192, 8192},
+      {1, 6144},
+      {1001, 2048},
+      {1001, 8192},
+      {1, 8},
+      {1001, 24},
+      {33, 264},
       // rows that leave the last block's row chunk, and its batch of loads, part-full
-      {8191, 2048}, {8197, 6144}, {37, 2056}};
+      {8191, 2048},
+      {8197, 6144},
+      {37, 2056}};
   return shapes;
 }
 

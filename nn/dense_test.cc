@@ -80,7 +80,8 @@ TEST(DenseCuda, ForwardResidual_MatchesFp32ReferenceAndGradients) {
     EXPECT_TRUE(torch::equal(fused[2], g)) << "skip's gradient is the output's";
     EXPECT_LT(rel(fused[3], wr.grad()), 1e-2) << "dW";
     if (bias) EXPECT_LT(rel(fused[4], br.grad()), 1e-2) << "db";
-    for (size_t i = 1; i < fused.size(); ++i) EXPECT_LT(rel(fused[i], plain[i]), 2e-2) << "gradient " << i << " vs autocast's";
+    for (size_t i = 1; i < fused.size(); ++i)
+      EXPECT_LT(rel(fused[i], plain[i]), 2e-2) << "gradient " << i << " vs autocast's";
     torch::Tensor no_grad_y;
     {
       torch::NoGradGuard no_grad;
@@ -155,8 +156,10 @@ TEST(DenseCuda, ForwardResidual_LayersOfOneShapeShareOneTiming) {
     EXPECT_EQ(LtAlgorithmTimings(), after_first) << "a second layer of a known shape timed again";
   }
   for (int i = 0; i < 3; ++i) {  // the fp32 reference, outside autocast (which would round its product to bf16)
-    torch::Tensor ref = skip + at::matmul(x.to(torch::kFloat32), layers[i]->weight.detach().to(torch::kBFloat16).to(torch::kFloat32).t()) +
-                        static_cast<double>(i);
+    torch::Tensor ref =
+        skip +
+        at::matmul(x.to(torch::kFloat32), layers[i]->weight.detach().to(torch::kBFloat16).to(torch::kFloat32).t()) +
+        static_cast<double>(i);
     EXPECT_LT(((ys[i] - ref).abs().max() / ref.abs().max()).item<double>(), 1e-4) << "layer " << i;
   }
 }
@@ -177,7 +180,8 @@ GeluReference LinearGeluReference(const torch::Tensor& x, const torch::Tensor& w
 }
 
 double MaxRel(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a.to(torch::kFloat32) - b.to(torch::kFloat32)).abs().max() / b.to(torch::kFloat32).abs().max().clamp_min(1e-12))
+  return ((a.to(torch::kFloat32) - b.to(torch::kFloat32)).abs().max() /
+          b.to(torch::kFloat32).abs().max().clamp_min(1e-12))
       .item<double>();
 }
 
@@ -241,7 +245,8 @@ TEST(DenseForwardGeluCuda, RealAndOddShapes_MatchFp32AutogradAsWellAsAten) {
   struct Shape {
     int64_t b, s, in, out;
   };
-  for (const Shape& sh : {Shape{8, 1024, 2048, 8192}, Shape{3, 37, 72, 200}, Shape{1, 5, 64, 104}, Shape{2, 9, 36, 50}}) {
+  for (const Shape& sh :
+       {Shape{8, 1024, 2048, 8192}, Shape{3, 37, 72, 200}, Shape{1, 5, 64, 104}, Shape{2, 9, 36, 50}}) {
     SCOPED_TRACE(absl::StrCat(sh.b, "x", sh.s, " ", sh.in, "->", sh.out));
     torch::manual_seed(5);
     Dense fc(sh.in, sh.out, true, torch::kCUDA);
@@ -253,7 +258,8 @@ TEST(DenseForwardGeluCuda, RealAndOddShapes_MatchFp32AutogradAsWellAsAten) {
     }
     torch::Tensor x0 = torch::randn({sh.b, sh.s, sh.in}, torch::kCUDA).to(torch::kBFloat16).to(torch::kFloat32);
     torch::Tensor dy = (torch::randn({sh.b, sh.s, sh.out}, torch::kCUDA) * 1e-2).to(torch::kBFloat16);
-    const GeluReference ref = LinearGeluReference(x0, fc->weight.to(torch::kBFloat16), fc->bias.to(torch::kBFloat16), dy);
+    const GeluReference ref =
+        LinearGeluReference(x0, fc->weight.to(torch::kBFloat16), fc->bias.to(torch::kBFloat16), dy);
     auto run = [&](bool fused) {
       fc->weight.mutable_grad().reset();
       fc->bias.mutable_grad().reset();

@@ -76,8 +76,8 @@ TEST(FusedKernelsCuda, NormBackward_MatchesAten) {
       auto [y, mean, rstd] = at::native_layer_norm(x, {cols}, gamma, beta, 1e-5);
       std::vector<torch::Tensor> got = NormBackwardFromBf16(dy, x, gamma, mean, rstd);
       ASSERT_EQ(got.size(), 3u);
-      auto [dx, dgamma, dbeta] =
-          at::native_layer_norm_backward(dy.to(torch::kFloat32), x, {cols}, mean, rstd, gamma, beta, {true, true, true});
+      auto [dx, dgamma, dbeta] = at::native_layer_norm_backward(dy.to(torch::kFloat32), x, {cols}, mean, rstd, gamma,
+                                                                beta, {true, true, true});
       EXPECT_LT(rel(got[0], dx), 1e-4);
       EXPECT_LT(rel(got[1], dgamma), 1e-4);
       EXPECT_LT(rel(got[2], dbeta), 1e-4);
@@ -110,8 +110,9 @@ TEST(FusedKernelsCuda, NormBackward_MatchesAten) {
   EXPECT_TRUE(NormBackwardFromBf16(x.to(torch::kBFloat16), x, w, torch::Tensor(), r).empty());
   torch::Tensor x2 = torch::randn({4, 128}, f32), w2 = torch::ones({128}, f32);
   EXPECT_TRUE(NormBackwardFromBf16(x2, x2, w2, torch::Tensor(), r).empty());  // an fp32 gradient
-  EXPECT_EQ(NormBackward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 100, nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      NormBackward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 100, nullptr),
+      cudaErrorInvalidValue);
 }
 
 // The kernels themselves on an sm_90 GPU: the one-GEMM forward writes gelu(h) and h as cuBLAS + ATen
@@ -158,8 +159,8 @@ TEST(GemmGeluCuda, KernelsMatchAtenAndRefuseWhatTheyDoNotTake) {
     {
       torch::Tensor flat = h.view({-1});
       const int64_t n = flat.numel();
-      const std::vector<float> special = {0.f, -0.f, 1e-5f, -3e-6f, 2.4e-4f, 15.9f, -15.9f, 16.f, -16.f,
-                                          40.f, -40.f, 300.f, -7e4f, 3e38f};
+      const std::vector<float> special = {0.f,  -0.f,  1e-5f, -3e-6f, 2.4e-4f, 15.9f, -15.9f,
+                                          16.f, -16.f, 40.f,  -40.f,  300.f,   -7e4f, 3e38f};
       for (size_t i = 0; i < special.size() && static_cast<int64_t>(i) * 7 < n; ++i) flat[i * 7].fill_(special[i]);
     }
     torch::Tensor dh = torch::empty_like(h), dh2 = torch::empty_like(h);

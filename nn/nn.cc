@@ -145,9 +145,8 @@ void SaveLinear(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, c
 
 // {dx, db} of a linear layer from its output's gradient and what SaveLinear kept, the weight's gradient
 // into .grad (or queued); x_index, weight_index and bias_index are those inputs' places in the forward.
-std::pair<torch::Tensor, torch::Tensor> LinearBackward(torch::autograd::AutogradContext* ctx,
-                                                       const torch::Tensor& grad, int x_index, int weight_index,
-                                                       int bias_index) {
+std::pair<torch::Tensor, torch::Tensor> LinearBackward(torch::autograd::AutogradContext* ctx, const torch::Tensor& grad,
+                                                       int x_index, int weight_index, int bias_index) {
   const torch::autograd::variable_list saved = ctx->get_saved_variables();
   const torch::Tensor &x = saved[0], &weight_c = saved[1];
   torch::Tensor weight = ctx->saved_data["weight"].toTensor();
@@ -225,20 +224,20 @@ torch::Tensor LinearResidual(const torch::Tensor& x, const torch::Tensor& skip, 
   const int64_t out = weight_c.size(0), in = weight_c.size(1), rows = x.numel() / in;
   torch::Tensor y = torch::empty(skip.sizes(), skip.options());
   if (cutlass) {  // x and weight_c are bf16 here (ForwardResidual); the kernel checks shape and alignment
-    const cudaError_t e = GemmResidualFp32(
-        reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
-        reinterpret_cast<const uint16_t*>(weight_c.data_ptr<at::BFloat16>()),
-        bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, skip.data_ptr<float>(), y.data_ptr<float>(), rows,
-        out, in, at::cuda::getCurrentCUDAStream());
+    const cudaError_t e =
+        GemmResidualFp32(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+                         reinterpret_cast<const uint16_t*>(weight_c.data_ptr<at::BFloat16>()),
+                         bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, skip.data_ptr<float>(),
+                         y.data_ptr<float>(), rows, out, in, at::cuda::getCurrentCUDAStream());
     if (e == cudaSuccess) return y;
     // InvalidValue / NotSupported: refused before anything was queued; cuBLASLt's below instead.
     TORCH_CHECK(e == cudaErrorInvalidValue || e == cudaErrorNotSupported, "GemmResidualFp32: ", cudaGetErrorString(e));
   }
-  const std::string error = LtLinearAddFp32(
-      at::cuda::getCurrentCUDABlasLtHandle(), at::cuda::getCUDABlasLtWorkspace(), at::cuda::getCUDABlasLtWorkspaceSize(),
-      at::cuda::getCurrentCUDAStream(), x.data_ptr(), weight_c.data_ptr(),
-      bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, skip.data_ptr<float>(), y.data_ptr<float>(), rows, out,
-      in);
+  const std::string error =
+      LtLinearAddFp32(at::cuda::getCurrentCUDABlasLtHandle(), at::cuda::getCUDABlasLtWorkspace(),
+                      at::cuda::getCUDABlasLtWorkspaceSize(), at::cuda::getCurrentCUDAStream(), x.data_ptr(),
+                      weight_c.data_ptr(), bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr,
+                      skip.data_ptr<float>(), y.data_ptr<float>(), rows, out, in);
   if (error.empty()) return y;
   torch::Tensor sum = skip + at::linear(x, weight_c).to(torch::kFloat32);
   return bias_f32.defined() ? sum + bias_f32 : sum;
@@ -260,8 +259,13 @@ class LinearResidualFunction : public torch::autograd::Function<LinearResidualFu
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto [dx, db] = LinearBackward(ctx, grads[0], /*x=*/0, /*weight=*/2, /*bias=*/3);
-    return {dx, ctx->needs_input_grad(1) ? grads[0] : torch::Tensor(), torch::Tensor(), db, torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+    return {dx,
+            ctx->needs_input_grad(1) ? grads[0] : torch::Tensor(),
+            torch::Tensor(),
+            db,
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -282,10 +286,10 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
     stats_shape.push_back(1);  // the shape at::native_layer_norm gives its mean and rstd
     torch::Tensor y = torch::empty(x.sizes(), x.options().dtype(torch::kBFloat16));
     torch::Tensor mean = torch::empty(stats_shape, x.options()), rstd = torch::empty(stats_shape, x.options());
-    const cudaError_t e = LayerNormToBf16(x.data_ptr<float>(), weight.data_ptr<float>(), bias.data_ptr<float>(),
-                                          reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
-                                          mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols,
-                                          static_cast<float>(eps), at::cuda::getCurrentCUDAStream());
+    const cudaError_t e =
+        LayerNormToBf16(x.data_ptr<float>(), weight.data_ptr<float>(), bias.data_ptr<float>(),
+                        reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), mean.data_ptr<float>(),
+                        rstd.data_ptr<float>(), rows, cols, static_cast<float>(eps), at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(e == cudaSuccess, "LayerNormToBf16: ", cudaGetErrorString(e));
     ctx->save_for_backward({x, weight, bias, mean, rstd});
     ctx->saved_data["fused_backward"] = fused_backward;
@@ -306,9 +310,9 @@ class LayerNormToBf16Function : public torch::autograd::Function<LayerNormToBf16
           NormBackwardFromBf16(grads[0], x, weight, mean, rstd, skip_grad, &weight_param, &bias_param);
       if (!fused.empty()) return {fused[0], fused[1], fused[2], torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
-    auto [dx, dweight, dbias] = at::native_layer_norm_backward(
-        grads[0].to(torch::kFloat32), x, {x.size(-1)}, mean, rstd, weight, bias,
-        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+    auto [dx, dweight, dbias] =
+        at::native_layer_norm_backward(grads[0].to(torch::kFloat32), x, {x.size(-1)}, mean, rstd, weight, bias,
+                                       {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
     if (skip_grad.defined() && dx.defined()) dx = dx + skip_grad;
     return {dx, dweight, dbias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -504,11 +508,11 @@ std::vector<torch::Tensor> NormBackwardFromBf16(const torch::Tensor& dy, const t
   torch::Tensor dx = torch::empty_like(x);
   torch::Tensor dgamma = torch::empty({parts, cols}, x.options());
   torch::Tensor dbeta = mean.defined() ? torch::empty({parts, cols}, x.options()) : torch::Tensor();
-  const cudaError_t e =
-      NormBackward(reinterpret_cast<const uint16_t*>(dy.data_ptr<at::BFloat16>()), x.data_ptr<float>(),
-                   weight.data_ptr<float>(), mean.defined() ? mean.data_ptr<float>() : nullptr, rstd.data_ptr<float>(),
-                   residual.defined() ? residual.data_ptr<float>() : nullptr, dx.data_ptr<float>(), dgamma.data_ptr<float>(), mean.defined() ? dbeta.data_ptr<float>() : nullptr,
-                   rows, cols, at::cuda::getCurrentCUDAStream());
+  const cudaError_t e = NormBackward(
+      reinterpret_cast<const uint16_t*>(dy.data_ptr<at::BFloat16>()), x.data_ptr<float>(), weight.data_ptr<float>(),
+      mean.defined() ? mean.data_ptr<float>() : nullptr, rstd.data_ptr<float>(),
+      residual.defined() ? residual.data_ptr<float>() : nullptr, dx.data_ptr<float>(), dgamma.data_ptr<float>(),
+      mean.defined() ? dbeta.data_ptr<float>() : nullptr, rows, cols, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(e == cudaSuccess, "NormBackward: ", cudaGetErrorString(e));
   return {dx, SumPartials(dgamma, torch::kFloat32, weight_param),
           mean.defined() ? SumPartials(dbeta, torch::kFloat32, bias_param) : torch::Tensor()};
@@ -585,11 +589,10 @@ void SetDenseFusedBiasGrad(torch::nn::Module& root, bool on) {
 
 namespace {
 
-
 // Whether the column-sum kernels take x [rows, cols] of `dtype` (else the callers use ATen).
 bool ColumnKernelTakes(const torch::Tensor& x, at::ScalarType dtype) {
-  return x.defined() && x.is_cuda() && x.dim() == 2 && x.scalar_type() == dtype && x.is_contiguous() &&
-         x.size(0) > 0 && ColumnSumsSupports(x.size(1)) && Aligned16(x);
+  return x.defined() && x.is_cuda() && x.dim() == 2 && x.scalar_type() == dtype && x.is_contiguous() && x.size(0) > 0 &&
+         ColumnSumsSupports(x.size(1)) && Aligned16(x);
 }
 
 // [ColumnSumPartials, cols] fp32 scratch on x's device, and where the kernel writes the sums (SumsOut).
@@ -608,9 +611,9 @@ torch::Tensor ColumnSums(const torch::Tensor& x, const torch::Tensor* into) {
   }
   const int64_t rows = x.size(0), cols = x.size(1);
   const SumBuffers b(x, rows, cols, into);
-  const cudaError_t e = ColumnSumsBf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
-                                       b.partial.data_ptr<float>(), b.target.ptr, rows, cols,
-                                       at::cuda::getCurrentCUDAStream(), b.target.accumulate);
+  const cudaError_t e =
+      ColumnSumsBf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), b.partial.data_ptr<float>(),
+                     b.target.ptr, rows, cols, at::cuda::getCurrentCUDAStream(), b.target.accumulate);
   TORCH_CHECK(e == cudaSuccess, "ColumnSumsBf16: ", cudaGetErrorString(e));
   return b.sums;
 }
@@ -623,15 +626,16 @@ std::pair<torch::Tensor, torch::Tensor> CastWithColumnSums(const torch::Tensor& 
   const int64_t rows = g.size(0), cols = g.size(1);
   torch::Tensor y = torch::empty({rows, cols}, g.options().dtype(torch::kBFloat16));
   const SumBuffers b(g, rows, cols, into);
-  const cudaError_t e = CastBf16WithColumnSums(g.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
-                                               b.partial.data_ptr<float>(), b.target.ptr, rows, cols,
-                                               at::cuda::getCurrentCUDAStream(), b.target.accumulate);
+  const cudaError_t e = CastBf16WithColumnSums(
+      g.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), b.partial.data_ptr<float>(),
+      b.target.ptr, rows, cols, at::cuda::getCurrentCUDAStream(), b.target.accumulate);
   TORCH_CHECK(e == cudaSuccess, "CastBf16WithColumnSums: ", cudaGetErrorString(e));
   return {y, b.sums};
 }
 
 std::pair<torch::Tensor, torch::Tensor> AssembleHeadsGrad(const torch::Tensor& dq, const torch::Tensor& dk,
-                                                          const torch::Tensor& dv, bool sums, const torch::Tensor* into) {
+                                                          const torch::Tensor& dv, bool sums,
+                                                          const torch::Tensor* into) {
   const std::array<const torch::Tensor*, 3> g = {&dq, &dk, &dv};
   const torch::Tensor* any = nullptr;
   for (const torch::Tensor* t : g) any = t->defined() ? t : any;
@@ -667,9 +671,10 @@ std::pair<torch::Tensor, torch::Tensor> AssembleHeadsGrad(const torch::Tensor& d
     views[i] = {reinterpret_cast<const uint16_t*>(g[i]->data_ptr<at::BFloat16>()), g[i]->stride(0), g[i]->stride(1),
                 g[i]->stride(2)};
   }
-  const cudaError_t e = AssembleHeadsGradWithColumnSums(
-      views, b, heads, s, d, reinterpret_cast<uint16_t*>(dqkv.data_ptr<at::BFloat16>()), buffers.partial.data_ptr<float>(),
-      buffers.target.ptr, at::cuda::getCurrentCUDAStream(), buffers.target.accumulate);
+  const cudaError_t e =
+      AssembleHeadsGradWithColumnSums(views, b, heads, s, d, reinterpret_cast<uint16_t*>(dqkv.data_ptr<at::BFloat16>()),
+                                      buffers.partial.data_ptr<float>(), buffers.target.ptr,
+                                      at::cuda::getCurrentCUDAStream(), buffers.target.accumulate);
   TORCH_CHECK(e == cudaSuccess, "AssembleHeadsGradWithColumnSums: ", cudaGetErrorString(e));
   return {dqkv, buffers.sums};
 }
@@ -693,7 +698,8 @@ torch::Tensor DenseImpl::ForwardResidual(const torch::Tensor& x, const torch::Te
     // Inference lowers the bias to bf16 (LowerDenseWeights): its fp32 copy is made once and kept, so
     // the product's plan (keyed by the bias's address, lt_gemm.h) is made once too.
     torch::Tensor bias_f32;
-    if (bias.defined()) bias_f32 = bias.scalar_type() == torch::kFloat32 ? bias : bias_f32_cast_.Get(bias, torch::kFloat32);
+    if (bias.defined())
+      bias_f32 = bias.scalar_type() == torch::kFloat32 ? bias : bias_f32_cast_.Get(bias, torch::kFloat32);
     return LinearResidual(xc, skip, bias_f32, w, gemm == ResidualGemm::kCutlass);
   }
   return LinearResidualFunction::apply(xc, skip, weight, bias_param, w, fused_bias_grad_,
@@ -727,9 +733,9 @@ class EmbeddingFunction : public torch::autograd::Function<EmbeddingFunction> {
     }
     auto [sorted, order] = at::sort(ids, /*stable=*/true, /*dim=*/0, /*descending=*/false);
     if (!grad.defined()) grad = torch::zeros_like(weight, torch::MemoryFormat::Contiguous);
-    const cudaError_t e = EmbeddingGradAccumulate(sorted.data_ptr<int64_t>(), order.data_ptr<int64_t>(),
-                                                  g.data_ptr<float>(), grad.data_ptr<float>(), ids.numel(), cols,
-                                                  at::cuda::getCurrentCUDAStream());
+    const cudaError_t e =
+        EmbeddingGradAccumulate(sorted.data_ptr<int64_t>(), order.data_ptr<int64_t>(), g.data_ptr<float>(),
+                                grad.data_ptr<float>(), ids.numel(), cols, at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(e == cudaSuccess, "EmbeddingGradAccumulate: ", cudaGetErrorString(e));
     return {torch::Tensor(), torch::Tensor()};  // the weight's gradient is in .grad already
   }
@@ -856,7 +862,8 @@ absl::Status SelectAttentionKernel(const std::string& kernel) {
   } else if (kernel == "torch") {
     order = initial;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("attention kernel ", kernel, ": unknown; use ", AttentionKernelChoices()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention kernel ", kernel, ": unknown; use ", AttentionKernelChoices()));
   }
   std::vector<int64_t> v;
   for (B b : order) v.push_back(static_cast<int64_t>(b));
@@ -872,7 +879,12 @@ absl::Status SelectAttentionKernel(const std::string& kernel) {
 
 FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, double lr, double beta1, double beta2, double eps,
                        double weight_decay, bool own_kernel)
-    : params_(std::move(params)), lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay),
+    : params_(std::move(params)),
+      lr_(lr),
+      beta1_(beta1),
+      beta2_(beta2),
+      eps_(eps),
+      weight_decay_(weight_decay),
       own_kernel_(own_kernel) {
   exp_avg_.resize(params_.size());
   exp_avg_sq_.resize(params_.size());
@@ -893,14 +905,14 @@ bool FusedAdamW::OwnStep(const std::vector<size_t>& indices, bool zero_grads) {
     const torch::Tensor& p = params_[i];
     if (!suits(p, p) || !suits(p.grad(), p) || !suits(exp_avg_[i], p) || !suits(exp_avg_sq_[i], p)) return false;
     if (CastCache* cache = CastCopyOf(p); cache != nullptr) {
-      if (torch::Tensor* buffer = cache->CopyBuffer(p);
-          buffer != nullptr && Aligned16(*buffer)) {
+      if (torch::Tensor* buffer = cache->CopyBuffer(p); buffer != nullptr && Aligned16(*buffer)) {
         caches[j] = cache;
         copies[j] = reinterpret_cast<uint16_t*>(buffer->data_ptr());
       }
     }
-    for (const void* q : std::initializer_list<const void*>{p.data_ptr(), p.grad().data_ptr(), exp_avg_[i].data_ptr(),
-                                                            exp_avg_sq_[i].data_ptr(), copies[j], steps_[i].data_ptr()}) {
+    for (const void* q :
+         std::initializer_list<const void*>{p.data_ptr(), p.grad().data_ptr(), exp_avg_[i].data_ptr(),
+                                            exp_avg_sq_[i].data_ptr(), copies[j], steps_[i].data_ptr()}) {
       key.push_back(q);
     }
     key.push_back(reinterpret_cast<const void*>(static_cast<uintptr_t>(p.numel())));
@@ -924,7 +936,8 @@ bool FusedAdamW::OwnStep(const std::vector<size_t>& indices, bool zero_grads) {
     // allocator keeps the pinned block until the copy is done.
     torch::Tensor host = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
     std::memcpy(host.data_ptr(), slices.data(), static_cast<size_t>(bytes));
-    table.slices = torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(params_[indices[0]].device()));
+    table.slices =
+        torch::empty({bytes}, torch::TensorOptions().dtype(torch::kUInt8).device(params_[indices[0]].device()));
     table.slices.copy_(host, /*non_blocking=*/true);
     table.key = std::move(key);
     table.count = static_cast<int64_t>(slices.size());
@@ -938,7 +951,8 @@ bool FusedAdamW::OwnStep(const std::vector<size_t>& indices, bool zero_grads) {
     if (caches[j] != nullptr) {
       caches[j]->MarkFresh(p);  // ... and the copy written here is current
       // The copy changed in place, as copy_ would have marked it (a graph that saved it then fails).
-      if (torch::Tensor* buffer = caches[j]->CopyBuffer(p); buffer != nullptr) torch::autograd::impl::bump_version(*buffer);
+      if (torch::Tensor* buffer = caches[j]->CopyBuffer(p); buffer != nullptr)
+        torch::autograd::impl::bump_version(*buffer);
     }
     zeroed_[indices[j]] = zero_grads;
   }
@@ -990,7 +1004,8 @@ double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm,
   for (const torch::Tensor& p : params) {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
-  torch::Tensor sumsq = torch::zeros({1}, params.empty() ? torch::TensorOptions() : params[0].options().dtype(torch::kFloat32));
+  torch::Tensor sumsq =
+      torch::zeros({1}, params.empty() ? torch::TensorOptions() : params[0].options().dtype(torch::kFloat32));
   for (const torch::Tensor& g : grads) sumsq += g.to(torch::kFloat32).pow(2).sum();
   all_reduce_sum(sumsq);
   const torch::Tensor norm = sumsq.sqrt();

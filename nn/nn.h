@@ -70,8 +70,8 @@ class CastCache {
   // (same dtype, device and sizes): RefreshDenseCasts copies all of those in one multi-tensor launch and
   // then marks them fresh. nullptr when the cast is current or needs a new buffer (Get makes that one).
   torch::Tensor* StaleBuffer(const torch::Tensor& param, at::ScalarType dtype) {
-    const bool stale = !cast_.defined() || version_ != param._version() || source_ != param.data_ptr() ||
-                       cast_.scalar_type() != dtype;
+    const bool stale =
+        !cast_.defined() || version_ != param._version() || source_ != param.data_ptr() || cast_.scalar_type() != dtype;
     const bool reusable = cast_.defined() && cast_.scalar_type() == dtype && cast_.device() == param.device() &&
                           cast_.sizes() == param.sizes();
     return stale && reusable && param.scalar_type() != dtype ? &cast_ : nullptr;
@@ -115,11 +115,11 @@ inline ResidualGemm ResidualGemmOf(bool fused, bool cutlass) {
 // Under bf16 autocast a plain at::linear casts the fp32 weight to bf16 on every call, once per
 // micro-batch, and autograd then upcasts each micro-batch's bf16 weight gradient and adds it to .grad:
 // tens of bytes of memory traffic per parameter per micro-batch (gpt-1.3b, 1F1B over 8 micro-batches
-// on 2 x H200: 0.3731 s per step with autocast's casts, 0.3412 s without them). Here, as Megatron-LM's gradient-accumulation fusion does, the bf16 copy is made
-// once per optimizer step (CastCache) and the backward accumulates dy^T x into the fp32 .grad with one
-// GEMM. The forward and dx are what autocast computes; the weight gradient is summed in fp32 instead of
-// being rounded to bf16 per micro-batch first. Without autocast (fp32, the CPU tests) the same function
-// runs with the parameters themselves.
+// on 2 x H200: 0.3731 s per step with autocast's casts, 0.3412 s without them). Here, as Megatron-LM's
+// gradient-accumulation fusion does, the bf16 copy is made once per optimizer step (CastCache) and the backward
+// accumulates dy^T x into the fp32 .grad with one GEMM. The forward and dx are what autocast computes; the weight
+// gradient is summed in fp32 instead of being rounded to bf16 per micro-batch first. Without autocast (fp32, the CPU
+// tests) the same function runs with the parameters themselves.
 class DenseImpl : public torch::nn::Module {
  public:
   // `device`: where the parameters are made (and drawn, by a generator on the same device).

@@ -21,12 +21,10 @@ namespace {
 
 absl::Status CheckSizes(int stages, int microbatches) {
   if (stages < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a pipeline needs at least 1 stage (got ", stages, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("a pipeline needs at least 1 stage (got ", stages, ")"));
   }
   if (microbatches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a pipeline needs at least 1 micro-batch (got ", microbatches, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("a pipeline needs at least 1 micro-batch (got ", microbatches, ")"));
   }
   return absl::OkStatus();
 }
@@ -60,13 +58,9 @@ class ListBuilder {
   void RecvGradient(int mb) { Exchange({}, RecvGrad(mb)); }
   void SendGradient(int mb) { Exchange(SendGrad(mb), {}); }
   // Megatron's send_forward_recv_backward: activation out to r+1, gradient in from r+1.
-  void SendActivationRecvGradient(int send_mb, int recv_mb) {
-    Exchange(SendAct(send_mb), RecvGrad(recv_mb));
-  }
+  void SendActivationRecvGradient(int send_mb, int recv_mb) { Exchange(SendAct(send_mb), RecvGrad(recv_mb)); }
   // Megatron's send_backward_recv_forward: gradient out to r-1, next activation in from r-1.
-  void SendGradientRecvActivation(int send_mb, int recv_mb) {
-    Exchange(SendGrad(send_mb), RecvAct(recv_mb));
-  }
+  void SendGradientRecvActivation(int send_mb, int recv_mb) { Exchange(SendGrad(send_mb), RecvAct(recv_mb)); }
 
   std::vector<Action> Take() { return std::move(list_); }
 
@@ -177,9 +171,9 @@ absl::StatusOr<Schedule> MakeGPipe(int stages, int microbatches) {
 absl::StatusOr<Schedule> Make1F1B(int stages, int microbatches) {
   if (absl::Status s = CheckSizes(stages, microbatches); !s.ok()) return s;
   if (microbatches < stages) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "1F1B needs at least as many micro-batches as stages (got ", microbatches, " for ", stages,
-        " stages); use --micro-batches=", stages, " or more, or --schedule=gpipe"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("1F1B needs at least as many micro-batches as stages (got ", microbatches, " for ", stages,
+                     " stages); use --micro-batches=", stages, " or more, or --schedule=gpipe"));
   }
   Schedule schedule = EmptySchedule("1f1b", stages, microbatches, /*forward_only=*/false);
   for (int r = 0; r < stages; ++r) schedule.ranks.push_back(OneFOneBList(r, stages, microbatches));

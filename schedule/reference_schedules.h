@@ -36,10 +36,10 @@ struct Action {
 };
 
 struct Schedule {
-  std::string name;            // "gpipe", "1f1b", "forward" (inference)
+  std::string name;  // "gpipe", "1f1b", "forward" (inference)
   int num_ranks = 0;
   int num_microbatches = 0;
-  int chunks_per_rank = 1;     // virtual stage of (rank, chunk) = chunk * num_ranks + rank
+  int chunks_per_rank = 1;  // virtual stage of (rank, chunk) = chunk * num_ranks + rank
   bool forward_only = false;
   std::vector<std::vector<Action>> ranks;  // ranks[r] = the actions of rank r, in order
 };

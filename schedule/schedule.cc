@@ -32,8 +32,8 @@ bool operator==(const Action& a, const Action& b) {
 }
 
 bool IsCommunication(ActionKind kind) {
-  return kind == ActionKind::kSendForward || kind == ActionKind::kRecvForward ||
-         kind == ActionKind::kSendBackward || kind == ActionKind::kRecvBackward;
+  return kind == ActionKind::kSendForward || kind == ActionKind::kRecvForward || kind == ActionKind::kSendBackward ||
+         kind == ActionKind::kRecvBackward;
 }
 
 int Schedule::ChunksPerRank() const {
@@ -53,36 +53,41 @@ namespace {
 
 bool IsCompute(ActionKind k) { return !IsCommunication(k) && k != ActionKind::kOptimizerStep; }
 
-bool IsBackwardCompute(ActionKind k) {
-  return k == ActionKind::kBackward || k == ActionKind::kBackwardInput;
-}
+bool IsBackwardCompute(ActionKind k) { return k == ActionKind::kBackward || k == ActionKind::kBackwardInput; }
 
 // Kinds a forward-only list cannot hold.
 bool NeedsTraining(ActionKind k) {
-  return k == ActionKind::kBackward || k == ActionKind::kBackwardInput ||
-         k == ActionKind::kBackwardWeight || k == ActionKind::kSendBackward ||
-         k == ActionKind::kRecvBackward || k == ActionKind::kOptimizerStep;
+  return k == ActionKind::kBackward || k == ActionKind::kBackwardInput || k == ActionKind::kBackwardWeight ||
+         k == ActionKind::kSendBackward || k == ActionKind::kRecvBackward || k == ActionKind::kOptimizerStep;
 }
 
 // The virtual stage at the other end of a send or receive: activations flow to v+1, gradients to v-1.
 int RemoteStage(int v, ActionKind k) {
   switch (k) {
     case ActionKind::kSendForward:
-    case ActionKind::kRecvBackward: return v + 1;
+    case ActionKind::kRecvBackward:
+      return v + 1;
     case ActionKind::kRecvForward:
-    case ActionKind::kSendBackward: return v - 1;
-    default: return v;
+    case ActionKind::kSendBackward:
+      return v - 1;
+    default:
+      return v;
   }
 }
 
 // The action the peer runs to complete a send or receive.
 ActionKind Counterpart(ActionKind k) {
   switch (k) {
-    case ActionKind::kSendForward: return ActionKind::kRecvForward;
-    case ActionKind::kRecvForward: return ActionKind::kSendForward;
-    case ActionKind::kSendBackward: return ActionKind::kRecvBackward;
-    case ActionKind::kRecvBackward: return ActionKind::kSendBackward;
-    default: return k;
+    case ActionKind::kSendForward:
+      return ActionKind::kRecvForward;
+    case ActionKind::kRecvForward:
+      return ActionKind::kSendForward;
+    case ActionKind::kSendBackward:
+      return ActionKind::kRecvBackward;
+    case ActionKind::kRecvBackward:
+      return ActionKind::kSendBackward;
+    default:
+      return k;
   }
 }
 
@@ -105,12 +110,10 @@ bool OnRank(const std::vector<int>& stage_rank, int stage, int rank) {
 
 absl::Status CheckSizes(int ranks, int microbatches) {
   if (ranks < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a pipeline needs at least 1 rank (got ", ranks, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("a pipeline needs at least 1 rank (got ", ranks, ")"));
   }
   if (microbatches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a pipeline needs at least 1 micro-batch (got ", microbatches, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("a pipeline needs at least 1 micro-batch (got ", microbatches, ")"));
   }
   return absl::OkStatus();
 }
@@ -175,9 +178,9 @@ absl::StatusOr<Schedule> GenerateGPipe(int ranks, int microbatches) {
 absl::StatusOr<Schedule> Generate1F1B(int ranks, int microbatches) {
   if (absl::Status s = CheckSizes(ranks, microbatches); !s.ok()) return s;
   if (microbatches < ranks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "1F1B needs at least as many micro-batches as stages (got ", microbatches, " for ", ranks,
-        " stages); use --micro-batches=", ranks, " or more, or --schedule=gpipe"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("1F1B needs at least as many micro-batches as stages (got ", microbatches, " for ", ranks,
+                     " stages); use --micro-batches=", ranks, " or more, or --schedule=gpipe"));
   }
   Schedule schedule = EmptySchedule("1f1b", ranks, microbatches, /*forward_only=*/false);
   for (int r = 0; r < ranks; ++r) schedule.ranks[r] = OneFOneBList(r, ranks, microbatches);
@@ -214,9 +217,7 @@ std::vector<Action> InterleavedList(int r, int p, int v, int m) {
   const int warmup = m == p ? total : std::min(total, (p - r - 1) * 2 + (v - 1) * p);
   auto mb = [&](int k) { return (k / (p * v)) * p + k % p; };
   auto forward = [&](int k) { return Compute(ActionKind::kForward, ((k / p) % v) * p + r, mb(k)); };
-  auto backward = [&](int k) {
-    return Compute(ActionKind::kBackward, (v - 1 - (k / p) % v) * p + r, mb(k));
-  };
+  auto backward = [&](int k) { return Compute(ActionKind::kBackward, (v - 1 - (k / p) % v) * p + r, mb(k)); };
   std::vector<Action> list;
   for (int k = 0; k < warmup; ++k) list.push_back(forward(k));
   for (int i = 0; i < total - warmup; ++i) {
@@ -307,13 +308,13 @@ absl::StatusOr<Schedule> GenerateInterleaved1F1B(int ranks, int chunks, int micr
         absl::StrCat("interleaved 1F1B needs at least 1 chunk per rank (got ", chunks, ")"));
   }
   if (microbatches % ranks != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "interleaved 1F1B runs micro-batches in rounds of one per rank (Megatron's rule): ",
-        microbatches, " micro-batches do not split into rounds of ", ranks,
-        "; use --micro_batches=", (microbatches / ranks + 1) * ranks, " (a multiple of ", ranks, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("interleaved 1F1B runs micro-batches in rounds of one per rank (Megatron's rule): ", microbatches,
+                     " micro-batches do not split into rounds of ", ranks,
+                     "; use --micro_batches=", (microbatches / ranks + 1) * ranks, " (a multiple of ", ranks, ")"));
   }
-  Schedule schedule = PlacedSchedule("interleaved-1f1b", ranks, ranks * chunks, microbatches,
-                                     [ranks](int v) { return v % ranks; });
+  Schedule schedule =
+      PlacedSchedule("interleaved-1f1b", ranks, ranks * chunks, microbatches, [ranks](int v) { return v % ranks; });
   for (int r = 0; r < ranks; ++r) schedule.ranks[r] = InterleavedList(r, ranks, chunks, microbatches);
   return schedule;
 }
@@ -321,9 +322,9 @@ absl::StatusOr<Schedule> GenerateInterleaved1F1B(int ranks, int chunks, int micr
 absl::StatusOr<Schedule> GenerateZeroBubbleH1(int ranks, int microbatches) {
   if (absl::Status s = CheckSizes(ranks, microbatches); !s.ok()) return s;
   if (microbatches < ranks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ZB-H1 needs at least as many micro-batches as stages (got ", microbatches, " for ", ranks,
-        " stages); use --micro_batches=", ranks, " or more, or --schedule=zb-v"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ZB-H1 needs at least as many micro-batches as stages (got ", microbatches, " for ", ranks,
+                     " stages); use --micro_batches=", ranks, " or more, or --schedule=zb-v"));
   }
   Schedule schedule = EmptySchedule("zb-h1", ranks, microbatches, /*forward_only=*/false);
   for (int r = 0; r < ranks; ++r) schedule.ranks[r] = ZeroBubbleH1List(r, ranks, microbatches);
@@ -332,9 +333,8 @@ absl::StatusOr<Schedule> GenerateZeroBubbleH1(int ranks, int microbatches) {
 
 absl::StatusOr<Schedule> GenerateZeroBubbleV(int ranks, int microbatches) {
   if (absl::Status s = CheckSizes(ranks, microbatches); !s.ok()) return s;
-  Schedule schedule = PlacedSchedule("zb-v", ranks, 2 * ranks, microbatches, [ranks](int v) {
-    return v < ranks ? v : 2 * ranks - 1 - v;
-  });
+  Schedule schedule = PlacedSchedule("zb-v", ranks, 2 * ranks, microbatches,
+                                     [ranks](int v) { return v < ranks ? v : 2 * ranks - 1 - v; });
   for (int r = 0; r < ranks; ++r) schedule.ranks[r] = ZeroBubbleVList(r, ranks, microbatches);
   return schedule;
 }
@@ -346,19 +346,16 @@ absl::StatusOr<Schedule> GenerateZeroBubbleV(int ranks, int microbatches) {
 namespace {
 
 absl::Status CheckStagePlacement(const Schedule& s) {
-  if (s.num_ranks < 1 || s.num_stages < 1 ||
-      static_cast<int>(s.stage_rank.size()) != s.num_stages ||
+  if (s.num_ranks < 1 || s.num_stages < 1 || static_cast<int>(s.stage_rank.size()) != s.num_stages ||
       static_cast<int>(s.ranks.size()) != s.num_ranks) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "schedule \"", s.name, "\" has ", s.num_ranks, " ranks with ", s.ranks.size(), " lists and ",
-        s.num_stages, " stages with ", s.stage_rank.size(),
-        " stage_rank entries; give one list per rank and one rank per stage"));
+        "schedule \"", s.name, "\" has ", s.num_ranks, " ranks with ", s.ranks.size(), " lists and ", s.num_stages,
+        " stages with ", s.stage_rank.size(), " stage_rank entries; give one list per rank and one rank per stage"));
   }
   for (int v = 0; v < s.num_stages; ++v) {
     if (s.stage_rank[v] < 0 || s.stage_rank[v] >= s.num_ranks) {
-      return absl::InvalidArgumentError(absl::StrCat("stage ", v, " is placed on rank ",
-                                                     s.stage_rank[v], ", not in [0, ",
-                                                     s.num_ranks, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage ", v, " is placed on rank ", s.stage_rank[v], ", not in [0, ", s.num_ranks, ")"));
     }
   }
   return absl::OkStatus();
@@ -371,12 +368,11 @@ absl::Status CheckComputeOnly(const Schedule& s) {
       const Action& a = s.ranks[r][i];
       const std::string where = absl::StrCat("rank ", r, " action ", i, " (", ToString(a), "): ");
       if (IsCommunication(a.kind)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, "AddCommunication takes compute-only lists; leave sends and receives out"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "AddCommunication takes compute-only lists; leave sends and receives out"));
       }
       if (IsCompute(a.kind) && !OnRank(s.stage_rank, a.stage, r)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, "stage_rank does not place that stage on this rank"));
+        return absl::InvalidArgumentError(absl::StrCat(where, "stage_rank does not place that stage on this rank"));
       }
     }
   }
@@ -532,7 +528,9 @@ struct TimedCompute {
 // when the lists wait on each other in a cycle (Simulate then says what is wrong).
 std::optional<std::vector<std::vector<TimedCompute>>> BufferedRun(const Schedule& s) {
   const int m = s.num_microbatches, n = s.num_stages;
-  const auto cost = [](ActionKind k) { return k == ActionKind::kBackward ? 2.0 : k == ActionKind::kOptimizerStep ? 0.0 : 1.0; };
+  const auto cost = [](ActionKind k) {
+    return k == ActionKind::kBackward ? 2.0 : k == ActionKind::kOptimizerStep ? 0.0 : 1.0;
+  };
   std::vector<double> fwd(static_cast<size_t>(n) * m, -1), bwd(static_cast<size_t>(n) * m, -1);
   auto at = [m](std::vector<double>& v, int stage, int mb) -> double& { return v[stage * m + mb]; };
   std::vector<std::vector<TimedCompute>> times(s.num_ranks);
@@ -570,8 +568,8 @@ std::optional<std::vector<std::vector<TimedCompute>>> BufferedRun(const Schedule
 
 // Whether rank time `t` falls strictly inside one of its computes (starts are non-decreasing).
 bool InsideCompute(const std::vector<TimedCompute>& times, double t) {
-  auto it = std::upper_bound(times.begin(), times.end(), t,
-                             [](double x, const TimedCompute& c) { return x < c.start; });
+  auto it =
+      std::upper_bound(times.begin(), times.end(), t, [](double x, const TimedCompute& c) { return x < c.start; });
   while (it != times.begin()) {
     --it;
     if (it->end > t && it->start < t) return true;
@@ -723,21 +721,19 @@ absl::StatusOr<Schedule> AddCommunication(const Schedule& compute_only) {
   return lowered;
 }
 
-int DefaultChunks(absl::string_view name) {
-  return name == "interleaved-1f1b" || name == "zb-v" ? 2 : 1;
-}
+int DefaultChunks(absl::string_view name) { return name == "interleaved-1f1b" || name == "zb-v" ? 2 : 1; }
 
 absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, int ranks, int microbatches, int chunks) {
   const bool interleaved = name == "interleaved-1f1b";
   if (name == "zb-v" && chunks != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "zb-v holds exactly 2 chunks per rank (a V: stages r and 2p-1-r), not ", chunks,
-        "; pass --stage_chunks=2 or leave it out"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("zb-v holds exactly 2 chunks per rank (a V: stages r and 2p-1-r), not ", chunks,
+                     "; pass --stage_chunks=2 or leave it out"));
   }
   if (!interleaved && name != "zb-v" && chunks != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " holds one chunk per rank, not ", chunks,
-        "; pass --schedule=interleaved-1f1b for ", chunks, " chunks, or leave --stage_chunks out"));
+    return absl::InvalidArgumentError(absl::StrCat(name, " holds one chunk per rank, not ", chunks,
+                                                   "; pass --schedule=interleaved-1f1b for ", chunks,
+                                                   " chunks, or leave --stage_chunks out"));
   }
   absl::StatusOr<Schedule> compute;
   if (interleaved) {
@@ -768,9 +764,8 @@ absl::StatusOr<Schedule> MakeSchedule(absl::string_view name, int ranks, int mic
 namespace {
 
 constexpr std::pair<const char*, ActionKind> kKindTags[] = {
-    {"F", ActionKind::kForward},          {"B", ActionKind::kBackward},
-    {"I", ActionKind::kBackwardInput},    {"W", ActionKind::kBackwardWeight},
-    {"SEND_F", ActionKind::kSendForward}, {"RECV_F", ActionKind::kRecvForward},
+    {"F", ActionKind::kForward},           {"B", ActionKind::kBackward},          {"I", ActionKind::kBackwardInput},
+    {"W", ActionKind::kBackwardWeight},    {"SEND_F", ActionKind::kSendForward},  {"RECV_F", ActionKind::kRecvForward},
     {"SEND_B", ActionKind::kSendBackward}, {"RECV_B", ActionKind::kRecvBackward},
 };
 
@@ -815,8 +810,7 @@ absl::StatusOr<Token> ParseToken(absl::string_view token) {
   const absl::string_view tag = rest.substr(0, tag_len);
   rest.remove_prefix(tag_len);
   if (!stage_ok || tag.empty() || !ConsumeNumber(&rest, &t.microbatch) || !rest.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot parse action \"", token, "\"; ", kExpectedToken));
+    return absl::InvalidArgumentError(absl::StrCat("cannot parse action \"", token, "\"; ", kExpectedToken));
   }
   for (const auto& [name, kind] : kKindTags) {
     if (tag == name) {
@@ -829,8 +823,7 @@ absl::StatusOr<Token> ParseToken(absl::string_view token) {
 }
 
 // Fills in chunk and peer, which follow from where the stages live.
-absl::StatusOr<Action> Resolve(absl::string_view token, const Token& t, int rank,
-                               const std::vector<int>& stage_rank) {
+absl::StatusOr<Action> Resolve(absl::string_view token, const Token& t, int rank, const std::vector<int>& stage_rank) {
   Action a = Compute(t.kind, t.stage, t.microbatch);
   if (t.kind == ActionKind::kOptimizerStep) return a;
   const int stages = static_cast<int>(stage_rank.size());
@@ -848,8 +841,7 @@ absl::StatusOr<Action> Resolve(absl::string_view token, const Token& t, int rank
   if (!IsCommunication(t.kind)) return a;
   const int remote = RemoteStage(t.stage, t.kind);
   if (remote < 0 || remote >= stages) {
-    return error(absl::StrCat("no stage ", remote, " to exchange with; the pipeline has stages 0 to ",
-                              stages - 1));
+    return error(absl::StrCat("no stage ", remote, " to exchange with; the pipeline has stages 0 to ", stages - 1));
   }
   if (stage_rank[remote] == rank) {
     return error(absl::StrCat("stage ", remote, " is on this rank too; nothing to send or receive"));
@@ -884,22 +876,20 @@ std::string ToString(const std::vector<Action>& actions) {
 std::string ToString(const Schedule& schedule) {
   std::string out;
   for (size_t r = 0; r < schedule.ranks.size(); ++r) {
-    absl::StrAppend(&out, "rank ", r, ":", schedule.ranks[r].empty() ? "" : " ",
-                    ToString(schedule.ranks[r]), "\n");
+    absl::StrAppend(&out, "rank ", r, ":", schedule.ranks[r].empty() ? "" : " ", ToString(schedule.ranks[r]), "\n");
   }
   return out;
 }
 
-absl::StatusOr<std::vector<Action>> ParseActions(absl::string_view text, int rank,
-                                                 const std::vector<int>& stage_rank) {
+absl::StatusOr<std::vector<Action>> ParseActions(absl::string_view text, int rank, const std::vector<int>& stage_rank) {
   std::vector<Action> actions;
   int next_group = 0;
   for (absl::string_view word : Words(text)) {
     const std::vector<absl::string_view> parts = absl::StrSplit(word, '|');
     for (absl::string_view part : parts) {
       if (part.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "empty action in group \"", word, "\"; join a group's actions with one \"|\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat("empty action in group \"", word, "\"; join a group's actions with one \"|\""));
       }
       absl::StatusOr<Token> token = ParseToken(part);
       if (!token.ok()) return token.status();
@@ -927,8 +917,7 @@ absl::StatusOr<absl::string_view> ListBody(absl::string_view line, int index) {
         absl::StrCat("cannot parse \"", line, "\"; start a list with \"rank N:\" or leave it bare"));
   }
   if (number != index) {
-    return absl::InvalidArgumentError(absl::StrCat("list \"", line, "\" says rank ", number,
-                                                   " but is list ", index,
+    return absl::InvalidArgumentError(absl::StrCat("list \"", line, "\" says rank ", number, " but is list ", index,
                                                    "; give the ranks' lists in order from 0"));
   }
   return rest;
@@ -945,9 +934,9 @@ absl::StatusOr<std::vector<int>> InferStageRank(const std::vector<absl::string_v
         if (!IsCompute(t->kind)) continue;
         auto [it, fresh] = placed.emplace(t->stage, static_cast<int>(r));
         if (!fresh && it->second != static_cast<int>(r)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "stage ", t->stage, " is computed on ranks ", it->second, " and ", r,
-              "; a stage lives on one rank, so give its actions to one of them"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("stage ", t->stage, " is computed on ranks ", it->second, " and ", r,
+                           "; a stage lives on one rank, so give its actions to one of them"));
         }
       }
     }
@@ -959,8 +948,8 @@ absl::StatusOr<std::vector<int>> InferStageRank(const std::vector<absl::string_v
   if (named > static_cast<int64_t>(placed.size())) {
     for (int v = 0; v < named; ++v) {
       if (!placed.count(v)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "stage ", v, " is computed on no rank; add its forward to the list of the rank holding it"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("stage ", v, " is computed on no rank; add its forward to the list of the rank holding it"));
       }
     }
   }
@@ -969,8 +958,8 @@ absl::StatusOr<std::vector<int>> InferStageRank(const std::vector<absl::string_v
   for (const auto& [stage, rank] : placed) stage_rank[stage] = rank;
   for (int v = 0; v < stages; ++v) {
     if (stage_rank[v] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "stage ", v, " is computed on no rank; add its forward to the list of the rank holding it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage ", v, " is computed on no rank; add its forward to the list of the rank holding it"));
     }
   }
   return stage_rank;
@@ -987,9 +976,9 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, std::string name,
     bodies.push_back(*body);
   }
   if (bodies.empty() || microbatches < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "schedule \"", name, "\" has ", bodies.size(), " lists and ", microbatches,
-        " micro-batches; give one line per rank and at least 1 micro-batch"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule \"", name, "\" has ", bodies.size(), " lists and ", microbatches,
+                     " micro-batches; give one line per rank and at least 1 micro-batch"));
   }
   absl::StatusOr<std::vector<int>> stage_rank = InferStageRank(bodies);
   if (!stage_rank.ok()) return stage_rank.status();
@@ -1013,8 +1002,7 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, std::string name,
 // Slots
 // -------------------------------------------------------------------------------------------------
 
-SlotPlan AssignSlots(const std::vector<Action>& actions, int microbatches,
-                     bool release_after_forward) {
+SlotPlan AssignSlots(const std::vector<Action>& actions, int microbatches, bool release_after_forward) {
   int chunks = 1;
   for (const Action& x : actions) chunks = std::max(chunks, x.chunk + 1);
   SlotPlan plan;
@@ -1027,8 +1015,7 @@ SlotPlan AssignSlots(const std::vector<Action>& actions, int microbatches,
       slot = static_cast<int>(std::find(busy.begin(), busy.end(), false) - busy.begin());
       if (slot == static_cast<int>(busy.size())) busy.push_back(false);
       busy[slot] = !release_after_forward;
-    } else if ((x.kind == ActionKind::kBackward || x.kind == ActionKind::kBackwardWeight) &&
-               slot >= 0) {
+    } else if ((x.kind == ActionKind::kBackward || x.kind == ActionKind::kBackwardWeight) && slot >= 0) {
       busy[slot] = false;
     }
   }
@@ -1057,19 +1044,17 @@ namespace {
 // One bit per action kind, so that each (virtual stage, micro-batch) records what it has done.
 unsigned Bit(ActionKind k) { return 1u << static_cast<unsigned>(k); }
 
-constexpr unsigned kAnyBackward = (1u << static_cast<unsigned>(ActionKind::kBackward)) |
-                                  (1u << static_cast<unsigned>(ActionKind::kBackwardInput));
+constexpr unsigned kAnyBackward =
+    (1u << static_cast<unsigned>(ActionKind::kBackward)) | (1u << static_cast<unsigned>(ActionKind::kBackwardInput));
 
 absl::Status Malformed(int rank, size_t index, const Action& a, absl::string_view why) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("rank ", rank, " action ", index, " (", ToString(a), "): ", why));
+  return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " action ", index, " (", ToString(a), "): ", why));
 }
 
 absl::Status CheckShape(const Schedule& s) {
   if (s.num_microbatches < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("schedule \"", s.name, "\" has ",
-                                                   s.num_microbatches,
-                                                   " micro-batches; it needs at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule \"", s.name, "\" has ", s.num_microbatches, " micro-batches; it needs at least 1"));
   }
   return CheckStagePlacement(s);
 }
@@ -1078,11 +1063,10 @@ absl::Status CheckCosts(const StageCosts& c, int stages) {
   auto short_of = [&](const std::vector<double>& v, bool optional) {
     return !(optional && v.empty()) && static_cast<int>(v.size()) < stages;
   };
-  if (short_of(c.forward, false) || short_of(c.backward, false) ||
-      short_of(c.backward_input, true) || short_of(c.backward_weight, true)) {
-    return absl::InvalidArgumentError(absl::StrCat("stage costs must have one entry per virtual stage (",
-                                                   stages, "); UniformCosts(", stages,
-                                                   ") makes them"));
+  if (short_of(c.forward, false) || short_of(c.backward, false) || short_of(c.backward_input, true) ||
+      short_of(c.backward_weight, true)) {
+    return absl::InvalidArgumentError(absl::StrCat("stage costs must have one entry per virtual stage (", stages,
+                                                   "); UniformCosts(", stages, ") makes them"));
   }
   return absl::OkStatus();
 }
@@ -1090,23 +1074,21 @@ absl::Status CheckCosts(const StageCosts& c, int stages) {
 // Fields of one action that are wrong whatever comes before or after it.
 absl::Status CheckFields(const Schedule& s, int rank, size_t i, const Action& a) {
   if (a.kind == ActionKind::kOptimizerStep) {
-    return a.group >= 0 ? Malformed(rank, i, a, "only sends and receives belong to a group")
-                        : absl::OkStatus();
+    return a.group >= 0 ? Malformed(rank, i, a, "only sends and receives belong to a group") : absl::OkStatus();
   }
   if (a.microbatch < 0 || a.microbatch >= s.num_microbatches) {
-    return Malformed(rank, i, a,
-                     absl::StrCat("micro-batch out of range [0, ", s.num_microbatches, ")"));
+    return Malformed(rank, i, a, absl::StrCat("micro-batch out of range [0, ", s.num_microbatches, ")"));
   }
   if (!OnRank(s.stage_rank, a.stage, rank)) {
     return Malformed(rank, i, a, "stage_rank does not place that stage on this rank");
   }
   if (a.chunk != ChunkOf(s.stage_rank, a.stage)) {
-    return Malformed(rank, i, a, absl::StrCat("chunk should be ", ChunkOf(s.stage_rank, a.stage),
-                                              ", the stage's index among this rank's stages"));
+    return Malformed(rank, i, a,
+                     absl::StrCat("chunk should be ", ChunkOf(s.stage_rank, a.stage),
+                                  ", the stage's index among this rank's stages"));
   }
   if (!IsCommunication(a.kind)) {
-    return a.group >= 0 ? Malformed(rank, i, a, "only sends and receives belong to a group")
-                        : absl::OkStatus();
+    return a.group >= 0 ? Malformed(rank, i, a, "only sends and receives belong to a group") : absl::OkStatus();
   }
   const int remote = RemoteStage(a.stage, a.kind);
   if (remote < 0 || remote >= s.num_stages) {
@@ -1116,8 +1098,9 @@ absl::Status CheckFields(const Schedule& s, int rank, size_t i, const Action& a)
     return Malformed(rank, i, a, "the neighbour stage is on this rank; nothing to send or receive");
   }
   if (a.peer != s.stage_rank[remote]) {
-    return Malformed(rank, i, a, absl::StrCat("the other end is rank ", s.stage_rank[remote],
-                                              ", not ", a.peer, "; no matching action there"));
+    return Malformed(
+        rank, i, a,
+        absl::StrCat("the other end is rank ", s.stage_rank[remote], ", not ", a.peer, "; no matching action there"));
   }
   return absl::OkStatus();
 }
@@ -1125,8 +1108,7 @@ absl::Status CheckFields(const Schedule& s, int rank, size_t i, const Action& a)
 // What one rank has done per (virtual stage, micro-batch), as bits.
 class Progress {
  public:
-  explicit Progress(const Schedule& s)
-      : m_(s.num_microbatches), done_(static_cast<size_t>(s.num_stages) * m_, 0) {}
+  explicit Progress(const Schedule& s) : m_(s.num_microbatches), done_(static_cast<size_t>(s.num_stages) * m_, 0) {}
   unsigned& at(int stage, int mb) { return done_[stage * m_ + mb]; }
   unsigned at(int stage, int mb) const { return done_[stage * m_ + mb]; }
 
@@ -1144,14 +1126,14 @@ absl::Status CheckInput(const Schedule& s, int rank, size_t i, const Action& a, 
   if (OnRank(s.stage_rank, from, rank)) {
     const unsigned need = forward ? Bit(ActionKind::kForward) : kAnyBackward;
     if (p.at(from, a.microbatch) & need) return absl::OkStatus();
-    return Malformed(rank, i, a, absl::StrCat("runs before stage ", from, "'s ",
-                                              forward ? "forward" : "backward",
-                                              " of this micro-batch on this rank"));
+    return Malformed(rank, i, a,
+                     absl::StrCat("runs before stage ", from, "'s ", forward ? "forward" : "backward",
+                                  " of this micro-batch on this rank"));
   }
   const ActionKind recv = forward ? ActionKind::kRecvForward : ActionKind::kRecvBackward;
   if (p.at(a.stage, a.microbatch) & Bit(recv)) return absl::OkStatus();
-  return Malformed(rank, i, a, forward ? "forward before its input is received"
-                                       : "backward before its gradient is received");
+  return Malformed(rank, i, a,
+                   forward ? "forward before its input is received" : "backward before its gradient is received");
 }
 
 // What must have happened on the same (virtual stage, micro-batch) before an action may run.
@@ -1229,13 +1211,12 @@ absl::Status CheckComplete(const Schedule& s, int rank, const Progress& p) {
     for (int mb = 0; mb < s.num_microbatches; ++mb) {
       const unsigned d = p.at(v, mb);
       const unsigned required = RequiredBits(s, rank, v);
-      const bool backward_done =
-          s.forward_only || (d & Bit(ActionKind::kBackward)) ||
-          ((d & Bit(ActionKind::kBackwardInput)) && (d & Bit(ActionKind::kBackwardWeight)));
+      const bool backward_done = s.forward_only || (d & Bit(ActionKind::kBackward)) ||
+                                 ((d & Bit(ActionKind::kBackwardInput)) && (d & Bit(ActionKind::kBackwardWeight)));
       if ((d & required) != required || !backward_done) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank, " stage ", v, " micro-batch ", mb,
-            ": missing its forward, backward, or a send or receive of this stage"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank, " stage ", v, " micro-batch ", mb,
+                         ": missing its forward, backward, or a send or receive of this stage"));
       }
     }
   }
@@ -1276,8 +1257,8 @@ absl::Status CheckAll(const Schedule& s) {
 // actions completes on its own when the peer has the matching action posted too (as NCCL's grouped
 // operations and the CPU transport's concurrent ones do), and the rank moves on once all have.
 struct RankRun {
-  size_t next = 0;       // index of the head action
-  double clock = 0;      // when the rank is free to start its head action
+  size_t next = 0;   // index of the head action
+  double clock = 0;  // when the rank is free to start its head action
   bool posted = false;
   size_t group_end = 0;  // head group = [next, group_end) while posted
   double posted_at = 0;
@@ -1366,14 +1347,18 @@ class Simulator {
   double Cost(const Action& a) const {
     const int v = a.stage;
     switch (a.kind) {
-      case ActionKind::kForward: return c_.forward[v];
-      case ActionKind::kBackward: return c_.backward[v];
+      case ActionKind::kForward:
+        return c_.forward[v];
+      case ActionKind::kBackward:
+        return c_.backward[v];
       case ActionKind::kBackwardInput:
         return c_.backward_input.empty() ? c_.backward[v] / 2 : c_.backward_input[v];
       case ActionKind::kBackwardWeight:
         return c_.backward_weight.empty() ? c_.backward[v] / 2 : c_.backward_weight[v];
-      case ActionKind::kOptimizerStep: return c_.optimizer;
-      default: return 0;
+      case ActionKind::kOptimizerStep:
+        return c_.optimizer;
+      default:
+        return 0;
     }
   }
 
@@ -1432,14 +1417,12 @@ class Simulator {
       for (size_t k = 0; k < run.done_at.size(); ++k) {
         if (run.done_at[k] < 0) waiting.push_back(ToString(list[run.next + k]));
       }
-      stuck.push_back(absl::StrCat("rank ", r, " waits at ", absl::StrJoin(waiting, "|"),
-                                   " (action ", run.next, ")"));
+      stuck.push_back(absl::StrCat("rank ", r, " waits at ", absl::StrJoin(waiting, "|"), " (action ", run.next, ")"));
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "schedule \"", s_.name, "\" deadlocks under blocking send/receive: ",
-        absl::StrJoin(stuck, "; "),
-        ". Reorder the lists, or post a pair of neighbours' simultaneous exchanges in one group"
-        " (\"a|b\" in the text form); Grid() shows where each rank stands"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("schedule \"", s_.name, "\" deadlocks under blocking send/receive: ", absl::StrJoin(stuck, "; "),
+                     ". Reorder the lists, or post a pair of neighbours' simultaneous exchanges in one group"
+                     " (\"a|b\" in the text form); Grid() shows where each rank stands"));
   }
 
   std::string Timeline(int r) const {
@@ -1538,8 +1521,7 @@ std::string PlainRows(const Schedule& s, int mark_rank, int mark_index) {
 }
 
 // cells[rank][step] = the actions shown there, from a unit-cost run of the lists.
-std::vector<std::map<int, std::vector<std::string>>> GridCells(const Schedule& s, int mark_rank,
-                                                               int mark_index) {
+std::vector<std::map<int, std::vector<std::string>>> GridCells(const Schedule& s, int mark_rank, int mark_index) {
   StageCosts unit = UniformCosts(s.num_stages, 1.0, 1.0);
   unit.backward_input = unit.backward_weight = unit.forward;
   Simulator sim(s, unit);
@@ -1568,12 +1550,18 @@ namespace {
 double ActionCost(const StageCosts& c, const Action& a) {
   const int v = a.stage;
   switch (a.kind) {
-    case ActionKind::kForward: return c.forward[v];
-    case ActionKind::kBackward: return c.backward[v];
-    case ActionKind::kBackwardInput: return c.backward_input.empty() ? c.backward[v] / 2 : c.backward_input[v];
-    case ActionKind::kBackwardWeight: return c.backward_weight.empty() ? c.backward[v] / 2 : c.backward_weight[v];
-    case ActionKind::kOptimizerStep: return c.optimizer;
-    default: return 0;
+    case ActionKind::kForward:
+      return c.forward[v];
+    case ActionKind::kBackward:
+      return c.backward[v];
+    case ActionKind::kBackwardInput:
+      return c.backward_input.empty() ? c.backward[v] / 2 : c.backward_input[v];
+    case ActionKind::kBackwardWeight:
+      return c.backward_weight.empty() ? c.backward[v] / 2 : c.backward_weight[v];
+    case ActionKind::kOptimizerStep:
+      return c.optimizer;
+    default:
+      return 0;
   }
 }
 
@@ -1729,9 +1717,10 @@ absl::StatusOr<SimulationResult> Simulate(const Schedule& schedule, const StageC
   if (!costs.overlap_communication) return sim.Result();
   std::optional<SimulationResult> overlapped = OverlappedRun(schedule, costs).Run(sim.Result());
   if (!overlapped) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "schedule \"", schedule.name, "\" runs under blocking send/receive but its compute and communication "
-        "lanes wait on each other when transfers overlap compute; Grid() shows the lists"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("schedule \"", schedule.name,
+                     "\" runs under blocking send/receive but its compute and communication "
+                     "lanes wait on each other when transfers overlap compute; Grid() shows the lists"));
   }
   return *overlapped;
 }

@@ -110,8 +110,7 @@ std::string ToString(const Schedule& schedule);
 
 // Parses one rank's list; peers follow from stage_rank, chunks from the stages `rank` holds, group
 // ids count the "|"-joined words from 0. INVALID_ARGUMENT naming the token and what is expected.
-absl::StatusOr<std::vector<Action>> ParseActions(absl::string_view text, int rank,
-                                                 const std::vector<int>& stage_rank);
+absl::StatusOr<std::vector<Action>> ParseActions(absl::string_view text, int rank, const std::vector<int>& stage_rank);
 // One line per rank ("rank 0: 0F0 ..." or bare), "#" starts a comment, blank lines are skipped.
 // stage_rank is inferred from which rank computes which stage; forward_only when no rank has a
 // backward or OPT. INVALID_ARGUMENT if a stage is computed on two ranks or on none.
@@ -125,8 +124,7 @@ struct SlotPlan {
   std::vector<int> slot_of;  // [chunk * microbatches + mb]; -1 for one the list never runs forward
   int slots = 0;
 };
-SlotPlan AssignSlots(const std::vector<Action>& actions, int microbatches,
-                     bool release_after_forward);
+SlotPlan AssignSlots(const std::vector<Action>& actions, int microbatches, bool release_after_forward);
 
 // Costs for the simulator, in any time unit.
 struct StageCosts {
@@ -145,10 +143,10 @@ struct StageCosts {
 StageCosts UniformCosts(int stages, double f = 1.0, double b = 2.0);
 
 struct SimulationResult {
-  double makespan = 0;          // from the first action to the last, over all ranks
-  std::vector<double> busy;     // per rank: time in compute actions
-  std::vector<double> bubble;   // per rank: 1 - busy / makespan
-  double bubble_fraction = 0;   // mean over ranks
+  double makespan = 0;         // from the first action to the last, over all ranks
+  std::vector<double> busy;    // per rank: time in compute actions
+  std::vector<double> bubble;  // per rank: 1 - busy / makespan
+  double bubble_fraction = 0;  // mean over ranks
   // Per rank: most micro-batch activations held at once (forward done, backward not yet; in a
   // zero-bubble split until W). Forward-only lists hold one at a time.
   std::vector<int> peak_activations;

@@ -41,14 +41,13 @@ std::optional<ActionKind> FromProtoKind(int kind) {
 
 absl::Status CheckMetadata(const RankSchedule& p) {
   if (p.num_ranks() < 1 || p.rank() < 0 || p.rank() >= p.num_ranks()) {
-    return absl::InvalidArgumentError(absl::StrCat("schedule \"", p.name(), "\" is for rank ", p.rank(),
-                                                   " of ", p.num_ranks(),
-                                                   "; the rank must lie in [0, num_ranks)"));
+    return absl::InvalidArgumentError(absl::StrCat("schedule \"", p.name(), "\" is for rank ", p.rank(), " of ",
+                                                   p.num_ranks(), "; the rank must lie in [0, num_ranks)"));
   }
   if (p.stage_rank_size() != p.num_stages()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "schedule \"", p.name(), "\" has ", p.stage_rank_size(), " stage_rank entries for ",
-        p.num_stages(), " stages; the sender must give one rank per virtual stage"));
+    return absl::InvalidArgumentError(absl::StrCat("schedule \"", p.name(), "\" has ", p.stage_rank_size(),
+                                                   " stage_rank entries for ", p.num_stages(),
+                                                   " stages; the sender must give one rank per virtual stage"));
   }
   return absl::OkStatus();
 }
@@ -92,9 +91,9 @@ absl::StatusOr<Schedule> FromProto(const RankSchedule& proto) {
     const ScheduleAction& in = proto.actions(i);
     const std::optional<ActionKind> kind = FromProtoKind(in.kind());
     if (!kind) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown action kind ", static_cast<int>(in.kind()), " at position ", i,
-          " of rank ", proto.rank(), "'s list; the sender is newer than this build, so update it"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown action kind ", static_cast<int>(in.kind()),
+                                                     " at position ", i, " of rank ", proto.rank(),
+                                                     "'s list; the sender is newer than this build, so update it"));
     }
     Action a;
     a.kind = *kind;

@@ -43,8 +43,7 @@ Schedule Lower(const Schedule& compute) {
 
 SimulationResult Sim(const Schedule& s, const StageCosts& costs) {
   absl::StatusOr<SimulationResult> r = Simulate(s, costs);
-  EXPECT_TRUE(r.ok()) << s.name << " p=" << s.num_ranks << " m=" << s.num_microbatches << ": "
-                      << r.status();
+  EXPECT_TRUE(r.ok()) << s.name << " p=" << s.num_ranks << " m=" << s.num_microbatches << ": " << r.status();
   return r.ok() ? *r : SimulationResult{};
 }
 
@@ -75,8 +74,8 @@ TEST(GenerateGPipe, TwoRanks_IsForwardsThenReverseBackwardsComputeOnly) {
 TEST(Generate1F1B, TwoRanksFourMicrobatches_IsWarmupSteadyCooldown) {
   absl::StatusOr<Schedule> s = Generate1F1B(2, 4);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_THAT(Lists(*s), ElementsAreArray({"0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3 OPT",
-                                           "1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3 OPT"}));
+  EXPECT_THAT(Lists(*s),
+              ElementsAreArray({"0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3 OPT", "1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3 OPT"}));
 }
 
 TEST(Generate1F1B, FewerMicrobatchesThanRanks_IsInvalidArgumentWithAdvice) {
@@ -91,8 +90,8 @@ TEST(Generate1F1B, FewerMicrobatchesThanRanks_IsInvalidArgumentWithAdvice) {
 // deadlock, and each rank runs every micro-batch forward through each stage it holds, nothing else.
 TEST(ForwardPart, EveryGeneratedSchedule_SimulatesAndHasOnlyTheForwards) {
   const std::vector<std::tuple<const char*, int, int, int>> cases = {
-      {"gpipe", 4, 8, 1}, {"1f1b", 4, 8, 1}, {"interleaved-1f1b", 4, 8, 2}, {"zb-h1", 4, 8, 1}, {"zb-v", 4, 8, 2},
-      {"1f1b", 1, 4, 1}};
+      {"gpipe", 4, 8, 1}, {"1f1b", 4, 8, 1}, {"interleaved-1f1b", 4, 8, 2},
+      {"zb-h1", 4, 8, 1}, {"zb-v", 4, 8, 2}, {"1f1b", 1, 4, 1}};
   for (const auto& [name, ranks, m, chunks] : cases) {
     absl::StatusOr<Schedule> training = MakeSchedule(name, ranks, m, chunks);
     ASSERT_TRUE(training.ok()) << name << ": " << training.status();
@@ -104,7 +103,8 @@ TEST(ForwardPart, EveryGeneratedSchedule_SimulatesAndHasOnlyTheForwards) {
       int forwards = 0;
       for (const Action& a : forward.ranks[r]) {
         EXPECT_TRUE(a.kind == ActionKind::kForward || a.kind == ActionKind::kSendForward ||
-                    a.kind == ActionKind::kRecvForward) << name << ": " << ToString(a);
+                    a.kind == ActionKind::kRecvForward)
+            << name << ": " << ToString(a);
         forwards += a.kind == ActionKind::kForward;
       }
       EXPECT_EQ(forwards, m * chunks) << name << " rank " << r;
@@ -154,8 +154,7 @@ TEST(Generate, AnySize_EmitsComputeOnlyWithEachPassOnce) {
 TEST(MakeSchedule, UnknownName_IsInvalidArgumentListingNames) {
   absl::StatusOr<Schedule> s = MakeSchedule("zb", 2, 4);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.status().message(),
-              AllOf(HasSubstr("gpipe"), HasSubstr("1f1b"), HasSubstr("forward")));
+  EXPECT_THAT(s.status().message(), AllOf(HasSubstr("gpipe"), HasSubstr("1f1b"), HasSubstr("forward")));
 }
 
 // ----- AddCommunication: equal to the reference generators ---------------------------------------
@@ -166,15 +165,24 @@ using Step = std::tuple<int, int, int, int>;
 int ReferenceKind(reference::ActionType t) {
   using T = reference::ActionType;
   switch (t) {
-    case T::kForward: return static_cast<int>(ActionKind::kForward);
-    case T::kBackward: return static_cast<int>(ActionKind::kBackward);
-    case T::kBackwardInput: return static_cast<int>(ActionKind::kBackwardInput);
-    case T::kBackwardWeight: return static_cast<int>(ActionKind::kBackwardWeight);
-    case T::kSendActivation: return static_cast<int>(ActionKind::kSendForward);
-    case T::kRecvActivation: return static_cast<int>(ActionKind::kRecvForward);
-    case T::kSendGradient: return static_cast<int>(ActionKind::kSendBackward);
-    case T::kRecvGradient: return static_cast<int>(ActionKind::kRecvBackward);
-    case T::kOptimizerStep: return static_cast<int>(ActionKind::kOptimizerStep);
+    case T::kForward:
+      return static_cast<int>(ActionKind::kForward);
+    case T::kBackward:
+      return static_cast<int>(ActionKind::kBackward);
+    case T::kBackwardInput:
+      return static_cast<int>(ActionKind::kBackwardInput);
+    case T::kBackwardWeight:
+      return static_cast<int>(ActionKind::kBackwardWeight);
+    case T::kSendActivation:
+      return static_cast<int>(ActionKind::kSendForward);
+    case T::kRecvActivation:
+      return static_cast<int>(ActionKind::kRecvForward);
+    case T::kSendGradient:
+      return static_cast<int>(ActionKind::kSendBackward);
+    case T::kRecvGradient:
+      return static_cast<int>(ActionKind::kRecvBackward);
+    case T::kOptimizerStep:
+      return static_cast<int>(ActionKind::kOptimizerStep);
   }
   return -1;
 }
@@ -210,10 +218,8 @@ TEST(AddCommunication, GeneratedLists_EqualReferenceGeneratorsRankByRank) {
         ASSERT_EQ(lowered.ranks.size(), ref->ranks.size());
         for (int r = 0; r < p; ++r) {
           EXPECT_EQ(Canonical(lowered.ranks[r], [](const Action& a) { return int(a.kind); }),
-                    Canonical(ref->ranks[r],
-                              [](const reference::Action& a) { return ReferenceKind(a.type); }))
-              << name << " p=" << p << " m=" << m << " rank " << r << ": "
-              << ToString(lowered.ranks[r]);
+                    Canonical(ref->ranks[r], [](const reference::Action& a) { return ReferenceKind(a.type); }))
+              << name << " p=" << p << " m=" << m << " rank " << r << ": " << ToString(lowered.ranks[r]);
         }
       }
     }
@@ -332,12 +338,12 @@ TEST(AddCommunication, HandWrittenInterleaved_SetsChunksPeersAndRuns) {
 }
 
 TEST(AddCommunication, ZeroBubbleSplit_SendsAfterInputGradientAndRuns) {
-  const Schedule lowered = Lower(Parse("0F0 0F1 0I0 0W0 0I1 0W1 OPT\n"
-                                       "1F0 1I0 1F1 1I1 1W0 1W1 OPT\n",
-                                       2));
-  EXPECT_THAT(Lists(lowered),
-              ElementsAreArray({"0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0I0 0W0 0RECV_B1 0I1 0W1 OPT",
-                                "1RECV_F0 1F0 1RECV_F1 1I0 1SEND_B0 1F1 1I1 1SEND_B1 1W0 1W1 OPT"}));
+  const Schedule lowered =
+      Lower(Parse("0F0 0F1 0I0 0W0 0I1 0W1 OPT\n"
+                  "1F0 1I0 1F1 1I1 1W0 1W1 OPT\n",
+                  2));
+  EXPECT_THAT(Lists(lowered), ElementsAreArray({"0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0I0 0W0 0RECV_B1 0I1 0W1 OPT",
+                                                "1RECV_F0 1F0 1RECV_F1 1I0 1SEND_B0 1F1 1I1 1SEND_B1 1W0 1W1 OPT"}));
   const SimulationResult r = Sim(lowered);
   EXPECT_EQ(r.peak_activations, (std::vector<int>{2, 2}));  // held until W
 }
@@ -434,16 +440,16 @@ constexpr char kUngrouped[] = R"(
 TEST(Simulate, BothSendFirstWithoutGroup_IsDeadlockNamingEachStuckAction) {
   absl::StatusOr<SimulationResult> r = Simulate(Parse(kUngrouped, 2), UniformCosts(2));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(r.status().message(),
-              AllOf(HasSubstr("deadlock"), HasSubstr("rank 0 waits at 0SEND_F1 (action 3)"),
-                    HasSubstr("rank 1 waits at 1SEND_B0 (action 3)")));
+  EXPECT_THAT(r.status().message(), AllOf(HasSubstr("deadlock"), HasSubstr("rank 0 waits at 0SEND_F1 (action 3)"),
+                                          HasSubstr("rank 1 waits at 1SEND_B0 (action 3)")));
 }
 
 TEST(Simulate, SameExchangeGrouped_Completes) {
   const Schedule s = Parse(R"(
     rank 0: 0F0 0SEND_F0 0F1 0SEND_F1|0RECV_B0 0B0 0RECV_B1 0B1 OPT
     rank 1: 1RECV_F0 1F0 1B0 1SEND_B0|1RECV_F1 1F1 1B1 1SEND_B1 OPT
-  )", 2);
+  )",
+                           2);
   EXPECT_NEAR(Sim(s, UniformCosts(2, 1, 2)).bubble_fraction, BubbleBound(2, 2), 1e-9);
 }
 
@@ -451,8 +457,8 @@ TEST(Simulate, ReceivesInTheWrongOrder_IsDeadlock) {
   absl::StatusOr<SimulationResult> r =
       Simulate(Parse("0F0 0SEND_F0 0F1 0SEND_F1\n1RECV_F1 1F1 1RECV_F0 1F0", 2), UniformCosts(2));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(r.status().message(), AllOf(HasSubstr("rank 0 waits at 0SEND_F0"),
-                                          HasSubstr("rank 1 waits at 1RECV_F1")));
+  EXPECT_THAT(r.status().message(),
+              AllOf(HasSubstr("rank 0 waits at 0SEND_F0"), HasSubstr("rank 1 waits at 1RECV_F1")));
 }
 
 void ExpectMalformed(const Schedule& s, const std::string& why) {
@@ -600,8 +606,7 @@ TEST(ParseSchedule, Interleaved_RoundTripsWithChunks) {
 }
 
 TEST(ParseActions, PeersAndChunks_FollowStageRank) {
-  absl::StatusOr<std::vector<Action>> list =
-      ParseActions("2RECV_F0 2F0 2SEND_F0|0RECV_B1", 0, {0, 1, 0, 1});
+  absl::StatusOr<std::vector<Action>> list = ParseActions("2RECV_F0 2F0 2SEND_F0|0RECV_B1", 0, {0, 1, 0, 1});
   ASSERT_TRUE(list.ok()) << list.status();
   ASSERT_EQ(list->size(), 4u);
   EXPECT_EQ((*list)[0].peer, 1);
@@ -613,8 +618,7 @@ TEST(ParseActions, PeersAndChunks_FollowStageRank) {
   EXPECT_EQ((*list)[0].group, -1);
 }
 
-void ExpectParseError(absl::string_view text, int rank, const std::vector<int>& stage_rank,
-                      const std::string& why) {
+void ExpectParseError(absl::string_view text, int rank, const std::vector<int>& stage_rank, const std::string& why) {
   absl::StatusOr<std::vector<Action>> list = ParseActions(text, rank, stage_rank);
   EXPECT_EQ(list.status().code(), absl::StatusCode::kInvalidArgument) << text;
   EXPECT_THAT(list.status().message(), HasSubstr(why)) << text;
@@ -711,8 +715,7 @@ TEST(Grid, Deadlock_MarksTheStuckActionAndShowsTheRest) {
 TEST(Grid, MalformedList_FallsBackToPlainRows) {
   Schedule s = GoodTwoStage();
   s.ranks[1].pop_back();
-  EXPECT_EQ(Grid(s, 1, 0),
-            "rank 0: 0F0 0SEND_F0 0RECV_B0 0B0 OPT\nrank 1: [1RECV_F0] 1F0 1B0 1SEND_B0\n");
+  EXPECT_EQ(Grid(s, 1, 0), "rank 0: 0F0 0SEND_F0 0RECV_B0 0B0 OPT\nrank 1: [1RECV_F0] 1F0 1B0 1SEND_B0\n");
 }
 
 TEST(BubbleBound, Values_AreTheTextbookFormula) {
@@ -816,8 +819,8 @@ TEST(GenerateZeroBubbleV, RankHoldsStagesRAnd2pMinus1MinusR) {
 }
 
 TEST(MakeSchedule, ChunksThatDoNotFitTheSchedule_AreInvalidArgumentNamingTheFlag) {
-  for (const auto& [name, chunks] : std::vector<std::pair<std::string, int>>{
-           {"zb-v", 1}, {"zb-v", 3}, {"1f1b", 2}, {"gpipe", 2}, {"zb-h1", 2}}) {
+  for (const auto& [name, chunks] :
+       std::vector<std::pair<std::string, int>>{{"zb-v", 1}, {"zb-v", 3}, {"1f1b", 2}, {"gpipe", 2}, {"zb-h1", 2}}) {
     absl::StatusOr<Schedule> s = MakeSchedule(name, 2, 4, chunks);
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << name << " " << chunks;
     EXPECT_THAT(s.status().message(), HasSubstr("--stage_chunks")) << name << " " << chunks;
@@ -863,8 +866,9 @@ TEST(Simulate, Interleaved_BubbleIsPMinus1OverVmPlusPMinus1) {
 
 TEST(Simulate, Interleaved4RanksBlocking_KeepsTheTextbookBubble) {
   for (int m : {4, 8, 32}) {
-    EXPECT_NEAR(Sim(Make("interleaved-1f1b", 4, m, 2), UniformCosts(8, 1.0, 2.0)).bubble_fraction,
-                BubbleBound(4, m, 2), 1e-9) << "m=" << m;
+    EXPECT_NEAR(Sim(Make("interleaved-1f1b", 4, m, 2), UniformCosts(8, 1.0, 2.0)).bubble_fraction, BubbleBound(4, m, 2),
+                1e-9)
+        << "m=" << m;
   }
 }
 

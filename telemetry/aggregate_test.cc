@@ -21,9 +21,9 @@ GpuSample Sample(double sm, double power, double temp, uint64_t reasons, int64_t
 }
 
 TEST(SummarizeStep, FourSamples_MeanWorstAndReasonFractions) {
-  const std::vector<GpuSample> samples = {
-      Sample(1750, 700, 70, kThrottleSwPowerCap, 1), Sample(1850, 690, 72, 0, 2),
-      Sample(1800, 699, 74, kThrottleSwPowerCap | kThrottleSwThermal, 3), Sample(1800, 650, 71, kThrottleGpuIdle, 4)};
+  const std::vector<GpuSample> samples = {Sample(1750, 700, 70, kThrottleSwPowerCap, 1), Sample(1850, 690, 72, 0, 2),
+                                          Sample(1800, 699, 74, kThrottleSwPowerCap | kThrottleSwThermal, 3),
+                                          Sample(1800, 650, 71, kThrottleGpuIdle, 4)};
   const StepTelemetry t = SummarizeStep(samples, nullptr, /*raw=*/true);
   EXPECT_EQ(t.samples(), 4);
   EXPECT_DOUBLE_EQ(t.sm_mhz_mean(), 1800);
@@ -60,8 +60,8 @@ TEST(SummarizeStep, Fans_HighestReported) {
 
 TEST(CombineSteps, WeightsBySamples_WorstOfWorst) {
   const StepTelemetry a = SummarizeStep({Sample(1700, 700, 70, kThrottleSwPowerCap)}, nullptr, false);
-  const StepTelemetry b = SummarizeStep({Sample(1900, 600, 60, 0), Sample(1900, 600, 65, 0), Sample(1900, 600, 80, 0)},
-                                        nullptr, false);
+  const StepTelemetry b =
+      SummarizeStep({Sample(1900, 600, 60, 0), Sample(1900, 600, 65, 0), Sample(1900, 600, 80, 0)}, nullptr, false);
   const StepTelemetry t = CombineSteps({&a, &b});
   EXPECT_EQ(t.samples(), 4);
   EXPECT_DOUBLE_EQ(t.sm_mhz_mean(), (1700 + 3 * 1900) / 4.0);

@@ -67,10 +67,14 @@ ClockWeights WeighClocks(const std::vector<RankClock>& ranks) {
   int no_profile = -1, no_load = -1;
   std::vector<double> profile, load;
   for (size_t r = 0; r < n; ++r) {
-    if (Known(ranks[r].profile)) profile.push_back(ranks[r].profile.sm_mhz());
-    else if (no_profile < 0) no_profile = static_cast<int>(r);
-    if (Known(ranks[r].load)) load.push_back(ranks[r].load.sm_mhz());
-    else if (no_load < 0) no_load = static_cast<int>(r);
+    if (Known(ranks[r].profile))
+      profile.push_back(ranks[r].profile.sm_mhz());
+    else if (no_profile < 0)
+      no_profile = static_cast<int>(r);
+    if (Known(ranks[r].load))
+      load.push_back(ranks[r].load.sm_mhz());
+    else if (no_load < 0)
+      no_load = static_cast<int>(r);
   }
   double profile_reference = 0;
   if (no_profile < 0) w.profile_scale = Relative(profile, &profile_reference);

@@ -48,14 +48,14 @@ struct RankClock {
 struct ClockWeights {
   bool applied = false;
   std::string why_not;
-  std::string source;                  // "last run" or "profile": where the speeds came from
-  double reference_mhz = 0;            // the fastest rank's clock
+  std::string source;        // "last run" or "profile": where the speeds came from
+  double reference_mhz = 0;  // the fastest rank's clock
   // Per rank: its profiled times times this are times at the fastest profile's clock.
   std::vector<double> profile_scale;
   // Per rank: its speed relative to the fastest (its clock / reference, at most 1): a stage's time on
   // the rank is its time at the reference divided by this.
   std::vector<double> speed;
-  std::vector<double> load_mhz;        // per rank: the clock it is weighed at (0 when not applied)
+  std::vector<double> load_mhz;  // per rank: the clock it is weighed at (0 when not applied)
 };
 ClockWeights WeighClocks(const std::vector<RankClock>& ranks);
 

@@ -23,9 +23,8 @@ LoadClock Clock(double mhz, int samples = 10) {
 }
 
 TEST(BusyClock, IdleSamples_AreLeftOut) {
-  const LoadClock c = BusyClock({Sample(1980, 0), Sample(1750, 100, kThrottleSwPowerCap), Sample(1850, 90),
-                                 Sample(1400, 10)},
-                                "profile");
+  const LoadClock c = BusyClock(
+      {Sample(1980, 0), Sample(1750, 100, kThrottleSwPowerCap), Sample(1850, 90), Sample(1400, 10)}, "profile");
   EXPECT_EQ(c.samples(), 2);
   EXPECT_DOUBLE_EQ(c.sm_mhz(), 1800);
   EXPECT_DOUBLE_EQ(c.power_capped_fraction(), 0.5);

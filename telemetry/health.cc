@@ -35,7 +35,8 @@ void JudgeMemory(int rank, const GpuHealth& h, HealthVerdict& v) {
                                       " rows for uncorrectable errors) waits for a reset; ", kTakeOut));
   }
   if (h.remap_failed()) {
-    v.refusals.push_back(absl::StrCat(gpu, ": a memory row remap failed; the GPU needs service; leave it out "
+    v.refusals.push_back(absl::StrCat(gpu,
+                                      ": a memory row remap failed; the GPU needs service; leave it out "
                                       "(CUDA_VISIBLE_DEVICES, or fewer --gpus)"));
   }
 }
@@ -54,8 +55,9 @@ void JudgeSpeed(int rank, const GpuHealth& h, HealthVerdict& v) {
   // An idle link downshifts its generation to save power, so only a slot that can never reach the
   // GPU's generation is worth a warning.
   if (h.pcie_gen_max() > 0 && h.pcie_gen_gpu_max() > 0 && h.pcie_gen_max() < h.pcie_gen_gpu_max()) {
-    v.warnings.push_back(absl::StrCat(gpu, ": PCIe gen ", h.pcie_gen_max(), " at most in this slot (the GPU can do gen ",
-                                      h.pcie_gen_gpu_max(), "); host transfers run slower"));
+    v.warnings.push_back(absl::StrCat(gpu, ": PCIe gen ", h.pcie_gen_max(),
+                                      " at most in this slot (the GPU can do gen ", h.pcie_gen_gpu_max(),
+                                      "); host transfers run slower"));
   }
 }
 
@@ -82,7 +84,8 @@ std::vector<std::string> JudgeNeighbours(const std::vector<GpuHealth>& gpus, Hea
     } else if (l->nvlink()) {
       links.push_back(absl::StrCat(pair, " over NVLink"));
     } else {
-      links.push_back(absl::StrCat(pair, " over PCIe", l->topology().empty() ? "" : absl::StrCat(" (", l->topology(), ")")));
+      links.push_back(
+          absl::StrCat(pair, " over PCIe", l->topology().empty() ? "" : absl::StrCat(" (", l->topology(), ")")));
     }
   }
   return links;
@@ -104,8 +107,8 @@ HealthVerdict JudgeHealth(const std::vector<GpuHealth>& gpus, HealthMode mode) {
   for (size_t r = 0; r < gpus.size(); ++r) {
     const GpuHealth& h = gpus[r];
     if (!h.available()) {
-      v.warnings.push_back(absl::StrCat(Gpu(static_cast<int>(r), h), ": not checked: ",
-                                        h.error().empty() ? "no readings" : h.error()));
+      v.warnings.push_back(
+          absl::StrCat(Gpu(static_cast<int>(r), h), ": not checked: ", h.error().empty() ? "no readings" : h.error()));
       continue;
     }
     ++read;
@@ -114,8 +117,8 @@ HealthVerdict JudgeHealth(const std::vector<GpuHealth>& gpus, HealthMode mode) {
   }
   const std::vector<std::string> links = JudgeNeighbours(gpus, v);
   v.summary = absl::StrCat(read, " of ", gpus.size(), " GPUs read, ", v.refusals.size(), " refused, ",
-                           v.warnings.size(), " warning", v.warnings.size() == 1 ? "" : "s",
-                           links.empty() ? "" : "; ", absl::StrJoin(links, ", "));
+                           v.warnings.size(), " warning", v.warnings.size() == 1 ? "" : "s", links.empty() ? "" : "; ",
+                           absl::StrJoin(links, ", "));
   if (mode == HealthMode::kStrict && !v.warnings.empty()) {
     for (std::string& w : v.warnings) v.refusals.push_back(absl::StrCat(std::move(w), " (--health=strict)"));
     v.warnings.clear();

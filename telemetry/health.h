@@ -28,7 +28,7 @@ std::optional<HealthMode> ParseHealthMode(absl::string_view text);
 struct HealthVerdict {
   std::vector<std::string> refusals;  // each names the rank and GPU and says what to do
   std::vector<std::string> warnings;
-  std::string summary;                // one line of what was checked, for the launcher to print
+  std::string summary;  // one line of what was checked, for the launcher to print
   bool refused() const { return !refusals.empty(); }
 };
 

@@ -21,7 +21,7 @@ GpuHealth Healthy(const std::string& uuid) {
   h.set_remap_pending(false);
   h.set_remap_failed(false);
   h.set_throttle_reasons(kThrottleGpuIdle);  // at rest
-  h.set_pcie_gen(1);                          // an idle link downshifts: no warning
+  h.set_pcie_gen(1);                         // an idle link downshifts: no warning
   h.set_pcie_gen_max(5);
   h.set_pcie_gen_gpu_max(5);
   h.set_pcie_width(16);
@@ -62,7 +62,8 @@ TEST(JudgeHealth, PendingRemapOrRetiredPages_Refused) {
   gpus[1].set_retired_pages_pending(true);
   gpus[2].set_remap_failed(true);
   const HealthVerdict v = JudgeHealth(gpus, HealthMode::kWarn);
-  EXPECT_THAT(v.refusals, ElementsAre(HasSubstr("rank 0 (GPU-a"), HasSubstr("rank 1 (GPU-b"), HasSubstr("rank 2 (GPU-c")));
+  EXPECT_THAT(v.refusals,
+              ElementsAre(HasSubstr("rank 0 (GPU-a"), HasSubstr("rank 1 (GPU-b"), HasSubstr("rank 2 (GPU-c")));
   EXPECT_THAT(v.refusals[0], HasSubstr("remap"));
   EXPECT_THAT(v.refusals[1], HasSubstr("retired memory pages"));
   EXPECT_THAT(v.refusals[2], HasSubstr("needs service"));
@@ -88,7 +89,8 @@ TEST(JudgeHealth, NeighboursWithoutPeerAccess_Warned) {
   std::vector<GpuHealth> gpus = {Healthy("GPU-a"), Healthy("GPU-b")};
   *gpus[0].add_peers() = Link("GPU-b", false, false, "system");
   const HealthVerdict v = JudgeHealth(gpus, HealthMode::kWarn);
-  EXPECT_THAT(v.warnings, ElementsAre(HasSubstr("ranks 0-1: no peer access between GPU-a and GPU-b (PCIe path: system)")));
+  EXPECT_THAT(v.warnings,
+              ElementsAre(HasSubstr("ranks 0-1: no peer access between GPU-a and GPU-b (PCIe path: system)")));
   EXPECT_THAT(v.summary, HasSubstr("ranks 0-1 no peer access"));
 }
 

@@ -22,9 +22,10 @@ absl::StatusOr<const Api*> Load() {
   void* lib = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     const char* why = dlerror();
-    return absl::FailedPreconditionError(
-        absl::StrCat("no NVML (", why != nullptr ? why : kLibrary, "): GPU telemetry and health checks need the "
-                     "NVIDIA driver's ", kLibrary));
+    return absl::FailedPreconditionError(absl::StrCat("no NVML (", why != nullptr ? why : kLibrary,
+                                                      "): GPU telemetry and health checks need the "
+                                                      "NVIDIA driver's ",
+                                                      kLibrary));
   }
   // Never dlclosed: the process uses NVML until it exits, from more than one thread.
   static Api api;
@@ -58,7 +59,8 @@ absl::StatusOr<const Api*> Load() {
   Resolve(lib, "nvmlDeviceGetTopologyCommonAncestor", api.topology);
   if (api.init == nullptr || api.error_string == nullptr || api.handle_by_uuid == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat(kLibrary, " lacks nvmlInit_v2, nvmlErrorString or nvmlDeviceGetHandleByUUID: a driver too old "
+        absl::StrCat(kLibrary,
+                     " lacks nvmlInit_v2, nvmlErrorString or nvmlDeviceGetHandleByUUID: a driver too old "
                      "for GPU telemetry"));
   }
   if (const Return r = api.init(); r != kSuccess) {

@@ -15,9 +15,9 @@
 namespace stagehand {
 namespace nvml {
 
-using Return = int;  // nvmlReturn_t
-inline constexpr Return kSuccess = 0;              // NVML_SUCCESS
-inline constexpr Return kErrorNotSupported = 3;    // NVML_ERROR_NOT_SUPPORTED
+using Return = int;                              // nvmlReturn_t
+inline constexpr Return kSuccess = 0;            // NVML_SUCCESS
+inline constexpr Return kErrorNotSupported = 3;  // NVML_ERROR_NOT_SUPPORTED
 
 using Device = struct nvmlDevice_st*;  // nvmlDevice_t
 
@@ -42,34 +42,34 @@ struct Utilization {
 // The functions telemetry/ uses, as pointers: resolved from the driver's library (LoadNvml), or fakes
 // in tests. Enum parameters are int, as the C ABI passes them.
 struct Api {
-  Return (*init)();                                          // nvmlInit_v2
-  const char* (*error_string)(Return);                       // nvmlErrorString
-  Return (*device_count)(unsigned int*);                     // nvmlDeviceGetCount_v2
-  Return (*handle_by_index)(unsigned int, Device*);          // nvmlDeviceGetHandleByIndex_v2
-  Return (*handle_by_uuid)(const char*, Device*);            // nvmlDeviceGetHandleByUUID
-  Return (*uuid)(Device, char*, unsigned int);               // nvmlDeviceGetUUID
-  Return (*name)(Device, char*, unsigned int);               // nvmlDeviceGetName
-  Return (*clock)(Device, int, unsigned int*);               // nvmlDeviceGetClockInfo
-  Return (*max_clock)(Device, int, unsigned int*);           // nvmlDeviceGetMaxClockInfo
-  Return (*power_usage)(Device, unsigned int*);              // nvmlDeviceGetPowerUsage (mW)
-  Return (*power_limit)(Device, unsigned int*);              // nvmlDeviceGetEnforcedPowerLimit (mW)
-  Return (*temperature)(Device, int, unsigned int*);         // nvmlDeviceGetTemperature (deprecated, exported)
-  Return (*fan_speed)(Device, unsigned int*);                // nvmlDeviceGetFanSpeed (%)
-  Return (*utilization)(Device, Utilization*);               // nvmlDeviceGetUtilizationRates
+  Return (*init)();                                   // nvmlInit_v2
+  const char* (*error_string)(Return);                // nvmlErrorString
+  Return (*device_count)(unsigned int*);              // nvmlDeviceGetCount_v2
+  Return (*handle_by_index)(unsigned int, Device*);   // nvmlDeviceGetHandleByIndex_v2
+  Return (*handle_by_uuid)(const char*, Device*);     // nvmlDeviceGetHandleByUUID
+  Return (*uuid)(Device, char*, unsigned int);        // nvmlDeviceGetUUID
+  Return (*name)(Device, char*, unsigned int);        // nvmlDeviceGetName
+  Return (*clock)(Device, int, unsigned int*);        // nvmlDeviceGetClockInfo
+  Return (*max_clock)(Device, int, unsigned int*);    // nvmlDeviceGetMaxClockInfo
+  Return (*power_usage)(Device, unsigned int*);       // nvmlDeviceGetPowerUsage (mW)
+  Return (*power_limit)(Device, unsigned int*);       // nvmlDeviceGetEnforcedPowerLimit (mW)
+  Return (*temperature)(Device, int, unsigned int*);  // nvmlDeviceGetTemperature (deprecated, exported)
+  Return (*fan_speed)(Device, unsigned int*);         // nvmlDeviceGetFanSpeed (%)
+  Return (*utilization)(Device, Utilization*);        // nvmlDeviceGetUtilizationRates
   // nvmlDeviceGetCurrentClocksEventReasons, or on drivers before 535 the same function under its old
   // name, nvmlDeviceGetCurrentClocksThrottleReasons.
   Return (*clocks_event_reasons)(Device, unsigned long long*);
   Return (*ecc_errors)(Device, int, int, unsigned long long*);  // nvmlDeviceGetTotalEccErrors
-  Return (*retired_pages_pending)(Device, int*);             // nvmlDeviceGetRetiredPagesPendingStatus
+  Return (*retired_pages_pending)(Device, int*);                // nvmlDeviceGetRetiredPagesPendingStatus
   // nvmlDeviceGetRemappedRows(device, corrRows, uncRows, isPending, failureOccurred)
   Return (*remapped_rows)(Device, unsigned int*, unsigned int*, unsigned int*, unsigned int*);
-  Return (*pcie_gen)(Device, unsigned int*);                 // nvmlDeviceGetCurrPcieLinkGeneration
-  Return (*pcie_width)(Device, unsigned int*);               // nvmlDeviceGetCurrPcieLinkWidth
-  Return (*pcie_gen_max)(Device, unsigned int*);             // nvmlDeviceGetMaxPcieLinkGeneration
-  Return (*pcie_gen_gpu_max)(Device, unsigned int*);         // nvmlDeviceGetGpuMaxPcieLinkGeneration
-  Return (*pcie_width_max)(Device, unsigned int*);           // nvmlDeviceGetMaxPcieLinkWidth
-  Return (*p2p_status)(Device, Device, int, int*);           // nvmlDeviceGetP2PStatus
-  Return (*topology)(Device, Device, int*);                  // nvmlDeviceGetTopologyCommonAncestor
+  Return (*pcie_gen)(Device, unsigned int*);          // nvmlDeviceGetCurrPcieLinkGeneration
+  Return (*pcie_width)(Device, unsigned int*);        // nvmlDeviceGetCurrPcieLinkWidth
+  Return (*pcie_gen_max)(Device, unsigned int*);      // nvmlDeviceGetMaxPcieLinkGeneration
+  Return (*pcie_gen_gpu_max)(Device, unsigned int*);  // nvmlDeviceGetGpuMaxPcieLinkGeneration
+  Return (*pcie_width_max)(Device, unsigned int*);    // nvmlDeviceGetMaxPcieLinkWidth
+  Return (*p2p_status)(Device, Device, int, int*);    // nvmlDeviceGetP2PStatus
+  Return (*topology)(Device, Device, int*);           // nvmlDeviceGetTopologyCommonAncestor
 };
 
 // dlopens libnvidia-ml.so.1 (once per process), resolves the functions above and calls nvmlInit_v2.

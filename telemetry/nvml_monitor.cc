@@ -19,13 +19,20 @@ bool Ask(Fn fn, Args... args) {
 
 std::string Topology(int level) {
   switch (level) {
-    case 0: return "board";       // NVML_TOPOLOGY_INTERNAL: two GPUs of one board
-    case 10: return "switch";     // NVML_TOPOLOGY_SINGLE: one PCIe switch between them
-    case 20: return "switches";   // NVML_TOPOLOGY_MULTIPLE: several switches, no host bridge
-    case 30: return "host bridge";
-    case 40: return "NUMA node";  // across host bridges of one NUMA node
-    case 50: return "system";     // across NUMA nodes (the CPUs' interconnect)
-    default: return "";
+    case 0:
+      return "board";  // NVML_TOPOLOGY_INTERNAL: two GPUs of one board
+    case 10:
+      return "switch";  // NVML_TOPOLOGY_SINGLE: one PCIe switch between them
+    case 20:
+      return "switches";  // NVML_TOPOLOGY_MULTIPLE: several switches, no host bridge
+    case 30:
+      return "host bridge";
+    case 40:
+      return "NUMA node";  // across host bridges of one NUMA node
+    case 50:
+      return "system";  // across NUMA nodes (the CPUs' interconnect)
+    default:
+      return "";
   }
 }
 
@@ -85,7 +92,8 @@ class NvmlMonitor : public GpuMonitor {
       h.set_ecc_uncorrected_volatile(static_cast<int64_t>(ecc));
     }
     int pending = 0;
-    if (Ask(api_.retired_pages_pending, device_, &pending)) h.set_retired_pages_pending(pending == nvml::kFeatureEnabled);
+    if (Ask(api_.retired_pages_pending, device_, &pending))
+      h.set_retired_pages_pending(pending == nvml::kFeatureEnabled);
     unsigned int corrected = 0, uncorrected = 0, remap_pending = 0, failed = 0;
     if (Ask(api_.remapped_rows, device_, &corrected, &uncorrected, &remap_pending, &failed)) {
       h.set_remap_pending(remap_pending != 0);
@@ -126,8 +134,8 @@ class NvmlMonitor : public GpuMonitor {
 absl::StatusOr<std::unique_ptr<GpuMonitor>> OpenNvmlMonitor(const nvml::Api& api, const std::string& uuid) {
   nvml::Device device = nullptr;
   if (const nvml::Return r = api.handle_by_uuid(uuid.c_str(), &device); r != nvml::kSuccess) {
-    return absl::NotFoundError(absl::StrCat("NVML has no GPU ", uuid, " (nvmlDeviceGetHandleByUUID: ",
-                                            api.error_string(r), ")"));
+    return absl::NotFoundError(
+        absl::StrCat("NVML has no GPU ", uuid, " (nvmlDeviceGetHandleByUUID: ", api.error_string(r), ")"));
   }
   return std::unique_ptr<GpuMonitor>(new NvmlMonitor(api, device, uuid));
 }

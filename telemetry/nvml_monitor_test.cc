@@ -18,39 +18,88 @@ int Index(Device d) { return static_cast<int>(reinterpret_cast<intptr_t>(d)); }
 
 Return Init() { return nvml::kSuccess; }
 const char* ErrorString(Return r) { return r == nvml::kErrorNotSupported ? "Not Supported" : "Not Found"; }
-Return Count(unsigned int* n) { *n = 2; return nvml::kSuccess; }
-Return ByIndex(unsigned int i, Device* d) { *d = Handle(static_cast<int>(i) + 1); return nvml::kSuccess; }
+Return Count(unsigned int* n) {
+  *n = 2;
+  return nvml::kSuccess;
+}
+Return ByIndex(unsigned int i, Device* d) {
+  *d = Handle(static_cast<int>(i) + 1);
+  return nvml::kSuccess;
+}
 Return ByUuid(const char* uuid, Device* d) {
-  if (std::strcmp(uuid, "GPU-a") == 0) { *d = Handle(1); return nvml::kSuccess; }
+  if (std::strcmp(uuid, "GPU-a") == 0) {
+    *d = Handle(1);
+    return nvml::kSuccess;
+  }
   return 6;  // NVML_ERROR_NOT_FOUND
 }
 Return Uuid(Device d, char* out, unsigned int n) {
   std::snprintf(out, n, "%s", Index(d) == 1 ? "GPU-a" : "GPU-b");
   return nvml::kSuccess;
 }
-Return Name(Device, char* out, unsigned int n) { std::snprintf(out, n, "NVIDIA H200"); return nvml::kSuccess; }
-Return Clock(Device, int type, unsigned int* mhz) { *mhz = type == nvml::kClockSm ? 1755 : 3201; return nvml::kSuccess; }
-Return MaxClock(Device, int, unsigned int* mhz) { *mhz = 1980; return nvml::kSuccess; }
-Return Power(Device, unsigned int* mw) { *mw = 699500; return nvml::kSuccess; }
-Return Limit(Device, unsigned int* mw) { *mw = 700000; return nvml::kSuccess; }
-Return Temp(Device, int, unsigned int* c) { *c = 71; return nvml::kSuccess; }
-Return NoFan(Device, unsigned int*) { return nvml::kErrorNotSupported; }
-Return Util(Device, nvml::Utilization* u) { u->gpu = 98; u->memory = 40; return nvml::kSuccess; }
-Return Reasons(Device, unsigned long long* r) { *r = 0x4; return nvml::kSuccess; }
-Return Ecc(Device, int, int, unsigned long long* n) { *n = 2; return nvml::kSuccess; }
-Return NoRetired(Device, int*) { return nvml::kErrorNotSupported; }  // Ampere and later
-Return Remapped(Device, unsigned int* c, unsigned int* u, unsigned int* pending, unsigned int* failed) {
-  *c = 0; *u = 1; *pending = 1; *failed = 0;
+Return Name(Device, char* out, unsigned int n) {
+  std::snprintf(out, n, "NVIDIA H200");
   return nvml::kSuccess;
 }
-Return Gen(Device, unsigned int* g) { *g = 5; return nvml::kSuccess; }
-Return Width(Device, unsigned int* w) { *w = 16; return nvml::kSuccess; }
+Return Clock(Device, int type, unsigned int* mhz) {
+  *mhz = type == nvml::kClockSm ? 1755 : 3201;
+  return nvml::kSuccess;
+}
+Return MaxClock(Device, int, unsigned int* mhz) {
+  *mhz = 1980;
+  return nvml::kSuccess;
+}
+Return Power(Device, unsigned int* mw) {
+  *mw = 699500;
+  return nvml::kSuccess;
+}
+Return Limit(Device, unsigned int* mw) {
+  *mw = 700000;
+  return nvml::kSuccess;
+}
+Return Temp(Device, int, unsigned int* c) {
+  *c = 71;
+  return nvml::kSuccess;
+}
+Return NoFan(Device, unsigned int*) { return nvml::kErrorNotSupported; }
+Return Util(Device, nvml::Utilization* u) {
+  u->gpu = 98;
+  u->memory = 40;
+  return nvml::kSuccess;
+}
+Return Reasons(Device, unsigned long long* r) {
+  *r = 0x4;
+  return nvml::kSuccess;
+}
+Return Ecc(Device, int, int, unsigned long long* n) {
+  *n = 2;
+  return nvml::kSuccess;
+}
+Return NoRetired(Device, int*) { return nvml::kErrorNotSupported; }  // Ampere and later
+Return Remapped(Device, unsigned int* c, unsigned int* u, unsigned int* pending, unsigned int* failed) {
+  *c = 0;
+  *u = 1;
+  *pending = 1;
+  *failed = 0;
+  return nvml::kSuccess;
+}
+Return Gen(Device, unsigned int* g) {
+  *g = 5;
+  return nvml::kSuccess;
+}
+Return Width(Device, unsigned int* w) {
+  *w = 16;
+  return nvml::kSuccess;
+}
 Return P2p(Device, Device, int caps, int* status) {
   *status = nvml::kP2pStatusOk;
   (void)caps;
   return nvml::kSuccess;
 }
-Return Topology(Device, Device, int* level) { *level = 50; return nvml::kSuccess; }
+Return Topology(Device, Device, int* level) {
+  *level = 50;
+  return nvml::kSuccess;
+}
 
 nvml::Api FakeApi() {
   nvml::Api api{};

@@ -14,9 +14,9 @@ GpuSample Sample(double sm) {
 }
 
 TEST(TelemetrySampler, TakeStep_SamplesSinceLastTake) {
-  TelemetrySampler sampler(std::make_unique<FakeGpuMonitor>(std::vector<GpuSample>{Sample(1700), Sample(1800),
-                                                                                   Sample(1900)}),
-                           absl::Milliseconds(1));
+  TelemetrySampler sampler(
+      std::make_unique<FakeGpuMonitor>(std::vector<GpuSample>{Sample(1700), Sample(1800), Sample(1900)}),
+      absl::Milliseconds(1));
   ASSERT_TRUE(sampler.AwaitSamples(3, absl::Seconds(30)));
   const StepTelemetry first = sampler.TakeStep();
   EXPECT_GE(first.samples(), 3);

@@ -30,8 +30,16 @@ using ::stagehand::testing::RunResult;
 std::string TmpPath(const std::string& name) { return ::stagehand::testing::TmpPath("ckpt_" + name); }
 
 std::vector<std::string> Job(int workers, int steps = 12) {
-  return {"--device=cpu", absl::StrCat("--workers=", workers), "--model=tiny", "--fp32", "--micro_batches=4",
-          "--global_batch=16", absl::StrCat("--steps=", steps), "--lr=0.003", "--partition=uniform", "--seed=7"};
+  return {"--device=cpu",
+          absl::StrCat("--workers=", workers),
+          "--model=tiny",
+          "--fp32",
+          "--micro_batches=4",
+          "--global_batch=16",
+          absl::StrCat("--steps=", steps),
+          "--lr=0.003",
+          "--partition=uniform",
+          "--seed=7"};
 }
 
 RunResult Launch(const std::vector<std::string>& flags, const std::string& name) {
@@ -46,7 +54,8 @@ std::map<int, double> Losses(const std::string& run_dir) {
     std::vector<std::string> f = absl::StrSplit(lines[i], ',');
     double loss;
     int step;
-    if (f.size() > 2 && !f[2].empty() && absl::SimpleAtoi(f[0], &step) && absl::SimpleAtod(f[2], &loss)) out[step] = loss;
+    if (f.size() > 2 && !f[2].empty() && absl::SimpleAtoi(f[0], &step) && absl::SimpleAtod(f[2], &loss))
+      out[step] = loss;
   }
   return out;
 }
@@ -62,7 +71,6 @@ const RunResult& Uninterrupted() {
   static const RunResult* r = new RunResult(Launch(Job(2), "reference"));
   return *r;
 }
-
 
 TEST(Restart, WorkerKilledAfterStep6_RestartsFromCheckpointAndLossesEqualUninterrupted) {
   setenv("OMP_NUM_THREADS", "1", 1);
@@ -166,8 +174,9 @@ TEST(Resume, ResumeAlone_ContinuesTheJobWithItsSettings) {
   ASSERT_EQ(first.exit_code, 0) << first.output;
   // As if stopped after step 6: the final checkpoint is not there.
   ASSERT_EQ(std::system(absl::StrCat("rm -r '", first.run_dir, "/checkpoints/step_00000012'").c_str()), 0);
-  RunResult r = Launch({"--device=cpu", "--workers=2", "--micro_batches=4", "--partition=uniform",
-                        "--resume=" + first.run_dir}, "alone");
+  RunResult r =
+      Launch({"--device=cpu", "--workers=2", "--micro_batches=4", "--partition=uniform", "--resume=" + first.run_dir},
+             "alone");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resuming from step 6 of "), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("no --model given"), std::string::npos) << r.output;
@@ -178,7 +187,8 @@ TEST(Resume, ResumeAlone_ContinuesTheJobWithItsSettings) {
   ExpectSameLosses(Losses(reference.run_dir), got, 1e-5);
   // A typed learning rate wins, and is said.
   RunResult faster = Launch({"--device=cpu", "--workers=2", "--micro_batches=4", "--partition=uniform", "--lr=0.01",
-                             "--steps=7", "--resume=" + first.run_dir}, "alone_lr");
+                             "--steps=7", "--resume=" + first.run_dir},
+                            "alone_lr");
   ASSERT_EQ(faster.exit_code, 0) << faster.output;
   EXPECT_NE(faster.output.find("--lr=0.01 (was 0.003)"), std::string::npos) << faster.output;
 }

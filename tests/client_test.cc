@@ -50,9 +50,10 @@ class ClientTest : public ::testing::Test {
   // `timeout` bounds it, so a client that hangs fails the test instead of stalling it.
   Result Client(const std::string& args) {
     const std::string out = Tmp() + "/client.out", err = Tmp() + "/client.err";
-    const std::string command = absl::StrCat("cd ", Tmp(), " && STAGEHAND_SERVER=", server_->address(),
-                                             " STAGEHAND_TOKEN_FILE=", Tmp(), "/token BUILD_WORKING_DIRECTORY=", Tmp(),
-                                             " timeout 30 ", Runfile("client/client"), " ", args, " >", out, " 2>", err);
+    const std::string command =
+        absl::StrCat("cd ", Tmp(), " && STAGEHAND_SERVER=", server_->address(), " STAGEHAND_TOKEN_FILE=", Tmp(),
+                     "/token BUILD_WORKING_DIRECTORY=", Tmp(), " timeout 30 ", Runfile("client/client"), " ", args,
+                     " >", out, " 2>", err);
     const int status = std::system(command.c_str());
     return Result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadFile(out), ReadFile(err)};
   }
@@ -244,7 +245,8 @@ TEST_F(ClientTest, Errors_EchoingLargeInput_StayShort) {
 TEST_F(ClientTest, WrongCa_OneLineWithoutGrpcsOwnLog) {
   const std::string dir = Tmp() + "/wrong_ca";
   const std::string sh = absl::StrCat(
-      "mkdir -p ", dir, " && cd ", dir, " && (openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem "
+      "mkdir -p ", dir, " && cd ", dir,
+      " && (openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem "
       "-subj /CN=ca -days 2 && openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.pem "
       "-subj /CN=other -days 2 && printf 'subjectAltName=IP:127.0.0.1\\n' >server.ext && openssl req -newkey "
       "rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=server && openssl x509 -req -in server.csr "

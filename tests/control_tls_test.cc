@@ -36,9 +36,9 @@ bool MakeCa(const std::string& ca) {
 bool MakeLeaf(const std::string& ca, const std::string& leaf, const std::string& san) {
   std::ofstream(F(leaf + ".ext")) << (san.empty() ? "" : "subjectAltName=" + san + "\n")
                                   << "extendedKeyUsage=serverAuth,clientAuth\n";
-  return Sh(absl::StrCat("openssl req -newkey rsa:2048 -nodes -keyout ", leaf, ".key -out ", leaf, ".csr -subj /CN=",
-                         leaf, " && openssl x509 -req -in ", leaf, ".csr -CA ", ca, ".pem -CAkey ", ca,
-                         ".key -CAcreateserial -out ", leaf, ".pem -days 2 -extfile ", leaf, ".ext"));
+  return Sh(absl::StrCat("openssl req -newkey rsa:2048 -nodes -keyout ", leaf, ".key -out ", leaf,
+                         ".csr -subj /CN=", leaf, " && openssl x509 -req -in ", leaf, ".csr -CA ", ca, ".pem -CAkey ",
+                         ca, ".key -CAcreateserial -out ", leaf, ".pem -days 2 -extfile ", leaf, ".ext"));
 }
 
 class ControlTlsTest : public ::testing::Test {
@@ -109,7 +109,8 @@ TEST_F(ControlTlsTest, MutualTls_ClientCertificateOfAnotherCa_FailsWithHandshake
   ASSERT_NE(server, nullptr);
   absl::Status s = Call(*server, "ca", "stranger");
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("the TLS handshake with ", server->address(), " failed: check that --tls_ca")))
+  EXPECT_TRUE(absl::StrContains(
+      s.message(), absl::StrCat("the TLS handshake with ", server->address(), " failed: check that --tls_ca")))
       << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "--tls_client_ca")) << s;
 }

@@ -59,9 +59,10 @@ std::vector<std::string> Job(const std::string& model, int stages, int replicas,
   std::vector<std::string> flags = {
       "--device=cpu", absl::StrCat("--workers=", stages * replicas), "--model=" + model, "--fp32",
       // 1F1B needs a micro-batch per stage; GPipe runs one micro-batch through two stages.
-      per_replica < stages ? "--schedule=gpipe" : "--schedule=1f1b", absl::StrCat("--pipeline_stages=", stages), absl::StrCat("--data_parallel=", replicas),
-      absl::StrCat("--micro_batches=", per_replica), absl::StrCat("--global_batch=", 4 * per_replica * replicas),
-      absl::StrCat("--steps=", steps), "--lr=0.003", "--partition=uniform", "--save_params", "--seed=7", "--bucket_mb=0.01"};
+      per_replica < stages ? "--schedule=gpipe" : "--schedule=1f1b", absl::StrCat("--pipeline_stages=", stages),
+      absl::StrCat("--data_parallel=", replicas), absl::StrCat("--micro_batches=", per_replica),
+      absl::StrCat("--global_batch=", 4 * per_replica * replicas), absl::StrCat("--steps=", steps), "--lr=0.003",
+      "--partition=uniform", "--save_params", "--seed=7", "--bucket_mb=0.01"};
   if (shard) flags.push_back("--shard_optimizer");
   return flags;
 }
@@ -129,8 +130,8 @@ const RunResult& Reference(const std::string& model, int stages, int micro_batch
 using ModelAndStages = std::tuple<std::string, int>;
 
 std::string ModelAndStagesName(const ::testing::TestParamInfo<ModelAndStages>& info) {
-  return LayoutName(::testing::TestParamInfo<Layout>(
-      Layout{std::get<0>(info.param), std::get<1>(info.param), false}, info.index));
+  return LayoutName(
+      ::testing::TestParamInfo<Layout>(Layout{std::get<0>(info.param), std::get<1>(info.param), false}, info.index));
 }
 
 class DataParallelEqualsOneReplica : public ::testing::TestWithParam<ModelAndStages> {};
@@ -150,9 +151,8 @@ TEST_P(DataParallelEqualsOneReplica, OneMicroBatchPerReplica_ParametersBitForBit
   ASSERT_FALSE(want.empty());
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_EQ(want[i].sizes(), got[i].sizes()) << "parameter " << i;
-    EXPECT_TRUE(torch::equal(want[i], got[i]))
-        << "parameter " << i << " differs from one replica's by up to "
-        << (want[i] - got[i]).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(want[i], got[i])) << "parameter " << i << " differs from one replica's by up to "
+                                               << (want[i] - got[i]).abs().max().item<double>();
   }
   ExpectReplicasIdentical(run, stages);
 }
@@ -180,8 +180,8 @@ TEST_P(ShardedOptimizerEqualsOneReplica, OneStep_ParametersWithinAdamWsRounding)
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_EQ(want[i].sizes(), got[i].sizes()) << "parameter " << i;
     const torch::Tensor excess = (want[i] - got[i]).abs() - kUlps * (want[i].abs() + kLr);
-    EXPECT_LE(excess.max().item<double>(), 0.0)
-        << "parameter " << i << " differs from one replica's by up to " << (want[i] - got[i]).abs().max().item<double>();
+    EXPECT_LE(excess.max().item<double>(), 0.0) << "parameter " << i << " differs from one replica's by up to "
+                                                << (want[i] - got[i]).abs().max().item<double>();
   }
   ExpectReplicasIdentical(run, stages);
 }
@@ -241,9 +241,10 @@ TEST(LayoutAuto, TinyOnTwoCpuWorkers_PrintsTheBestThreeAndRunsTheFirst) {
   EXPECT_THAT(r.output, HasSubstr("the first is "));  // why the first beat the second
   EXPECT_THAT(r.output, HasSubstr("in flight per rank"));
   // Within 3x: "predicted X s/step (from ...), measured Y s/step (+N%)"; beyond: in words.
-  EXPECT_THAT(r.output, testing::ContainsRegex("stagehand: (predicted [0-9.]+ s/step \\(from the measured profile\\), "
-                                               "measured [0-9.]+ s/step|measured [0-9.]+ s/step, [0-9.]+x (faster than )?"
-                                               "the predicted [0-9.]+ s \\(from the measured profile\\))"));
+  EXPECT_THAT(r.output,
+              testing::ContainsRegex("stagehand: (predicted [0-9.]+ s/step \\(from the measured profile\\), "
+                                     "measured [0-9.]+ s/step|measured [0-9.]+ s/step, [0-9.]+x (faster than )?"
+                                     "the predicted [0-9.]+ s \\(from the measured profile\\))"));
   const std::string report = ReadFile(r.run_dir + "/report.json");
   EXPECT_THAT(report, HasSubstr("predicted_step_seconds"));
   EXPECT_THAT(report, HasSubstr("predicted_from"));
@@ -253,8 +254,8 @@ TEST(LayoutAuto, TinyOnTwoCpuWorkers_PrintsTheBestThreeAndRunsTheFirst) {
 // the measured one at the end and in report.json.
 TEST(LayoutManual, TwoStages_PredictedAgainstMeasuredPerRank) {
   setenv("OMP_NUM_THREADS", "1", 1);
-  RunResult r = Launch({"--device=cpu", "--workers=2", "--model=tiny", "--schedule=zb-h1", "--micro_batches=4",
-                        "--steps=3"});
+  RunResult r =
+      Launch({"--device=cpu", "--workers=2", "--model=tiny", "--schedule=zb-h1", "--micro_batches=4", "--steps=3"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, testing::ContainsRegex("in flight per rank 2/[12] micro-batches"));
   EXPECT_THAT(r.output, testing::ContainsRegex("stagehand: (predicted [0-9.]+ s/step \\(from the measured profile\\), "

@@ -55,8 +55,16 @@ const std::string& LearnableFile() {
 }
 
 std::vector<std::string> Job(int workers, int steps = 12) {
-  return {"--device=cpu", absl::StrCat("--workers=", workers), "--model=tiny", "--fp32", "--micro_batches=4",
-          "--global_batch=16", absl::StrCat("--steps=", steps), "--lr=0.003", "--partition=uniform", "--seed=7",
+  return {"--device=cpu",
+          absl::StrCat("--workers=", workers),
+          "--model=tiny",
+          "--fp32",
+          "--micro_batches=4",
+          "--global_batch=16",
+          absl::StrCat("--steps=", steps),
+          "--lr=0.003",
+          "--partition=uniform",
+          "--seed=7",
           "--data=" + LearnableFile()};
 }
 
@@ -147,7 +155,8 @@ TEST(Eval, TwoStages_ValLossEqualsOneProcessAndFalls) {
   flags.push_back("--eval_every=4");
   const RunResult two = Launch(flags, "two");
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  EXPECT_TRUE(absl::StartsWith(Rows(two.run_dir)[0], "step,rank,loss,seconds,tokens,peak_memory_bytes,val_loss,val_ppl"))
+  EXPECT_TRUE(
+      absl::StartsWith(Rows(two.run_dir)[0], "step,rank,loss,seconds,tokens,peak_memory_bytes,val_loss,val_ppl"))
       << Rows(two.run_dir)[0];
   const std::map<int, double> want = Column(one.run_dir, "val_loss"), got = Column(two.run_dir, "val_loss");
   ASSERT_EQ(want.size(), 3u) << ReadFile(one.run_dir + "/steps.csv");  // after steps 4, 8 and 12

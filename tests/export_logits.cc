@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
     chain.push_back(*std::move(stage));
   }
   torch::NoGradGuard no_grad;
-  torch::Tensor tokens = torch::randint(spec.vocab(), {2, spec.seq()},
-                                        at::detail::createCPUGenerator(1234), torch::TensorOptions().dtype(torch::kInt64));
+  torch::Tensor tokens = torch::randint(spec.vocab(), {2, spec.seq()}, at::detail::createCPUGenerator(1234),
+                                        torch::TensorOptions().dtype(torch::kInt64));
   torch::Tensor x = tokens;
   for (auto& stage : chain) x = stage->Forward(x);
   torch::Tensor logits = x.to(torch::kFloat32).contiguous();

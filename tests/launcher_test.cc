@@ -145,7 +145,12 @@ class Launcher {
     std::smatch m;
     std::string out;
     static const std::regex re("job ([0-9a-f]+):");
-    WaitFor([&] { out = output(); return std::regex_search(out, m, re); }, timeout);
+    WaitFor(
+        [&] {
+          out = output();
+          return std::regex_search(out, m, re);
+        },
+        timeout);
     return m.size() > 1 ? m[1].str() : "";
   }
   std::string CoordinatorAddress() {
@@ -156,12 +161,14 @@ class Launcher {
   }
   // Waits until every worker has printed a line (its transport is up).
   bool WaitForWorkersUp(int workers, std::chrono::milliseconds timeout) {
-    return WaitFor([&] {
-      std::string out = output();
-      int n = 0;
-      for (int r = 0; r < workers; ++r) n += out.find(absl::StrCat("[rank ", r, "]")) != std::string::npos;
-      return n == workers;
-    }, timeout);
+    return WaitFor(
+        [&] {
+          std::string out = output();
+          int n = 0;
+          for (int r = 0; r < workers; ++r) n += out.find(absl::StrCat("[rank ", r, "]")) != std::string::npos;
+          return n == workers;
+        },
+        timeout);
   }
 
  private:
@@ -199,7 +206,8 @@ void ExpectCleanRun(int workers) {
     EXPECT_NE(out.find(absl::StrCat("[rank ", r, "] ")), std::string::npos) << out;
     EXPECT_FALSE(ReadFile(absl::StrCat(l.run_dir(), "/rank", r, ".log")).empty());
   }
-  std::vector<std::string> ledger = absl::StrSplit(ReadFile(l.run_dir() + "/startup_ledger.tsv"), '\n', absl::SkipEmpty());
+  std::vector<std::string> ledger =
+      absl::StrSplit(ReadFile(l.run_dir() + "/startup_ledger.tsv"), '\n', absl::SkipEmpty());
   ASSERT_EQ(ledger.size(), workers + 2u);  // launch time, header, one row per rank
   EXPECT_EQ(ledger[0].rfind("# launch_unix_micros=", 0), 0u) << ledger[0];
   for (int r = 2; r < workers + 2; ++r) EXPECT_EQ(ledger[r].find('-'), std::string::npos) << ledger[r];
@@ -276,8 +284,8 @@ std::string LastLine(const std::string& out) {
 // Ctrl-C of a pipeline printed "rank 0 failed at the marked action of its schedule" with its grid,
 // then "FAILED (exit 130)": a stop is no failure, and its line is the last.
 TEST(Launcher, SigintDuringAPipeline_StoppedNotFailedNoDiagram) {
-  Launcher l({"--device=cpu", "--workers=2", "--model=tiny", "--steps=100000", "--micro_batches=2",
-              "--global_batch=4"});
+  Launcher l(
+      {"--device=cpu", "--workers=2", "--model=tiny", "--steps=100000", "--micro_batches=2", "--global_batch=4"});
   std::string job = l.JobId();
   ASSERT_TRUE(WaitFor([&] { return StepRowsNow(l.run_dir()) >= 2 * 3; }, std::chrono::seconds(60))) << l.output();
   kill(l.pid(), SIGINT);
@@ -367,8 +375,8 @@ TEST(Launcher, Register_WrongSecret_IsRefusedAndRunGoesOn) {
   Launcher l(CpuJob(2, 10000000));
   std::string job = l.JobId();
   ASSERT_TRUE(l.WaitForWorkersUp(2, std::chrono::seconds(30))) << l.output();
-  auto stub = stagehand::Coordinator::NewStub(
-      grpc::CreateChannel(l.CoordinatorAddress(), grpc::InsecureChannelCredentials()));
+  auto stub =
+      stagehand::Coordinator::NewStub(grpc::CreateChannel(l.CoordinatorAddress(), grpc::InsecureChannelCredentials()));
   {
     grpc::ClientContext ctx;
     stagehand::GetServerInfoResponse info;
@@ -506,10 +514,12 @@ TEST(LauncherCycles, StartKill_200Cycles_NoProcessLeft) {
         break;
       case 3: {  // mid-run, after 1 to 8 steps
         const int steps = 1 + (i / 4) % 8;
-        WaitFor([&] {
-          const std::string out = l.output();
-          return std::distance(std::sregex_iterator(out.begin(), out.end(), row), std::sregex_iterator()) >= steps;
-        }, std::chrono::seconds(20));
+        WaitFor(
+            [&] {
+              const std::string out = l.output();
+              return std::distance(std::sregex_iterator(out.begin(), out.end(), row), std::sregex_iterator()) >= steps;
+            },
+            std::chrono::seconds(20));
         break;
       }
     }
@@ -520,7 +530,8 @@ TEST(LauncherCycles, StartKill_200Cycles_NoProcessLeft) {
     if (sig == SIGKILL) EXPECT_EQ(code, 128 + SIGKILL) << "cycle " << i;
     const bool none_left = WaitFor([&] { return PidsWith("--job_id=" + job).empty(); }, std::chrono::seconds(5));
     ASSERT_TRUE(none_left) << "cycle " << i << " (signal " << sig << ", moment " << i % 4 << "): processes of job "
-                           << job << " remain\n" << l.output();
+                           << job << " remain\n"
+                           << l.output();
   }
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   std::printf("%d start/kill cycles in %.1f s (%.2f s each)\n", kCycles, secs, secs / kCycles);
@@ -532,7 +543,8 @@ TEST(LauncherCycles, StartKill_200Cycles_NoProcessLeft) {
 
 TEST(Launcher, BadFlags_OneClearLineAndExitCode2) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--coordinator_address=10.0.0.1:0", "is not loopback: every hop off this host needs mutual TLS; pass --tls_cert, --tls_key and --tls_ca"},
+      {"--coordinator_address=10.0.0.1:0",
+       "is not loopback: every hop off this host needs mutual TLS; pass --tls_cert, --tls_key and --tls_ca"},
       {"--sweep=2,20", "stagehand: sweep: 20 workers: "},  // too many CPU workers or stages: either way refused
       {"--gpus=0", "--gpus=0: must be at least 1"},
       {"--workers=-1", "--workers=-1: out of range; pass --workers=N with 1 <= N <= 1024"},
@@ -744,9 +756,10 @@ TEST(Launcher, LossNaNStepAfterStep_StopsExit1AdvisingALowerLr) {
   ASSERT_EQ(l.Wait(std::chrono::seconds(60)), 1) << l.output();
   const std::string out = l.output();
   EXPECT_NE(ReadFile(l.run_dir() + "/steps.csv").find(",nan,"), std::string::npos) << "the flags gave no NaN";
-  EXPECT_TRUE(std::regex_search(LastLine(out), std::regex("^stagehand: FAILED \\(exit 1\\): the loss was (NaN|infinite) "
-                                                          "at 5 steps in a row \\([0-9]+-[0-9]+\\) on rank 0: the "
-                                                          "training diverged; pass a lower --lr \\(this run's: 10\\)")))
+  EXPECT_TRUE(
+      std::regex_search(LastLine(out), std::regex("^stagehand: FAILED \\(exit 1\\): the loss was (NaN|infinite) "
+                                                  "at 5 steps in a row \\([0-9]+-[0-9]+\\) on rank 0: the "
+                                                  "training diverged; pass a lower --lr \\(this run's: 10\\)")))
       << out;
   std::optional<stagehand::RunReport> report = ReportIfPresent(l.run_dir());
   ASSERT_TRUE(report.has_value());
@@ -783,7 +796,8 @@ TEST(Launcher, InvalidInput_OneLineExit2NoRunDirectory) {
       {{"--coordinator_address=127.evil.test:0"}, "--coordinator_address=127.evil.test:0"},
       {{"--model=tiny", "--data=" + TempDir() + "/no_tokens.bin"}, "No such file"},
       {{"--model=tiny", "--data=" + WriteTemp("odd.bin", std::string(4097, '\0'))}, "an odd count"},
-      {{"--model=tiny", "--vocab=100", "--data=" + WriteTemp("oov.bin", std::string(8190, '\0') + "\xc8" + std::string(1, '\0'))},
+      {{"--model=tiny", "--vocab=100",
+        "--data=" + WriteTemp("oov.bin", std::string(8190, '\0') + "\xc8" + std::string(1, '\0'))},
        "at position 4095"},
       {{"--sweep=2,20"}, "sweep: 20 workers:"},
       // bench/bench_startup's command before --model=allreduce: it timed a training step, not the collective.
@@ -824,9 +838,9 @@ TEST(Launcher, Help_FlagsByTopic_EveryFlagInOne) {
   EXPECT_EQ(l.Wait(std::chrono::seconds(10)), 0);
   const std::string out = l.output();
   size_t last = 0;
-  for (const char* topic : {"The job:", "The model", "Pipeline and parallelism:", "Training loop:",
-                            "Checkpoints and weights:", "Failure detection:", "GPUs:", "Outputs and startup:",
-                            "Several hosts:", "Serve"}) {
+  for (const char* topic :
+       {"The job:", "The model", "Pipeline and parallelism:", "Training loop:", "Checkpoints and weights:",
+        "Failure detection:", "GPUs:", "Outputs and startup:", "Several hosts:", "Serve"}) {
     const size_t at = out.find(absl::StrCat("\n\n", topic));
     ASSERT_NE(at, std::string::npos) << topic << " in:\n" << out;
     EXPECT_GT(at, last) << topic;
@@ -848,8 +862,8 @@ TEST(Launcher, Help_ExamplesExitCodesAndLabelsTrue) {
   ASSERT_TRUE(std::regex_search(out, example, std::regex("launcher --gpus=2 --steps=100 [^\n]*"))) << out;
   EXPECT_EQ(example.str().find("all-reduce"), std::string::npos) << example.str();
   EXPECT_NE(out.find("--model=allreduce      two GPUs, a checked all-reduce per step"), std::string::npos) << out;
-  for (const char* code : {" 75 stopped by SIGTERM or SIGHUP after every rank wrote a checkpoint", "130 stopped by SIGINT",
-                           "143 stopped by SIGTERM"}) {
+  for (const char* code : {" 75 stopped by SIGTERM or SIGHUP after every rank wrote a checkpoint",
+                           "130 stopped by SIGINT", "143 stopped by SIGTERM"}) {
     EXPECT_NE(out.find(code), std::string::npos) << code << " in:\n" << out;
   }
   EXPECT_EQ(out.find("GPT:"), std::string::npos) << out;

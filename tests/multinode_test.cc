@@ -117,9 +117,19 @@ std::string TokenFile() {
 }
 
 std::vector<std::string> TinyJob(int workers, int stages, const std::string& model) {
-  return {"--device=cpu", absl::StrCat("--workers=", workers), absl::StrCat("--pipeline_stages=", stages),
-          "--model=" + model, "--fp32", "--schedule=1f1b", "--micro_batches=4", "--global_batch=16", "--steps=3",
-          "--lr=0.003", "--partition=uniform", "--save_params", "--seed=7"};
+  return {"--device=cpu",
+          absl::StrCat("--workers=", workers),
+          absl::StrCat("--pipeline_stages=", stages),
+          "--model=" + model,
+          "--fp32",
+          "--schedule=1f1b",
+          "--micro_batches=4",
+          "--global_batch=16",
+          "--steps=3",
+          "--lr=0.003",
+          "--partition=uniform",
+          "--save_params",
+          "--seed=7"};
 }
 
 std::map<int, double> Losses(const std::string& run_dir) {
@@ -129,7 +139,8 @@ std::map<int, double> Losses(const std::string& run_dir) {
     std::vector<std::string> f = absl::StrSplit(lines[i], ',');
     double loss;
     int step;
-    if (f.size() > 2 && !f[2].empty() && absl::SimpleAtoi(f[0], &step) && absl::SimpleAtod(f[2], &loss)) out[step] = loss;
+    if (f.size() > 2 && !f[2].empty() && absl::SimpleAtoi(f[0], &step) && absl::SimpleAtod(f[2], &loss))
+      out[step] = loss;
   }
   return out;
 }
@@ -159,17 +170,18 @@ TEST_P(TwoNodes, LossesAndParametersMatchASingleProcess) {
   const std::string token = TokenFile();
   std::vector<std::string> node0 = TinyJob(1, 2, model);
   for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
-                               "--job_token_file=" + token, "--run_dir=" + n0_dir}) {
+                                                       "--job_token_file=" + token, "--run_dir=" + n0_dir}) {
     node0.push_back(f);
   }
   Background b0 = Start(node0);
   std::string agent_out;
-  const int agent = RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=" + address, "--job_token_file=" + token,
-                         "--device=cpu", "--workers=1", "--run_dir=" + n1_dir},
-                        &agent_out);
+  const int agent = RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=" + address,
+                                 "--job_token_file=" + token, "--device=cpu", "--workers=1", "--run_dir=" + n1_dir},
+                                &agent_out);
   ASSERT_EQ(b0.Wait(absl::Seconds(60)), 0) << b0.Output() << "\n--- node 1\n" << agent_out;
   ASSERT_EQ(agent, 0) << agent_out;
-  EXPECT_TRUE(absl::StrContains(b0.Output(), "rank 0 on node 0 (127.0.0.1), rank 1 on node 1 (127.0.0.1)")) << b0.Output();
+  EXPECT_TRUE(absl::StrContains(b0.Output(), "rank 0 on node 0 (127.0.0.1), rank 1 on node 1 (127.0.0.1)"))
+      << b0.Output();
   EXPECT_TRUE(absl::StrContains(b0.Output(), "no link crosses hosts") ||
               absl::StrContains(b0.Output(), "links across hosts: stage 0 -> 1 (node 0 -> 1)"))
       << b0.Output();
@@ -200,7 +212,7 @@ TEST(TwoNodes, AgentKilled_EndsTheJobWithin5sNamingItsNode) {
   std::vector<std::string> node0 = TinyJob(1, 2, "tiny");
   node0[8] = "--steps=100000";  // TinyJob index 8 is --steps  // runs until the agent dies
   for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
-                               "--job_token_file=" + token, "--run_dir=" + Unique("kill0")}) {
+                                                       "--job_token_file=" + token, "--run_dir=" + Unique("kill0")}) {
     node0.push_back(f);
   }
   Background b0 = Start(node0);
@@ -230,11 +242,16 @@ TwoNodeJob TwoNodeFlags(const std::vector<std::string>& extra, const std::string
   j.node0 = TinyJob(1, 2, "tiny");
   for (const std::string& f : extra) j.node0.push_back(f);
   for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
-                                                        "--job_token_file=" + token, "--run_dir=" + n0_dir}) {
+                                                       "--job_token_file=" + token, "--run_dir=" + n0_dir}) {
     j.node0.push_back(f);
   }
-  j.node1 = {"--nodes=2", "--node_rank=1", "--coordinator_address=" + address, "--job_token_file=" + token,
-             "--device=cpu", "--workers=1", "--run_dir=" + n1_dir};
+  j.node1 = {"--nodes=2",
+             "--node_rank=1",
+             "--coordinator_address=" + address,
+             "--job_token_file=" + token,
+             "--device=cpu",
+             "--workers=1",
+             "--run_dir=" + n1_dir};
   return j;
 }
 
@@ -373,8 +390,9 @@ TEST(TwoNodes, OnOneMachine_EachWorkersThreadsCountEveryNodesWorkers) {
   const std::string token = TokenFile();
   std::vector<std::string> node0 = TinyJob(1, 2, "tiny");
   node0[8] = "--steps=100000";  // TinyJob index 8 is --steps  // runs until it is stopped
-  for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
-                               "--job_token_file=" + token, "--run_dir=" + Unique("threads0")}) {
+  for (const std::string& f :
+       std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
+                                "--job_token_file=" + token, "--run_dir=" + Unique("threads0")}) {
     node0.push_back(f);
   }
   Background b0 = Start(node0);
@@ -404,8 +422,8 @@ TEST(TwoNodes, AgentCannotStartItsWorker_EndsTheJobAtOnceWithExit4) {
   ASSERT_EQ(chmod(bad.c_str(), 0700), 0);
   std::vector<std::string> node0 = TinyJob(1, 2, "tiny");
   for (const std::string& f : std::vector<std::string>{"--nodes=2", "--node_rank=0", "--coordinator_address=" + address,
-                               "--job_token_file=" + token, "--register_timeout_ms=30000",
-                               "--run_dir=" + Unique("nostart0")}) {
+                                                       "--job_token_file=" + token, "--register_timeout_ms=30000",
+                                                       "--run_dir=" + Unique("nostart0")}) {
     node0.push_back(f);
   }
   const absl::Time start = absl::Now();
@@ -425,19 +443,21 @@ TEST(Refusals, NonLoopbackAddressWithoutTls_Exit2SayingWhatToPass) {
   std::string out;
   // 198.18.0.0/24 (benchmark testing) and refused before anything binds or connects.
   EXPECT_EQ(RunLauncher({"--device=cpu", "--workers=1", "--nodes=2", "--coordinator_address=198.18.0.1:29500",
-                 "--run_dir=" + Unique("refused")},
-                &out),
+                         "--run_dir=" + Unique("refused")},
+                        &out),
             2)
       << out;
   EXPECT_TRUE(absl::StrContains(out, "--tls_cert")) << out;
-  EXPECT_EQ(RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=198.18.0.1:29500", "--device=cpu"}, &out), 2)
+  EXPECT_EQ(RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=198.18.0.1:29500", "--device=cpu"}, &out),
+            2)
       << out;
   EXPECT_TRUE(absl::StrContains(out, "--tls_ca")) << out;
 }
 
 TEST(Refusals, SeveralNodesOnLoopbackWithoutTokenOrTls_Exit2) {
   std::string out;
-  EXPECT_EQ(RunLauncher({"--device=cpu", "--workers=1", "--nodes=2", "--run_dir=" + Unique("notoken")}, &out), 2) << out;
+  EXPECT_EQ(RunLauncher({"--device=cpu", "--workers=1", "--nodes=2", "--run_dir=" + Unique("notoken")}, &out), 2)
+      << out;
   EXPECT_TRUE(absl::StrContains(out, "--job_token_file")) << out;
 }
 
@@ -452,7 +472,8 @@ TEST(Refusals, SlurmWithNodeFlagsOrOutsideAJob_Exit2SayingWhatToDo) {
 
 TEST(Refusals, JobFlagOnAnAgent_Exit2) {
   std::string out;
-  EXPECT_EQ(RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=127.0.0.1:29500", "--model=tiny"}, &out), 2)
+  EXPECT_EQ(RunLauncher({"--nodes=2", "--node_rank=1", "--coordinator_address=127.0.0.1:29500", "--model=tiny"}, &out),
+            2)
       << out;
   EXPECT_TRUE(absl::StrContains(out, "--model with --node_rank=1")) << out;
 }

@@ -35,9 +35,18 @@ RunResult Launch(const std::vector<std::string>& flags) { return ::stagehand::te
 
 std::vector<std::string> TinyJob(int stages, const std::string& schedule, int steps = 3,
                                  const std::string& model = "tiny") {
-  return {"--device=cpu",        absl::StrCat("--workers=", stages), "--model=" + model, "--fp32",
-          "--schedule=" + schedule, "--micro_batches=4", "--global_batch=16", absl::StrCat("--steps=", steps),
-          "--lr=0.003",           "--partition=uniform", "--save_params", "--seed=7"};
+  return {"--device=cpu",
+          absl::StrCat("--workers=", stages),
+          "--model=" + model,
+          "--fp32",
+          "--schedule=" + schedule,
+          "--micro_batches=4",
+          "--global_batch=16",
+          absl::StrCat("--steps=", steps),
+          "--lr=0.003",
+          "--partition=uniform",
+          "--save_params",
+          "--seed=7"};
 }
 
 using ::stagehand::testing::Losses;
@@ -88,8 +97,7 @@ void ExpectSameLossesAndParameters(const RunResult& reference, const RunResult& 
   }
 }
 
-class PipelineMatchesSingleProcess
-    : public ::testing::TestWithParam<std::tuple<std::string, int, std::string>> {};
+class PipelineMatchesSingleProcess : public ::testing::TestWithParam<std::tuple<std::string, int, std::string>> {};
 
 TEST_P(PipelineMatchesSingleProcess, LossesAndFinalParametersWithin1e5) {
   const auto [model, stages, schedule] = GetParam();
@@ -129,8 +137,7 @@ INSTANTIATE_TEST_SUITE_P(ModelsStagesAndSchedules, PipelineMatchesSingleProcess,
 // Interleaved 1F1B (two chunks per worker), ZB-H1 and ZB-V (the split backward; ZB-V two chunks in a V)
 // against one process running plain 1F1B: each of these schedules accumulates every stage's gradients
 // over the micro-batches in increasing order, as 1F1B does, so the sums match to rounding.
-class NewSchedulesMatchSingleProcess
-    : public ::testing::TestWithParam<std::tuple<std::string, int, std::string>> {};
+class NewSchedulesMatchSingleProcess : public ::testing::TestWithParam<std::tuple<std::string, int, std::string>> {};
 
 TEST_P(NewSchedulesMatchSingleProcess, LossesAndFinalParametersWithin1e5) {
   const auto [model, stages, schedule] = GetParam();
@@ -188,10 +195,11 @@ std::string WriteScheduleFile(const std::string& name, const std::string& text) 
 // generated one (same losses).
 TEST(ScheduleFile, HandWrittenGPipe_RunsAndMatchesTheGeneratedOne) {
   setenv("OMP_NUM_THREADS", "1", 1);
-  const std::string path = WriteScheduleFile("gpipe2.txt",
-                                             "# GPipe, 2 ranks, 2 micro-batches, in torch.distributed.pipelining's notation\n"
-                                             "rank 0: 0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B1 0B1 0RECV_B0 0B0 OPT\n"
-                                             "rank 1: 1RECV_F0 1F0 1RECV_F1 1F1 1B1 1SEND_B1 1B0 1SEND_B0 OPT\n");
+  const std::string path =
+      WriteScheduleFile("gpipe2.txt",
+                        "# GPipe, 2 ranks, 2 micro-batches, in torch.distributed.pipelining's notation\n"
+                        "rank 0: 0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B1 0B1 0RECV_B0 0B0 OPT\n"
+                        "rank 1: 1RECV_F0 1F0 1RECV_F1 1F1 1B1 1SEND_B1 1B0 1SEND_B0 OPT\n");
   std::vector<std::string> flags = TinyJob(2, "gpipe");
   flags.push_back("--micro_batches=2");
   RunResult generated = Launch(flags);
@@ -208,7 +216,8 @@ TEST(ScheduleFile, HandWrittenGPipe_RunsAndMatchesTheGeneratedOne) {
   flags.pop_back();
   flags.erase(std::find(flags.begin(), flags.end(), "--micro_batches=2"));
   flags.erase(std::find(flags.begin(), flags.end(), "--micro_batches=4"));
-  flags.push_back("--schedule_file=" + WriteScheduleFile("gpipe2_compute.txt", "0F0 0F1 0B1 0B0 OPT\n1F0 1F1 1B1 1B0 OPT\n"));
+  flags.push_back("--schedule_file=" +
+                  WriteScheduleFile("gpipe2_compute.txt", "0F0 0F1 0B1 0B0 OPT\n1F0 1F1 1B1 1B0 OPT\n"));
   RunResult compute_only = Launch(flags);
   ASSERT_EQ(compute_only.exit_code, 0) << compute_only.output;
   got = Losses(compute_only.run_dir);
@@ -323,9 +332,11 @@ TEST(Pipeline, ImpossibleJobs_RefusedBeforeAnythingStarts) {
       {{"--device=cpu", "--workers=11", "--model=tiny"}, "11 stages but the model has only 10 pipeline layers"},
       {{"--device=cpu", "--workers=2", "--model=tiny", "--micro_batches=3", "--global_batch=16"},
        "does not split into 3 equal micro-batches"},
-      {{"--device=cpu", "--workers=2", "--model=tiny", "--partition=3,4"}, "--partition=3,4: sizes sum to 7 but the model has 10 layers; make them sum to 10"},
+      {{"--device=cpu", "--workers=2", "--model=tiny", "--partition=3,4"},
+       "--partition=3,4: sizes sum to 7 but the model has 10 layers; make them sum to 10"},
       {{"--device=cpu", "--workers=2", "--model=tiny", "--hidden=30"}, "not divisible by --heads"},
-      {{"--device=cpu", "--workers=2", "--model=tiny", "--attention=fa3"}, "--attention=fa3: unknown; use cudnn, flash or torch"},
+      {{"--device=cpu", "--workers=2", "--model=tiny", "--attention=fa3"},
+       "--attention=fa3: unknown; use cudnn, flash or torch"},
       {{"--device=cpu", "--workers=2", "--model=llama-tiny", "--kv_heads=3"}, "--kv_heads=3 must divide --heads=4"},
       {{"--device=cpu", "--workers=2", "--model=gpt-7b"}, "--model=gpt-7b: unknown model; known: allreduce, tiny"},
   };

@@ -27,14 +27,15 @@ using ::stagehand::testing::ReadFile;
 using ::stagehand::testing::RunResult;
 using ::stagehand::testing::TmpPath;
 
-const std::vector<std::string> kJob = {"--device=cpu", "--workers=1", "--model=tiny", "--steps=2",
-                                       "--micro_batches=2", "--global_batch=4"};
+const std::vector<std::string> kJob = {"--device=cpu", "--workers=1",       "--model=tiny",
+                                       "--steps=2",    "--micro_batches=2", "--global_batch=4"};
 
 // The launcher with XDG_CACHE_HOME=`cache`.
 RunResult Launch(const std::string& cache, std::vector<std::string> flags = kJob) {
   RunResult r;
   r.run_dir = TmpPath("readahead_run");
-  const int status = std::system(absl::StrCat("XDG_CACHE_HOME=", cache, " ", LauncherCommand(flags, r.run_dir)).c_str());
+  const int status =
+      std::system(absl::StrCat("XDG_CACHE_HOME=", cache, " ", LauncherCommand(flags, r.run_dir)).c_str());
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.output = ReadFile(r.run_dir + ".out");
   return r;

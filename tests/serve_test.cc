@@ -61,7 +61,8 @@ std::vector<int> ChildrenOf(int parent) {
     if (close == std::string::npos) continue;
     std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
     int ppid = 0;
-    if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &ppid) && ppid == parent && fields[0] != "Z") out.push_back(pid);
+    if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &ppid) && ppid == parent && fields[0] != "Z")
+      out.push_back(pid);
   }
   closedir(proc);
   return out;
@@ -151,8 +152,8 @@ ClientResult RunClient(const Server& server, const std::string& args, const std:
   static int counter = 0;
   const std::string out = absl::StrCat(TempDir(), "/client", getpid(), "_", counter++, ".out");
   const std::string command =
-      absl::StrCat("STAGEHAND_SERVER=", server.address(), " STAGEHAND_TOKEN_FILE=",
-                   token_file.empty() ? server.token_file() : token_file, " timeout 120 ",
+      absl::StrCat("STAGEHAND_SERVER=", server.address(),
+                   " STAGEHAND_TOKEN_FILE=", token_file.empty() ? server.token_file() : token_file, " timeout 120 ",
                    Runfile("client/client"), " ", args, " >", out, " 2>&1");
   const int status = std::system(command.c_str());
   ClientResult r;
@@ -192,11 +193,13 @@ control::SubmitJobRequest TinyJob(int workers, int64_t steps, const std::string&
 
 control::JobInfo WaitForEnd(ControlClient& c, const std::string& id, std::chrono::seconds timeout) {
   control::JobInfo info;
-  WaitFor([&] {
-    absl::StatusOr<control::JobInfo> got = c.Get(id);
-    if (got.ok()) info = *got;
-    return got.ok() && info.end_time_ms() > 0;
-  }, timeout);
+  WaitFor(
+      [&] {
+        absl::StatusOr<control::JobInfo> got = c.Get(id);
+        if (got.ok()) info = *got;
+        return got.ok() && info.end_time_ms() > 0;
+      },
+      timeout);
   return info;
 }
 
@@ -239,7 +242,8 @@ TEST_F(ServeTest, SubmitWatchFetch_TinyJob_EveryStepStreamedAndFilesMatch) {
   ASSERT_EQ(to_stdout.exit_code, 0) << to_stdout.output;
   EXPECT_EQ(to_stdout.output, ReadFile(absl::StrCat(state, "/runs/", id, "/launcher.log")));
   // A job that fails: watch exits with its exit code.
-  ClientResult bad = RunClient(server, "submit --device=cpu --workers=2 --model=tiny --steps=3 --data=/nonexistent --watch");
+  ClientResult bad =
+      RunClient(server, "submit --device=cpu --workers=2 --model=tiny --steps=3 --data=/nonexistent --watch");
   EXPECT_NE(bad.exit_code, 0) << bad.output;
   // A path outside the job roots is refused, saying nothing of the file.
   ClientResult shadow = RunClient(server, "submit --device=cpu --workers=2 --model=tiny --steps=3 --data=/etc/shadow");
@@ -255,22 +259,27 @@ TEST_F(ServeTest, Cancel_RunningJob_ClientSaysCancelledAndEveryProcessGoneWithin
   ASSERT_EQ(submit.exit_code, 0) << submit.output;
   const std::string id = LastLine(submit.output);
   std::unique_ptr<ControlClient> c = Connect(server, AdminToken(server));
-  ASSERT_TRUE(WaitFor([&] {
-    absl::StatusOr<control::JobInfo> info = c->Get(id);
-    return info.ok() && info->steps_done() > 0;
-  }, std::chrono::seconds(60))) << server.log();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<control::JobInfo> info = c->Get(id);
+        return info.ok() && info->steps_done() > 0;
+      },
+      std::chrono::seconds(60)))
+      << server.log();
   const std::vector<int> workers = ChildrenOf(server.pid());
   ASSERT_EQ(workers.size(), 2u);
   const auto cancel_start = Clock::now();
   ClientResult cancel = RunClient(server, "cancel " + id);
   EXPECT_EQ(cancel.exit_code, 0) << cancel.output;
   EXPECT_TRUE(absl::StrContains(cancel.output, "cancelled")) << cancel.output;
-  EXPECT_TRUE(WaitFor([&] {
-    for (int pid : workers) {
-      if (Alive(pid)) return false;
-    }
-    return true;
-  }, std::chrono::seconds(5) - std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - cancel_start)))
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        for (int pid : workers) {
+          if (Alive(pid)) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(5) - std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - cancel_start)))
       << "a worker of the cancelled job outlived 5 s";
   absl::StatusOr<control::JobInfo> info = c->Get(id);
   ASSERT_TRUE(info.ok()) << info.status();
@@ -378,8 +387,10 @@ TEST_F(ServeTest, Tokens_RevokeListAndALostAdminToken_AcrossARestart) {
   // carol's line has a revoke time; the admins' do not.
   bool carol_revoked = false;
   for (absl::string_view line : absl::StrSplit(list.output, '\n')) {
-    if (absl::StartsWith(line, "carol ")) carol_revoked = !absl::EndsWith(absl::StripTrailingAsciiWhitespace(line), "-");
-    if (absl::StartsWith(line, "admin ")) EXPECT_TRUE(absl::EndsWith(absl::StripTrailingAsciiWhitespace(line), "-")) << line;
+    if (absl::StartsWith(line, "carol "))
+      carol_revoked = !absl::EndsWith(absl::StripTrailingAsciiWhitespace(line), "-");
+    if (absl::StartsWith(line, "admin "))
+      EXPECT_TRUE(absl::EndsWith(absl::StripTrailingAsciiWhitespace(line), "-")) << line;
   }
   EXPECT_TRUE(carol_revoked) << list.output;
   // The first admin token still works, until revoked.
@@ -404,10 +415,12 @@ TEST_F(ServeTest, Kill9_OneRunningOneQueued_RestartMarksLostAndRunsTheQueued) {
     ASSERT_TRUE(running.ok() && queued.ok());
     running_id = running->id();
     queued_id = queued->id();
-    ASSERT_TRUE(WaitFor([&] {
-      absl::StatusOr<control::JobInfo> info = c->Get(running_id);
-      return info.ok() && info->steps_done() > 0;
-    }, std::chrono::seconds(60)));
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          absl::StatusOr<control::JobInfo> info = c->Get(running_id);
+          return info.ok() && info->steps_done() > 0;
+        },
+        std::chrono::seconds(60)));
     absl::StatusOr<control::JobInfo> q = c->Get(queued_id);
     ASSERT_TRUE(q.ok());
     EXPECT_EQ(q->state(), control::JOB_STATE_QUEUED);
@@ -416,12 +429,14 @@ TEST_F(ServeTest, Kill9_OneRunningOneQueued_RestartMarksLostAndRunsTheQueued) {
     server.Kill9();
   }
   // The workers die with the server (PR_SET_PDEATHSIG), the store survives it.
-  EXPECT_TRUE(WaitFor([&] {
-    for (int pid : workers) {
-      if (Alive(pid)) return false;
-    }
-    return true;
-  }, std::chrono::seconds(5)));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        for (int pid : workers) {
+          if (Alive(pid)) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(5)));
   Server server(state, {"--max_cpu_workers=2"});
   ASSERT_FALSE(server.address().empty()) << server.log();
   EXPECT_TRUE(absl::StrContains(server.log(), "marked lost")) << server.log();
@@ -486,7 +501,8 @@ TEST_F(ServeTest, WedgingSubmissions_FifoRefused_SigtermStopsTheServerWhileAJobI
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   const auto start = Clock::now();
   ClientResult refused = RunClient(server, absl::StrCat("submit --device=cpu --workers=2 --model=tiny --steps=3 "
-                                                        "--layout=auto --layout_profiles=", fifo));
+                                                        "--layout=auto --layout_profiles=",
+                                                        fifo));
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_TRUE(absl::StrContains(refused.output, "not a regular file")) << refused.output;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
@@ -498,8 +514,8 @@ TEST_F(ServeTest, WedgingSubmissions_FifoRefused_SigtermStopsTheServerWhileAJobI
       Runfile("client/client"), " submit --device=cpu --workers=2 --model=tiny --steps=3 >", client_log,
       " 2>&1; echo \"exit $?\" >>", client_log, ") &");
   ASSERT_EQ(std::system(command.c_str()), 0);
-  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(server.log(), "checking a submission"); },
-                      std::chrono::seconds(20)))
+  ASSERT_TRUE(
+      WaitFor([&] { return absl::StrContains(server.log(), "checking a submission"); }, std::chrono::seconds(20)))
       << server.log();
   const auto stop = Clock::now();
   kill(server.pid(), SIGTERM);
@@ -537,11 +553,12 @@ TEST_F(ServeTest, FailedStart_PortTaken_RemovesWhatItCreated) {
 }
 
 TEST_F(ServeTest, ServerFlags_WithoutServe_AndJobFlagsWithServe_AreRefused) {
-  const std::string command = absl::StrCat(Runfile("launcher/launcher"), " --state_dir=", TempDir(), "/x >/dev/null 2>&1");
+  const std::string command =
+      absl::StrCat(Runfile("launcher/launcher"), " --state_dir=", TempDir(), "/x >/dev/null 2>&1");
   const int status = std::system(command.c_str());
   EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 2);
-  const std::string with_job = absl::StrCat(Runfile("launcher/launcher"), " --serve --state_dir=", TempDir(),
-                                            "/y --steps=3 >/dev/null 2>&1");
+  const std::string with_job =
+      absl::StrCat(Runfile("launcher/launcher"), " --serve --state_dir=", TempDir(), "/y --steps=3 >/dev/null 2>&1");
   const int status2 = std::system(with_job.c_str());
   EXPECT_EQ(WIFEXITED(status2) ? WEXITSTATUS(status2) : -1, 2);
   struct stat st;

@@ -54,7 +54,7 @@ inline std::string LauncherCommand(const std::vector<std::string>& flags, const 
 
 struct RunResult {
   int exit_code = -1;
-  std::string output;   // what the launcher printed, stdout and stderr
+  std::string output;  // what the launcher printed, stdout and stderr
   std::string run_dir;
 };
 
@@ -85,7 +85,8 @@ inline std::map<int, double> Losses(const std::string& run_dir) {
       }
       continue;
     }
-    if (loss_column < 0 || static_cast<int>(f.size()) <= loss_column || f[loss_column].empty() || f[0].empty()) continue;
+    if (loss_column < 0 || static_cast<int>(f.size()) <= loss_column || f[loss_column].empty() || f[0].empty())
+      continue;
     out[std::stoi(f[0])] = std::stod(f[loss_column]);
   }
   return out;
@@ -103,8 +104,8 @@ class ScopedTmpfs {
       why_ = "not root: mounting a tmpfs needs root";
       return;
     }
-    static const bool own_namespace = unshare(CLONE_NEWNS) == 0 &&
-                                      mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0;
+    static const bool own_namespace =
+        unshare(CLONE_NEWNS) == 0 && mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0;
     (void)own_namespace;
     ::mkdir(dir.c_str(), 0755);
     // "ro" is a mount flag, not a tmpfs option; anything else goes to tmpfs.

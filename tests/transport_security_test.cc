@@ -103,18 +103,25 @@ class Launcher {
     static const std::regex re("job ([0-9a-f]+):");
     std::smatch m;
     std::string out;
-    WaitFor([&] { out = output(); return std::regex_search(out, m, re); }, timeout);
+    WaitFor(
+        [&] {
+          out = output();
+          return std::regex_search(out, m, re);
+        },
+        timeout);
     return m.size() > 1 ? m[1].str() : "";
   }
   // Every rank has logged a line: its transport is up (the first line a rank logs says so).
   bool WaitForRanksUp(int ranks, std::chrono::milliseconds timeout) {
-    return WaitFor([&] {
-      const std::string out = output();
-      for (int r = 0; r < ranks; ++r) {
-        if (out.find(absl::StrCat("[rank ", r, "]")) == std::string::npos) return false;
-      }
-      return true;
-    }, timeout);
+    return WaitFor(
+        [&] {
+          const std::string out = output();
+          for (int r = 0; r < ranks; ++r) {
+            if (out.find(absl::StrCat("[rank ", r, "]")) == std::string::npos) return false;
+          }
+          return true;
+        },
+        timeout);
   }
 
  private:
@@ -220,13 +227,16 @@ TEST(TransportSecurity, StrangersOnWorkerPorts_JunkAndForgedHellos_JobStillExits
   ASSERT_FALSE(job.empty()) << l.output();
   ASSERT_TRUE(l.WaitForRanksUp(kWorkers, std::chrono::seconds(20))) << l.output();
   std::vector<int> ports;
-  ASSERT_TRUE(WaitFor([&] {
-    ports.clear();
-    for (int pid : PidsWith("--job_id=" + job)) {
-      for (int port : ListeningPorts(pid)) ports.push_back(port);
-    }
-    return ports.size() == kWorkers;
-  }, std::chrono::seconds(5))) << ports.size() << " listening ports found among the workers";
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        ports.clear();
+        for (int pid : PidsWith("--job_id=" + job)) {
+          for (int port : ListeningPorts(pid)) ports.push_back(port);
+        }
+        return ports.size() == kWorkers;
+      },
+      std::chrono::seconds(5)))
+      << ports.size() << " listening ports found among the workers";
 
   for (int port : ports) {
     EXPECT_TRUE(SentAndDropped(port, std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03junk-bytes!!", 24)))
@@ -236,8 +246,8 @@ TEST(TransportSecurity, StrangersOnWorkerPorts_JunkAndForgedHellos_JobStillExits
           << "port " << port << " receiver " << receiver;
     }
   }
-  ASSERT_EQ(l.Wait(std::chrono::milliseconds(0)), -1)
-      << "the job ended before the attack was over; raise --steps\n" << l.output();
+  ASSERT_EQ(l.Wait(std::chrono::milliseconds(0)), -1) << "the job ended before the attack was over; raise --steps\n"
+                                                      << l.output();
 
   EXPECT_EQ(l.Wait(std::chrono::seconds(45)), 0) << l.output();
   EXPECT_NE(l.output().find("stagehand: done"), std::string::npos) << l.output();

@@ -37,7 +37,7 @@ namespace stagehand {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x54434853;  // "SHCT" on the wire (little-endian).
-constexpr uint32_t kProtocolVersion = 2;  // 1 had no proof of the job secret
+constexpr uint32_t kProtocolVersion = 2;      // 1 had no proof of the job secret
 constexpr size_t kHeaderBytes = 8;
 
 std::string PeerName(int rank) { return absl::StrCat("rank ", rank); }
@@ -225,25 +225,23 @@ struct Rendezvous {
   uint64_t prefix_hash;
   absl::Time deadline;
   std::string Where() const {  // Prefix of every rendezvous error.
-    return absl::StrCat("cpu transport rank ", options.rank, " of ", options.world_size,
-                        " (key_prefix '", options.key_prefix, "'): ");
+    return absl::StrCat("cpu transport rank ", options.rank, " of ", options.world_size, " (key_prefix '",
+                        options.key_prefix, "'): ");
   }
 };
 
-std::string AddressKey(const std::string& prefix, int rank) {
-  return absl::StrCat(prefix, "/cpu/addr/", rank);
-}
+std::string AddressKey(const std::string& prefix, int rank) { return absl::StrCat(prefix, "/cpu/addr/", rank); }
 
 // The magic and version are checked as soon as they arrive, so that junk is dropped at once.
 absl::Status CheckMagic(uint32_t magic, uint32_t version) {
   if (magic != kHelloMagic) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "does not speak the cpu transport protocol (magic ", magic, "); is another program using this port?"));
+    return absl::InvalidArgumentError(absl::StrCat("does not speak the cpu transport protocol (magic ", magic,
+                                                   "); is another program using this port?"));
   }
   if (version != kProtocolVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "speaks cpu transport protocol ", version, " but this rank speaks ", kProtocolVersion,
-        "; start every worker of a job from the same build"));
+    return absl::InvalidArgumentError(absl::StrCat("speaks cpu transport protocol ", version, " but this rank speaks ",
+                                                   kProtocolVersion,
+                                                   "; start every worker of a job from the same build"));
   }
   return absl::OkStatus();
 }
@@ -253,14 +251,14 @@ absl::Status CheckMagic(uint32_t magic, uint32_t version) {
 absl::Status CheckHello(const Hello& got, const Rendezvous& rv, int sender, int receiver) {
   if (absl::Status st = CheckMagic(got.magic, got.version); !st.ok()) return st;
   if (got.world_size != rv.options.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", got.sender, " has world size ", got.world_size, " but this rank has ",
-        rv.options.world_size, "; start every rank of a communicator with the same world size"));
+    return absl::InvalidArgumentError(absl::StrCat("rank ", got.sender, " has world size ", got.world_size,
+                                                   " but this rank has ", rv.options.world_size,
+                                                   "; start every rank of a communicator with the same world size"));
   }
   if (got.prefix_hash != rv.prefix_hash) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", got.sender, " has a different key_prefix; two communicators are sharing "
-        "addresses, give each job and communicator its own key_prefix"));
+    return absl::InvalidArgumentError(absl::StrCat("rank ", got.sender,
+                                                   " has a different key_prefix; two communicators are sharing "
+                                                   "addresses, give each job and communicator its own key_prefix"));
   }
   if (got.receiver != receiver) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", got.sender, " addressed rank ", got.receiver,
@@ -316,16 +314,15 @@ constexpr int kListenBacklog = 128;
 absl::StatusOr<Listener> Listen(const std::string& host) {
   // A wildcard would be published as is, and other hosts cannot connect to "0.0.0.0".
   if (host.empty() || host == "0.0.0.0" || host == "::") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "listen_host '", host, "' is not an address other ranks can reach; pass this host's address"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen_host '", host, "' is not an address other ranks can reach; pass this host's address"));
   }
   absl::StatusOr<AddrInfoPtr> ais = Resolve(host, "0", AI_PASSIVE);
   if (!ais.ok()) return ais.status();
   int err = 0;
   for (addrinfo* ai = ais->get(); ai != nullptr; ai = ai->ai_next) {
     UniqueFd fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (fd.valid() && ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 &&
-        ::listen(fd.get(), kListenBacklog) == 0) {
+    if (fd.valid() && ::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd.get(), kListenBacklog) == 0) {
       const int port = LocalPort(fd.get());
       const bool v6 = host.find(':') != std::string::npos;
       std::string address = v6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
@@ -333,8 +330,8 @@ absl::StatusOr<Listener> Listen(const std::string& host) {
     }
     err = errno;
   }
-  return absl::UnavailableError(absl::StrCat("cannot listen on '", host, "': ", ErrnoText(err),
-                                             "; is it an address of this host?"));
+  return absl::UnavailableError(
+      absl::StrCat("cannot listen on '", host, "': ", ErrnoText(err), "; is it an address of this host?"));
 }
 
 // One non-blocking connect bounded by `deadline`; returns the socket or the errno that stopped it.
@@ -371,8 +368,7 @@ absl::StatusOr<UniqueFd> ConnectWithRetry(const std::string& address, absl::Time
     }
     const bool retry = err == ECONNREFUSED && absl::Now() + backoff < deadline;
     if (err == ETIMEDOUT || (err == ECONNREFUSED && !retry)) {
-      return absl::DeadlineExceededError(absl::StrCat("could not connect before the deadline (",
-                                                      ErrnoText(err), ")"));
+      return absl::DeadlineExceededError(absl::StrCat("could not connect before the deadline (", ErrnoText(err), ")"));
     }
     if (!retry) return absl::UnavailableError(absl::StrCat("connect: ", ErrnoText(err)));
     absl::SleepFor(backoff);
@@ -392,7 +388,8 @@ absl::Status ConnectorHandshake(const Rendezvous& rv, int fd, int peer) {
   char challenge[kChallengeBytes];
   if (st.ok()) st = ReadFull(fd, challenge, sizeof(challenge), rv.deadline, who);
   if (absl::IsUnavailable(st)) {
-    return absl::UnavailableError(absl::StrCat(st.message(), " before its challenge (it refused this "
+    return absl::UnavailableError(absl::StrCat(st.message(),
+                                               " before its challenge (it refused this "
                                                "rank's hello: its log says why)"));
   }
   if (!st.ok()) return st;
@@ -400,18 +397,19 @@ absl::Status ConnectorHandshake(const Rendezvous& rv, int fd, int peer) {
   if (st = CheckHello(theirs, rv, peer, o.rank); !st.ok()) return st;
   const Sha256Digest expected = HandshakeMac(o, 'A', mine.nonce, theirs.nonce, peer, o.rank);
   if (!ConstantTimeEqual(expected, DigestAt(challenge + kHelloBytes))) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        who, " answered without proving this job's secret: the two ranks were given different job "
-        "secrets (workers of two launches?) or another process answers at this address; start every "
-        "worker of a job from the same launcher"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(who,
+                     " answered without proving this job's secret: the two ranks were given different job "
+                     "secrets (workers of two launches?) or another process answers at this address; start every "
+                     "worker of a job from the same launcher"));
   }
-  const std::string proof =
-      DigestBytes(HandshakeMac(o, 'C', mine.nonce, theirs.nonce, o.rank, peer));
+  const std::string proof = DigestBytes(HandshakeMac(o, 'C', mine.nonce, theirs.nonce, o.rank, peer));
   st = WriteFull(fd, proof.data(), proof.size(), rv.deadline, who);
   char verdict[kVerdictBytes];
   if (st.ok()) st = ReadFull(fd, verdict, sizeof(verdict), rv.deadline, who);
   if (absl::IsUnavailable(st)) {
-    return absl::UnavailableError(absl::StrCat(st.message(), " after this rank's proof: it refused "
+    return absl::UnavailableError(absl::StrCat(st.message(),
+                                               " after this rank's proof: it refused "
                                                "this rank (is another worker running as rank ",
                                                o.rank, "? its log says why)"));
   }
@@ -426,17 +424,17 @@ absl::StatusOr<UniqueFd> ConnectToLower(const Rendezvous& rv, int peer, KeyValue
   const std::string key = AddressKey(rv.options.key_prefix, peer);
   absl::StatusOr<std::string> address = kv.Get(key, rv.deadline - absl::Now());
   if (absl::IsDeadlineExceeded(address.status())) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        rv.Where(), "rank ", peer, " did not publish its address under '", key, "' within ",
-        absl::FormatDuration(rv.options.connect_timeout), "; was it started, with the same key_prefix?"));
+    return absl::DeadlineExceededError(absl::StrCat(rv.Where(), "rank ", peer, " did not publish its address under '",
+                                                    key, "' within ", absl::FormatDuration(rv.options.connect_timeout),
+                                                    "; was it started, with the same key_prefix?"));
   }
   if (!address.ok()) {
-    return absl::Status(address.status().code(), absl::StrCat(rv.Where(), "reading '", key, "': ",
-                                                              address.status().message()));
+    return absl::Status(address.status().code(),
+                        absl::StrCat(rv.Where(), "reading '", key, "': ", address.status().message()));
   }
   auto fail = [&](const absl::Status& st) {
-    return absl::Status(st.code(), absl::StrCat(rv.Where(), "handshake with ", PeerName(peer), " at ",
-                                                *address, ": ", st.message()));
+    return absl::Status(
+        st.code(), absl::StrCat(rv.Where(), "handshake with ", PeerName(peer), " at ", *address, ": ", st.message()));
   };
   absl::StatusOr<UniqueFd> fd = ConnectWithRetry(*address, rv.deadline);
   if (!fd.ok()) return fail(fd.status());
@@ -463,8 +461,10 @@ std::string PeerAddress(const sockaddr_storage& ss, socklen_t len) {
 class Doorman {
  public:
   Doorman(const CpuTransportOptions& options, uint64_t prefix_hash, UniqueFd listener)
-      : options_(options), rv_{options_, prefix_hash, absl::InfiniteFuture()},
-        listener_(std::move(listener)), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+      : options_(options),
+        rv_{options_, prefix_hash, absl::InfiniteFuture()},
+        listener_(std::move(listener)),
+        wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
   // False when the eventfd could not be made: Stop() could not reach Serve(), so none may run.
   bool ok() const { return wake_.valid(); }
 
@@ -514,7 +514,8 @@ void Doorman::Drop(const Pending& p, const absl::Status& why) {
   const std::string text = absl::StrCat("dropped the connection from ", p.from, ": ", why.message());
   last_drop_ = text;
   if (drops_ <= kDropsLoggedInFull || drops_ % 100 == 0) {
-    LOG(WARNING) << rv_.Where() << text << (drops_ > kDropsLoggedInFull ? absl::StrCat(" (", drops_, " dropped so far)") : "")
+    LOG(WARNING) << rv_.Where() << text
+                 << (drops_ > kDropsLoggedInFull ? absl::StrCat(" (", drops_, " dropped so far)") : "")
                  << "; the transport goes on";
   }
   if (options_.on_dropped_connection) options_.on_dropped_connection(absl::Status(why.code(), text));
@@ -524,23 +525,22 @@ void Doorman::AcceptNew() {
   for (;;) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
-    const int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len,
-                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+    const int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       // Out of descriptors under a flood: the oldest stranger makes room, or the listener would stay
       // readable and spin this loop. EAGAIN (drained) and anything else wait for the next readiness.
       if ((errno == EMFILE || errno == ENFILE) && !pending_.empty()) {
-        Drop(pending_.front(), absl::ResourceExhaustedError(absl::StrCat(
-                                   "this process ran out of file descriptors (", ErrnoText(errno), ")")));
+        Drop(pending_.front(), absl::ResourceExhaustedError(
+                                   absl::StrCat("this process ran out of file descriptors (", ErrnoText(errno), ")")));
         pending_.erase(pending_.begin());
         continue;
       }
       return;
     }
     if (pending_.size() >= kMaxPendingHandshakes) {
-      Drop(pending_.front(), absl::ResourceExhaustedError(absl::StrCat(
-                                 "more than ", kMaxPendingHandshakes, " connections in handshake at once")));
+      Drop(pending_.front(), absl::ResourceExhaustedError(absl::StrCat("more than ", kMaxPendingHandshakes,
+                                                                       " connections in handshake at once")));
       pending_.erase(pending_.begin());
     }
     Pending p;
@@ -564,8 +564,8 @@ absl::StatusOr<bool> Doorman::ReadSome(Pending& p, size_t need) {
         if (!st.ok()) return st;
       }
     } else if (r == 0) {
-      return absl::UnavailableError(absl::StrCat("closed the connection after ", p.buf.size(), " of the ",
-                                                 need, " bytes of its ", p.stage == Stage::kHello ? "hello" : "proof"));
+      return absl::UnavailableError(absl::StrCat("closed the connection after ", p.buf.size(), " of the ", need,
+                                                 " bytes of its ", p.stage == Stage::kHello ? "hello" : "proof"));
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       return false;
     } else if (errno != EINTR) {
@@ -590,8 +590,9 @@ absl::Status Doorman::OnHello(Pending& p, const std::vector<UniqueFd>* peers) {
   const int claimed = p.hello.sender;
   if (absl::Status st = CheckHello(p.hello, rv_, -1, options_.rank); !st.ok()) return st;
   if (claimed <= options_.rank || claimed >= options_.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("claims rank ", claimed, ", which is not a higher rank of world size ",
-                                                   options_.world_size, " (lower ranks are the ones connected to)"));
+    return absl::InvalidArgumentError(absl::StrCat("claims rank ", claimed,
+                                                   ", which is not a higher rank of world size ", options_.world_size,
+                                                   " (lower ranks are the ones connected to)"));
   }
   if (Connected(peers, claimed)) {
     return absl::AlreadyExistsError(absl::StrCat("claims rank ", claimed, ", which is already connected"));
@@ -610,9 +611,9 @@ absl::Status Doorman::OnProof(Pending& p, std::vector<UniqueFd>* peers) {
   const int claimed = p.hello.sender;
   const Sha256Digest expected = HandshakeMac(options_, 'C', p.hello.nonce, p.nonce, claimed, options_.rank);
   if (!ConstantTimeEqual(expected, DigestAt(p.buf.data()))) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "claimed rank ", claimed, " but did not prove the job secret (a stranger, or a worker given "
-        "another job's secret)"));
+    return absl::PermissionDeniedError(absl::StrCat("claimed rank ", claimed,
+                                                    " but did not prove the job secret (a stranger, or a worker given "
+                                                    "another job's secret)"));
   }
   if (Connected(peers, claimed)) {  // another connection proved it first
     return absl::AlreadyExistsError(absl::StrCat("claims rank ", claimed, ", which is already connected"));
@@ -662,9 +663,10 @@ absl::Status Doorman::Loop(std::vector<UniqueFd>* peers, absl::Time deadline) {
         ++it;
         continue;
       }
-      Drop(*it, absl::DeadlineExceededError(absl::StrCat(
-                    "sent ", it->buf.size(), " bytes of its ", it->stage == Stage::kHello ? "hello" : "proof",
-                    " and then nothing within the handshake timeout (", absl::FormatDuration(options_.handshake_timeout), ")")));
+      Drop(*it, absl::DeadlineExceededError(absl::StrCat("sent ", it->buf.size(), " bytes of its ",
+                                                         it->stage == Stage::kHello ? "hello" : "proof",
+                                                         " and then nothing within the handshake timeout (",
+                                                         absl::FormatDuration(options_.handshake_timeout), ")")));
       it = pending_.erase(it);
     }
     fds.assign({pollfd{listener_.get(), POLLIN, 0}, pollfd{wake_.get(), POLLIN, 0}});
@@ -694,10 +696,12 @@ absl::Status Doorman::AcceptHigherRanks(std::vector<UniqueFd>& peers, absl::Time
     if (drops_ > 0) {
       dropped = absl::StrCat("; ", drops_, " connection(s) were dropped meanwhile, the last: ", last_drop_);
     }
-    return absl::DeadlineExceededError(absl::StrCat(
-        rv_.Where(), "ranks ", MissingRanks(peers, options_.rank), " did not connect within ",
-        absl::FormatDuration(options_.connect_timeout), "; were they started, with the same "
-        "key_prefix, world size and job secret?", dropped));
+    return absl::DeadlineExceededError(absl::StrCat(rv_.Where(), "ranks ", MissingRanks(peers, options_.rank),
+                                                    " did not connect within ",
+                                                    absl::FormatDuration(options_.connect_timeout),
+                                                    "; were they started, with the same "
+                                                    "key_prefix, world size and job secret?",
+                                                    dropped));
   }
   if (!st.ok()) return absl::Status(st.code(), rv_.Where() + std::string(st.message()));
   return st;
@@ -717,8 +721,8 @@ absl::StatusOr<Mesh> BuildMesh(const Rendezvous& rv, KeyValueStore& kv) {
   mesh.peers.resize(o.world_size);
   if (o.world_size == 1) return mesh;
   absl::StatusOr<Listener> listener = Listen(o.listen_host);
-  if (!listener.ok()) return absl::Status(listener.status().code(), rv.Where() +
-                                          std::string(listener.status().message()));
+  if (!listener.ok())
+    return absl::Status(listener.status().code(), rv.Where() + std::string(listener.status().message()));
   const std::string key = AddressKey(o.key_prefix, o.rank);
   absl::Status st = kv.Set(key, listener->address);
   if (!st.ok()) {
@@ -727,8 +731,8 @@ absl::StatusOr<Mesh> BuildMesh(const Rendezvous& rv, KeyValueStore& kv) {
   }
   mesh.doorman = std::make_unique<Doorman>(o, rv.prefix_hash, std::move(listener->fd));
   if (!mesh.doorman->ok()) {
-    return absl::UnavailableError(absl::StrCat(rv.Where(), "eventfd: ", ErrnoText(errno),
-                                               "; is the process out of file descriptors?"));
+    return absl::UnavailableError(
+        absl::StrCat(rv.Where(), "eventfd: ", ErrnoText(errno), "; is the process out of file descriptors?"));
   }
   for (int peer = 0; peer < o.rank; ++peer) {
     absl::StatusOr<UniqueFd> fd = ConnectToLower(rv, peer, kv);
@@ -744,10 +748,14 @@ absl::StatusOr<Mesh> BuildMesh(const Rendezvous& rv, KeyValueStore& kv) {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kInt64: return "int64";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kInt64:
+      return "int64";
   }
   return "unknown";
 }
@@ -763,17 +771,23 @@ void AddInto(void* acc, const void* x, int64_t count) {
 // undefined behaviour of signed overflow.
 void Accumulate(void* acc, const void* x, int64_t count, DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return AddInto<float>(acc, x, count);
-    case DType::kFloat64: return AddInto<double>(acc, x, count);
-    case DType::kInt64: return AddInto<uint64_t>(acc, x, count);
-    case DType::kBFloat16: return;  // Rejected before any data moves.
+    case DType::kFloat32:
+      return AddInto<float>(acc, x, count);
+    case DType::kFloat64:
+      return AddInto<double>(acc, x, count);
+    case DType::kInt64:
+      return AddInto<uint64_t>(acc, x, count);
+    case DType::kBFloat16:
+      return;  // Rejected before any data moves.
   }
 }
 
 class CpuTransport final : public Transport {
  public:
   CpuTransport(const CpuTransportOptions& options, Mesh mesh)
-      : options_(options), peers_(std::move(mesh.peers)), broken_(options.world_size),
+      : options_(options),
+        peers_(std::move(mesh.peers)),
+        broken_(options.world_size),
         doorman_(std::move(mesh.doorman)) {
     // The listener stays open, its doorman dropping whoever comes, so that a stranger on the
     // published port meets a warning in this rank's log instead of a port the kernel may reuse.
@@ -831,8 +845,8 @@ absl::Status Cancelled() { return absl::CancelledError("transport aborted"); }
 
 absl::Status CpuTransport::CheckCall(int peer, int64_t bytes) const {
   if (peer < 0 || peer >= options_.world_size || peer == options_.rank) {
-    return absl::InvalidArgumentError(absl::StrCat("peer ", peer, " is not another rank of world size ",
-                                                   options_.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer ", peer, " is not another rank of world size ", options_.world_size));
   }
   if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("negative size ", bytes));
   return absl::OkStatus();
@@ -846,15 +860,14 @@ absl::Status CpuTransport::Settle(absl::Status st, int peer) {
         absl::StrCat(st.message(), " (io_timeout ", absl::FormatDuration(options_.io_timeout), ")"));
   }
   absl::MutexLock lock(&broken_mu_);
-  broken_[peer] = absl::FailedPreconditionError(absl::StrCat(
-      "the connection to rank ", peer, " is unusable after an earlier error: ", st.message()));
+  broken_[peer] = absl::FailedPreconditionError(
+      absl::StrCat("the connection to rank ", peer, " is unusable after an earlier error: ", st.message()));
   return st;
 }
 
 absl::Status CpuTransport::WithContext(absl::Status st, const std::string& what) const {
   if (st.ok() || absl::IsCancelled(st)) return st;
-  return absl::Status(st.code(), absl::StrCat("cpu transport rank ", options_.rank, ": ", what, ": ",
-                                              st.message()));
+  return absl::Status(st.code(), absl::StrCat("cpu transport rank ", options_.rank, ": ", what, ": ", st.message()));
 }
 
 // A frame is an 8-byte length, then the bytes; the length lets the receiver catch schedule bugs.
@@ -877,8 +890,8 @@ absl::Status CpuTransport::RecvFrame(void* data, int64_t bytes, int peer) {
   absl::Status st = ReadFull(fd, header, sizeof(header), deadline, PeerName(peer));
   const uint64_t sent = GetU64(header);
   if (st.ok() && sent != static_cast<uint64_t>(bytes)) {
-    st = absl::InternalError(absl::StrCat("rank ", peer, " sent ", sent, " bytes but this rank expected ",
-                                          bytes, " bytes; the two ranks' schedules disagree"));
+    st = absl::InternalError(absl::StrCat("rank ", peer, " sent ", sent, " bytes but this rank expected ", bytes,
+                                          " bytes; the two ranks' schedules disagree"));
   }
   if (st.ok()) st = ReadFull(fd, static_cast<char*>(data), bytes, deadline, PeerName(peer));
   return Settle(std::move(st), peer);
@@ -923,8 +936,8 @@ absl::Status CpuTransport::AllReduceSum(void* data, int64_t count, DType dtype) 
   if (aborted_.load()) return Cancelled();
   const std::string what = absl::StrCat("AllReduceSum of ", count, " ", DTypeName(dtype), " elements");
   if (dtype == DType::kBFloat16) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cpu transport: AllReduceSum of bfloat16 is not supported; reduce in float32"));
+    return absl::UnimplementedError(
+        absl::StrCat("cpu transport: AllReduceSum of bfloat16 is not supported; reduce in float32"));
   }
   if (count < 0 || count > INT64_MAX / 8) {
     return absl::InvalidArgumentError(absl::StrCat("cpu transport: ", what, ": bad count"));
@@ -947,11 +960,10 @@ absl::Status CpuTransport::AllReduceSum(void* data, int64_t count, DType dtype) 
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Transport>> ConnectCpuTransport(const CpuTransportOptions& options,
-                                                               KeyValueStore& kv) {
+absl::StatusOr<std::unique_ptr<Transport>> ConnectCpuTransport(const CpuTransportOptions& options, KeyValueStore& kv) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("cpu transport: rank ", options.rank,
-                                                   " is not in [0, world size ", options.world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu transport: rank ", options.rank, " is not in [0, world size ", options.world_size, ")"));
   }
   if (options.world_size > 1 && options.secret.empty()) {
     return absl::InvalidArgumentError(
@@ -962,8 +974,8 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectCpuTransport(const CpuTranspor
   const Rendezvous rv{options, Fnv1a64(options.key_prefix), start + options.connect_timeout};
   absl::StatusOr<Mesh> mesh = BuildMesh(rv, kv);
   if (!mesh.ok()) return mesh.status();
-  LOG(INFO) << "cpu transport rank " << options.rank << " of " << options.world_size << " ('"
-            << options.key_prefix << "') connected in " << absl::FormatDuration(absl::Now() - start);
+  LOG(INFO) << "cpu transport rank " << options.rank << " of " << options.world_size << " ('" << options.key_prefix
+            << "') connected in " << absl::FormatDuration(absl::Now() - start);
   return std::unique_ptr<Transport>(new CpuTransport(options, std::move(*mesh)));
 }
 

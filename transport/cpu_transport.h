@@ -66,8 +66,7 @@ struct CpuTransportOptions {
 //   CANCELLED          Abort() was called ("transport aborted").
 // AllReduceSum reduces at rank 0 in rank order and broadcasts the result: deterministic and
 // bit-identical on every rank.
-absl::StatusOr<std::unique_ptr<Transport>> ConnectCpuTransport(const CpuTransportOptions& options,
-                                                               KeyValueStore& kv);
+absl::StatusOr<std::unique_ptr<Transport>> ConnectCpuTransport(const CpuTransportOptions& options, KeyValueStore& kv);
 
 }  // namespace stagehand
 

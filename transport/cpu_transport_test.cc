@@ -72,8 +72,7 @@ Transports ConnectAll(int world_size, InMemoryKeyValueStore& kv,
 }
 
 // Runs `body` on every rank at once and returns each rank's status.
-std::vector<absl::Status> RunOnEach(Transports& transports,
-                                    const std::function<absl::Status(Transport&)>& body) {
+std::vector<absl::Status> RunOnEach(Transports& transports, const std::function<absl::Status(Transport&)>& body) {
   std::vector<absl::Status> statuses(transports.size());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < transports.size(); ++r) {
@@ -134,10 +133,8 @@ TEST(InMemoryKeyValueStoreTest, Get_KeySetByAnotherThread_ReturnsValue) {
 
 TEST(CpuTransportTest, Connect_RankOutOfRange_IsInvalidArgument) {
   InMemoryKeyValueStore kv;
-  EXPECT_EQ(ConnectCpuTransport(TestOptions(2, 2), kv).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ConnectCpuTransport(TestOptions(0, 0), kv).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConnectCpuTransport(TestOptions(2, 2), kv).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConnectCpuTransport(TestOptions(0, 0), kv).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CpuTransportTest, Connect_WildcardListenHost_IsInvalidArgument) {
@@ -289,9 +286,8 @@ void ExpectExactFloat32Sum(int world_size) {
   for (int r = 0; r < world_size; ++r) {
     for (int i = 0; i < kCount; ++i) data[r][i] = 0.5f * (r + 1) + i;
   }
-  ExpectAllOk(RunOnEach(ts, [&](Transport& t) {
-    return t.AllReduceSum(data[t.rank()].data(), kCount, DType::kFloat32);
-  }));
+  ExpectAllOk(
+      RunOnEach(ts, [&](Transport& t) { return t.AllReduceSum(data[t.rank()].data(), kCount, DType::kFloat32); }));
   const float ranks_part = 0.25f * world_size * (world_size + 1);
   for (int r = 0; r < world_size; ++r) {
     for (int i = 0; i < kCount; ++i) {
@@ -315,9 +311,8 @@ TEST(CpuTransportTest, AllReduceSum_EightMiBPerRank_DoesNotDeadlock) {
   for (int r = 0; r < kWorld; ++r) {
     for (int64_t i = 0; i < kCount; ++i) data[r][i] = static_cast<float>(i % 1024 + r);
   }
-  ExpectAllOk(RunOnEach(ts, [&](Transport& t) {
-    return t.AllReduceSum(data[t.rank()].data(), kCount, DType::kFloat32);
-  }));
+  ExpectAllOk(
+      RunOnEach(ts, [&](Transport& t) { return t.AllReduceSum(data[t.rank()].data(), kCount, DType::kFloat32); }));
   for (int r = 0; r < kWorld; ++r) {
     for (int64_t i = 0; i < kCount; ++i) {
       ASSERT_EQ(data[r][i], static_cast<float>(kWorld * (i % 1024) + 6)) << "rank " << r << " i " << i;
@@ -332,9 +327,7 @@ TEST(CpuTransportTest, AllReduceSum_Float64ThreeRanks_EveryRankGetsExactSum) {
   // 2^40 plus quarters: exact in float64, lost in float32.
   std::vector<std::vector<double>> data(3);
   for (int r = 0; r < 3; ++r) data[r] = {1099511627776.0 + 0.25 * r, -1.5 * r};
-  ExpectAllOk(RunOnEach(ts, [&](Transport& t) {
-    return t.AllReduceSum(data[t.rank()].data(), 2, DType::kFloat64);
-  }));
+  ExpectAllOk(RunOnEach(ts, [&](Transport& t) { return t.AllReduceSum(data[t.rank()].data(), 2, DType::kFloat64); }));
   for (int r = 0; r < 3; ++r) EXPECT_EQ(data[r], (std::vector<double>{3298534883328.75, -4.5}));
 }
 
@@ -345,9 +338,7 @@ TEST(CpuTransportTest, AllReduceSum_Int64ThreeRanks_EveryRankGetsExactSum) {
   // Beyond 2^53, where a detour through double would round.
   std::vector<std::vector<int64_t>> data = {
       {(int64_t{1} << 60) + 1, -7}, {(int64_t{1} << 60) + 2, 11}, {-(int64_t{1} << 61) + 3, 0}};
-  ExpectAllOk(RunOnEach(ts, [&](Transport& t) {
-    return t.AllReduceSum(data[t.rank()].data(), 2, DType::kInt64);
-  }));
+  ExpectAllOk(RunOnEach(ts, [&](Transport& t) { return t.AllReduceSum(data[t.rank()].data(), 2, DType::kInt64); }));
   for (int r = 0; r < 3; ++r) EXPECT_EQ(data[r], (std::vector<int64_t>{6, 4})) << "rank " << r;
 }
 
@@ -370,9 +361,8 @@ TEST(CpuTransportTest, AllReduceSum_InexactFloats_BitIdenticalOnEveryRankInRankO
   InMemoryKeyValueStore kv;
   Transports ts = ConnectAll(kWorld, kv);
   ASSERT_TRUE(AllConnected(ts));
-  ExpectAllOk(RunOnEach(ts, [&](Transport& t) {
-    return t.AllReduceSum(data[t.rank()].data(), kCount, DType::kFloat32);
-  }));
+  ExpectAllOk(
+      RunOnEach(ts, [&](Transport& t) { return t.AllReduceSum(data[t.rank()].data(), kCount, DType::kFloat32); }));
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(std::memcmp(data[r].data(), expected.data(), kCount * sizeof(float)), 0) << "rank " << r;
   }
@@ -396,8 +386,7 @@ TEST(CpuTransportTest, AllReduceSum_NegativeCount_IsInvalidArgument) {
   Transports ts = ConnectAll(2, kv);
   ASSERT_TRUE(AllConnected(ts));
   float x = 0;
-  for (const absl::Status& st :
-       RunOnEach(ts, [&](Transport& t) { return t.AllReduceSum(&x, -1, DType::kFloat32); })) {
+  for (const absl::Status& st : RunOnEach(ts, [&](Transport& t) { return t.AllReduceSum(&x, -1, DType::kFloat32); })) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   }
 }
@@ -641,7 +630,8 @@ void ExpectExactTraffic(Transports& ts) {
   for (int r = 0; r < world; ++r) data[r] = {1.0 + r, 0.25 * r};
   ExpectAllOk(RunOnEach(ts, [&](Transport& t) { return t.AllReduceSum(data[t.rank()].data(), 2, DType::kFloat64); }));
   const double sum_r = world * (world - 1) / 2.0;
-  for (int r = 0; r < world; ++r) EXPECT_EQ(data[r], (std::vector<double>{world + sum_r, 0.25 * sum_r})) << "rank " << r;
+  for (int r = 0; r < world; ++r)
+    EXPECT_EQ(data[r], (std::vector<double>{world + sum_r, 0.25 * sum_r})) << "rank " << r;
   std::vector<int64_t> got(world, -1);
   ExpectAllOk(RunOnEach(ts, [&](Transport& t) {
     const int64_t mine = 1000 + t.rank();
@@ -835,8 +825,8 @@ TEST(CpuTransportStrangerTest, AfterConnect_StrangersAtListener_AreDroppedAndTra
   std::vector<absl::Status> seen = drops.WaitFor(2);
   ASSERT_EQ(seen.size(), 2u);
   std::vector<absl::StatusCode> codes = {seen[0].code(), seen[1].code()};
-  EXPECT_THAT(codes, ::testing::UnorderedElementsAre(absl::StatusCode::kInvalidArgument,
-                                                     absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(codes,
+              ::testing::UnorderedElementsAre(absl::StatusCode::kInvalidArgument, absl::StatusCode::kAlreadyExists));
   ExpectExactTraffic(ts);
 }
 
@@ -922,8 +912,8 @@ TEST(CpuTransportCollectivesTest, Split_TwoGroupsOfFour_ReduceWithinGroupBesideN
     std::thread neighbours([&] {
       const float mine = 100.0f * r;
       const int peer = replica * 2 + (1 - stage);
-      p2p = t.Group({{true, const_cast<float*>(&mine), sizeof(float), peer},
-                     {false, &from_neighbour[r], sizeof(float), peer}});
+      p2p = t.Group(
+          {{true, const_cast<float*>(&mine), sizeof(float), peer}, {false, &from_neighbour[r], sizeof(float), peer}});
     });
     sums[r] = {1.0f * r, 2.0f * r};
     absl::Status s = (*group)->AllReduceSum(sums[r].data(), 2, DType::kFloat32);
@@ -935,9 +925,9 @@ TEST(CpuTransportCollectivesTest, Split_TwoGroupsOfFour_ReduceWithinGroupBesideN
     neighbours.join();
     return s.ok() ? p2p : s;
   }));
-  EXPECT_EQ(sums[0], (std::vector<float>{2, 4}));   // ranks 0 + 2
+  EXPECT_EQ(sums[0], (std::vector<float>{2, 4}));  // ranks 0 + 2
   EXPECT_EQ(sums[2], (std::vector<float>{2, 4}));
-  EXPECT_EQ(sums[1], (std::vector<float>{4, 8}));   // ranks 1 + 3
+  EXPECT_EQ(sums[1], (std::vector<float>{4, 8}));  // ranks 1 + 3
   EXPECT_EQ(sums[3], (std::vector<float>{4, 8}));
   EXPECT_EQ(gathered[0], (std::vector<float>{4, 6}));  // (1 + 3), (2 + 4)
   EXPECT_EQ(gathered[2], (std::vector<float>{4, 6}));

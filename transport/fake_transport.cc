@@ -11,9 +11,12 @@ namespace stagehand {
 
 std::string ToString(const FakeOp& op) {
   switch (op.kind) {
-    case FakeOp::kSend: return absl::StrCat("rank ", op.rank, " send ", op.bytes, " bytes to ", op.peer);
-    case FakeOp::kRecv: return absl::StrCat("rank ", op.rank, " recv ", op.bytes, " bytes from ", op.peer);
-    case FakeOp::kAllReduce: return absl::StrCat("rank ", op.rank, " all-reduce ", op.bytes, " bytes");
+    case FakeOp::kSend:
+      return absl::StrCat("rank ", op.rank, " send ", op.bytes, " bytes to ", op.peer);
+    case FakeOp::kRecv:
+      return absl::StrCat("rank ", op.rank, " recv ", op.bytes, " bytes from ", op.peer);
+    case FakeOp::kAllReduce:
+      return absl::StrCat("rank ", op.rank, " all-reduce ", op.bytes, " bytes");
   }
   return "?";
 }
@@ -49,9 +52,9 @@ void FakeFabric::MatchLocked(const Channel& c) {
     recvs.pop_front();
     s->done = r->done = true;
     if (s->bytes != r->bytes) {
-      const absl::Status st = absl::InvalidArgumentError(absl::StrCat(
-          "rank ", s->rank, " sends ", s->bytes, " bytes to rank ", r->rank, ", which receives ", r->bytes,
-          " bytes from it; the two lists disagree on the tensor"));
+      const absl::Status st = absl::InvalidArgumentError(
+          absl::StrCat("rank ", s->rank, " sends ", s->bytes, " bytes to rank ", r->rank, ", which receives ", r->bytes,
+                       " bytes from it; the two lists disagree on the tensor"));
       s->status = r->status = st;
     } else if (s->bytes > 0) {
       std::memcpy(r->data, s->data, s->bytes);
@@ -65,9 +68,8 @@ absl::Status FakeFabric::Post(int rank, const std::vector<Transport::P2POp>& ops
   for (const Transport::P2POp& op : ops) {
     log_.push_back({rank, op.send ? FakeOp::kSend : FakeOp::kRecv, op.peer, op.bytes});
     if (op.peer < 0 || op.peer >= world_size_ || op.peer == rank || op.bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": ", op.send ? "send to" : "recv from",
-                                                     " peer ", op.peer, " of ", op.bytes, " bytes in a world of ",
-                                                     world_size_));
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": ", op.send ? "send to" : "recv from", " peer ",
+                                                     op.peer, " of ", op.bytes, " bytes in a world of ", world_size_));
     }
   }
   if (aborted_[rank]) return absl::CancelledError(absl::StrCat("rank ", rank, ": the transport was aborted"));
@@ -94,9 +96,9 @@ absl::Status FakeFabric::Post(int rank, const std::vector<Transport::P2POp>& ops
     if (changed_.WaitWithDeadline(&mu_, deadline) && !all_done()) {
       for (Pending& p : pending) {
         if (p.done) continue;
-        FailLocked(&p, absl::DeadlineExceededError(absl::StrCat(
-                           Describe(p), " found no match within ", absl::FormatDuration(timeout_),
-                           " (the peer never posted the other end: a deadlocked list, or a test bug)")));
+        FailLocked(&p, absl::DeadlineExceededError(
+                           absl::StrCat(Describe(p), " found no match within ", absl::FormatDuration(timeout_),
+                                        " (the peer never posted the other end: a deadlocked list, or a test bug)")));
       }
     }
   }
@@ -121,10 +123,17 @@ void SumInto(const std::vector<void*>& data, int64_t count) {
 
 absl::Status FakeFabric::ReduceLocked() {
   switch (reduce_dtype_) {
-    case DType::kFloat32: SumInto<float>(reduce_data_, reduce_count_); break;
-    case DType::kFloat64: SumInto<double>(reduce_data_, reduce_count_); break;
-    case DType::kInt64: SumInto<int64_t>(reduce_data_, reduce_count_); break;
-    default: return absl::UnimplementedError("the fake transport sums float32, float64 and int64 only");
+    case DType::kFloat32:
+      SumInto<float>(reduce_data_, reduce_count_);
+      break;
+    case DType::kFloat64:
+      SumInto<double>(reduce_data_, reduce_count_);
+      break;
+    case DType::kInt64:
+      SumInto<int64_t>(reduce_data_, reduce_count_);
+      break;
+    default:
+      return absl::UnimplementedError("the fake transport sums float32, float64 and int64 only");
   }
   return absl::OkStatus();
 }
@@ -141,8 +150,8 @@ absl::Status FakeFabric::AllReduceSum(int rank, void* data, int64_t count, DType
     reduce_dtype_ = dtype;
     reduce_data_.assign(world_size_, nullptr);
   } else if (count != reduce_count_ || dtype != reduce_dtype_) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": all-reduce of ", count,
-                                                   " elements while the others reduce ", reduce_count_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, ": all-reduce of ", count, " elements while the others reduce ", reduce_count_));
   }
   reduce_data_[rank] = data;
   const int64_t round = reduce_round_;
@@ -204,8 +213,8 @@ absl::Status FakeFabric::AwaitBlocked(int rank) {
   const absl::Time deadline = absl::Now() + timeout_;
   while (blocked_[rank] == 0) {
     if (changed_.WaitWithDeadline(&mu_, deadline) && blocked_[rank] == 0) {
-      return absl::DeadlineExceededError(absl::StrCat("rank ", rank, " did not block in a transport call within ",
-                                                      absl::FormatDuration(timeout_)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank ", rank, " did not block in a transport call within ", absl::FormatDuration(timeout_)));
     }
   }
   return absl::OkStatus();

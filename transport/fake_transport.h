@@ -23,7 +23,7 @@ struct FakeOp {
   enum Kind { kSend, kRecv, kAllReduce };
   int rank = -1;
   Kind kind = kSend;
-  int peer = -1;      // -1 for an all-reduce
+  int peer = -1;  // -1 for an all-reduce
   int64_t bytes = 0;
   bool operator==(const FakeOp& o) const {
     return rank == o.rank && kind == o.kind && peer == o.peer && bytes == o.bytes;

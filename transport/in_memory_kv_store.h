@@ -32,9 +32,7 @@ class InMemoryKeyValueStore : public KeyValueStore {
 
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
     absl::MutexLock lock(&mu_);
-    auto present = [this, &key]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return values_.count(key) > 0;
-    };
+    auto present = [this, &key]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return values_.count(key) > 0; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&present), timeout)) {
       return absl::DeadlineExceededError(
           absl::StrCat("key '", key, "' was not set within ", absl::FormatDuration(timeout)));

@@ -22,18 +22,22 @@ absl::Status NcclError(ncclResult_t r, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")"));
 }
 
-#define STAGEHAND_NCCL_RETURN_IF_ERROR(call)                                  \
-  do {                                                                        \
-    ncclResult_t r_ = (call);                                                 \
+#define STAGEHAND_NCCL_RETURN_IF_ERROR(call)                                    \
+  do {                                                                          \
+    ncclResult_t r_ = (call);                                                   \
     if (r_ != ncclSuccess && r_ != ncclInProgress) return NcclError(r_, #call); \
   } while (0)
 
 ncclDataType_t ToNccl(DType d) {
   switch (d) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kInt64: return ncclInt64;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kInt64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
@@ -201,13 +205,12 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(const NcclTransp
     if (absl::Now() > deadline) {
       ncclCommAbort(comm);
       return absl::DeadlineExceededError(absl::StrCat("NCCL communicator not ready within ",
-                                                      absl::FormatDuration(o.init_timeout), " (rank ", o.rank,
-                                                      " of ", o.world_size, "); aborted it"));
+                                                      absl::FormatDuration(o.init_timeout), " (rank ", o.rank, " of ",
+                                                      o.world_size, "); aborted it"));
     }
     absl::SleepFor(absl::Microseconds(200));
   }
-  return std::unique_ptr<Transport>(
-      new NcclTransport(comm, o.rank, o.world_size, static_cast<cudaStream_t>(o.stream)));
+  return std::unique_ptr<Transport>(new NcclTransport(comm, o.rank, o.world_size, static_cast<cudaStream_t>(o.stream)));
 }
 
 }  // namespace stagehand

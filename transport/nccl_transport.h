@@ -15,15 +15,14 @@ namespace stagehand {
 struct NcclTransportOptions {
   int rank = 0;
   int world_size = 1;
-  std::string key_prefix;                     // namespaces the unique id's key (job id, communicator name)
+  std::string key_prefix;                           // namespaces the unique id's key (job id, communicator name)
   absl::Duration init_timeout = absl::Seconds(60);  // unique id exchange plus ncclCommInitRank
-  void* stream = nullptr;                     // the cudaStream_t operations are enqueued on
-  int max_ctas = 0;                           // NCCL's maxCTAs (thread blocks per operation); 0: its default
+  void* stream = nullptr;                           // the cudaStream_t operations are enqueued on
+  int max_ctas = 0;                                 // NCCL's maxCTAs (thread blocks per operation); 0: its default
 };
 
 // Creates the communicator. DEADLINE_EXCEEDED (after aborting it) when it is not ready in time.
-absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(const NcclTransportOptions& options,
-                                                                KeyValueStore& kv);
+absl::StatusOr<std::unique_ptr<Transport>> ConnectNcclTransport(const NcclTransportOptions& options, KeyValueStore& kv);
 
 }  // namespace stagehand
 

@@ -12,10 +12,14 @@ namespace stagehand {
 
 int64_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kBFloat16: return 2;
-    case DType::kInt64: return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kInt64:
+      return 8;
   }
   return 0;  // Unreachable for valid enum values; keeps -Wreturn-type quiet.
 }
@@ -39,10 +43,17 @@ absl::Status CheckSummable(int64_t count, DType dtype, const char* what) {
 
 void Accumulate(void* into, const void* from, int64_t count, DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: AddInto<float>(into, from, count); break;
-    case DType::kFloat64: AddInto<double>(into, from, count); break;
-    case DType::kInt64: AddInto<int64_t>(into, from, count); break;
-    case DType::kBFloat16: break;  // refused by CheckSummable
+    case DType::kFloat32:
+      AddInto<float>(into, from, count);
+      break;
+    case DType::kFloat64:
+      AddInto<double>(into, from, count);
+      break;
+    case DType::kInt64:
+      AddInto<int64_t>(into, from, count);
+      break;
+    case DType::kBFloat16:
+      break;  // refused by CheckSummable
   }
 }
 
@@ -98,8 +109,7 @@ class SubgroupTransport final : public Transport {
  private:
   absl::Status CheckPeer(int peer) const {
     if (peer >= 0 && peer < world_size() && peer != rank_) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat("peer ", peer, " is not another rank of a group of ", world_size()));
+    return absl::InvalidArgumentError(absl::StrCat("peer ", peer, " is not another rank of a group of ", world_size()));
   }
 
   Transport* const parent_;

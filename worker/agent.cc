@@ -71,8 +71,7 @@ void Agent::HeartbeatLoop() {
       Trip(kWorkerExitStopped, std::string(r.status().message()));
     } else if (absl::Now() - last_ok > timeout_) {
       Trip(kWorkerExitLostCoordinator, absl::StrCat("no answer from the coordinator for ",
-                                              absl::FormatDuration(timeout_), ": ",
-                                              r.status().message()));
+                                                    absl::FormatDuration(timeout_), ": ", r.status().message()));
     }
   }
 }

@@ -138,7 +138,8 @@ std::string AttentionPrebuild::Finish() {
     }
   }
   std::string line = absl::StrFormat(
-      "attention kernels built ahead of step 0 on %d threads (%s; the start waited %.0f ms for them, %.0f ms after they began)",
+      "attention kernels built ahead of step 0 on %d threads (%s; the start waited %.0f ms for them, %.0f ms after "
+      "they began)",
       threads_.size(), absl::StrJoin(parts, ", "), absl::ToDoubleMilliseconds(waited),
       absl::ToDoubleMilliseconds(join - start_));
   if (!failed.empty()) {

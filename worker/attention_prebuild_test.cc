@@ -35,8 +35,10 @@ TEST(AttentionPrebuild, SizesNoAttentionHas_AreReportedNotRun) {
   ASSERT_NE(p, nullptr);
   const std::string line = p->Finish();
   EXPECT_NE(line.find("on 0 threads"), std::string::npos) << line;
-  EXPECT_NE(line.find("not built (step 0 builds them): forward heads=32 kv=5 d=64 s=2048 causal: not an attention call's sizes"),
-            std::string::npos)
+  EXPECT_NE(
+      line.find(
+          "not built (step 0 builds them): forward heads=32 kv=5 d=64 s=2048 causal: not an attention call's sizes"),
+      std::string::npos)
       << line;
   EXPECT_EQ(p->Finish(), "");  // once
 }
@@ -48,7 +50,9 @@ TEST(AttentionPrebuild, WithoutAGpu_EachKernelIsReportedNotBuilt) {
   ASSERT_NE(p, nullptr);
   const std::string line = p->Finish();
   EXPECT_NE(line.find("on 2 threads"), std::string::npos) << line;
-  EXPECT_NE(line.find("not built (step 0 builds them): forward heads=16 d=128 s=1024 causal packed: "), std::string::npos) << line;
+  EXPECT_NE(line.find("not built (step 0 builds them): forward heads=16 d=128 s=1024 causal packed: "),
+            std::string::npos)
+      << line;
   EXPECT_NE(line.find("; backward heads=16 d=128 s=1024 causal packed: "), std::string::npos) << line;
 }
 
@@ -79,7 +83,8 @@ TEST(AttentionPrebuildCuda, ForwardOutputs_HaveTheLayoutTheBackwardIsGiven) {
     if (c.packed_qkv) {
       qkv = at::randn({2, c.seq, 3, c.heads, c.head_dim}, o).permute({2, 0, 3, 1, 4}).unbind(0);
     } else {
-      for (int64_t n : {c.heads, c.kv_heads, c.kv_heads}) qkv.push_back(at::randn({2, c.seq, n, c.head_dim}, o).transpose(1, 2));
+      for (int64_t n : {c.heads, c.kv_heads, c.kv_heads})
+        qkv.push_back(at::randn({2, c.seq, n, c.head_dim}, o).transpose(1, 2));
     }
     auto r = at::_scaled_dot_product_cudnn_attention(qkv[0], qkv[1], qkv[2], std::nullopt, true, 0.0, c.causal, false);
     const at::Tensor& out = std::get<0>(r);

@@ -32,24 +32,32 @@ namespace {
 absl::Status ShardVisible(const std::string& path, int rank, int64_t bytes) {
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && (bytes < 0 || st.st_size == bytes)) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "rank ", rank, " wrote ", path, " but rank 0 ",
-      stat(path.c_str(), &st) == 0 ? absl::StrCat("sees ", st.st_size, " bytes of ", bytes)
-                                   : absl::StrCat("cannot see it (", ErrnoText(errno), ")"),
-      ": ranks on several hosts write into one directory, which every host must see at the same path (a "
-      "shared file system): give node 0 a --run_dir (and --export_dir) there"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("rank ", rank, " wrote ", path, " but rank 0 ",
+                   stat(path.c_str(), &st) == 0 ? absl::StrCat("sees ", st.st_size, " bytes of ", bytes)
+                                                : absl::StrCat("cannot see it (", ErrnoText(errno), ")"),
+                   ": ranks on several hosts write into one directory, which every host must see at the same path (a "
+                   "shared file system): give node 0 a --run_dir (and --export_dir) there"));
 }
 
 std::string DtypeName(torch::Dtype d) {
   switch (d) {
-    case torch::kFloat32: return "F32";
-    case torch::kBFloat16: return "BF16";
-    case torch::kFloat16: return "F16";
-    case torch::kFloat64: return "F64";
-    case torch::kInt64: return "I64";
-    case torch::kInt32: return "I32";
-    case torch::kUInt8: return "U8";
-    default: return "";
+    case torch::kFloat32:
+      return "F32";
+    case torch::kBFloat16:
+      return "BF16";
+    case torch::kFloat16:
+      return "F16";
+    case torch::kFloat64:
+      return "F64";
+    case torch::kInt64:
+      return "I64";
+    case torch::kInt32:
+      return "I32";
+    case torch::kUInt8:
+      return "U8";
+    default:
+      return "";
   }
 }
 
@@ -95,7 +103,7 @@ std::vector<std::pair<std::string, torch::Tensor>> StateOf(const Executor& execu
 struct CheckpointWriter::Snapshot {
   int64_t step = 0;
   std::vector<std::string> names;
-  std::vector<torch::Tensor> tensors;  // host copies (host_ on GPUs)
+  std::vector<torch::Tensor> tensors;           // host copies (host_ on GPUs)
   std::shared_ptr<at::cuda::CUDAEvent> copied;  // GPUs: the copies are done once it is
 };
 
@@ -225,8 +233,8 @@ absl::Status CheckpointWriter::CollectShards(int64_t step, std::vector<std::stri
         break;
       }
       if (!absl::IsDeadlineExceeded(v.status()) || absl::Now() > deadline) {
-        return absl::Status(v.status().code(), absl::StrCat("waiting for rank ", r, "'s checkpoint shard of step ", step,
-                                                            ": ", v.status().message()));
+        return absl::Status(v.status().code(), absl::StrCat("waiting for rank ", r, "'s checkpoint shard of step ",
+                                                            step, ": ", v.status().message()));
       }
     }
   }
@@ -290,8 +298,8 @@ absl::StatusOr<int64_t> Restore(const std::string& dir, const Executor& executor
     absl::StatusOr<torch::Tensor> value = load("model/" + name, p);
     if (!value.ok()) return value.status();
     if (!value->defined()) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir, " has no parameter ", name,
-                                                        "; resume a checkpoint of the same model"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", dir, " has no parameter ", name, "; resume a checkpoint of the same model"));
     }
     p.copy_(*value);  // in place: moves the version counter, so derived copies refresh
     if (opt == nullptr) continue;
@@ -391,8 +399,8 @@ absl::Status CollectExportRecords(const CheckpointWriterOptions& o, std::vector<
         break;
       }
       if (!absl::IsDeadlineExceeded(v.status()) || absl::Now() > deadline) {
-        return absl::Status(v.status().code(), absl::StrCat("waiting for rank ", r, "'s export shard: ",
-                                                            v.status().message()));
+        return absl::Status(v.status().code(),
+                            absl::StrCat("waiting for rank ", r, "'s export shard: ", v.status().message()));
       }
     }
   }
@@ -418,8 +426,8 @@ absl::Status FinishExport(const CheckpointWriterOptions& o, const std::string& t
         absl::StrAppend(&map, map.empty() ? "" : ",\n", "    \"", lines[i], "\": \"", lines[0], "\"");
       }
     }
-    const std::string index = absl::StrCat("{\n  \"metadata\": {\"total_size\": ", total, "},\n  \"weight_map\": {\n",
-                                           map, "\n  }\n}\n");
+    const std::string index =
+        absl::StrCat("{\n  \"metadata\": {\"total_size\": ", total, "},\n  \"weight_map\": {\n", map, "\n  }\n}\n");
     if (absl::Status s = WriteFileDurably(tmp + "/" + kExportIndex, index); !s.ok()) return s;
   }
   if (absl::Status s = WriteFileDurably(tmp + "/" + kExportConfig, ExportConfigJson(job.model(), job.model_spec()));
@@ -428,8 +436,9 @@ absl::Status FinishExport(const CheckpointWriterOptions& o, const std::string& t
   }
   if (absl::Status s = SyncDirectory(tmp); !s.ok()) return s;
   if (rename(tmp.c_str(), job.export_dir().c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("renaming ", tmp, " to ", job.export_dir(), ": ", ErrnoText(errno),
-                                            " (did something else create it meanwhile?); the weights are not exported"));
+    return absl::InternalError(
+        absl::StrCat("renaming ", tmp, " to ", job.export_dir(), ": ", ErrnoText(errno),
+                     " (did something else create it meanwhile?); the weights are not exported"));
   }
   return SyncDirectory(ParentOf(job.export_dir()));
 }

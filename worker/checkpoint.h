@@ -29,7 +29,7 @@ struct CheckpointWriterOptions {
   int world_size = 1;
   int first_layer = 0, last_layer = 0;
   std::vector<int> layers_per_stage;
-  KeyValueStore* kv = nullptr;   // needed when world_size > 1
+  KeyValueStore* kv = nullptr;  // needed when world_size > 1
 };
 
 class CheckpointWriter {
@@ -51,9 +51,9 @@ class CheckpointWriter {
   void Join();
 
   const CheckpointWriterOptions o_;
-  std::vector<torch::Tensor> host_;   // reused between checkpoints (pinned on GPUs)
+  std::vector<torch::Tensor> host_;  // reused between checkpoints (pinned on GPUs)
   std::thread thread_;
-  absl::Status last_;                 // the finished write's result (read after the join)
+  absl::Status last_;  // the finished write's result (read after the join)
   std::atomic<bool> cancel_{false};
 };
 

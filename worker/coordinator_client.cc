@@ -156,8 +156,8 @@ absl::StatusOr<std::string> GrpcCoordinatorClient::Get(const std::string& key, a
   request.set_key(key);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   KeyValueGetResponse response;
-  if (absl::Status s = Call(&Coordinator::Stub::KeyValueGet, "KeyValueGet", request, &response,
-                            timeout + kServerAnswersFirst);
+  if (absl::Status s =
+          Call(&Coordinator::Stub::KeyValueGet, "KeyValueGet", request, &response, timeout + kServerAnswersFirst);
       !s.ok()) {
     return s;
   }
@@ -171,7 +171,7 @@ std::unique_ptr<CoordinatorClient> ConnectCoordinator(const std::string& address
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const std::string& address, std::string secret,
-                                                                       const ClientTlsFiles& tls) {
+                                                                      const ClientTlsFiles& tls) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ClientTlsCredentials(tls);
   if (!credentials.ok()) return credentials.status();
   return std::unique_ptr<CoordinatorClient>(

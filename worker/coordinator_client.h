@@ -23,10 +23,8 @@ class CoordinatorClient : public KeyValueStore {
   virtual absl::StatusOr<GetJobResponse> GetJob(absl::Duration timeout) = 0;
   // On success the client keeps the request's worker_index and incarnation to stamp on Set, whose
   // KeyValueStore signature has no room for them.
-  virtual absl::StatusOr<Assignment> Register(const RegisterRequest& request,
-                                              absl::Duration timeout) = 0;
-  virtual absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request,
-                                                      absl::Duration timeout) = 0;
+  virtual absl::StatusOr<Assignment> Register(const RegisterRequest& request, absl::Duration timeout) = 0;
+  virtual absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request, absl::Duration timeout) = 0;
   // Blocks until the job stops (OK, with the reason and its origin) or the call fails. One call at
   // a time; CancelWaitForStop() ends it (and any later one) with CANCELLED, for the worker's exit.
   virtual absl::StatusOr<WaitForStopResponse> WaitForStop(const WaitForStopRequest& request) = 0;
@@ -49,7 +47,7 @@ std::unique_ptr<CoordinatorClient> ConnectCoordinator(const std::string& address
 // The same over TLS with `tls`'s files (mutual TLS with a client certificate: a coordinator of
 // several hosts requires it); plaintext when every path is empty. INVALID_ARGUMENT for a bad file.
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const std::string& address, std::string secret,
-                                                                       const ClientTlsFiles& tls);
+                                                                      const ClientTlsFiles& tls);
 
 }  // namespace stagehand
 

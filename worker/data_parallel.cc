@@ -38,11 +38,15 @@ namespace {
 
 absl::StatusOr<DType> DTypeOf(const torch::Tensor& t) {
   switch (t.scalar_type()) {
-    case torch::kFloat32: return DType::kFloat32;
-    case torch::kFloat64: return DType::kFloat64;
-    case torch::kBFloat16: return DType::kBFloat16;
-    default: return absl::InvalidArgumentError(absl::StrCat("data parallelism: parameters of dtype ",
-                                                            c10::toString(t.scalar_type()), " are not reduced"));
+    case torch::kFloat32:
+      return DType::kFloat32;
+    case torch::kFloat64:
+      return DType::kFloat64;
+    case torch::kBFloat16:
+      return DType::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("data parallelism: parameters of dtype ", c10::toString(t.scalar_type()), " are not reduced"));
   }
 }
 
@@ -245,7 +249,7 @@ int ReplicaOf(const Assignment& a) {
 }
 
 absl::StatusOr<std::unique_ptr<DataParallel>> AttachDataParallel(const Assignment& a, Transport* world,
-                                                                  Executor& executor, Streams* streams) {
+                                                                 Executor& executor, Streams* streams) {
   if (a.replica_group_size() <= 1) return nullptr;
   if (a.job().pipeline().inference()) return nullptr;  // forward only: nothing to average
   if (world == nullptr) return absl::InvalidArgumentError("data parallelism without a transport");

@@ -79,17 +79,17 @@ class DataParallel : public ReplicaSync {
   std::unique_ptr<FusedAdamW> shard_optimizer_;
   // On the CPU the reductions run on a thread while the schedule goes on (a chunk's after the one before).
   std::thread running_;
-  std::vector<absl::Status> results_;                  // reductions done on this thread (GPUs)
+  std::vector<absl::Status> results_;                   // reductions done on this thread (GPUs)
   std::vector<std::shared_ptr<absl::Status>> pending_;  // the threads' results (CPU)
   std::unique_ptr<Transport> owned_group_;              // when made by AttachDataParallel
-  friend absl::StatusOr<std::unique_ptr<DataParallel>> AttachDataParallel(const Assignment&, Transport*,
-                                                                          Executor&, Streams*);
+  friend absl::StatusOr<std::unique_ptr<DataParallel>> AttachDataParallel(const Assignment&, Transport*, Executor&,
+                                                                          Streams*);
 };
 
 // The rank's data parallelism as its Assignment says (null when it has one replica): splits `world`
 // into the replica groups (every rank calls this, at the same point) and hooks into `executor`.
 absl::StatusOr<std::unique_ptr<DataParallel>> AttachDataParallel(const Assignment& assignment, Transport* world,
-                                                                  Executor& executor, Streams* streams);
+                                                                 Executor& executor, Streams* streams);
 // This rank's replica index in its Assignment (0 without data parallelism).
 int ReplicaOf(const Assignment& assignment);
 

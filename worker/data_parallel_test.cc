@@ -74,7 +74,8 @@ std::vector<std::vector<torch::Tensor>> RunReplicas(int replicas, bool shard, in
       Streams streams(false);
       DataParallel dp(o, {params[r]}, group->get(), &streams);
       for (int step = 0; step < steps; ++step) {
-        for (size_t i = 0; i < params[r].size(); ++i) params[r][i].mutable_grad() = GradOf(r, i, params[r][i]) * (step + 1);
+        for (size_t i = 0; i < params[r].size(); ++i)
+          params[r][i].mutable_grad() = GradOf(r, i, params[r][i]) * (step + 1);
         dp.GradientsReady(0);
         ASSERT_TRUE(dp.Step(optimizer).ok());
         optimizer.ZeroGrad();

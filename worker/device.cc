@@ -3,7 +3,6 @@
 
 #include <cuda_runtime_api.h>
 
-
 #include "absl/strings/str_cat.h"
 #include "common/gpu_uuid.h"
 

@@ -74,9 +74,7 @@ class FakeCoordinatorClient : public CoordinatorClient {
   // Wait (up to `timeout`) until that many calls came; true if they did.
   bool AwaitHeartbeats(int count, absl::Duration timeout) const {
     absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return static_cast<int>(heartbeats_.size()) >= count;
-    };
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return static_cast<int>(heartbeats_.size()) >= count; };
     return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
   }
   bool AwaitWaitForStopCalls(int count, absl::Duration timeout) const {

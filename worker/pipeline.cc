@@ -80,9 +80,9 @@ torch::Device DeviceOf(const JobSpec& job) {
 absl::StatusOr<const ModelFamily*> FamilyOf(const JobSpec& job) {
   const ModelFamily* f = FindModelFamily(job.model());
   if (f == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this worker binary has no model family for --model=", job.model(), " (it has ",
-        absl::StrJoin(RegisteredFamilies(), ", "), "); pass --worker_binary=a worker that registers it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("this worker binary has no model family for --model=", job.model(), " (it has ",
+                     absl::StrJoin(RegisteredFamilies(), ", "), "); pass --worker_binary=a worker that registers it"));
   }
   if (absl::Status s = f->Prepare(job); !s.ok()) return s;
   return f;
@@ -115,8 +115,7 @@ bool EvalDue(const JobSpec& job, int64_t steps_done) {
   return steps_done % every == 0 || steps_done == job.steps();
 }
 
-absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const ModelFamily& family, const JobSpec& job, int first,
-                                                 int last) {
+absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const ModelFamily& family, const JobSpec& job, int first, int last) {
   StageOptions o;
   o.job = &job;
   o.first_layer = first;
@@ -134,9 +133,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Stage>>> MakeChunks(const ModelFamily
   std::vector<int> first(a.layers_per_stage_size() + 1, 0);
   for (int s = 0; s < a.layers_per_stage_size(); ++s) first[s + 1] = first[s] + a.layers_per_stage(s);
   if (a.layers_per_stage_size() != schedule.num_stages) {
-    return absl::InvalidArgumentError(absl::StrCat("the assignment splits the model into ",
-                                                   a.layers_per_stage_size(), " stages but its schedule has ",
-                                                   schedule.num_stages));
+    return absl::InvalidArgumentError(absl::StrCat("the assignment splits the model into ", a.layers_per_stage_size(),
+                                                   " stages but its schedule has ", schedule.num_stages));
   }
   std::vector<std::unique_ptr<Stage>> chunks;
   for (int s = 0; s < schedule.num_stages; ++s) {
@@ -174,7 +172,8 @@ absl::Status CheckNodeZeroPaths(const Assignment& a, const std::string& local_di
   if (!job.has_checkpoint_every() && job.resume().empty() && job.export_dir().empty()) return absl::OkStatus();
   auto refuse = [&](const std::string& what) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, " on this host (", HostName(), "): a job on several hosts keeps its checkpoints in node 0's run "
+        what, " on this host (", HostName(),
+        "): a job on several hosts keeps its checkpoints in node 0's run "
         "directory and reads --resume and writes --export_dir by node 0's paths, so every host must see them at the "
         "same path (a shared file system): give node 0 a --run_dir (and --resume, --export_dir) there"));
   };
@@ -291,7 +290,7 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   LOG(INFO) << "parameters: " << parameters << " in this rank's " << executor.chunk_stages().size()
             << (executor.chunk_stages().size() == 1 ? " stage" : " stages");
   const int eval_batches = job.eval_batches() > 0 ? job.eval_batches() : 4;
-  int64_t stop_at = 0;  // the launcher's SIGTERM: a checkpoint after this many steps, then the end
+  int64_t stop_at = 0;         // the launcher's SIGTERM: a checkpoint after this many steps, then the end
   bool stopped_early = false;  // stopped at stop_at, before the last step
   // After the first step every library page this worker needs is mapped: recorded (a few ms, in a
   // thread of its own) for the next launch's readahead (common/readahead.h).
@@ -307,7 +306,8 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
     }
     if (!r.ok()) {
       absl::Status s = r.status();
-      if (executor.failed_action() >= 0) s.SetPayload(kFailedActionPayload, absl::Cord(absl::StrCat(executor.failed_action())));
+      if (executor.failed_action() >= 0)
+        s.SetPayload(kFailedActionPayload, absl::Cord(absl::StrCat(executor.failed_action())));
       return s;
     }
     if (step == 0) {
@@ -347,7 +347,8 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   }
   if (record_readahead) {
     absl::StatusOr<std::string> recorded = readahead.Join();
-    LOG(INFO) << (recorded.ok() ? *recorded : absl::StrCat("library readahead list not written: ", recorded.status().message()));
+    LOG(INFO) << (recorded.ok() ? *recorded
+                                : absl::StrCat("library readahead list not written: ", recorded.status().message()));
   }
   if (writer) {
     if (absl::Status s = writer->Finish(); !s.ok()) return s;
@@ -358,7 +359,8 @@ absl::Status RunPipelineImpl(Assignment a, Transport* transport, const PipelineS
   if (!job.export_dir().empty()) {
     if (absl::Status s = WriteExport(WriterOptions(a, context), executor); !s.ok()) return s;
   }
-  if (job.save_params()) return SaveParams(executor, context.local_dir.empty() ? job.run_dir() : context.local_dir, a.rank());
+  if (job.save_params())
+    return SaveParams(executor, context.local_dir.empty() ? job.run_dir() : context.local_dir, a.rank());
   return absl::OkStatus();
 }
 
@@ -389,8 +391,8 @@ absl::StatusOr<LayerCost> ProfileLayer(const ModelFamily& family, const JobSpec&
   const bool first = layer == 0, last = layer == layers - 1;
   const TensorSpec in = stage.Input(mb);
   const auto options = torch::TensorOptions().dtype(in.dtype).device(device);
-  torch::Tensor input = first ? torch::randint(vocab, in.sizes, options)
-                              : torch::randn(in.sizes, options).requires_grad_(true);
+  torch::Tensor input =
+      first ? torch::randint(vocab, in.sizes, options) : torch::randn(in.sizes, options).requires_grad_(true);
   torch::Tensor targets = torch::randint(vocab, {mb, seq}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   auto forward = [&] { return last ? stage.Loss(stage.Forward(input), targets) : stage.Forward(input); };
   auto both = [&] {
@@ -432,7 +434,12 @@ absl::StatusOr<LayerCost> ProfileLayer(const ModelFamily& family, const JobSpec&
     cost.set_forward_ms(fwd);
     cost.set_backward_ms(std::max(0.0, replay_ms(true) - fwd));
   } else {
-    double fwd = TimeMs([&] { torch::NoGradGuard g; forward(); }, cuda);
+    double fwd = TimeMs(
+        [&] {
+          torch::NoGradGuard g;
+          forward();
+        },
+        cuda);
     cost.set_forward_ms(fwd);
     cost.set_backward_ms(std::max(0.0, TimeMs(both, cuda) - fwd));
   }

@@ -123,10 +123,10 @@ TEST(GpuClock, PerGpuAndKey_RoundTripsBesideTheProfile) {
   std::optional<LoadClock> back = ReadGpuClock(dir, key, "GPU-a");
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->SerializeAsString(), c.SerializeAsString());
-  EXPECT_FALSE(ReadGpuClock(dir, key, "GPU-b").has_value());          // another GPU
-  EXPECT_FALSE(ReadGpuClock(dir, key + " x", "GPU-a").has_value());   // another job's sizes
-  EXPECT_FALSE(ReadCachedProfile(dir, key).has_value());              // not a profile
-  c.set_samples(0);                                                   // an unknown clock is not kept as one
+  EXPECT_FALSE(ReadGpuClock(dir, key, "GPU-b").has_value());         // another GPU
+  EXPECT_FALSE(ReadGpuClock(dir, key + " x", "GPU-a").has_value());  // another job's sizes
+  EXPECT_FALSE(ReadCachedProfile(dir, key).has_value());             // not a profile
+  c.set_samples(0);                                                  // an unknown clock is not kept as one
   ASSERT_TRUE(WriteGpuClock(dir, key, "GPU-a", c).ok());
   EXPECT_FALSE(ReadGpuClock(dir, key, "GPU-a").has_value());
 }

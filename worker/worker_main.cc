@@ -62,8 +62,6 @@ ABSL_FLAG(std::string, tls_key, "", "mutual TLS to the coordinator: the key of -
 namespace stagehand {
 namespace {
 
-
-
 // GPU jobs sample their GPU unless the job says telemetry: false. A GPU NVML cannot read (no driver
 // library, an old driver) runs without telemetry, with one line in the log.
 std::unique_ptr<TelemetrySampler> StartTelemetry(const JobSpec& job, const std::string& uuid) {
@@ -182,16 +180,16 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const Assignment& a, Co
 struct Run {
   CoordinatorClient* client;
   Assignment assignment;
-  int64_t incarnation;  // on every report: the coordinator refuses a replaced worker's
-  std::unique_ptr<Agent> agent;  // heartbeats and watches for the stop while the job runs
-  std::string gpu_uuid;          // GPU jobs: this worker's GPU, for NVML
+  int64_t incarnation;                        // on every report: the coordinator refuses a replaced worker's
+  std::unique_ptr<Agent> agent;               // heartbeats and watches for the stop while the job runs
+  std::string gpu_uuid;                       // GPU jobs: this worker's GPU, for NVML
   std::unique_ptr<TelemetrySampler> sampler;  // GPU jobs with telemetry: samples on its own thread
   // The GPU's clock under load over the steps after the first, kept in the profile cache under this
   // key for the next run's clock-aware partition ("" : not kept).
   std::string clock_dir, clock_key;
   LoadClock run_clock;
   std::function<void()> before_first_step;  // RunPipeline's PipelineContext::before_first_step
-  std::string local_dir;                     // --run_dir: this host's, for its files (PipelineContext)
+  std::string local_dir;                    // --run_dir: this host's, for its files (PipelineContext)
 };
 
 void ReportMilestone(const Run& run, Milestone milestone, absl::Time when) {
@@ -217,29 +215,32 @@ absl::Status RunModel(Run& run, Transport* transport) {
   LOG(INFO) << "stage " << a.stage() << " of " << a.num_stages() << ": pipeline layers [" << a.first_layer() << ", "
             << a.last_layer() << ") (" << a.plan() << ")";
   bool first = true;  // a resumed run's first step is not step 0
-  return RunPipeline(a, a.world_size() > 1 ? transport : nullptr, [&](const StepResult& r) {
-    if (first) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
-    first = false;
-    run.agent->SetSteps(r.step + 1);
-    ReportStepRequest req = StepRequest(run, r.step);
-    // Step 0 captures CUDA graphs and warms up: not the clock the run sustains.
-    if (r.step > 0 && req.has_telemetry()) {
-      const auto& raw = req.telemetry().raw();
-      run.run_clock = CombineClocks(run.run_clock, BusyClock({raw.begin(), raw.end()}, "last run"));
-    }
-    req.set_has_loss(r.has_loss);
-    req.set_loss(r.loss);
-    req.set_step_seconds(r.seconds);
-    req.set_tokens(r.tokens);
-    req.set_peak_memory_bytes(r.peak_memory_bytes);
-    *req.mutable_timing() = r.timing;
-    req.set_has_val_loss(r.has_val_loss);
-    req.set_val_loss(r.val_loss);
-    req.set_parameters(r.parameters);
-    absl::StatusOr<ReportStepResponse> answer = run.client->ReportStep(req);
-    if (!answer.ok()) return absl::StatusOr<StepAnswer>(answer.status());
-    return absl::StatusOr<StepAnswer>(StepAnswer{answer->checkpoint_and_stop_at()});
-  }, PipelineContext{run.client, run.incarnation, run.before_first_step, run.local_dir});
+  return RunPipeline(
+      a, a.world_size() > 1 ? transport : nullptr,
+      [&](const StepResult& r) {
+        if (first) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
+        first = false;
+        run.agent->SetSteps(r.step + 1);
+        ReportStepRequest req = StepRequest(run, r.step);
+        // Step 0 captures CUDA graphs and warms up: not the clock the run sustains.
+        if (r.step > 0 && req.has_telemetry()) {
+          const auto& raw = req.telemetry().raw();
+          run.run_clock = CombineClocks(run.run_clock, BusyClock({raw.begin(), raw.end()}, "last run"));
+        }
+        req.set_has_loss(r.has_loss);
+        req.set_loss(r.loss);
+        req.set_step_seconds(r.seconds);
+        req.set_tokens(r.tokens);
+        req.set_peak_memory_bytes(r.peak_memory_bytes);
+        *req.mutable_timing() = r.timing;
+        req.set_has_val_loss(r.has_val_loss);
+        req.set_val_loss(r.val_loss);
+        req.set_parameters(r.parameters);
+        absl::StatusOr<ReportStepResponse> answer = run.client->ReportStep(req);
+        if (!answer.ok()) return absl::StatusOr<StepAnswer>(answer.status());
+        return absl::StatusOr<StepAnswer>(StepAnswer{answer->checkpoint_and_stop_at()});
+      },
+      PipelineContext{run.client, run.incarnation, run.before_first_step, run.local_dir});
 }
 
 // After a model run that went well: its clock under load, for the next run's partition.
@@ -272,13 +273,14 @@ absl::Status RunJob(Run& run, absl::Time cuda_ready, const std::string& secret) 
   ReportMilestone(run, MILESTONE_NCCL_READY, absl::Now());
   // Started after the communicators, so that the first step's samples are of the run, not of setup.
   run.sampler = StartTelemetry(a.job(), run.gpu_uuid);
-  absl::Status s = IsModelJob(a.job()) ? RunModel(run, transport->get()) : RunAllReduceJob(a, **transport, [&](int64_t step, double secs) {
-    if (step == 0) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
-    run.agent->SetSteps(step + 1);
-    ReportStepRequest r = StepRequest(run, step);
-    r.set_step_seconds(secs);
-    return client.ReportStep(r).status();
-  });
+  absl::Status s = IsModelJob(a.job()) ? RunModel(run, transport->get())
+                                       : RunAllReduceJob(a, **transport, [&](int64_t step, double secs) {
+                                           if (step == 0) ReportMilestone(run, MILESTONE_FIRST_STEP, absl::Now());
+                                           run.agent->SetSteps(step + 1);
+                                           ReportStepRequest r = StepRequest(run, step);
+                                           r.set_step_seconds(secs);
+                                           return client.ReportStep(r).status();
+                                         });
   run.agent->SetTransport(nullptr);
   run.sampler.reset();
   if (IsModelJob(a.job())) KeepRunClock(run, s);
@@ -357,8 +359,7 @@ int Main() {
     if (!run.clock_dir.empty()) run.clock_key = ProfileCacheKey(job->job(), *device);
   }
   run.before_first_step = finish_prebuild;
-  run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(),
-                                      assignment->job().timeouts());
+  run.agent = std::make_unique<Agent>(client, assignment->rank(), req.incarnation(), assignment->job().timeouts());
   absl::Status status = device.ok() ? RunJob(run, cuda_ready, *secret) : device.status();
   if (int code = run.agent->exit_code(); code != 0) {
     LOG(WARNING) << "stopping: " << run.agent->reason();
@@ -391,7 +392,8 @@ void OnSigterm(int, siginfo_t* info, void*) {
     raise(SIGTERM);  // pending until this handler returns, then the default action
     return;
   }
-  static const char kLine[] = "stagehand worker: ignoring a SIGTERM not sent by the launcher (it decides when the workers stop)\n";
+  static const char kLine[] =
+      "stagehand worker: ignoring a SIGTERM not sent by the launcher (it decides when the workers stop)\n";
   (void)!write(STDERR_FILENO, kLine, sizeof kLine - 1);
 }
 

@@ -39,8 +39,8 @@ absl::Status CheckUnused(const ModelSpec& o) {
   }
   for (const auto& [key, value] : o.options()) {
     if (key != kWidthOption) {
-      return absl::InvalidArgumentError(absl::StrCat("--model_option=", key, "=", value,
-                                                     ": mlp-lm has no such option; it knows ", kWidthOption));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model_option=", key, "=", value, ": mlp-lm has no such option; it knows ", kWidthOption));
     }
   }
   return absl::OkStatus();
@@ -48,7 +48,9 @@ absl::Status CheckUnused(const ModelSpec& o) {
 
 absl::Status CheckSizes(const ModelSpec& m) {
   for (auto [name, v, least] : {std::tuple<const char*, int64_t, int64_t>{"vocab", m.vocab(), 2},
-                                {"hidden", m.hidden(), 1}, {"layers", m.layers(), 1}, {"seq", m.seq(), 1}}) {
+                                {"hidden", m.hidden(), 1},
+                                {"layers", m.layers(), 1},
+                                {"seq", m.seq(), 1}}) {
     if (v < least) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, "=", v, ": mlp-lm needs at least ", least));
     }
@@ -102,8 +104,8 @@ class MlpLm final : public ModelDescription {
     return kind == kMlpLmEmbedding ? "embedding" : kind == kMlpLmBlock ? "block" : "head";
   }
   std::string DescribeLayers(const ModelSpec& spec) const override {
-    return absl::StrCat("the embedding, ", Sizes(spec).layers(), " residual MLP blocks, the head: ",
-                        NumLayers(spec), " pipeline layers");
+    return absl::StrCat("the embedding, ", Sizes(spec).layers(), " residual MLP blocks, the head: ", NumLayers(spec),
+                        " pipeline layers");
   }
 
   LayerProfile Estimate(const ModelSpec& spec, int64_t micro_batch) const override {

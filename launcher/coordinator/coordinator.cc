@@ -46,14 +46,11 @@ T AwaitResult(Start start) {
   return *std::move(result);
 }
 
-absl::Status ShuttingDown() {
-  return absl::UnavailableError("the coordinator is shutting down: the job is over");
-}
+absl::Status ShuttingDown() { return absl::UnavailableError("the coordinator is shutting down: the job is over"); }
 
 }  // namespace
 
-CoordinatorState::CoordinatorState(JobSpec job, std::string job_id, std::string secret,
-                                   std::function<absl::Time()> now)
+CoordinatorState::CoordinatorState(JobSpec job, std::string job_id, std::string secret, std::function<absl::Time()> now)
     : job_(std::move(job)),
       job_id_(std::move(job_id)),
       secret_(std::move(secret)),
@@ -81,38 +78,34 @@ absl::Status CoordinatorState::CheckSecret(absl::string_view presented) const {
     }
   }
   if (ok && diff == 0) return absl::OkStatus();
-  return absl::UnauthenticatedError(
-      "wrong job secret; the worker must read the secret the launcher handed it");
+  return absl::UnauthenticatedError("wrong job secret; the worker must read the secret the launcher handed it");
 }
 
 absl::Status CoordinatorState::CheckRank(int rank) const {
   if (rank >= 0 && rank < static_cast<int>(workers_.size())) return absl::OkStatus();
   const int workers = static_cast<int>(workers_.size());
-  return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is out of range: job \"", job_id_,
-                                                 "\" has ", workers, " workers (ranks 0 to ",
-                                                 workers - 1, ")"));
+  return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is out of range: job \"", job_id_, "\" has ", workers,
+                                                 " workers (ranks 0 to ", workers - 1, ")"));
 }
 
 absl::Status CoordinatorState::CheckCaller(int rank, int64_t incarnation) const {
   if (absl::Status s = CheckRank(rank); !s.ok()) return s;
   if (!workers_[rank].registered) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank, " has not registered; Register first"));
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " has not registered; Register first"));
   }
   if (incarnation < workers_[rank].incarnation) return StaleError(rank, incarnation);
   // A newer incarnation than the registered one has not registered: it may not speak for the slot
   // (refresh its heartbeat, record steps, or fail the job) before it does.
   if (incarnation > workers_[rank].incarnation) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " incarnation ", incarnation,
-                                                      " has not registered (incarnation ",
-                                                      workers_[rank].incarnation, " has); Register first"));
+                                                      " has not registered (incarnation ", workers_[rank].incarnation,
+                                                      " has); Register first"));
   }
   return absl::OkStatus();
 }
 
 absl::Status CoordinatorState::StaleError(int rank, int64_t incarnation) const {
-  return absl::AbortedError(absl::StrCat("stale incarnation ", incarnation, ", current ",
-                                         workers_[rank].incarnation,
+  return absl::AbortedError(absl::StrCat("stale incarnation ", incarnation, ", current ", workers_[rank].incarnation,
                                          ": this worker was replaced; exit"));
 }
 
@@ -211,8 +204,7 @@ void CoordinatorState::TimerLoop() {
   }
 }
 
-void CoordinatorState::RegisterAsync(const RegisterRequest& request, absl::Time deadline,
-                                     AssignmentCallback done) {
+void CoordinatorState::RegisterAsync(const RegisterRequest& request, absl::Time deadline, AssignmentCallback done) {
   if (request.job_id() != job_id_) {
     done(absl::InvalidArgumentError(absl::StrCat("worker belongs to job \"", request.job_id(),
                                                  "\" but this coordinator runs job \"", job_id_,
@@ -224,8 +216,7 @@ void CoordinatorState::RegisterAsync(const RegisterRequest& request, absl::Time 
   absl::Status s = CheckRank(request.worker_index());
   if (!s.ok()) s = absl::InvalidArgumentError(absl::StrCat("worker_index: ", s.message()));
   if (s.ok() && stop_reason_) {
-    s = absl::FailedPreconditionError(
-        absl::StrCat("the job is stopping (", *stop_reason_, "); no new registrations"));
+    s = absl::FailedPreconditionError(absl::StrCat("the job is stopping (", *stop_reason_, "); no new registrations"));
   }
   if (s.ok() && shut_down_) s = ShuttingDown();
   if (s.ok()) s = RecordRegistration(request);
@@ -246,8 +237,7 @@ void CoordinatorState::RegisterAsync(const RegisterRequest& request, absl::Time 
   }
 }
 
-absl::StatusOr<Assignment> CoordinatorState::Register(const RegisterRequest& request,
-                                                      absl::Time deadline) {
+absl::StatusOr<Assignment> CoordinatorState::Register(const RegisterRequest& request, absl::Time deadline) {
   return AwaitResult<absl::StatusOr<Assignment>>(
       [&](AssignmentCallback done) { RegisterAsync(request, deadline, std::move(done)); });
 }
@@ -260,14 +250,13 @@ absl::Status CoordinatorState::RecordRegistration(const RegisterRequest& request
     }
     if (request.incarnation() == slot.incarnation) {
       if (request.pid() == slot.pid) return absl::OkStatus();  // a retry: wait again
-      return absl::AlreadyExistsError(absl::StrCat(
-          "worker index ", request.worker_index(), " incarnation ", request.incarnation(),
-          " is already registered by pid ", slot.pid, " (this is pid ", request.pid(),
-          "); a restarted worker must use a higher incarnation"));
+      return absl::AlreadyExistsError(absl::StrCat("worker index ", request.worker_index(), " incarnation ",
+                                                   request.incarnation(), " is already registered by pid ", slot.pid,
+                                                   " (this is pid ", request.pid(),
+                                                   "); a restarted worker must use a higher incarnation"));
     }
-    LOG(INFO) << "worker " << request.worker_index() << " incarnation " << request.incarnation()
-              << " (pid " << request.pid() << ") replaces incarnation " << slot.incarnation
-              << " (pid " << slot.pid << ")";
+    LOG(INFO) << "worker " << request.worker_index() << " incarnation " << request.incarnation() << " (pid "
+              << request.pid() << ") replaces incarnation " << slot.incarnation << " (pid " << slot.pid << ")";
   } else {
     if (request.incarnation() < min_incarnation_) return StaleError(request.worker_index(), request.incarnation());
     ++registered_count_;
@@ -290,8 +279,8 @@ absl::Status CoordinatorState::RecordRegistration(const RegisterRequest& request
   return absl::OkStatus();
 }
 
-std::optional<absl::StatusOr<Assignment>> CoordinatorState::RegistrationResult(
-    int rank, int64_t incarnation, bool expired) {
+std::optional<absl::StatusOr<Assignment>> CoordinatorState::RegistrationResult(int rank, int64_t incarnation,
+                                                                               bool expired) {
   const int workers = static_cast<int>(workers_.size());
   if (workers_[rank].incarnation != incarnation) return StaleError(rank, incarnation);
   if (stop_reason_) return StoppingError();
@@ -309,10 +298,12 @@ std::optional<absl::StatusOr<Assignment>> CoordinatorState::RegistrationResult(
   if (!expired) return std::nullopt;
   std::vector<bool> registered;
   for (const WorkerState& w : workers_) registered.push_back(w.registered);
-  return absl::DeadlineExceededError(absl::StrCat(
-      registered_count_, " of ", workers, " workers registered before the deadline; missing worker "
-      "indices ", MissingIndices(registered), " (see their logs: did they start and reach the "
-      "coordinator?)"));
+  return absl::DeadlineExceededError(absl::StrCat(registered_count_, " of ", workers,
+                                                  " workers registered before the deadline; missing worker "
+                                                  "indices ",
+                                                  MissingIndices(registered),
+                                                  " (see their logs: did they start and reach the "
+                                                  "coordinator?)"));
 }
 
 // The first worker to see the whole world asks whether they may run, for all; a refusal stops the job.
@@ -333,8 +324,7 @@ absl::Status CoordinatorState::Partitioned() {
   if (stop_reason_) return StoppingError();
   absl::StatusOr<Partition> p = partition_fn_(workers_);
   if (!p.ok()) {
-    StopLocked(absl::StrCat("cannot partition the model: ", p.status().message()),
-               "the coordinator");
+    StopLocked(absl::StrCat("cannot partition the model: ", p.status().message()), "the coordinator");
     return absl::Status(p.status().code(), *stop_reason_);
   }
   LOG(INFO) << "partition: " << p->description;
@@ -422,12 +412,11 @@ absl::Status CoordinatorState::KeyValueSet(int rank, int64_t incarnation, const 
       absl::StrCat("key \"", key, "\" is already set to a different value; keys are write-once"));
 }
 
-void CoordinatorState::KeyValueGetAsync(const std::string& key, absl::Time deadline,
-                                        ValueCallback done) {
+void CoordinatorState::KeyValueGetAsync(const std::string& key, absl::Time deadline, ValueCallback done) {
   Completions completions;  // before the lock: runs once it is released
   absl::MutexLock lock(&mu_);
-  auto poll = [this, key](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
-      -> std::optional<absl::StatusOr<std::string>> {
+  auto poll = [this, key](bool expired)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::StatusOr<std::string>> {
     if (stop_reason_) return StoppingError();
     if (auto it = kv_.find(key); it != kv_.end()) return it->second;
     if (shut_down_) return ShuttingDown();
@@ -435,19 +424,18 @@ void CoordinatorState::KeyValueGetAsync(const std::string& key, absl::Time deadl
     return absl::DeadlineExceededError(
         absl::StrCat("key \"", key, "\" was not set before the deadline; did its writer fail?"));
   };
-  AddWaitLocked({deadline, absl::StrCat("k", key), -1,
-                 [poll, done](bool expired) { return Complete(done, poll(expired)); }},
-                completions);
+  AddWaitLocked(
+      {deadline, absl::StrCat("k", key), -1, [poll, done](bool expired) { return Complete(done, poll(expired)); }},
+      completions);
 }
 
-absl::StatusOr<std::string> CoordinatorState::KeyValueGet(const std::string& key,
-                                                          absl::Time deadline) {
+absl::StatusOr<std::string> CoordinatorState::KeyValueGet(const std::string& key, absl::Time deadline) {
   return AwaitResult<absl::StatusOr<std::string>>(
       [&](ValueCallback done) { KeyValueGetAsync(key, deadline, std::move(done)); });
 }
 
-void CoordinatorState::BarrierAsync(const std::string& barrier_id, int rank, int64_t incarnation,
-                                    absl::Time deadline, StatusCallback done) {
+void CoordinatorState::BarrierAsync(const std::string& barrier_id, int rank, int64_t incarnation, absl::Time deadline,
+                                    StatusCallback done) {
   Completions completions;  // before the lock: runs once it is released
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckCaller(rank, incarnation); !s.ok()) {
@@ -461,25 +449,22 @@ void CoordinatorState::BarrierAsync(const std::string& barrier_id, int rank, int
     ++b.count;
   }
   const std::string topic = absl::StrCat("b", barrier_id);
-  AddWaitLocked(
-      {deadline, topic, rank,
-       [this, barrier_id, rank, incarnation, done](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-         return Complete(done, BarrierResult(barrier_id, rank, incarnation, expired));
-       }},
-      completions);
+  AddWaitLocked({deadline, topic, rank,
+                 [this, barrier_id, rank, incarnation, done](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                   return Complete(done, BarrierResult(barrier_id, rank, incarnation, expired));
+                 }},
+                completions);
   if (b.count == static_cast<int>(b.arrived.size())) PollTopicLocked(topic, completions);  // the last
 }
 
-absl::Status CoordinatorState::Barrier(const std::string& barrier_id, int rank,
-                                       int64_t incarnation, absl::Time deadline) {
-  return AwaitResult<absl::Status>([&](StatusCallback done) {
-    BarrierAsync(barrier_id, rank, incarnation, deadline, std::move(done));
-  });
+absl::Status CoordinatorState::Barrier(const std::string& barrier_id, int rank, int64_t incarnation,
+                                       absl::Time deadline) {
+  return AwaitResult<absl::Status>(
+      [&](StatusCallback done) { BarrierAsync(barrier_id, rank, incarnation, deadline, std::move(done)); });
 }
 
-std::optional<absl::Status> CoordinatorState::BarrierResult(const std::string& barrier_id,
-                                                            int rank, int64_t incarnation,
-                                                            bool expired) {
+std::optional<absl::Status> CoordinatorState::BarrierResult(const std::string& barrier_id, int rank,
+                                                            int64_t incarnation, bool expired) {
   if (workers_[rank].incarnation > incarnation) return StaleError(rank, incarnation);
   // Barriers are never erased, and a completed one stays complete: a retry passes at once.
   const BarrierArrivals& b = barriers_.at(barrier_id);
@@ -488,22 +473,20 @@ std::optional<absl::Status> CoordinatorState::BarrierResult(const std::string& b
   if (stop_reason_) return StoppingError();
   if (shut_down_) return ShuttingDown();
   if (!expired) return std::nullopt;
-  return absl::DeadlineExceededError(absl::StrCat(
-      "barrier \"", barrier_id, "\": ", b.count, " of ", arrived.size(),
-      " ranks arrived before the deadline; missing ranks ", MissingIndices(arrived),
-      " (the barrier stays open for them)"));
+  return absl::DeadlineExceededError(absl::StrCat("barrier \"", barrier_id, "\": ", b.count, " of ", arrived.size(),
+                                                  " ranks arrived before the deadline; missing ranks ",
+                                                  MissingIndices(arrived), " (the barrier stays open for them)"));
 }
 
-void CoordinatorState::WaitForStopAsync(int rank, int64_t incarnation, absl::Time deadline,
-                                        StopCallback done) {
+void CoordinatorState::WaitForStopAsync(int rank, int64_t incarnation, absl::Time deadline, StopCallback done) {
   Completions completions;  // before the lock: runs once it is released
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckCaller(rank, incarnation); !s.ok()) {
     completions.Add([done, s] { done(s); });
     return;
   }
-  auto poll = [this, rank, incarnation](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
-      -> std::optional<absl::StatusOr<WaitForStopResponse>> {
+  auto poll = [this, rank, incarnation](bool expired)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::StatusOr<WaitForStopResponse>> {
     // A replaced worker must exit rather than act on the stop of a job it is no longer part of.
     if (workers_[rank].incarnation > incarnation) return StaleError(rank, incarnation);
     if (stop_reason_) {
@@ -514,8 +497,7 @@ void CoordinatorState::WaitForStopAsync(int rank, int64_t incarnation, absl::Tim
     }
     if (shut_down_) return ShuttingDown();
     if (!expired) return std::nullopt;
-    return absl::DeadlineExceededError(
-        "the job did not stop before this call's deadline; call WaitForStop again");
+    return absl::DeadlineExceededError("the job did not stop before this call's deadline; call WaitForStop again");
   };
   AddWaitLocked({deadline, "", rank, [poll, done](bool expired) { return Complete(done, poll(expired)); }},
                 completions);
@@ -540,9 +522,8 @@ absl::StatusOr<HeartbeatResponse> CoordinatorState::Heartbeat(const HeartbeatReq
 absl::Status CoordinatorState::ReportMilestone(const ReportMilestoneRequest& request) {
   const int milestone = request.milestone();
   if (!Milestone_IsValid(milestone) || milestone == MILESTONE_UNSPECIFIED) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown milestone ", milestone, " from rank ", request.rank(),
-                     "; is the worker built from a newer protos/coordinator.proto?"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown milestone ", milestone, " from rank ", request.rank(),
+                                                   "; is the worker built from a newer protos/coordinator.proto?"));
   }
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckCaller(request.rank(), request.incarnation()); !s.ok()) return s;
@@ -605,10 +586,8 @@ absl::Status CoordinatorState::Finish(const FinishRequest& request) {
   slot.steps_done = std::max(slot.steps_done, request.steps_done());
   // The first failure names the root cause; later ones are usually its consequences.
   if (!request.ok() && !stop_reason_) {
-    const std::string origin =
-        absl::StrCat("rank ", request.rank(), " (host ", slot.host, ", pid ", slot.pid, ")");
-    StopLocked(absl::StrCat(origin, " failed after ", slot.steps_done, " steps: ", request.error()),
-               origin);
+    const std::string origin = absl::StrCat("rank ", request.rank(), " (host ", slot.host, ", pid ", slot.pid, ")");
+    StopLocked(absl::StrCat(origin, " failed after ", slot.steps_done, " steps: ", request.error()), origin);
     PollWaitsLocked(completions);
   }
   return absl::OkStatus();
@@ -664,9 +643,7 @@ std::vector<ReportStepRequest> CoordinatorState::Steps() const {
 
 bool CoordinatorState::AwaitPendingWaits(int count, absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
-  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return static_cast<int>(waits_.size()) >= count;
-  };
+  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return static_cast<int>(waits_.size()) >= count; };
   return mu_.AwaitWithDeadline(absl::Condition(&enough), deadline);
 }
 

@@ -42,18 +42,17 @@ struct WorkerState {
   bool assigned = false;
   absl::Time last_heartbeat = absl::InfinitePast();  // coordinator clock; from the assignment on
   int64_t steps_done = 0;
-  absl::Time last_progress = absl::InfinitePast();   // when steps_done last grew (or registration)
-  std::map<int, absl::Time> milestones;              // Milestone -> worker clock time
-  LayerProfile profile;                              // GPT jobs: the model's costs on its device
-  GpuHealth health;                                  // GPU jobs: its GPU's pre-flight readings
-  LoadClock load_clock;                              // GPU jobs with telemetry: its SM clock under load
+  absl::Time last_progress = absl::InfinitePast();  // when steps_done last grew (or registration)
+  std::map<int, absl::Time> milestones;             // Milestone -> worker clock time
+  LayerProfile profile;                             // GPT jobs: the model's costs on its device
+  GpuHealth health;                                 // GPU jobs: its GPU's pre-flight readings
+  LoadClock load_clock;                             // GPU jobs with telemetry: its SM clock under load
   bool finished = false;
   bool ok = false;
   bool failed_before_stop = false;  // reported a failure while the job still ran: a candidate root cause
   std::string error;
   int failed_action = -1;  // the index of the action that failed in its schedule (-1: none or unknown)
 };
-
 
 // One host of a job of several (launcher --nodes=N). Node 0 is the coordinator's own launcher; nodes
 // 1..N-1 are agents that join with RegisterAgent. Ranks are node-major: node 0's first.
@@ -64,12 +63,12 @@ struct NodeState {
   std::string address;  // its address as the coordinator sees it (node 0: the address it serves on)
   std::string machine;  // its kernel's boot id ("" unknown): nodes on one machine share its cores
   int pid = 0;
-  std::string device;   // "cpu" or "cuda"
+  std::string device;  // "cpu" or "cuda"
   int workers = 0;
   std::vector<NodeGpu> gpus;
-  int first_rank = 0;   // once the world is fixed
+  int first_rank = 0;                                // once the world is fixed
   absl::Time last_heartbeat = absl::InfinitePast();  // coordinator clock
-  bool lost = false;    // its agent's connection closed while its workers ran
+  bool lost = false;                                 // its agent's connection closed while its workers ran
   std::string lost_reason;
 };
 
@@ -90,8 +89,8 @@ struct RemoteExit {
 
 // How the model's pipeline layers are split into stages, decided once every worker has registered.
 struct Partition {
-  std::vector<int> layers_per_stage;  // per (virtual) stage of the schedule
-  std::string description;            // for the log and the assignment
+  std::vector<int> layers_per_stage;    // per (virtual) stage of the schedule
+  std::string description;              // for the log and the assignment
   std::vector<RankSchedule> schedules;  // per rank: the action list its Assignment ships
   // Data parallelism: per rank, the ranks that hold its stages, one per replica (empty: one replica).
   std::vector<std::vector<int>> replica_groups;
@@ -131,8 +130,7 @@ class CoordinatorState {
 
   // `now` is the clock for heartbeats and progress (absl::Now in production, a fake in tests).
   // Deadlines of waits are always on the real clock.
-  CoordinatorState(JobSpec job, std::string job_id, std::string secret,
-                   std::function<absl::Time()> now = absl::Now);
+  CoordinatorState(JobSpec job, std::string job_id, std::string secret, std::function<absl::Time()> now = absl::Now);
   ~CoordinatorState();  // ends pending waits as Shutdown() does
   CoordinatorState(const CoordinatorState&) = delete;
   CoordinatorState& operator=(const CoordinatorState&) = delete;
@@ -156,21 +154,19 @@ class CoordinatorState {
   // re-registration with a newer incarnation replaces the slot.
   void RegisterAsync(const RegisterRequest& request, absl::Time deadline, AssignmentCallback done);
   // Write-once; `rank` and `incarnation` name the writer (stale writers are ABORTED).
-  absl::Status KeyValueSet(int rank, int64_t incarnation, const std::string& key,
-                           const std::string& value);
+  absl::Status KeyValueSet(int rank, int64_t incarnation, const std::string& key, const std::string& value);
   // Completes `done` with the key's value once it is set (or `deadline`, or the job stops).
   void KeyValueGetAsync(const std::string& key, absl::Time deadline, ValueCallback done);
   // Enters `rank` into the barrier; completes `done` once every rank has entered it.
-  void BarrierAsync(const std::string& barrier_id, int rank, int64_t incarnation,
-                    absl::Time deadline, StatusCallback done);
+  void BarrierAsync(const std::string& barrier_id, int rank, int64_t incarnation, absl::Time deadline,
+                    StatusCallback done);
   // Completes `done` when the job stops, with the reason and its origin (TSL's PollForError).
   void WaitForStopAsync(int rank, int64_t incarnation, absl::Time deadline, StopCallback done);
 
   // Blocking forms of the waits for in-process callers and tests (the gRPC service uses the above).
   absl::StatusOr<Assignment> Register(const RegisterRequest& request, absl::Time deadline);
   absl::StatusOr<std::string> KeyValueGet(const std::string& key, absl::Time deadline);
-  absl::Status Barrier(const std::string& barrier_id, int rank, int64_t incarnation,
-                       absl::Time deadline);
+  absl::Status Barrier(const std::string& barrier_id, int rank, int64_t incarnation, absl::Time deadline);
 
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
   absl::Status ReportMilestone(const ReportMilestoneRequest& request);
@@ -233,8 +229,8 @@ class CoordinatorState {
   void SetWorld(JobSpec job);
   // RegisterAgent (protos/coordinator.proto): records the node, then completes `done` once the world
   // is fixed (or `deadline`, or the job stops). `peer_address` is the agent's address as seen here.
-  void RegisterAgentAsync(const RegisterAgentRequest& request, const std::string& peer_address,
-                          absl::Time deadline, AgentCallback done);
+  void RegisterAgentAsync(const RegisterAgentRequest& request, const std::string& peer_address, absl::Time deadline,
+                          AgentCallback done);
   absl::StatusOr<AgentHeartbeatResponse> AgentHeartbeat(const AgentHeartbeatRequest& request);
   // A repeat of the same rank's exit is recorded once.
   absl::Status ReportWorkerExit(const ReportWorkerExitRequest& request);
@@ -287,17 +283,13 @@ class CoordinatorState {
   absl::Status StaleError(int rank, int64_t incarnation) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status StoppingError() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Register's steps: fill (or replace, or confirm) the slot; then a wait whose poll answers.
-  absl::Status RecordRegistration(const RegisterRequest& request)
+  absl::Status RecordRegistration(const RegisterRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<absl::StatusOr<Assignment>> RegistrationResult(int rank, int64_t incarnation, bool expired)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<absl::StatusOr<Assignment>> RegistrationResult(int rank, int64_t incarnation,
-                                                               bool expired)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<absl::Status> BarrierResult(const std::string& barrier_id, int rank,
-                                            int64_t incarnation, bool expired)
+  std::optional<absl::Status> BarrierResult(const std::string& barrier_id, int rank, int64_t incarnation, bool expired)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Assignment BuildAssignment(int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StopLocked(const std::string& reason, const std::string& origin)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopLocked(const std::string& reason, const std::string& origin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Partitioned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Admitted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Several hosts: node in range, registered, not of an older incarnation.
@@ -336,15 +328,15 @@ class CoordinatorState {
   std::map<std::string, BarrierArrivals> barriers_ ABSL_GUARDED_BY(mu_);
   std::vector<ReportStepRequest> steps_ ABSL_GUARDED_BY(mu_);
   int64_t checkpoint_and_stop_at_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<NodeSignal> node_signal_ ABSL_GUARDED_BY(mu_);  // not yet taken
-  bool node_signal_seen_ ABSL_GUARDED_BY(mu_) = false;          // only the first is passed on
+  std::optional<NodeSignal> node_signal_ ABSL_GUARDED_BY(mu_);                  // not yet taken
+  bool node_signal_seen_ ABSL_GUARDED_BY(mu_) = false;                          // only the first is passed on
   std::set<std::tuple<int, int64_t, int64_t>> step_keys_ ABSL_GUARDED_BY(mu_);  // rank, inc., step
   std::optional<std::string> stop_reason_ ABSL_GUARDED_BY(mu_);
   std::string stop_origin_ ABSL_GUARDED_BY(mu_);
   std::optional<Partition> partition_ ABSL_GUARDED_BY(mu_);
   bool admitted_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<NodeState> nodes_ ABSL_GUARDED_BY(mu_);  // empty: a job of one host
-  bool world_fixed_ ABSL_GUARDED_BY(mu_) = true;      // false between ExpectNodes(N > 1) and SetWorld
+  bool world_fixed_ ABSL_GUARDED_BY(mu_) = true;       // false between ExpectNodes(N > 1) and SetWorld
   std::map<int, RemoteExit> remote_exits_ ABSL_GUARDED_BY(mu_);
   // What every rank's Assignment has in common (job, world, peers), built once per world: copying
   // it is cheaper than building N of them. Reset when a registration changes the world.

@@ -14,9 +14,7 @@
 namespace stagehand {
 namespace {
 
-absl::Status ShuttingDownError() {
-  return absl::UnavailableError("the coordinator is shutting down: the job is over");
-}
+absl::Status ShuttingDownError() { return absl::UnavailableError("the coordinator is shutting down: the job is over"); }
 
 }  // namespace
 
@@ -81,9 +79,10 @@ void CoordinatorState::SetWorld(JobSpec job) {
 absl::Status CoordinatorState::CheckNode(int node, int64_t incarnation) const {
   const int nodes = static_cast<int>(nodes_.size());
   if (node < 1 || node >= nodes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "node_rank ", node, " is out of range: job \"", job_id_, "\" has ", std::max(nodes, 1), " node",
-        nodes > 1 ? absl::StrCat("s (agents are node ranks 1 to ", nodes - 1, ")") : " (it was not started with --nodes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_rank ", node, " is out of range: job \"", job_id_, "\" has ", std::max(nodes, 1), " node",
+                     nodes > 1 ? absl::StrCat("s (agents are node ranks 1 to ", nodes - 1, ")")
+                               : " (it was not started with --nodes)"));
   }
   const NodeState& n = nodes_[node];
   if (!n.registered) {
@@ -129,8 +128,8 @@ absl::Status CoordinatorState::RecordAgent(const RegisterAgentRequest& request, 
     }
   }
   if (world_fixed_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "node ", node, " joined after the job started; a restarted agent cannot rejoin a running job"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", node, " joined after the job started; a restarted agent cannot rejoin a running job"));
   }
   if (stop_reason_) return StoppingError();
   n = NodeState();
@@ -174,8 +173,8 @@ std::optional<absl::StatusOr<RegisterAgentResponse>> CoordinatorState::AgentResu
   for (int i = 1; i < static_cast<int>(nodes_.size()); ++i) {
     if (!nodes_[i].registered) missing.push_back(i);
   }
-  return absl::DeadlineExceededError(absl::StrCat("not every node joined before the deadline; missing node ranks ",
-                                                  absl::StrJoin(missing, ", ")));
+  return absl::DeadlineExceededError(
+      absl::StrCat("not every node joined before the deadline; missing node ranks ", absl::StrJoin(missing, ", ")));
 }
 
 void CoordinatorState::RegisterAgentAsync(const RegisterAgentRequest& request, const std::string& peer_address,
@@ -225,8 +224,8 @@ absl::Status CoordinatorState::ReportWorkerExit(const ReportWorkerExitRequest& r
   if (absl::Status s = CheckNode(request.node_rank(), request.incarnation()); !s.ok()) return s;
   NodeState& n = nodes_[request.node_rank()];
   if (!world_fixed_ || request.rank() < n.first_rank || request.rank() >= n.first_rank + n.workers) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " is not one of node ",
-                                                   request.node_rank(), "'s ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", request.rank(), " is not one of node ", request.node_rank(), "'s ranks"));
   }
   n.last_heartbeat = now_();  // a report is a sign of life too
   RemoteExit e;
@@ -251,8 +250,8 @@ void CoordinatorState::AgentWaitForStopAsync(int node, int64_t incarnation, absl
     completions.Add([done, s] { done(s); });
     return;
   }
-  auto poll = [this, node, incarnation](bool expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
-      -> std::optional<absl::StatusOr<WaitForStopResponse>> {
+  auto poll = [this, node, incarnation](bool expired)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::StatusOr<WaitForStopResponse>> {
     if (nodes_[node].incarnation != incarnation) return absl::AbortedError("this agent was replaced; exit");
     if (stop_reason_) {
       WaitForStopResponse response;

@@ -118,10 +118,10 @@ CoordinatorService::Reactor* CoordinatorService::KeyValueGet(Context* context, c
                                                              KeyValueGetResponse* response) {
   STAGEHAND_AUTHENTICATE(context);
   Reactor* reactor = context->DefaultReactor();
-  state_->KeyValueGetAsync(request->key(), Deadline(*context, request->timeout_ms()),
-                           [reactor, response](absl::StatusOr<std::string> v) {
-                             FinishWith(reactor, std::move(v), [response](std::string s) { response->set_value(std::move(s)); });
-                           });
+  state_->KeyValueGetAsync(
+      request->key(), Deadline(*context, request->timeout_ms()), [reactor, response](absl::StatusOr<std::string> v) {
+        FinishWith(reactor, std::move(v), [response](std::string s) { response->set_value(std::move(s)); });
+      });
   return reactor;
 }
 
@@ -194,8 +194,10 @@ namespace {
 // workers can be reached at, as this coordinator sees the agent.
 std::string PeerHost(const std::string& peer) {
   std::string p = peer;
-  if (absl::StartsWith(p, "ipv4:")) p = p.substr(5);
-  else if (absl::StartsWith(p, "ipv6:")) p = p.substr(5);
+  if (absl::StartsWith(p, "ipv4:"))
+    p = p.substr(5);
+  else if (absl::StartsWith(p, "ipv6:"))
+    p = p.substr(5);
   const size_t colon = p.rfind(':');
   if (colon != std::string::npos) p = p.substr(0, colon);
   if (p.size() >= 2 && p.front() == '[' && p.back() == ']') p = p.substr(1, p.size() - 2);
@@ -213,7 +215,8 @@ CoordinatorService::Reactor* CoordinatorService::RegisterAgent(Context* context,
     absl::Status s = Authenticate(*context);
     if (!s.ok()) {
       return Finished(context, absl::UnauthenticatedError(absl::StrCat(
-                                   s.message(), "; an agent proves itself with a client certificate (--tls_cert, "
+                                   s.message(),
+                                   "; an agent proves itself with a client certificate (--tls_cert, "
                                    "--tls_key) or, on loopback, with the same --job_token_file as node 0")));
     }
   }
@@ -230,7 +233,8 @@ CoordinatorService::Reactor* CoordinatorService::AgentHeartbeat(Context* context
                                                                 AgentHeartbeatResponse* response) {
   STAGEHAND_AUTHENTICATE(context);
   Reactor* reactor = context->DefaultReactor();
-  FinishWith(reactor, state_->AgentHeartbeat(*request), [response](AgentHeartbeatResponse r) { *response = std::move(r); });
+  FinishWith(reactor, state_->AgentHeartbeat(*request),
+             [response](AgentHeartbeatResponse r) { *response = std::move(r); });
   return reactor;
 }
 
@@ -248,8 +252,8 @@ bool IsLoopbackAddress(const std::string& address) { return LoopbackListenAddres
 absl::StatusOr<std::string> ListenAddress(const std::string& address, bool tls) {
   const std::optional<HostPort> split = SplitHostPort(address);
   if (!split) {
-    return absl::InvalidArgumentError(absl::StrCat("--coordinator_address=", address,
-                                                   ": expected HOST:PORT or [IPv6]:PORT (port 0 picks one)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--coordinator_address=", address, ": expected HOST:PORT or [IPv6]:PORT (port 0 picks one)"));
   }
   absl::StatusOr<ResolvedHost> host = ResolveHost(split->host);
   if (!host.ok()) {
@@ -266,8 +270,7 @@ absl::StatusOr<std::string> ListenAddress(const std::string& address, bool tls) 
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const std::string& address,
-                                                                            CoordinatorState* state,
-                                                                            int max_threads) {
+                                                                            CoordinatorState* state, int max_threads) {
   CoordinatorServerOptions options;
   options.address = address;
   options.max_threads = max_threads;
@@ -287,8 +290,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   }
   absl::StatusOr<std::string> bind = ListenAddress(address, tls);
   if (!bind.ok()) return bind.status();
-  std::unique_ptr<CoordinatorServer> server(
-      new CoordinatorServer(state, std::make_unique<CoordinatorService>(state)));
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer(state, std::make_unique<CoordinatorService>(state)));
   grpc::ServerBuilder builder;
   int bound = 0;
   // The resolved address, not the name: a second resolution could give another answer.

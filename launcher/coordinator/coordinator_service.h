@@ -75,8 +75,7 @@ class CoordinatorServer {
   // `address` is host:port; port 0 picks a free one. Plaintext, so binding anything but loopback is
   // refused: another address is served only over mutual TLS (the options form below, design.md).
   // `max_threads` > 0 caps gRPC's threads (ResourceQuota); tests use it to show waits need none.
-  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const std::string& address,
-                                                                  CoordinatorState* state,
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const std::string& address, CoordinatorState* state,
                                                                   int max_threads = 0);
   // Loopback plaintext, or any address over mutual TLS (options.tls).
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const CoordinatorServerOptions& options,

@@ -36,8 +36,7 @@ absl::Time ShortDeadline() { return absl::Now() + absl::Milliseconds(50); }
 // A waiter that times out and then finds the state changed returns the same code as one that was
 // woken; the time it took tells them apart.
 void ExpectWokenBeforeDeadline(absl::Time start) {
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5))
-      << "the waiter was not woken: it hit its deadline";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the waiter was not woken: it hit its deadline";
 }
 
 JobSpec MakeJob(int workers) {
@@ -284,8 +283,7 @@ TEST_F(CoordinatorTest, Register_SameIncarnationSamePid_IsIdempotentRetry) {
 
 TEST_F(CoordinatorTest, Register_Deadline_NamesMissingIndices) {
   auto state = MakeState(4);
-  EXPECT_EQ(state->Register(MakeRegister(0), ShortDeadline()).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(state->Register(MakeRegister(0), ShortDeadline()).status().code(), absl::StatusCode::kDeadlineExceeded);
   absl::Status s = state->Register(MakeRegister(2), ShortDeadline()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(s.message()), HasSubstr("2 of 4"));
@@ -301,13 +299,11 @@ TEST_F(CoordinatorTest, Register_NewerIncarnation_ReplacesSlotAndAbortsTheWaitin
   };
   const absl::Time start = absl::Now();
   absl::Status old_status;
-  std::thread old_worker(
-      [&] { old_status = state->Register(MakeRegister(0, 1, 100), LongDeadline()).status(); });
+  std::thread old_worker([&] { old_status = state->Register(MakeRegister(0, 1, 100), LongDeadline()).status(); });
   old_recorded.WaitForNotification();
   // The old registration holds the lock until it waits, so this one finds it waiting.
   absl::StatusOr<Assignment> replacement;
-  std::thread new_worker(
-      [&] { replacement = state->Register(MakeRegister(0, 2, 200), LongDeadline()); });
+  std::thread new_worker([&] { replacement = state->Register(MakeRegister(0, 2, 200), LongDeadline()); });
   old_worker.join();
   ExpectWokenBeforeDeadline(start);
   EXPECT_EQ(old_status.code(), absl::StatusCode::kAborted);
@@ -460,8 +456,7 @@ TEST_F(CoordinatorTest, Heartbeat_StaleIncarnation_IsAborted) {
   h.set_incarnation(2);
   absl::Status s = state->Heartbeat(h).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("stale incarnation 2, current 3: this worker was replaced; exit"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("stale incarnation 2, current 3: this worker was replaced; exit"));
   h.set_incarnation(3);
   EXPECT_TRUE(state->Heartbeat(h).ok());
 }
@@ -692,7 +687,6 @@ TEST_F(CoordinatorTest, Stop_Twice_KeepsTheFirstReason) {
   EXPECT_EQ(r->stop_reason(), "first");
 }
 
-
 // --- Incarnations and registration on every report ---
 
 TEST_F(CoordinatorTest, ReportStep_Repeated_IsRecordedOnce) {
@@ -731,8 +725,7 @@ void ReplaceWorkerZero(CoordinatorState& state) {
 
 void ExpectStale(const absl::Status& s) {
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("stale incarnation 1, current 2: this worker was replaced; exit"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("stale incarnation 1, current 2: this worker was replaced; exit"));
 }
 
 TEST_F(CoordinatorTest, ReportStep_StaleIncarnation_IsAborted) {
@@ -765,8 +758,7 @@ TEST_F(CoordinatorTest, ReportMilestoneAndKeyValueSet_StaleIncarnation_AreAborte
   ExpectStale(state->ReportMilestone(m));
   ExpectStale(state->KeyValueSet(0, 1, "k", "v"));
   ExpectStale(state->Barrier("b", 0, 1, LongDeadline()));
-  EXPECT_EQ(state->KeyValueGet("k", ShortDeadline()).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(state->KeyValueGet("k", ShortDeadline()).status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST_F(CoordinatorTest, Heartbeat_UnregisteredRank_IsRefused) {
@@ -841,7 +833,8 @@ TEST_F(CoordinatorTest, Register_AdmissionRefuses_WaitsOnOtherTopicsEndCancelled
   const absl::Time start = absl::Now();
   for (const absl::StatusOr<Assignment>& a : RegisterAll(*state, 2)) {
     // The registration that ran the gate gets its refusal; the waiting one the stop it caused.
-    EXPECT_THAT(a.status().code(), ::testing::AnyOf(absl::StatusCode::kFailedPrecondition, absl::StatusCode::kCancelled))
+    EXPECT_THAT(a.status().code(),
+                ::testing::AnyOf(absl::StatusCode::kFailedPrecondition, absl::StatusCode::kCancelled))
         << a.status();
     EXPECT_THAT(std::string(a.status().message()), HasSubstr("GPU 1 is bad"));
   }
@@ -865,12 +858,10 @@ TEST_F(CoordinatorTest, Reports_UnregisteredRank_AreFailedPrecondition) {
   f.set_incarnation(1);
   f.set_ok(false);
   absl::StatusOr<WaitForStopResponse> stop = absl::UnknownError("not run");
-  state->WaitForStopAsync(1, 1, LongDeadline(),
-                          [&](absl::StatusOr<WaitForStopResponse> r) { stop = std::move(r); });
+  state->WaitForStopAsync(1, 1, LongDeadline(), [&](absl::StatusOr<WaitForStopResponse> r) { stop = std::move(r); });
   for (const absl::Status& s :
-       {state->ReportMilestone(m), state->ReportStep(r), state->Finish(f),
-        state->Barrier("b", 1, 1, LongDeadline()), state->KeyValueSet(1, 1, "k", "v"),
-        stop.status()}) {
+       {state->ReportMilestone(m), state->ReportStep(r), state->Finish(f), state->Barrier("b", 1, 1, LongDeadline()),
+        state->KeyValueSet(1, 1, "k", "v"), stop.status()}) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1 has not registered")) << s;
   }
@@ -947,12 +938,11 @@ TEST_F(CoordinatorTest, WaitForStop_Stop_CompletesEveryPendingWaitWithin100ms) {
   std::vector<absl::StatusOr<WaitForStopResponse>> results;
   absl::Notification all_done;
   for (int i = 0; i < kWorkers * kWaitsPerWorker; ++i) {
-    state->WaitForStopAsync(i % kWorkers, 1, absl::InfiniteFuture(),
-                            [&](absl::StatusOr<WaitForStopResponse> r) {
-                              absl::MutexLock lock(&mu);
-                              results.push_back(std::move(r));
-                              if (results.size() == kWorkers * kWaitsPerWorker) all_done.Notify();
-                            });
+    state->WaitForStopAsync(i % kWorkers, 1, absl::InfiniteFuture(), [&](absl::StatusOr<WaitForStopResponse> r) {
+      absl::MutexLock lock(&mu);
+      results.push_back(std::move(r));
+      if (results.size() == kWorkers * kWaitsPerWorker) all_done.Notify();
+    });
   }
   EXPECT_FALSE(all_done.HasBeenNotified());
   const absl::Time start = absl::Now();
@@ -1008,15 +998,13 @@ TEST_F(CoordinatorTest, Shutdown_PendingWaits_AreUnavailableAndLaterOnesAtOnce) 
   std::vector<absl::Status> results;  // completions run on this thread
   state->RegisterAsync(MakeRegister(0), LongDeadline(),
                        [&](absl::StatusOr<Assignment> a) { results.push_back(a.status()); });
-  state->KeyValueGetAsync("k", LongDeadline(),
-                          [&](absl::StatusOr<std::string> v) { results.push_back(v.status()); });
+  state->KeyValueGetAsync("k", LongDeadline(), [&](absl::StatusOr<std::string> v) { results.push_back(v.status()); });
   state->BarrierAsync("b", 0, 1, LongDeadline(), [&](absl::Status s) { results.push_back(s); });
   state->WaitForStopAsync(0, 1, absl::InfiniteFuture(),
                           [&](absl::StatusOr<WaitForStopResponse> r) { results.push_back(r.status()); });
   EXPECT_TRUE(results.empty());
   state->Shutdown();
-  state->KeyValueGetAsync("k", LongDeadline(),
-                          [&](absl::StatusOr<std::string> v) { results.push_back(v.status()); });
+  state->KeyValueGetAsync("k", LongDeadline(), [&](absl::StatusOr<std::string> v) { results.push_back(v.status()); });
   ASSERT_EQ(results.size(), 5u);
   for (const absl::Status& s : results) EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
@@ -1032,8 +1020,7 @@ class CoordinatorServerTest : public ::testing::Test {
         CoordinatorServer::Start("127.0.0.1:0", state_.get(), max_threads);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
-    stub_ = Coordinator::NewStub(
-        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+    stub_ = Coordinator::NewStub(grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   }
 
   std::unique_ptr<grpc::ClientContext> Context() const {
@@ -1190,8 +1177,8 @@ TEST(LoopbackListenAddressTest, LoopbackAddresses_AreServedNumerically) {
 }
 
 TEST(LoopbackListenAddressTest, NamesAndOtherAddresses_AreRefusedNamingTheFlag) {
-  for (const std::string address : {"127.evil.test:0", "0.0.0.0:0", "[::]:0", "10.1.2.3:0", "128.0.0.1:0",
-                                    "::1:0", "127.0.0.1", "127.0.0.1:70000", "[::1]0", ":0"}) {
+  for (const std::string address : {"127.evil.test:0", "0.0.0.0:0", "[::]:0", "10.1.2.3:0", "128.0.0.1:0", "::1:0",
+                                    "127.0.0.1", "127.0.0.1:70000", "[::1]0", ":0"}) {
     SCOPED_TRACE(address);
     absl::StatusOr<std::string> a = LoopbackListenAddress(address);
     ASSERT_FALSE(a.ok()) << *a;

@@ -25,8 +25,8 @@ TEST(SplitHostPortTest, HostAndBracketedV6_AreSplit) {
 }
 
 TEST(SplitHostPortTest, Malformed_IsNullopt) {
-  for (const char* bad : {"", "10.0.0.1", ":29500", "::1:29500", "[::1]29500", "[::1", "h:", "h:x", "h:-1",
-                          "h:65536", "h:1:2"}) {
+  for (const char* bad :
+       {"", "10.0.0.1", ":29500", "::1:29500", "[::1]29500", "[::1", "h:", "h:x", "h:-1", "h:65536", "h:1:2"}) {
     EXPECT_FALSE(SplitHostPort(bad).has_value()) << bad;
   }
 }
@@ -54,7 +54,8 @@ TEST(IsLoopbackTest, LoopbackRangesOnly) {
     sockaddr_in a = V4(no);
     EXPECT_FALSE(IsLoopback(reinterpret_cast<sockaddr*>(&a))) << no;
   }
-  sockaddr_in6 one = V6("::1"), mapped = V6("::ffff:127.0.0.2"), other = V6("fd00::1"), mapped_out = V6("::ffff:10.0.0.1");
+  sockaddr_in6 one = V6("::1"), mapped = V6("::ffff:127.0.0.2"), other = V6("fd00::1"),
+               mapped_out = V6("::ffff:10.0.0.1");
   EXPECT_TRUE(IsLoopback(reinterpret_cast<sockaddr*>(&one)));
   EXPECT_TRUE(IsLoopback(reinterpret_cast<sockaddr*>(&mapped)));
   EXPECT_FALSE(IsLoopback(reinterpret_cast<sockaddr*>(&other)));

@@ -66,7 +66,8 @@ absl::Status CheckTokenFile(const std::string& path, int64_t seq, int64_t vocab)
   // Opened, then fstat'd: a FIFO opens at once (O_NONBLOCK) and is refused, never read (input_file.h).
   absl::StatusOr<RegularFile> file = OpenRegularFile(path, absl::StrCat("--data=", path));
   if (absl::IsNotFound(file.status())) {
-    return absl::InvalidArgumentError(absl::StrCat(file.status().message(), "; pass a file of uint16 tokens, or drop "
+    return absl::InvalidArgumentError(absl::StrCat(file.status().message(),
+                                                   "; pass a file of uint16 tokens, or drop "
                                                    "--data for the synthetic corpus"));
   }
   if (!file.ok()) return absl::InvalidArgumentError(file.status().message());

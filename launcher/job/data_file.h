@@ -12,7 +12,8 @@ namespace stagehand {
 
 // `path` must be a regular file of little-endian uint16 tokens (nanoGPT's layout): an even byte count,
 // at least seq + 1 tokens (one training window), and, when vocab > 0, every token below vocab; the
-// whole file is scanned (mapped, 8 tokens per SSE2 instruction: about 0.3 s per GB from the page cache). INVALID_ARGUMENT naming
+// whole file is scanned (mapped, 8 tokens per SSE2 instruction: about 0.3 s per GB from the page cache).
+// INVALID_ARGUMENT naming
 // --data, the path and, for a bad token, its position and value.
 absl::Status CheckTokenFile(const std::string& path, int64_t seq, int64_t vocab);
 

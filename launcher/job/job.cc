@@ -125,12 +125,13 @@ void ApplyRequest(const JobRequest& r, JobSpec& spec) { spec.MergeFrom(r.flags);
 
 // Names become a directory under runs/: no separators, no "..", nothing hidden.
 absl::Status CheckName(const std::string& name) {
-  const bool ok = !name.empty() && name.size() <= 64 && name[0] != '.' &&
-                  std::all_of(name.begin(), name.end(), [](char c) {
-                    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-                  });
+  const bool ok =
+      !name.empty() && name.size() <= 64 && name[0] != '.' && std::all_of(name.begin(), name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+      });
   if (ok) return absl::OkStatus();
-  return Invalid(absl::StrCat("name: \"", absl::CHexEscape(name), "\": a job's name names its directory under runs/; "
+  return Invalid(absl::StrCat("name: \"", absl::CHexEscape(name),
+                              "\": a job's name names its directory under runs/; "
                               "use up to 64 of A-Z a-z 0-9 . _ - (not starting with .)"));
 }
 
@@ -162,22 +163,25 @@ absl::Status ResolveEval(JobSpec& spec) {
     return Invalid("--val_fraction evaluates a model during training: drop it (or --inference)");
   }
   if (spec.data().empty() || spec.data() == "synthetic") {
-    return Invalid("--val_fraction holds out the end of a token file, and the synthetic corpus has none: pass "
-                   "--data=FILE or drop --val_fraction");
+    return Invalid(
+        "--val_fraction holds out the end of a token file, and the synthetic corpus has none: pass "
+        "--data=FILE or drop --val_fraction");
   }
   if (spec.data_parallel() > 1) {
     return Invalid("--val_fraction with --data_parallel is not supported yet: drop one of them");
   }
   struct stat st;
-  if (stat(spec.data().c_str(), &st) != 0) return Invalid(absl::StrCat("--data=", spec.data(), ": ", std::strerror(errno)));
+  if (stat(spec.data().c_str(), &st) != 0)
+    return Invalid(absl::StrCat("--data=", spec.data(), ": ", std::strerror(errno)));
   const int64_t tokens = st.st_size / 2, seq = spec.model_spec().seq(), batch = spec.pipeline().global_batch();
-  const int64_t sequences = static_cast<int64_t>(std::floor(static_cast<double>(tokens) * spec.val_fraction())) / (seq + 1);
+  const int64_t sequences =
+      static_cast<int64_t>(std::floor(static_cast<double>(tokens) * spec.val_fraction())) / (seq + 1);
   if (sequences < batch) {
     const double need = std::ceil(1000.0 * static_cast<double>(batch * (seq + 1)) / static_cast<double>(tokens)) / 1000;
-    return Invalid(absl::StrCat("--val_fraction=", spec.val_fraction(), " holds ", sequences, " whole sequences of seq + 1 = ",
-                                seq + 1, " tokens of --data's ", tokens, " tokens, fewer than one evaluation batch (",
-                                "--global_batch=", batch, "); pass --val_fraction=", need, " or more",
-                                need < 1 ? "" : " (the file is too small: use a larger one)"));
+    return Invalid(absl::StrCat(
+        "--val_fraction=", spec.val_fraction(), " holds ", sequences, " whole sequences of seq + 1 = ", seq + 1,
+        " tokens of --data's ", tokens, " tokens, fewer than one evaluation batch (", "--global_batch=", batch,
+        "); pass --val_fraction=", need, " or more", need < 1 ? "" : " (the file is too small: use a larger one)"));
   }
   if (tokens - sequences * (seq + 1) < seq + 1) {
     return Invalid(absl::StrCat("--val_fraction=", spec.val_fraction(), " leaves fewer than seq + 1 = ", seq + 1,
@@ -271,7 +275,8 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
     if (!m.ok()) return m.status();
     *spec.mutable_model_spec() = *std::move(m);
   } else if (!custom_worker) {
-    return Invalid(absl::StrCat("--model=", spec.model(), ": unknown model; known: ", absl::StrJoin(KnownModels(), ", "),
+    return Invalid(absl::StrCat("--model=", spec.model(),
+                                ": unknown model; known: ", absl::StrJoin(KnownModels(), ", "),
                                 "; a model family of your own runs with --worker_binary=YOUR_WORKER "
                                 "(docs/custom_model.md)"));
   }  // else: its worker binary's family resolves the sizes (worker/pipeline.cc)
@@ -298,7 +303,8 @@ absl::Status ResolveModel(JobSpec& spec, bool custom_worker) {
   }
   if (!p.has_global_batch()) p.set_global_batch(std::max<int64_t>(32, p.micro_batches()));
   if (p.partition().empty()) p.set_partition("auto");
-  if (!spec.has_lr()) spec.set_lr(PresetLr(spec.model_spec().preset().empty() ? spec.model() : spec.model_spec().preset()));
+  if (!spec.has_lr())
+    spec.set_lr(PresetLr(spec.model_spec().preset().empty() ? spec.model() : spec.model_spec().preset()));
   return ValidatePipeline(spec);
 }
 
@@ -319,7 +325,7 @@ absl::Status TakeMicroBatchesFromSchedule(const JobRequest& r, JobSpec& spec) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " names micro-batch ", m - 1,
                                 "; a schedule runs at most ", kMaxMicroBatches, " micro-batches"));
   }
-    if (r.flags.pipeline().has_micro_batches() && r.flags.pipeline().micro_batches() != m) {
+  if (r.flags.pipeline().has_micro_batches() && r.flags.pipeline().micro_batches() != m) {
     return Invalid(absl::StrCat("--schedule_file=", r.schedule_file, " runs ", m, " micro-batches but --micro_batches=",
                                 r.flags.pipeline().micro_batches(), "; drop --micro_batches or pass ", m));
   }
@@ -346,12 +352,15 @@ void ChooseDefaultModel(const JobRequest& r, bool steps_given, ResolvedJob& out)
 absl::Status CheckAllReduceFlags(const JobRequest& r, bool model_given, const JobSpec& spec) {
   if (!r.flags.has_tensor_elements() || !IsModelJob(spec)) return absl::OkStatus();
   if (!model_given) {
-    return Invalid(absl::StrCat("--tensor_elements sizes the all-reduce of --model=allreduce, and with no --model "
-                                "this job would train ", spec.model(), " instead: pass --model=allreduce, or drop "
-                                "--tensor_elements"));
+    return Invalid(
+        absl::StrCat("--tensor_elements sizes the all-reduce of --model=allreduce, and with no --model "
+                     "this job would train ",
+                     spec.model(),
+                     " instead: pass --model=allreduce, or drop "
+                     "--tensor_elements"));
   }
-  return Invalid(absl::StrCat("--tensor_elements sizes the all-reduce of --model=allreduce, not --model=",
-                              spec.model(), "'s job: drop --tensor_elements"));
+  return Invalid(absl::StrCat("--tensor_elements sizes the all-reduce of --model=allreduce, not --model=", spec.model(),
+                              "'s job: drop --tensor_elements"));
 }
 
 // What ranges alone cannot say: relations between the merged values, once the defaults are in.
@@ -368,7 +377,8 @@ absl::Status ValidateRelations(const JobSpec& spec) {
   }
   const std::string& h = spec.health();
   if (h != "off" && h != "warn" && h != "strict") {
-    return Invalid(absl::StrCat("--health=", absl::CHexEscape(h), " (or the job file's health:): unknown; use off, "
+    return Invalid(absl::StrCat("--health=", absl::CHexEscape(h),
+                                " (or the job file's health:): unknown; use off, "
                                 "warn (the default) or strict"));
   }
   return absl::OkStatus();
@@ -389,9 +399,9 @@ absl::Status CheckCpuWorkers(int n, const DeviceInventory& inv, std::vector<std:
                                 " or fewer"));
   }
   if (inv.cpu_cores > 0 && n > inv.cpu_cores) {
-    notes.push_back(absl::StrCat("warning: ", n, " CPU workers on ", inv.cpu_cores,
-                                 " cores: they share the cores, so steps are slower than with --workers=",
-                                 inv.cpu_cores));
+    notes.push_back(
+        absl::StrCat("warning: ", n, " CPU workers on ", inv.cpu_cores,
+                     " cores: they share the cores, so steps are slower than with --workers=", inv.cpu_cores));
   }
   return absl::OkStatus();
 }
@@ -428,10 +438,12 @@ absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, Reso
                                 " GPUs: GPU jobs run one worker per GPU; drop --workers or pass --gpus"));
   }
   if (inv.gpus.empty()) {
-    return Invalid(absl::StrCat("asked for GPUs but none is visible (", inv.note, "); pass --device=cpu to run CPU workers"));
+    return Invalid(
+        absl::StrCat("asked for GPUs but none is visible (", inv.note, "); pass --device=cpu to run CPU workers"));
   }
   if (n > static_cast<int>(inv.gpus.size())) {
-    return Invalid(absl::StrCat("asked for ", n, " GPUs but ", Visible(inv), "; pass --gpus=", inv.gpus.size(), " or fewer"));
+    return Invalid(
+        absl::StrCat("asked for ", n, " GPUs but ", Visible(inv), "; pass --gpus=", inv.gpus.size(), " or fewer"));
   }
   spec.set_device("cuda");
   spec.set_workers(n);
@@ -443,14 +455,16 @@ absl::Status ChooseDevices(const JobRequest& r, const DeviceInventory& inv, Reso
 // and worker counts may differ: parameters are matched by name).
 absl::Status SameModel(const std::string& flag, const CheckpointManifest& m, const JobSpec& spec) {
   const ModelSpec &a = m.model_spec(), &b = spec.model_spec();
-  const std::vector<std::tuple<const char*, int64_t, int64_t>> sizes = {
-      {"vocab", a.vocab(), b.vocab()},       {"hidden", a.hidden(), b.hidden()},
-      {"heads", a.heads(), b.heads()},       {"kv_heads", a.kv_heads(), b.kv_heads()},
-      {"ffn_hidden", a.ffn_hidden(), b.ffn_hidden()}, {"layers", a.layers(), b.layers()},
-      {"seq", a.seq(), b.seq()}};
+  const std::vector<std::tuple<const char*, int64_t, int64_t>> sizes = {{"vocab", a.vocab(), b.vocab()},
+                                                                        {"hidden", a.hidden(), b.hidden()},
+                                                                        {"heads", a.heads(), b.heads()},
+                                                                        {"kv_heads", a.kv_heads(), b.kv_heads()},
+                                                                        {"ffn_hidden", a.ffn_hidden(), b.ffn_hidden()},
+                                                                        {"layers", a.layers(), b.layers()},
+                                                                        {"seq", a.seq(), b.seq()}};
   if (a.family() != b.family()) {
-    return Invalid(absl::StrCat(flag, ": the checkpoint is of a ", a.family(), " model (", m.model(), ") but --model=",
-                                spec.model(), " is ", b.family(), "; pass --model=", m.model()));
+    return Invalid(absl::StrCat(flag, ": the checkpoint is of a ", a.family(), " model (", m.model(),
+                                ") but --model=", spec.model(), " is ", b.family(), "; pass --model=", m.model()));
   }
   for (const auto& [name, want, got] : sizes) {
     if (want != got) {
@@ -522,7 +536,8 @@ absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std
   const std::string job_path = run_dir.empty() ? "" : run_dir + "/job.textproto";
   struct stat st;
   if (!job_path.empty() && lstat(job_path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
-    return Invalid(absl::StrCat(flag, ": ", job_path, " is a symbolic link; a run directory's job.textproto is a "
+    return Invalid(absl::StrCat(flag, ": ", job_path,
+                                " is a symbolic link; a run directory's job.textproto is a "
                                 "regular file: resume a run this launcher wrote"));
   }
   if (!job_path.empty() && lstat(job_path.c_str(), &st) == 0) {
@@ -532,7 +547,8 @@ absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std
   } else {
     job.set_seed(manifest.seed());
     job.set_data(manifest.data());
-    notes.push_back(absl::StrCat("--resume: ", found->dir, " has no job.textproto beside it: continuing its model, "
+    notes.push_back(absl::StrCat("--resume: ", found->dir,
+                                 " has no job.textproto beside it: continuing its model, "
                                  "seed and data; the other settings are this run's flags and the defaults"));
   }
   // The model: the checkpoint's, whose parameters these are.
@@ -548,7 +564,8 @@ absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std
       {"hidden", had.has_hidden(), asked.has_hidden(), double(had.hidden()), double(asked.hidden())},
       {"heads", had.has_heads(), asked.has_heads(), double(had.heads()), double(asked.heads())},
       {"kv_heads", had.has_kv_heads(), asked.has_kv_heads(), double(had.kv_heads()), double(asked.kv_heads())},
-      {"ffn_hidden", had.has_ffn_hidden(), asked.has_ffn_hidden(), double(had.ffn_hidden()), double(asked.ffn_hidden())},
+      {"ffn_hidden", had.has_ffn_hidden(), asked.has_ffn_hidden(), double(had.ffn_hidden()),
+       double(asked.ffn_hidden())},
       {"layers", had.has_layers(), asked.has_layers(), double(had.layers()), double(asked.layers())},
       {"seq", had.has_seq(), asked.has_seq(), double(had.seq()), double(asked.seq())},
       {"rope_theta", had.has_rope_theta(), asked.has_rope_theta(), had.rope_theta(), asked.rope_theta()},
@@ -569,9 +586,10 @@ absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std
   model.MergeFrom(asked);  // the sizes agree; the user's kernels, fp32 and options win
   *spec.mutable_model_spec() = std::move(model);
   // The trajectory: the optimizer, the learning-rate schedule, the batch, the seed and the data.
-#define STAGEHAND_SETTING(T, flag, field)                                                              \
-  changes.Setting<T>(flag, spec, job, [](const JobSpec& j) { return j.has_##field(); },              \
-                     [](const JobSpec& j) { return j.field(); }, [](JobSpec& j, auto v) { j.set_##field(v); })
+#define STAGEHAND_SETTING(T, flag, field)                                                                            \
+  changes.Setting<T>(                                                                                                \
+      flag, spec, job, [](const JobSpec& j) { return j.has_##field(); }, [](const JobSpec& j) { return j.field(); }, \
+      [](JobSpec& j, auto v) { j.set_##field(v); })
   STAGEHAND_SETTING(double, "lr", lr);
   STAGEHAND_SETTING(double, "min_lr", min_lr);
   STAGEHAND_SETTING(double, "weight_decay", weight_decay);
@@ -614,7 +632,8 @@ absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std
     // replace it (ResolveExport refuses a directory that exists).
     struct stat exported;
     if (stat(UserPath(job.export_dir()).c_str(), &exported) == 0) {
-      notes.push_back(absl::StrCat("--resume: the job's export ", job.export_dir(), " exists already, so this run "
+      notes.push_back(absl::StrCat("--resume: the job's export ", job.export_dir(),
+                                   " exists already, so this run "
                                    "does not export; pass --export_dir=NEW_DIR to export again"));
     } else {
       spec.set_export_dir(job.export_dir());
@@ -623,8 +642,10 @@ absl::Status CarryResumedJob(const JobRequest& r, JobSpec& spec, std::vector<std
   if (!spec.has_save_params() && job.has_save_params()) spec.set_save_params(job.save_params());
   if (spec.name().empty()) spec.set_name(job.name());
   if (!changes.empty()) {
-    notes.push_back(absl::StrCat("--resume: changed from the checkpointed job, so the run's trajectory differs from "
-                                 "an uninterrupted one: ", changes.Line()));
+    notes.push_back(
+        absl::StrCat("--resume: changed from the checkpointed job, so the run's trajectory differs from "
+                     "an uninterrupted one: ",
+                     changes.Line()));
   }
   return absl::OkStatus();
 }
@@ -668,7 +689,8 @@ absl::Status ResolveExport(ResolvedJob& out) {
   if (!spec.export_dir().empty()) {
     const std::string& dir = spec.export_dir();
     const std::string flag = absl::StrCat("--export_dir=", dir);
-    if (!IsModelJob(spec)) return Invalid(absl::StrCat(flag, ": only a model has weights to export; drop --export_dir"));
+    if (!IsModelJob(spec))
+      return Invalid(absl::StrCat(flag, ": only a model has weights to export; drop --export_dir"));
     if (std::max(1, spec.data_parallel()) > 1) {
       return Invalid(absl::StrCat(flag, " with --data_parallel is not supported yet: drop one of them"));
     }
@@ -736,9 +758,8 @@ absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
 
 // --schedule_file, a regular file of the user's (relative to where they ran `bazel run`), read whole.
 absl::StatusOr<std::string> ReadScheduleText(const JobRequest& request) {
-  absl::StatusOr<std::string> text = ReadRegularFile(UserPath(request.schedule_file),
-                                                     absl::StrCat("--schedule_file=", request.schedule_file),
-                                                     int64_t{64} << 20);
+  absl::StatusOr<std::string> text = ReadRegularFile(
+      UserPath(request.schedule_file), absl::StrCat("--schedule_file=", request.schedule_file), int64_t{64} << 20);
   if (!text.ok()) return Invalid(std::string(text.status().message()));
   return text;
 }
@@ -784,7 +805,8 @@ absl::Status ResolveProgram(const JobRequest& request, JobSpec& spec) {
     }
     if (path.empty()) {
       return Invalid(absl::StrCat("-- ", ClipInput(name), ": no such program on PATH; give its path (-- ./",
-                                  ClipInput(name), ") or the interpreter that runs it (-- python3 ", ClipInput(name), ")"));
+                                  ClipInput(name), ") or the interpreter that runs it (-- python3 ", ClipInput(name),
+                                  ")"));
     }
   } else {
     return Invalid("-- with an empty program name: launcher [flags] -- PROGRAM [ARGS...]");
@@ -793,7 +815,8 @@ absl::Status ResolveProgram(const JobRequest& request, JobSpec& spec) {
   if (stat(path.c_str(), &st) != 0) {
     return Invalid(absl::StrCat("-- ", ClipInput(name), ": ", ClipInput(path), ": ", std::strerror(errno)));
   }
-  if (!S_ISREG(st.st_mode)) return Invalid(absl::StrCat("-- ", ClipInput(name), ": ", ClipInput(path), " is not a file"));
+  if (!S_ISREG(st.st_mode))
+    return Invalid(absl::StrCat("-- ", ClipInput(name), ": ", ClipInput(path), " is not a file"));
   if (access(path.c_str(), X_OK) != 0) {
     return Invalid(absl::StrCat("-- ", ClipInput(name), ": ", ClipInput(path),
                                 " is not executable: chmod +x it, or run it through its interpreter (-- python3 ",
@@ -840,8 +863,9 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   // A program comes from the command line only (-- PROGRAM), never from a job file, a resumed run's
   // job.textproto or a server's submission: a submit token must not make the server a shell.
   if (out.spec.program_size() > 0 || !out.spec.program_cwd().empty()) {
-    return Invalid("the job names a program (its `program` field): a program is given on the launcher's "
-                   "command line only (launcher [flags] -- PROGRAM ARGS); drop the field");
+    return Invalid(
+        "the job names a program (its `program` field): a program is given on the launcher's "
+        "command line only (launcher [flags] -- PROGRAM ARGS); drop the field");
   }
   const bool model_given = !out.spec.model().empty();
   if (!model_given) ChooseDefaultModel(request, steps_given, out);
@@ -876,7 +900,8 @@ absl::StatusOr<ResolvedJob> ResolveHostDevices(const JobRequest& request, const 
   const std::optional<int> workers =
       request.flags.has_workers() ? std::optional<int>(request.flags.workers()) : std::nullopt;
   for (const auto& [flag, n] : {std::pair{"workers", workers}, std::pair{"gpus", request.gpus}}) {
-    if (n && (*n < 1 || *n > kMaxWorkers)) return Invalid(absl::StrCat("--", flag, "=", *n, ": pass 1 to ", kMaxWorkers));
+    if (n && (*n < 1 || *n > kMaxWorkers))
+      return Invalid(absl::StrCat("--", flag, "=", *n, ": pass 1 to ", kMaxWorkers));
   }
   if (request.flags.has_workers()) out.spec.set_workers(request.flags.workers());
   if (!request.flags.device().empty()) out.spec.set_device(request.flags.device());
@@ -913,7 +938,7 @@ int64_t CheckpointAtOrPast(const std::string& run_dir, int64_t step) {
 
 absl::Duration TermCheckpointTimeout(const JobSpec& job) {
   return absl::Milliseconds(job.has_term_checkpoint_timeout_ms() ? job.term_checkpoint_timeout_ms()
-                                                                  : kDefaultTermCheckpointMs);
+                                                                 : kDefaultTermCheckpointMs);
 }
 
 }  // namespace stagehand

@@ -21,18 +21,18 @@ namespace stagehand {
 // (or the default) holds otherwise, and a typed flag wins, bools too (--timing=false over
 // `timing: true`).
 struct JobRequest {
-  std::string job_file;           // protobuf text format JobSpec; "" for none
-  std::optional<JobSpec> spec;    // a JobSpec given whole in place of job_file (a server's submission)
+  std::string job_file;         // protobuf text format JobSpec; "" for none
+  std::optional<JobSpec> spec;  // a JobSpec given whole in place of job_file (a server's submission)
   // The job server's: holds a resumed job's settings, once carried from its run (data, export_dir), to
   // what the submitter may name, before anything reads them. Unset: nothing more is checked.
   std::function<absl::Status(const JobSpec&)> check_resumed;
   // The job options the user typed (job_options.h): merged over the job file, field by field.
   JobSpec flags;
-  std::optional<int> gpus;        // --gpus
-  std::string schedule_file;      // --schedule_file: read into pipeline.schedule_text
+  std::optional<int> gpus;    // --gpus
+  std::string schedule_file;  // --schedule_file: read into pipeline.schedule_text
   // launcher [flags] -- PROGRAM ARGS: a program job (JobSpec.program); empty: stagehand's worker.
   std::vector<std::string> program;
-  bool custom_worker = false;     // --worker_binary given: a model unknown here may be its family's
+  bool custom_worker = false;  // --worker_binary given: a model unknown here may be its family's
   // Several hosts (node 0): the workers of the whole job. --gpus and --workers count this host's,
   // which the devices are checked against; the pipeline is sized by this one.
   std::optional<int> world_workers;
@@ -60,7 +60,7 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
 
 // Hard caps, documented in --help and the README: beyond them a job is refused, not tried.
 inline constexpr int kMaxWorkers = 1024;
-inline constexpr int kCpuWorkersPerCore = 8;              // CPU workers beyond this many per core are refused
+inline constexpr int kCpuWorkersPerCore = 8;  // CPU workers beyond this many per core are refused
 inline constexpr int64_t kMaxSeq = int64_t{1} << 17;
 // The schedule is lowered, checked and simulated before the start, in time that grows with the
 // (stage, micro-batch) pairs of a worker's lists (worse than linearly for 1F1B's grouping of crossing

@@ -10,10 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "launcher/job/job_options.h"
 
-ABSL_FLAG(int, gpus, -1, "GPUs to use, one worker each: the first N visible (default: all visible; "
-                         "with none visible, 2 CPU workers)");
-ABSL_FLAG(std::string, job, "", "a JobSpec in protobuf text format (protos/job.proto); every flag you type "
-                               "overrides its field, bools too (--timing=false over timing: true)");
+ABSL_FLAG(int, gpus, -1,
+          "GPUs to use, one worker each: the first N visible (default: all visible; "
+          "with none visible, 2 CPU workers)");
+ABSL_FLAG(std::string, job, "",
+          "a JobSpec in protobuf text format (protos/job.proto); every flag you type "
+          "overrides its field, bools too (--timing=false over timing: true)");
 ABSL_FLAG(std::string, schedule_file, "",
           "a pipeline schedule as data: one line of actions per rank (\"0F0 0SEND_F0 ...\", see schedule/schedule.h)");
 
@@ -81,10 +83,12 @@ std::vector<FlagGroup> HelpGroups(bool client) {
   }
   for (const auto& [group, title] : topics) groups.push_back({title, members[group]});
   if (!client) {
-    groups.push_back({"Several hosts", {"nodes", "node_rank", "coordinator_address", "coordinator_port", "slurm",
-                                        "job_token_file", "tls_cert", "tls_key", "tls_ca"}});
-    groups.push_back({"Serve (a job server for `client`)",
-                      {"serve", "state_dir", "listen", "job_roots", "new_admin_token", "tls_client_ca", "max_cpu_workers"}});
+    groups.push_back({"Several hosts",
+                      {"nodes", "node_rank", "coordinator_address", "coordinator_port", "slurm", "job_token_file",
+                       "tls_cert", "tls_key", "tls_ca"}});
+    groups.push_back(
+        {"Serve (a job server for `client`)",
+         {"serve", "state_dir", "listen", "job_roots", "new_admin_token", "tls_client_ca", "max_cpu_workers"}});
   }
   return groups;
 }

@@ -60,9 +60,7 @@ const Message* Holder(const JobOption& o, const JobSpec& spec) {
   return m;
 }
 
-std::string Number(double v, bool integer) {
-  return integer ? absl::StrCat(static_cast<int64_t>(v)) : absl::StrCat(v);
-}
+std::string Number(double v, bool integer) { return integer ? absl::StrCat(static_cast<int64_t>(v)) : absl::StrCat(v); }
 
 }  // namespace
 
@@ -224,11 +222,11 @@ absl::Status CheckJobOptionRanges(const JobSpec& spec, const JobSpec& typed, con
     const std::string interval = JobOptionRange(o);
     const std::string value = integer ? absl::StrCat(iv) : absl::StrCat(v);
     if (!o.flag.empty() && HasJobOption(o, typed)) {
-      return Invalid(absl::StrCat("--", o.flag, "=", value, ": out of range; pass --", o.flag, "=", symbol, " with ",
-                                  interval));
+      return Invalid(
+          absl::StrCat("--", o.flag, "=", value, ": out of range; pass --", o.flag, "=", symbol, " with ", interval));
     }
-    return Invalid(absl::StrCat("--job=", job_file, ": ", o.path, ": ", value, " is out of range; write ", o.path,
-                                ": ", symbol, " with ", interval,
+    return Invalid(absl::StrCat("--job=", job_file, ": ", o.path, ": ", value, " is out of range; write ", o.path, ": ",
+                                symbol, " with ", interval,
                                 o.flag.empty() ? "" : absl::StrCat(" (or pass --", o.flag, "=", symbol, ")")));
   }
   return absl::OkStatus();

@@ -17,8 +17,8 @@
 namespace stagehand {
 
 struct JobOption {
-  std::string flag;   // the flag's name ("" for a job-file field only)
-  std::string path;   // the field in a job file: "model_spec.layers"
+  std::string flag;  // the flag's name ("" for a job-file field only)
+  std::string path;  // the field in a job file: "model_spec.layers"
   // From JobSpec down to the field: a field of a message JobSpec holds has two.
   std::vector<const google::protobuf::FieldDescriptor*> fields;
   const FlagOption* option = nullptr;

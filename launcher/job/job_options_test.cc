@@ -24,8 +24,8 @@ const JobOption& Flag(const std::string& name) {
 }
 
 TEST(JobOptionsTest, EveryOptionHasAGroupAndEveryFlagAHelpText) {
-  const std::set<std::string> groups = {"job", "model", "pipeline", "training", "checkpoints", "failure", "gpus",
-                                        "outputs"};
+  const std::set<std::string> groups = {"job",         "model",   "pipeline", "training",
+                                        "checkpoints", "failure", "gpus",     "outputs"};
   std::set<std::string> names;
   for (const JobOption& o : JobOptions()) {
     EXPECT_TRUE(groups.count(o.option->group())) << o.path << ": group \"" << o.option->group() << "\"";
@@ -126,8 +126,8 @@ TEST(JobOptionsTest, RangesNameTheFlagOrTheFieldThatSetIt) {
 
 TEST(JobOptionsTest, ParseFlagsTakesJobOptionsBesideAbseilsFlags) {
   JobFlags job_flags;
-  std::vector<std::string> args = {"launcher", "--steps=5", "--micro-batches", "4", "--nofp32", "--timing",
-                                   "--model_option=x=y", "--gpus=2"};
+  std::vector<std::string> args = {"launcher", "--steps=5", "--micro-batches",    "4",
+                                   "--nofp32", "--timing",  "--model_option=x=y", "--gpus=2"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   absl::StatusOr<ParsedFlags> p = ParseFlags(static_cast<int>(argv.size()), argv.data(), false, &job_flags);

@@ -171,8 +171,9 @@ TEST(JobTest, ResolveJob_TensorElementsWithoutModel_RefusedNamingModelAllreduce)
   r.gpus = 1;
   r.flags.set_steps(1);
   r.flags.set_tensor_elements(1 << 20);
-  ExpectInvalidArgument(ResolveJob(r, Inventory(1)), "with no --model this job would train gpt-1.3b instead: pass "
-                                                     "--model=allreduce, or drop --tensor_elements");
+  ExpectInvalidArgument(ResolveJob(r, Inventory(1)),
+                        "with no --model this job would train gpt-1.3b instead: pass "
+                        "--model=allreduce, or drop --tensor_elements");
   r.flags.set_model("allreduce");
   absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(1));
   ASSERT_TRUE(job.ok()) << job.status();
@@ -482,8 +483,7 @@ TEST(JobTest, ReadJobFile_MissingFile_IsInvalidArgumentNamingPathAndReason) {
   absl::StatusOr<JobSpec> spec = ReadJobFile(path);
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(spec.status().message()),
-              AllOf(HasSubstr(path), HasSubstr("No such file or directory")));
+  EXPECT_THAT(std::string(spec.status().message()), AllOf(HasSubstr(path), HasSubstr("No such file or directory")));
 }
 
 // A directory opens as a stream but reads as nothing; it must not pass as an empty (all-default) job.
@@ -494,7 +494,6 @@ TEST(JobTest, ReadJobFile_Directory_IsInvalidArgumentNamingPath) {
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr(path));
 }
-
 
 // Refusals are one line: the launcher prints them as its only output before exit 2.
 void ExpectOneLineRefusal(const absl::StatusOr<ResolvedJob>& job, const std::string& fragment) {
@@ -514,10 +513,13 @@ struct FlagCase {
 // taken for "unset" (the preset's value) or passed on to the workers.
 TEST(JobTest, ResolveJob_OutOfRangeFlag_IsOneLineNamingFlagAndRange) {
   const std::vector<FlagCase> cases = {
-      {"micro_batches=0", [](JobRequest& r) { r.flags.mutable_pipeline()->set_micro_batches(0); }, "--micro_batches=0: out of range; pass --micro_batches=N with 1 <= N"},
-      {"global_batch=0", [](JobRequest& r) { r.flags.mutable_pipeline()->set_global_batch(0); }, "--global_batch=0: out of range"},
+      {"micro_batches=0", [](JobRequest& r) { r.flags.mutable_pipeline()->set_micro_batches(0); },
+       "--micro_batches=0: out of range; pass --micro_batches=N with 1 <= N"},
+      {"global_batch=0", [](JobRequest& r) { r.flags.mutable_pipeline()->set_global_batch(0); },
+       "--global_batch=0: out of range"},
       {"seq=0", [](JobRequest& r) { r.flags.mutable_model_spec()->set_seq(0); }, "--seq=0: out of range"},
-      {"seq=1000000", [](JobRequest& r) { r.flags.mutable_model_spec()->set_seq(1000000); }, "--seq=1000000: out of range; pass --seq=N with 1 <= N <= 131072"},
+      {"seq=1000000", [](JobRequest& r) { r.flags.mutable_model_spec()->set_seq(1000000); },
+       "--seq=1000000: out of range; pass --seq=N with 1 <= N <= 131072"},
       {"heads=0", [](JobRequest& r) { r.flags.mutable_model_spec()->set_heads(0); }, "--heads=0"},
       {"layers=0", [](JobRequest& r) { r.flags.mutable_model_spec()->set_layers(0); }, "--layers=0"},
       {"vocab=0", [](JobRequest& r) { r.flags.mutable_model_spec()->set_vocab(0); }, "--vocab=0"},
@@ -527,13 +529,18 @@ TEST(JobTest, ResolveJob_OutOfRangeFlag_IsOneLineNamingFlagAndRange) {
       {"lr=nan", [](JobRequest& r) { r.flags.set_lr(std::nan("")); }, "--lr=nan"},
       {"lr=inf", [](JobRequest& r) { r.flags.set_lr(HUGE_VAL); }, "--lr=inf"},
       {"steps=0", [](JobRequest& r) { r.flags.set_steps(0); }, "--steps=0"},
-      {"heartbeat_timeout_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_heartbeat_timeout_ms(0); }, "--heartbeat_timeout_ms=0"},
-      {"register_timeout_ms=-5", [](JobRequest& r) { r.flags.mutable_timeouts()->set_register_ms(-5); }, "--register_timeout_ms=-5"},
+      {"heartbeat_timeout_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_heartbeat_timeout_ms(0); },
+       "--heartbeat_timeout_ms=0"},
+      {"register_timeout_ms=-5", [](JobRequest& r) { r.flags.mutable_timeouts()->set_register_ms(-5); },
+       "--register_timeout_ms=-5"},
       {"grace_period_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_grace_ms(0); }, "--grace_period_ms=0"},
-      {"progress_timeout_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_progress_timeout_ms(0); }, "--progress_timeout_ms=0"},
-      {"nccl_init_timeout_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_nccl_init_ms(0); }, "--nccl_init_timeout_ms=0"},
+      {"progress_timeout_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_progress_timeout_ms(0); },
+       "--progress_timeout_ms=0"},
+      {"nccl_init_timeout_ms=0", [](JobRequest& r) { r.flags.mutable_timeouts()->set_nccl_init_ms(0); },
+       "--nccl_init_timeout_ms=0"},
       {"pipeline_stages=0", [](JobRequest& r) { r.flags.mutable_pipeline()->set_stages(0); }, "--pipeline_stages=0"},
-      {"workers=2147483647", [](JobRequest& r) { r.flags.set_workers(2147483647); }, "--workers=2147483647: out of range"},
+      {"workers=2147483647", [](JobRequest& r) { r.flags.set_workers(2147483647); },
+       "--workers=2147483647: out of range"},
       {"tensor_elements=0", [](JobRequest& r) { r.flags.set_tensor_elements(0); }, "--tensor_elements=0"},
   };
   for (const FlagCase& c : cases) {
@@ -974,7 +981,9 @@ TEST(ResumeTest, CheckpointWithoutJobFile_TakesTheManifestsModelSeedAndData) {
 // once, in one line naming the flag, instead of hanging the launcher.
 TEST(JobTest, ResolveJob_FifoInputs_RefusedAtOnceNamingTheFlag) {
   const std::string fifo = MakeFifo(::testing::TempDir() + "/input.fifo");
-  const auto resolve = [&](JobRequest r) { return WithinTenSeconds(fifo, [&] { return ResolveJob(r, Inventory(0)); }); };
+  const auto resolve = [&](JobRequest r) {
+    return WithinTenSeconds(fifo, [&] { return ResolveJob(r, Inventory(0)); });
+  };
   JobRequest job_file;
   job_file.job_file = fifo;
   ExpectOneLineRefusal(resolve(job_file), "--job=" + fifo + ": not a regular file but a FIFO");
@@ -1020,25 +1029,29 @@ TEST(JobTest, MicroBatches_LargestAcceptedCheckedWithinSeconds_BeyondRefusedNami
     r.flags.set_workers(workers);
     r.flags.set_model("tiny");
     r.flags.mutable_pipeline()->set_schedule(schedule);
-    const int m = static_cast<int>(std::min<int64_t>(kMaxMicroBatches, kMaxPipelinePairs / (workers * DefaultChunks(schedule))));
+    const int m =
+        static_cast<int>(std::min<int64_t>(kMaxMicroBatches, kMaxPipelinePairs / (workers * DefaultChunks(schedule))));
     r.flags.mutable_pipeline()->set_micro_batches(m);
     r.flags.mutable_pipeline()->set_global_batch(m);
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<ResolvedJob> job = ResolveJob(r, Inventory(0));
     ASSERT_TRUE(job.ok()) << schedule << " x " << m << ": " << job.status();
     EXPECT_TRUE(CheckModelJob(job->spec, {}, int64_t{64} << 30).ok()) << schedule;
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15)) << workers << " x " << schedule << " x " << m;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15))
+        << workers << " x " << schedule << " x " << m;
   }
   JobRequest r;
   r.flags.set_device("cpu");
   r.flags.set_model("tiny");
   r.flags.mutable_pipeline()->set_micro_batches(kMaxMicroBatches + 1);
-  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "--micro_batches=1025: out of range; pass --micro_batches=N with 1 <= N <= 1024");
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)),
+                       "--micro_batches=1025: out of range; pass --micro_batches=N with 1 <= N <= 1024");
   r.flags.set_workers(8);
   r.flags.mutable_pipeline()->set_micro_batches(1024);
   r.flags.mutable_pipeline()->set_global_batch(1024);
-  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "more than the 4096 a schedule is checked for before the start; "
-                                                    "pass --micro_batches=512 or fewer");
+  ExpectOneLineRefusal(ResolveJob(r, Inventory(0)),
+                       "more than the 4096 a schedule is checked for before the start; "
+                       "pass --micro_batches=512 or fewer");
   r.flags.set_workers(4);
   r.flags.mutable_pipeline()->set_schedule("interleaved-1f1b");
   ExpectOneLineRefusal(ResolveJob(r, Inventory(0)), "on 4 stages x 2 chunks is 8192");

@@ -82,8 +82,8 @@ bool Numbered(absl::string_view name, absl::string_view prefix, absl::string_vie
 // that a killed launcher may leave). --overwrite removes these and nothing else.
 bool IsOurs(const std::string& name, bool is_dir) {
   if (is_dir) return Numbered(name, "workers_", "");
-  static const char* const kFiles[] = {"job.textproto", "job_id", "steps.csv", "report.json", "trace.json",
-                                       "startup_ledger.tsv", "sweep.csv", "sweep.md", "sweep.svg"};
+  static const char* const kFiles[] = {"job.textproto",      "job_id",    "steps.csv", "report.json", "trace.json",
+                                       "startup_ledger.tsv", "sweep.csv", "sweep.md",  "sweep.svg"};
   for (const char* f : kFiles) {
     if (name == f || name == absl::StrCat(".", f, ".tmp")) return true;
   }
@@ -99,8 +99,8 @@ struct Entry {
 absl::Status ListDir(const std::string& path, std::vector<Entry>& out) {
   DIR* d = opendir(path.c_str());
   if (d == nullptr) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot read the run directory ", path, ": ", std::strerror(errno),
-                                                    "; pass another --run_dir"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot read the run directory ", path, ": ", std::strerror(errno), "; pass another --run_dir"));
   }
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
@@ -121,7 +121,8 @@ absl::Status ForeignEntries(const std::string& path, const std::string& prefix, 
     if (!IsOurs(e.name, e.is_dir)) {
       out.push_back(prefix + e.name);
     } else if (e.is_dir) {
-      if (absl::Status s = ForeignEntries(absl::StrCat(path, "/", e.name), prefix + e.name + "/", out); !s.ok()) return s;
+      if (absl::Status s = ForeignEntries(absl::StrCat(path, "/", e.name), prefix + e.name + "/", out); !s.ok())
+        return s;
     }
   }
   return absl::OkStatus();
@@ -191,7 +192,8 @@ absl::Status MakeDirs(const std::string& path) {
     if (i < path.size() && path[i] != '/') continue;
     std::string prefix = path.substr(0, i);
     if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot create the run directory ", prefix, ": ", std::strerror(errno)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot create the run directory ", prefix, ": ", std::strerror(errno)));
     }
   }
   return absl::OkStatus();
@@ -209,7 +211,8 @@ absl::Status CheckRunDir(const std::string& path, bool overwrite) {
         absl::StrCat("--run_dir=", path, ": ", std::strerror(errno), "; pass a --run_dir you can write in"));
   }
   if (!S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat("--run_dir=", path, " is a file, not a directory; pass a new directory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--run_dir=", path, " is a file, not a directory; pass a new directory"));
   }
   if (int err = ProbeWritable(path); err != 0) {
     return absl::PermissionDeniedError(absl::StrCat("--run_dir=", path, ": cannot write in it: ", std::strerror(err),
@@ -223,8 +226,9 @@ absl::Status CheckRunDir(const std::string& path, bool overwrite) {
   std::sort(names.begin(), names.end());
   if (names.size() > 5) names.resize(5), names.push_back("...");
   if (!overwrite) {
-    return absl::FailedPreconditionError(absl::StrCat("--run_dir=", path, " is not empty (", absl::StrJoin(names, ", "),
-                                                      "); pass --overwrite to replace the run there, or a new directory"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--run_dir=", path, " is not empty (", absl::StrJoin(names, ", "),
+                     "); pass --overwrite to replace the run there, or a new directory"));
   }
   std::vector<std::string> foreign;
   if (absl::Status s = ForeignEntries(path, "", foreign); !s.ok()) return s;
@@ -289,7 +293,8 @@ absl::Status StepsCsv::Write(absl::string_view text) {
   if (int err = WriteAll(fd_, text); err != 0) {
     // Part of a row may have landed: cut back to the last whole one, so every row a reader finds is
     // a row we meant.
-    if (ftruncate(fd_, size_) != 0 || lseek(fd_, size_, SEEK_SET) < 0) { /* the error below stands */ }
+    if (ftruncate(fd_, size_) != 0 || lseek(fd_, size_, SEEK_SET) < 0) { /* the error below stands */
+    }
     return error_ = WriteError(path_, err);
   }
   size_ += static_cast<off_t>(text.size());
@@ -317,8 +322,9 @@ namespace {
 std::string GpuCells(const ReportStepRequest& r) {
   if (!r.has_telemetry()) return std::string(12, ',');  // 13 empty cells
   const StepTelemetry& t = r.telemetry();
-  return absl::StrFormat("%.0f,%.0f,%.0f,%.1f,%.1f,%.0f,%.0f,%s,%.0f,%.3f,%.3f,%.3f,%s", t.sm_mhz_mean(), t.sm_mhz_min(),
-                         t.mem_mhz_mean(), t.power_w_mean(), t.power_w_max(), t.power_limit_w(), t.temperature_c_max(),
+  return absl::StrFormat("%.0f,%.0f,%.0f,%.1f,%.1f,%.0f,%.0f,%s,%.0f,%.3f,%.3f,%.3f,%s", t.sm_mhz_mean(),
+                         t.sm_mhz_min(), t.mem_mhz_mean(), t.power_w_mean(), t.power_w_max(), t.power_limit_w(),
+                         t.temperature_c_max(),
                          t.has_fan_percent_max() ? absl::StrFormat("%.0f", t.fan_percent_max()) : "",
                          t.utilization_percent_mean(), t.power_capped_fraction(), t.thermal_fraction(),
                          t.throttled_fraction(), ThrottleNames(t.throttle_reasons_seen()));
@@ -344,8 +350,8 @@ absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launc
   std::string table = absl::StrCat("# launch_unix_micros=", absl::ToUnixMicros(launch), "\n");
   absl::StrAppend(&table, "rank\tspawned\tcuda_ready\tregistered\tnccl_ready\tfirst_step\n");
   for (const RankLedger& l : ledger) {
-    absl::StrAppend(&table, l.rank, "\t", Seconds(l.spawned), "\t", gpu_only(l.cuda_ready), "\t",
-                    Seconds(l.registered), "\t", gpu_only(l.nccl_ready), "\t", Seconds(l.first_step), "\n");
+    absl::StrAppend(&table, l.rank, "\t", Seconds(l.spawned), "\t", gpu_only(l.cuda_ready), "\t", Seconds(l.registered),
+                    "\t", gpu_only(l.nccl_ready), "\t", Seconds(l.first_step), "\n");
   }
   std::string out = "stagehand: startup ledger (seconds since launch)\n";
   if (gpu) {
@@ -356,9 +362,9 @@ absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launc
   }
   for (const RankLedger& l : ledger) {
     if (gpu) {
-      absl::StrAppend(&out, absl::StrFormat("  %4d %8s %10s %10s %10s %10s\n", l.rank, Seconds(l.spawned),
-                                            Seconds(l.cuda_ready), Seconds(l.registered), Seconds(l.nccl_ready),
-                                            Seconds(l.first_step)));
+      absl::StrAppend(
+          &out, absl::StrFormat("  %4d %8s %10s %10s %10s %10s\n", l.rank, Seconds(l.spawned), Seconds(l.cuda_ready),
+                                Seconds(l.registered), Seconds(l.nccl_ready), Seconds(l.first_step)));
     } else {
       absl::StrAppend(&out, absl::StrFormat("  %4d %8s %10s %10s\n", l.rank, Seconds(l.spawned), Seconds(l.registered),
                                             Seconds(l.first_step)));

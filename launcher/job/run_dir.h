@@ -47,9 +47,9 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 // step's mean and worst), then for jobs with a validation split val_loss and val_ppl (on the rank
 // holding the last stage, after the steps it evaluated; empty elsewhere), then for jobs that may
 // restart (--max_restarts) the worker's incarnation (1, 2, ...: a step a restart ran again appears
-// once more, with the newer incarnation); one row per step report, appended (with write(2), no user-space buffer) as reports arrive, so a launcher
-// killed with SIGKILL leaves every step reported so far. A row is whole or absent: a write that fails
-// part-way is cut back to the last whole row. After a failure every call returns the same error.
+// once more, with the newer incarnation); one row per step report, appended (with write(2), no user-space buffer) as
+// reports arrive, so a launcher killed with SIGKILL leaves every step reported so far. A row is whole or absent: a
+// write that fails part-way is cut back to the last whole row. After a failure every call returns the same error.
 class StepsCsv {
  public:
   StepsCsv() = default;

@@ -87,7 +87,8 @@ TEST(StepsCsv, Append_RowsArePersistedAtOnce) {
   ASSERT_TRUE(csv.Open(path).ok());
   ASSERT_TRUE(csv.Append({Step(0, 0), Step(0, 1)}).ok());
   // Read before Close(): what a launcher killed now would leave.
-  EXPECT_EQ(ReadFile(path), "step,rank,loss,seconds,tokens,peak_memory_bytes\n0,0,,0.250000,64,0\n0,1,,0.250000,64,0\n");
+  EXPECT_EQ(ReadFile(path),
+            "step,rank,loss,seconds,tokens,peak_memory_bytes\n0,0,,0.250000,64,0\n0,1,,0.250000,64,0\n");
   ASSERT_TRUE(csv.Close().ok());
 }
 
@@ -198,8 +199,8 @@ TEST(CheckRunDir, OverwriteWithForeignFile_IsRefused) {
 TEST(PrepareRunDir, Overwrite_RemovesEveryFileOfTheEarlierRun) {
   const std::string dir = NewDir("prepare_overwrite");
   mkdir((dir + "/workers_2").c_str(), 0755);
-  for (const char* f : {"/rank0.log", "/rank3.log", "/steps.csv", "/.report.json.tmp", "/params_rank1.pt",
-                        "/sweep.md", "/workers_2/rank1.log"}) {
+  for (const char* f : {"/rank0.log", "/rank3.log", "/steps.csv", "/.report.json.tmp", "/params_rank1.pt", "/sweep.md",
+                        "/workers_2/rank1.log"}) {
     ASSERT_TRUE(WriteFileAtomically(dir + f, "old").ok()) << f;
   }
   ASSERT_TRUE(CheckRunDir(dir, true).ok());

@@ -26,10 +26,14 @@ using ::testing::Contains;
 using ::testing::Not;
 
 TEST(WorkerEnvironmentFromTest, NcclSocketAndIbSettings_PassThroughUnchanged) {
-  const std::vector<std::string> settings = {
-      "NCCL_SOCKET_IFNAME=eth1,^docker", "NCCL_SOCKET_FAMILY=AF_INET", "NCCL_IB_HCA=mlx5_0:1,mlx5_1:1",
-      "NCCL_IB_DISABLE=1",               "NCCL_DEBUG=INFO",            "NCCL_DEBUG_SUBSYS=INIT,NET",
-      "NCCL_NET_GDR_LEVEL=PHB",          "NCCL_CROSS_NIC=0"};
+  const std::vector<std::string> settings = {"NCCL_SOCKET_IFNAME=eth1,^docker",
+                                             "NCCL_SOCKET_FAMILY=AF_INET",
+                                             "NCCL_IB_HCA=mlx5_0:1,mlx5_1:1",
+                                             "NCCL_IB_DISABLE=1",
+                                             "NCCL_DEBUG=INFO",
+                                             "NCCL_DEBUG_SUBSYS=INIT,NET",
+                                             "NCCL_NET_GDR_LEVEL=PHB",
+                                             "NCCL_CROSS_NIC=0"};
   std::vector<std::string> launcher_env = settings;
   launcher_env.push_back("PATH=/usr/bin");
   const std::vector<std::string> env = WorkerEnvironmentFrom(launcher_env, 2, 8);
@@ -38,10 +42,10 @@ TEST(WorkerEnvironmentFromTest, NcclSocketAndIbSettings_PassThroughUnchanged) {
 }
 
 TEST(WorkerEnvironmentFromTest, PerWorkerAndForcedVariables_AreNotTakenFromTheLauncher) {
-  const std::vector<std::string> env = WorkerEnvironmentFrom(
-      {"CUDA_VISIBLE_DEVICES=0,1", "STAGEHAND_WORKER_INDEX=3", "STAGEHAND_SECRET_FD=9", "NCCL_NVLS_ENABLE=1",
-       "TORCH_SYMM_MEM_DISABLE_MULTICAST=0", "NVSHMEM_DISABLE_NVLS=0"},
-      2, 8);
+  const std::vector<std::string> env =
+      WorkerEnvironmentFrom({"CUDA_VISIBLE_DEVICES=0,1", "STAGEHAND_WORKER_INDEX=3", "STAGEHAND_SECRET_FD=9",
+                             "NCCL_NVLS_ENABLE=1", "TORCH_SYMM_MEM_DISABLE_MULTICAST=0", "NVSHMEM_DISABLE_NVLS=0"},
+                            2, 8);
   EXPECT_THAT(env, Not(Contains("CUDA_VISIBLE_DEVICES=0,1")));
   EXPECT_THAT(env, Not(Contains("STAGEHAND_WORKER_INDEX=3")));
   EXPECT_THAT(env, Not(Contains("STAGEHAND_SECRET_FD=9")));
@@ -79,7 +83,10 @@ TEST(FindProgramModuleDirTest, InTheRunfilesOfWhatRunsTheLauncher) {
   const std::string saved = had != nullptr ? had : "";
   setenv("RUNFILES_DIR", root.c_str(), 1);
   EXPECT_EQ(FindProgramModuleDir(), root + "/stagehand/python");
-  if (had != nullptr) setenv("RUNFILES_DIR", saved.c_str(), 1); else unsetenv("RUNFILES_DIR");
+  if (had != nullptr)
+    setenv("RUNFILES_DIR", saved.c_str(), 1);
+  else
+    unsetenv("RUNFILES_DIR");
   std::remove(init.c_str());
   for (const char* dir : {"/stagehand/python/stagehand", "/stagehand/python", "/stagehand", ""}) {
     rmdir(absl::StrCat(root, dir).c_str());

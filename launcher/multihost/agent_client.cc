@@ -16,8 +16,8 @@ namespace {
 
 class GrpcAgentClient final : public AgentClient {
  public:
-  GrpcAgentClient(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
-                  ClientTlsInfo info, std::string secret)
+  GrpcAgentClient(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials, ClientTlsInfo info,
+                  std::string secret)
       : info_(std::move(info)),
         stub_(Coordinator::NewStub(grpc::CreateChannel(address, credentials))),
         secret_(std::move(secret)) {}
@@ -125,7 +125,7 @@ class GrpcAgentClient final : public AgentClient {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AgentClient>> ConnectAgentClient(const std::string& address, const ClientTlsFiles& tls,
-                                                               std::string secret) {
+                                                                std::string secret) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ClientTlsCredentials(tls);
   if (!credentials.ok()) return credentials.status();
   ClientTlsInfo info;

@@ -38,7 +38,7 @@ class AgentClient {
 // `secret`: the job token (--job_token_file), or "" until RegisterAgent returns it.
 // INVALID_ARGUMENT for a bad TLS file.
 absl::StatusOr<std::unique_ptr<AgentClient>> ConnectAgentClient(const std::string& address, const ClientTlsFiles& tls,
-                                                               std::string secret);
+                                                                std::string secret);
 
 }  // namespace stagehand
 

@@ -80,7 +80,8 @@ void NodeAgent::Start(const std::string& run_dir) {
     r.set_exit_code(e.exit_code);
     r.set_signal(e.signal);
     // Why, in the worker's own words: its log is on this host, node 0 names the cause.
-    if (e.signal != 0 || e.exit_code != 0) r.set_last_error(WorkerLastError(absl::StrCat(run_dir, "/rank", rank, ".log")));
+    if (e.signal != 0 || e.exit_code != 0)
+      r.set_last_error(WorkerLastError(absl::StrCat(run_dir, "/rank", rank, ".log")));
     unreported_.push_back(r);
     exits_.push_back(r);
   };
@@ -200,7 +201,8 @@ bool NodeAgent::TermCheckpointSettled(absl::Time now) {
     }
     return true;
   }
-  if (term_wait_until_ == absl::InfiniteFuture()) term_wait_until_ = now + std::min(TermCheckpointTimeout(job), absl::Minutes(1));
+  if (term_wait_until_ == absl::InfiniteFuture())
+    term_wait_until_ = now + std::min(TermCheckpointTimeout(job), absl::Minutes(1));
   return coordinator_gone_ || now > term_wait_until_;
 }
 
@@ -233,8 +235,8 @@ int NodeAgent::exit_code() const {
 
 std::string NodeAgent::verdict() const {
   const std::string ranks = options_.workers == 1 ? absl::StrCat("rank ", joined_.first_rank())
-                                                 : absl::StrCat("ranks ", joined_.first_rank(), "-",
-                                                                joined_.first_rank() + options_.workers - 1);
+                                                  : absl::StrCat("ranks ", joined_.first_rank(), "-",
+                                                                 joined_.first_rank() + options_.workers - 1);
   if (interrupt_signal_ != 0) {
     return absl::StrCat("stagehand: ", Name(), ": stopped by ", interrupt_signal_ == SIGINT ? "SIGINT" : "SIGTERM",
                         " (exit ", exit_code(), "); this node's workers (", ranks, ") are stopped");
@@ -242,7 +244,9 @@ std::string NodeAgent::verdict() const {
   if (supervisor_ != nullptr && supervisor_->exit_code() == kExitLaunchFailed) {
     return absl::StrCat("stagehand: ", Name(), ": ", supervisor_->root_cause());
   }
-  if (lost_) return absl::StrCat("stagehand: ", Name(), ": lost the coordinator: ", *lost_, "; stopped this node's workers (", ranks, ")");
+  if (lost_)
+    return absl::StrCat("stagehand: ", Name(), ": lost the coordinator: ", *lost_, "; stopped this node's workers (",
+                        ranks, ")");
   if (stop_reason_) return absl::StrCat("stagehand: ", Name(), ": the job stopped: ", *stop_reason_);
   for (const ReportWorkerExitRequest& e : exits_) {
     if (e.signal() != 0 || e.exit_code() != 0) {
@@ -284,9 +288,10 @@ void Drive(NodeAgent& agent) {
       // As on node 0 (launch.cc's Supervise): the first SIGTERM of a job with checkpoints (Slurm's
       // preemption signals every node) asks for one, through node 0; SIGINT and a second stop here.
       if (interrupts == 1 && sig != SIGINT && agent.ForwardTerm(sig)) {
-        std::fprintf(stdout, "stagehand: %s: %s: passed to node 0: every rank writes a checkpoint at the next step, "
-                     "then the job stops (again to stop this node's workers at once)\n", agent.name().c_str(),
-                     sig == SIGHUP ? "SIGHUP" : "SIGTERM");
+        std::fprintf(stdout,
+                     "stagehand: %s: %s: passed to node 0: every rank writes a checkpoint at the next step, "
+                     "then the job stops (again to stop this node's workers at once)\n",
+                     agent.name().c_str(), sig == SIGHUP ? "SIGHUP" : "SIGTERM");
         std::fflush(stdout);
         continue;
       }

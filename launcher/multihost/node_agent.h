@@ -28,15 +28,15 @@ namespace stagehand {
 
 struct NodeAgentOptions {
   NodeOptions node;
-  std::string device;            // this host's: "cpu" or "cuda"
-  int workers = 0;               // this host's
-  std::vector<GpuInfo> gpus;     // for "cuda": one per worker
+  std::string device;         // this host's: "cpu" or "cuda"
+  int workers = 0;            // this host's
+  std::vector<GpuInfo> gpus;  // for "cuda": one per worker
   std::string worker_binary;
-  NodeTls tls;                   // given to the workers (the coordinator's hop needs it)
-  int64_t incarnation = 1;       // higher on every start of the agent (the launcher uses the clock)
-  std::string host;              // this host's name, for messages
-  std::string machine;           // this machine's identity (common/host.h MachineId)
-  int cores = 0;                 // this machine's cores, shared among its workers (0: as the system says)
+  NodeTls tls;              // given to the workers (the coordinator's hop needs it)
+  int64_t incarnation = 1;  // higher on every start of the agent (the launcher uses the clock)
+  std::string host;         // this host's name, for messages
+  std::string machine;      // this machine's identity (common/host.h MachineId)
+  int cores = 0;            // this machine's cores, shared among its workers (0: as the system says)
   int pid = 0;
   absl::Duration register_timeout = absl::Minutes(2);
   absl::Time launch = absl::InfinitePast();
@@ -68,7 +68,7 @@ class NodeAgent {
   bool ForwardTerm(int signal);
 
   int exit_code() const;
-  std::string verdict() const;  // the closing line, naming this node
+  std::string verdict() const;                 // the closing line, naming this node
   std::string name() const { return Name(); }  // "node K at ADDRESS"
 
  private:
@@ -95,11 +95,11 @@ class NodeAgent {
   std::optional<std::string> lost_;
   int interrupt_signal_ = 0;
   bool workers_gone_ = false;
-  int forward_signal_ = 0;       // ForwardTerm's, until a heartbeat carried it
-  int forwarded_signal_ = 0;     // the one passed on (0: none)
-  int64_t term_at_ = 0;          // node 0's checkpoint-and-stop step (heartbeat answers; 0: none)
-  int64_t term_step_ = 0;        // the complete checkpoint it wrote (0: none seen)
-  bool term_final_ = false;      // that checkpoint is the last step's: the run ended, no stop
+  int forward_signal_ = 0;         // ForwardTerm's, until a heartbeat carried it
+  int forwarded_signal_ = 0;       // the one passed on (0: none)
+  int64_t term_at_ = 0;            // node 0's checkpoint-and-stop step (heartbeat answers; 0: none)
+  int64_t term_step_ = 0;          // the complete checkpoint it wrote (0: none seen)
+  bool term_final_ = false;        // that checkpoint is the last step's: the run ended, no stop
   bool coordinator_gone_ = false;  // the long poll ended: node 0 stopped serving
   absl::Time term_wait_until_ = absl::InfiniteFuture();
 
@@ -115,7 +115,7 @@ struct AgentLaunch {
   NodeOptions node;
   NodeTls tls;
   std::string job_token_file;
-  std::string run_dir;        // "" for runs/<time>-node<K>-<job id>/
+  std::string run_dir;  // "" for runs/<time>-node<K>-<job id>/
   bool overwrite = false;
   std::string worker_binary;  // "" to find it beside the launcher
   std::string device;         // --device ("" or "auto": GPUs if visible)

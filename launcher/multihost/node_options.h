@@ -15,11 +15,11 @@ struct NodeOptions {
   std::string coordinator_address;  // node 0: where it serves; an agent: where node 0 is (HOST:PORT)
 
   // What a scheduler said of this host (--slurm); empty from the flags.
-  std::string node_name;            // this node's name in the scheduler's node list (Slurm: SLURMD_NODENAME)
+  std::string node_name;  // this node's name in the scheduler's node list (Slurm: SLURMD_NODENAME)
   // GPUs the scheduler allocated to this host; nullopt when it says nothing (no gres configured),
   // and the launcher's default (every visible GPU) applies.
   std::optional<int> gpus;
-  std::string gpus_source;          // the variable the count came from, for messages
+  std::string gpus_source;  // the variable the count came from, for messages
   // Set when the scheduler named this host's GPUs (SLURM_JOB_GPUS) without hiding the others: the
   // launcher sets CUDA_VISIBLE_DEVICES to it before it looks for GPUs.
   std::optional<std::string> cuda_visible_devices;

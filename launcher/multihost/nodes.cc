@@ -43,8 +43,9 @@ absl::Status CheckNodeOptions(const NodeOptions& n, const NodeTls& tls, const st
                                 " is an agent: pass --coordinator_address=HOST:PORT, where node 0 serves"));
   }
   if (tls.enabled() && (tls.cert.empty() || tls.key.empty() || tls.ca.empty())) {
-    return Invalid("mutual TLS needs all three: --tls_cert and --tls_key (this host's certificate) and --tls_ca "
-                   "(the CA that signed every host's)");
+    return Invalid(
+        "mutual TLS needs all three: --tls_cert and --tls_key (this host's certificate) and --tls_ca "
+        "(the CA that signed every host's)");
   }
   if (!tls.enabled() && !IsLoopbackAddress(n.coordinator_address)) {
     return Invalid(absl::StrCat("--coordinator_address=", n.coordinator_address,
@@ -59,7 +60,8 @@ absl::Status CheckNodeOptions(const NodeOptions& n, const NodeTls& tls, const st
     }
   }
   if (n.nodes > 1 && !tls.enabled() && job_token_file.empty()) {
-    return Invalid(absl::StrCat("--nodes=", n.nodes, " without TLS: pass --job_token_file=FILE (the same secret "
+    return Invalid(absl::StrCat("--nodes=", n.nodes,
+                                " without TLS: pass --job_token_file=FILE (the same secret "
                                 "file, mode 0600, on every node) so that agents can prove they belong to the job, "
                                 "or --tls_cert, --tls_key and --tls_ca"));
   }
@@ -74,17 +76,19 @@ absl::StatusOr<std::string> ReadJobToken(const std::string& path) {
   // A regular file only (common/input_file.h): a FIFO would block the launcher in open() or read().
   absl::StatusOr<RegularFile> file = OpenRegularFile(full, absl::StrCat("--job_token_file=", path));
   if (!file.ok()) {
-    return Invalid(absl::StrCat(file.status().message(), "; write a secret of 32 or more characters into a file "
+    return Invalid(absl::StrCat(file.status().message(),
+                                "; write a secret of 32 or more characters into a file "
                                 "(e.g. openssl rand -hex 32 > FILE; chmod 600 FILE)"));
   }
   const struct stat st = file->st;
   if ((st.st_mode & 077) != 0) {
-    return Invalid(absl::StrCat("--job_token_file=", path, ": readable by others (mode ", absl::StrCat(st.st_mode & 0777),
-                                "); chmod 600 it"));
+    return Invalid(absl::StrCat("--job_token_file=", path, ": readable by others (mode ",
+                                absl::StrCat(st.st_mode & 0777), "); chmod 600 it"));
   }
   constexpr int64_t kMaxTokenBytes = 4096;
   if (st.st_size > kMaxTokenBytes) {
-    return Invalid(absl::StrCat("--job_token_file=", path, ": ", st.st_size, " bytes; it should hold the secret alone"));
+    return Invalid(
+        absl::StrCat("--job_token_file=", path, ": ", st.st_size, " bytes; it should hold the secret alone"));
   }
   std::string text(kMaxTokenBytes, '\0');
   ssize_t n;
@@ -142,8 +146,8 @@ std::string CrossHostLinks(const std::vector<int>& stage_rank, const std::vector
 }
 
 PartitionFn WithCrossHostLinks(PartitionFn inner, std::vector<NodeState> nodes) {
-  return [inner = std::move(inner), nodes = std::move(nodes)](const std::vector<WorkerState>& workers)
-             -> absl::StatusOr<Partition> {
+  return [inner = std::move(inner),
+          nodes = std::move(nodes)](const std::vector<WorkerState>& workers) -> absl::StatusOr<Partition> {
     absl::StatusOr<Partition> p = inner(workers);
     if (!p.ok() || p->schedules.empty()) return p;
     const RankSchedule& s = p->schedules[0];

@@ -56,8 +56,8 @@ absl::StatusOr<std::vector<std::string>> ExpandRanges(absl::string_view hostlist
     const absl::string_view high = ends.size() > 1 ? ends[1] : ends[0];
     int lo = 0, hi = 0;
     if (!digits(low) || !digits(high) || !absl::SimpleAtoi(low, &lo) || !absl::SimpleAtoi(high, &hi)) {
-      return HostlistError(hostlist, absl::StrCat("\"[", ranges, "]\" holds \"", range,
-                                                  "\"; a range is N or N-M of decimal numbers"));
+      return HostlistError(
+          hostlist, absl::StrCat("\"[", ranges, "]\" holds \"", range, "\"; a range is N or N-M of decimal numbers"));
     }
     if (hi < lo) return HostlistError(hostlist, absl::StrCat("range ", range, " runs backwards"));
     if (static_cast<size_t>(hi - lo) >= kMaxHosts) {
@@ -83,8 +83,7 @@ absl::Status ExpandItem(absl::string_view hostlist, absl::string_view item, std:
     for (std::string& p : partial) absl::StrAppend(&p, literal);
     if (open == absl::string_view::npos) break;
     const size_t close = item.find(']', open);  // balanced: SplitTopLevel checked
-    absl::StatusOr<std::vector<std::string>> numbers =
-        ExpandRanges(hostlist, item.substr(open + 1, close - open - 1));
+    absl::StatusOr<std::vector<std::string>> numbers = ExpandRanges(hostlist, item.substr(open + 1, close - open - 1));
     if (!numbers.ok()) return numbers.status();
     if (partial.size() * numbers->size() + hosts.size() > kMaxHosts) {
       return HostlistError(hostlist, absl::StrCat("over ", kMaxHosts, " hosts"));
@@ -119,7 +118,8 @@ std::optional<std::pair<std::string, std::string>> First(const std::map<std::str
 absl::StatusOr<int64_t> NonNegative(const std::string& name, const std::string& value) {
   int64_t n = 0;
   if (!absl::SimpleAtoi(value, &n) || n < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--slurm: ", name, "=", value, " is not a whole number; is this a "
+    return absl::InvalidArgumentError(absl::StrCat("--slurm: ", name, "=", value,
+                                                   " is not a whole number; is this a "
                                                    "Slurm job step (srun)?"));
   }
   return n;
@@ -141,9 +141,9 @@ absl::Status ReadGpus(const std::map<std::string, std::string>& env, NodeOptions
     if (!n.ok()) return n.status();
     if (visible && CountDevices(*visible) < *n) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "--slurm: SLURM_GPUS_ON_NODE=", *n, " but CUDA_VISIBLE_DEVICES=", *visible, " makes ",
-          CountDevices(*visible), " visible; unset CUDA_VISIBLE_DEVICES and let Slurm set it, or ask Slurm for ",
-          CountDevices(*visible), " (srun --gpus-per-node)"));
+          "--slurm: SLURM_GPUS_ON_NODE=", *n, " but CUDA_VISIBLE_DEVICES=", *visible, " makes ", CountDevices(*visible),
+          " visible; unset CUDA_VISIBLE_DEVICES and let Slurm set it, or ask Slurm for ", CountDevices(*visible),
+          " (srun --gpus-per-node)"));
     }
     node.gpus = static_cast<int>(*n);
     node.gpus_source = "SLURM_GPUS_ON_NODE";
@@ -176,8 +176,8 @@ absl::Status ReadPlace(const std::map<std::string, std::string>& env, NodeOption
   absl::StatusOr<int64_t> rank = NonNegative("SLURM_NODEID", *Get(env, "SLURM_NODEID"));
   if (!rank.ok()) return rank.status();
   if (*rank >= node.nodes) {
-    return absl::InvalidArgumentError(absl::StrCat("--slurm: SLURM_NODEID=", *rank, " is not below ", nodes->first,
-                                                   "=", node.nodes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--slurm: SLURM_NODEID=", *rank, " is not below ", nodes->first, "=", node.nodes));
   }
   node.node_rank = static_cast<int>(*rank);
   constexpr char kOnePerNode[] = "; --slurm runs one launcher per node: srun --ntasks-per-node=1 launcher --slurm ...";
@@ -188,8 +188,8 @@ absl::Status ReadPlace(const std::map<std::string, std::string>& env, NodeOption
     absl::StatusOr<int64_t> t = NonNegative(tasks->first, tasks->second);
     if (!t.ok()) return t.status();
     if (*t > node.nodes) {
-      return absl::FailedPreconditionError(absl::StrCat("--slurm: the step has ", *t, " tasks on ", node.nodes,
-                                                        " nodes", kOnePerNode));
+      return absl::FailedPreconditionError(
+          absl::StrCat("--slurm: the step has ", *t, " tasks on ", node.nodes, " nodes", kOnePerNode));
     }
   }
   return absl::OkStatus();
@@ -244,7 +244,8 @@ absl::StatusOr<NodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std
     }
     hosts = std::move(expanded);
   }
-  if (!hosts.ok()) return absl::InvalidArgumentError(absl::StrCat("--slurm: ", list->first, ": ", hosts.status().message()));
+  if (!hosts.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--slurm: ", list->first, ": ", hosts.status().message()));
   if (static_cast<int>(hosts->size()) != node.nodes) {
     return absl::InvalidArgumentError(absl::StrCat("--slurm: ", list->first, "=", list->second, " names ",
                                                    hosts->size(), " hosts but the step has ", node.nodes, " nodes"));
@@ -260,7 +261,8 @@ absl::StatusOr<NodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std
   return node;
 }
 
-absl::StatusOr<std::string> ExpandNodePattern(const std::string& flag, const std::string& path, const NodeOptions& node) {
+absl::StatusOr<std::string> ExpandNodePattern(const std::string& flag, const std::string& path,
+                                              const NodeOptions& node) {
   std::string out;
   for (size_t i = 0; i < path.size(); ++i) {
     if (path[i] != '%') {
@@ -275,7 +277,8 @@ absl::StatusOr<std::string> ExpandNodePattern(const std::string& flag, const std
     } else if (c == '%') {
       out.push_back('%');
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": with --slurm, %N is the node's name, %n its rank "
+      return absl::InvalidArgumentError(absl::StrCat(flag, "=", path,
+                                                     ": with --slurm, %N is the node's name, %n its rank "
                                                      "and %% a percent sign; nothing else may follow a %"));
     }
   }
@@ -308,7 +311,8 @@ absl::StatusOr<std::vector<std::string>> ScontrolShowHostnames(const std::string
     return absl::InvalidArgumentError(absl::StrCat("scontrol show hostnames ", hostlist, " failed"));
   }
   std::vector<std::string> hosts = absl::StrSplit(text, '\n', absl::SkipWhitespace());
-  if (hosts.empty()) return absl::InvalidArgumentError(absl::StrCat("scontrol show hostnames ", hostlist, ": no hosts"));
+  if (hosts.empty())
+    return absl::InvalidArgumentError(absl::StrCat("scontrol show hostnames ", hostlist, ": no hosts"));
   return hosts;
 }
 

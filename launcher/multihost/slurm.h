@@ -42,18 +42,19 @@ absl::StatusOr<std::vector<std::string>> ParseHostlist(absl::string_view hostlis
 // The node's options (launcher/multihost/node_options.h) from a job step's environment: the node count, this
 // node's rank (SLURM_NODEID), the coordinator (the list's first host, on the derived port or
 // options.coordinator_port), the node's name (SLURMD_NODENAME, else its entry in the list) and its
-// GPUs (SLURM_GPUS_ON_NODE, CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS, SLURM_JOB_GPUS). The step's variables win over the job's
-// (SLURM_STEP_NUM_NODES, SLURM_STEP_NODELIST over SLURM_NNODES, SLURM_JOB_NODELIST), since an srun
-// inside an allocation may use fewer nodes than it holds. Errors (INVALID_ARGUMENT or
-// FAILED_PRECONDITION) say what to run instead: outside a job, in the batch script rather than a
-// step, more than one task per node, a node rank out of range, GPU variables that disagree.
+// GPUs (SLURM_GPUS_ON_NODE, CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS, SLURM_JOB_GPUS). The step's variables win over the
+// job's (SLURM_STEP_NUM_NODES, SLURM_STEP_NODELIST over SLURM_NNODES, SLURM_JOB_NODELIST), since an srun inside an
+// allocation may use fewer nodes than it holds. Errors (INVALID_ARGUMENT or FAILED_PRECONDITION) say what to run
+// instead: outside a job, in the batch script rather than a step, more than one task per node, a node rank out of
+// range, GPU variables that disagree.
 absl::StatusOr<NodeOptions> NodeOptionsFromSlurm(const std::map<std::string, std::string>& env,
                                                  const SlurmOptions& options = {});
 
 // A path given once for every node of a step (--tls_cert=certs/%N.pem) made this node's, as Slurm's
 // own filename patterns are: %N the node's name, %n its rank, %% a percent sign. INVALID_ARGUMENT
 // naming `flag` for any other %-sequence.
-absl::StatusOr<std::string> ExpandNodePattern(const std::string& flag, const std::string& path, const NodeOptions& node);
+absl::StatusOr<std::string> ExpandNodePattern(const std::string& flag, const std::string& path,
+                                              const NodeOptions& node);
 
 // `scontrol show hostnames LIST`, the fallback expander for the launcher.
 absl::StatusOr<std::vector<std::string>> ScontrolShowHostnames(const std::string& hostlist);

@@ -77,9 +77,15 @@ TEST(SlurmCoordinatorPortTest, IsBasePlusJobIdModTenThousand) {
 
 // What srun gives the task on the second of two nodes.
 std::map<std::string, std::string> StepEnv() {
-  return {{"SLURM_JOB_ID", "1234"},          {"SLURM_NNODES", "2"},       {"SLURM_JOB_NODELIST", "n[1-2]"},
-          {"SLURM_STEP_NUM_NODES", "2"},     {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURM_NODEID", "1"},
-          {"SLURM_LOCALID", "0"},            {"SLURM_PROCID", "1"},       {"SLURM_STEP_NUM_TASKS", "2"},
+  return {{"SLURM_JOB_ID", "1234"},
+          {"SLURM_NNODES", "2"},
+          {"SLURM_JOB_NODELIST", "n[1-2]"},
+          {"SLURM_STEP_NUM_NODES", "2"},
+          {"SLURM_STEP_NODELIST", "n[1-2]"},
+          {"SLURM_NODEID", "1"},
+          {"SLURM_LOCALID", "0"},
+          {"SLURM_PROCID", "1"},
+          {"SLURM_STEP_NUM_TASKS", "2"},
           {"SLURM_NTASKS", "2"}};
 }
 

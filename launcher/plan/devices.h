@@ -10,8 +10,8 @@
 namespace stagehand {
 
 struct GpuInfo {
-  int ordinal = 0;     // index among the visible devices
-  std::string uuid;    // "GPU-xxxxxxxx-...", usable in CUDA_VISIBLE_DEVICES
+  int ordinal = 0;   // index among the visible devices
+  std::string uuid;  // "GPU-xxxxxxxx-...", usable in CUDA_VISIBLE_DEVICES
   std::string name;
   int64_t total_bytes = 0;
 };

@@ -32,7 +32,8 @@ absl::StatusOr<std::vector<int>> ParsePartition(const std::string& text) {
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int n = 0;
     if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      return Invalid(absl::StrCat("--partition=", text, ": expected auto, uniform, or pipeline-layer counts like "
+      return Invalid(absl::StrCat("--partition=", text,
+                                  ": expected auto, uniform, or pipeline-layer counts like "
                                   "27,23 (each at least 1)"));
     }
     counts.push_back(n);
@@ -129,7 +130,8 @@ StageCosts CostsOf(const JobSpec& job, const Schedule& schedule, const Plan& pla
 }
 
 // One micro-batch's activations on rank `rank`: the layers of every stage it holds.
-int64_t RankActivationBytes(const Plan& plan, const Schedule& schedule, const std::vector<LayerCost>& layers, size_t rank) {
+int64_t RankActivationBytes(const Plan& plan, const Schedule& schedule, const std::vector<LayerCost>& layers,
+                            size_t rank) {
   int64_t bytes = 0;
   size_t layer = 0;
   for (size_t v = 0; v < plan.layers_per_stage.size(); ++v) {
@@ -142,8 +144,8 @@ int64_t RankActivationBytes(const Plan& plan, const Schedule& schedule, const st
   return bytes;
 }
 
-std::string Describe(const JobSpec& job, const Schedule& schedule, const Plan& plan, const std::vector<LayerCost>& layers,
-                     bool profiled, const SimulationResult& predicted) {
+std::string Describe(const JobSpec& job, const Schedule& schedule, const Plan& plan,
+                     const std::vector<LayerCost>& layers, bool profiled, const SimulationResult& predicted) {
   std::string counts;
   for (size_t i = 0; i < plan.layers_per_stage.size(); ++i) {
     absl::StrAppend(&counts, i ? "/" : "", plan.layers_per_stage[i]);
@@ -170,8 +172,9 @@ std::string Describe(const JobSpec& job, const Schedule& schedule, const Plan& p
   for (size_t r = 0; r < predicted.peak_activations.size(); ++r) {
     const double bytes = static_cast<double>(predicted.peak_activations[r]) *
                          static_cast<double>(RankActivationBytes(plan, schedule, layers, r));
-    absl::StrAppend(&out, r ? "/" : "", bytes >= (1 << 30) ? absl::StrFormat("%.2f GiB", bytes / (1 << 30))
-                                                           : absl::StrFormat("%.1f MiB", bytes / (1 << 20)));
+    absl::StrAppend(&out, r ? "/" : "",
+                    bytes >= (1 << 30) ? absl::StrFormat("%.2f GiB", bytes / (1 << 30))
+                                       : absl::StrFormat("%.1f MiB", bytes / (1 << 20)));
   }
   absl::StrAppend(&out, " of activations)");
   // Each kind of layer, forward + backward ms per micro-batch (its first one): what the partition was
@@ -278,11 +281,12 @@ void AddReplicas(const JobSpec& job, const Schedule& schedule, const Plan& plan,
   const double gbps = ReplicaGbps(job);
   const double allreduce = FiguresFor(job.device() == "cuda").replica_latency_ms + AllReduceMs(largest, d, gbps);
   if (out.predicted_step_ms > 0) out.predicted_step_ms += allreduce;
-  absl::StrAppend(&out.description,
-                  absl::StrFormat("; %d replicas (rank = replica x %d + stage), gradients averaged in buckets%s: "
-                                  "all-reduce %.2f MiB at %.0f GB/s predicted %.2f ms, step %.1f ms",
-                                  d, ranks, job.shard_optimizer() ? " (ZeRO-1: reduce-scatter, sharded AdamW, all-gather)" : "",
-                                  static_cast<double>(largest) / (1 << 20), gbps, allreduce, out.predicted_step_ms));
+  absl::StrAppend(
+      &out.description,
+      absl::StrFormat("; %d replicas (rank = replica x %d + stage), gradients averaged in buckets%s: "
+                      "all-reduce %.2f MiB at %.0f GB/s predicted %.2f ms, step %.1f ms",
+                      d, ranks, job.shard_optimizer() ? " (ZeRO-1: reduce-scatter, sharded AdamW, all-gather)" : "",
+                      static_cast<double>(largest) / (1 << 20), gbps, allreduce, out.predicted_step_ms));
 }
 
 // The usable memory of one device for the layout: the smallest GPU's, or a CPU worker's share.
@@ -310,12 +314,13 @@ absl::StatusOr<std::vector<LayerProfileAt>> ReadLayoutProfiles(const std::string
     if (!text.ok()) return Invalid(absl::StrCat(text.status().message(), " (a LayerProfile in text format)"));
     LayerProfile profile;
     if (!google::protobuf::TextFormat::ParseFromString(*text, &profile)) {
-      return Invalid(absl::StrCat("--layout_profiles: ", path, " is not a readable LayerProfile in text format "
+      return Invalid(absl::StrCat("--layout_profiles: ", path,
+                                  " is not a readable LayerProfile in text format "
                                   "(protos/job.proto; launcher/plan/testdata/ holds examples)"));
     }
     if (profile.layers_size() != layers || profile.micro_batch() < 1) {
-      return Invalid(absl::StrCat("--layout_profiles: ", path, " has ", profile.layers_size(), " layers at micro-batch ",
-                                  profile.micro_batch(), "; this model has ", layers,
+      return Invalid(absl::StrCat("--layout_profiles: ", path, " has ", profile.layers_size(),
+                                  " layers at micro-batch ", profile.micro_batch(), "; this model has ", layers,
                                   " pipeline layers: profile this model (micro_batch at least 1)"));
     }
     LayerProfileAt at;
@@ -335,12 +340,14 @@ absl::StatusOr<std::vector<std::string>> ApplyAutoLayout(JobSpec& job, const std
   PipelineSpec& p = *job.mutable_pipeline();
   if (p.has_stages() || job.has_data_parallel() || p.has_micro_batches() || !p.schedule().empty() ||
       !p.schedule_text().empty() || p.inference()) {
-    return Invalid("--layout=auto chooses --pipeline_stages, --data_parallel, --schedule and --micro_batches for "
-                   "training: drop them, or pass --layout=manual");
+    return Invalid(
+        "--layout=auto chooses --pipeline_stages, --data_parallel, --schedule and --micro_batches for "
+        "training: drop them, or pass --layout=manual");
   }
   const ModelDescription* d = FindBuiltinModel(job.model());
-  if (d == nullptr) return Invalid(absl::StrCat("--layout=auto plans with a built-in model's estimate; --model=",
-                                                job.model(), " is not one: pass --layout=manual"));
+  if (d == nullptr)
+    return Invalid(absl::StrCat("--layout=auto plans with a built-in model's estimate; --model=", job.model(),
+                                " is not one: pass --layout=manual"));
   absl::StatusOr<ModelSpec> m = d->Resolve(job.model(), job.model_spec());
   if (!m.ok()) return m.status();
   if (!p.has_global_batch()) p.set_global_batch(32);
@@ -390,8 +397,10 @@ absl::StatusOr<std::vector<std::string>> ApplyAutoLayout(JobSpec& job, const std
   for (size_t i = 0; i < choice->ranked.size() && i < 3; ++i) {
     lines.push_back(absl::StrCat("  ", i + 1, ". ", Describe(choice->ranked[i])));
   }
-  if (std::string why = WhyFirst(*choice); !why.empty()) lines.push_back(absl::StrCat("layout auto: the first is ", why));
-  lines.push_back(absl::StrCat("layout auto: running the first; the report compares its predicted step with the measured one"));
+  if (std::string why = WhyFirst(*choice); !why.empty())
+    lines.push_back(absl::StrCat("layout auto: the first is ", why));
+  lines.push_back(
+      absl::StrCat("layout auto: running the first; the report compares its predicted step with the measured one"));
   return lines;
 }
 
@@ -423,8 +432,7 @@ absl::StatusOr<Schedule> JobSchedule(const JobSpec& job) {
   }
   absl::StatusOr<SimulationResult> sim = Simulate(*s, UniformCosts(s->num_stages));
   if (!sim.ok()) {
-    return Invalid(absl::StrCat("the ", s->name, " schedule cannot run: ", sim.status().message(), "\n",
-                                Grid(*s)));
+    return Invalid(absl::StrCat("the ", s->name, " schedule cannot run: ", sim.status().message(), "\n", Grid(*s)));
   }
   return s;
 }
@@ -436,11 +444,12 @@ absl::Status CheckCpuAttention(const JobSpec& job, int64_t share_bytes) {
   const ModelSpec& m = job.model_spec();
   const double scores = 4.0 * static_cast<double>(MicroBatchSize(job)) * m.heads() * m.seq() * m.seq();
   if (scores <= static_cast<double>(share_bytes)) return absl::OkStatus();
-  return Invalid(absl::StrFormat("--seq=%d: a CPU worker's attention scores (micro-batch %d x %d heads x seq^2 fp32) "
-                                 "take %.1f GiB, more than its %.1f GiB share of this machine's memory; pass a "
-                                 "smaller --seq or more --micro_batches",
-                                 m.seq(), MicroBatchSize(job), m.heads(), scores / (1 << 30),
-                                 static_cast<double>(std::max<int64_t>(share_bytes, 0)) / (1 << 30)));
+  return Invalid(
+      absl::StrFormat("--seq=%d: a CPU worker's attention scores (micro-batch %d x %d heads x seq^2 fp32) "
+                      "take %.1f GiB, more than its %.1f GiB share of this machine's memory; pass a "
+                      "smaller --seq or more --micro_batches",
+                      m.seq(), MicroBatchSize(job), m.heads(), scores / (1 << 30),
+                      static_cast<double>(std::max<int64_t>(share_bytes, 0)) / (1 << 30)));
 }
 
 absl::Status CheckModelJob(const JobSpec& job, const std::vector<GpuInfo>& gpus, int64_t cpu_memory_bytes) {
@@ -500,20 +509,22 @@ PartitionFn Partitioner(const JobSpec& job) {
     absl::StatusOr<SimulationResult> predicted = Simulate(*schedule, stage_costs);
     if (!predicted.ok()) return predicted.status();
     Partition out{plan->layers_per_stage,
-                  absl::StrCat(Describe(job, *schedule, *plan, costs, profiled, *predicted), ClockText(job, clocks)), {}};
+                  absl::StrCat(Describe(job, *schedule, *plan, costs, profiled, *predicted), ClockText(job, clocks)),
+                  {}};
     // From the workers' measured profile, else on GPUs from a built-in family's estimate (made for its
     // GPUs: the report says which; against CPU workers it is orders of magnitude off); a user's family
     // without a profile predicts nothing.
-    out.predicted_from = profiled                                                                  ? "profile"
+    out.predicted_from = profiled                                                             ? "profile"
                          : FindBuiltinModel(job.model()) != nullptr && job.device() == "cuda" ? "estimate"
-                                                                                               : "";
+                                                                                              : "";
     if (!out.predicted_from.empty()) {
       out.predicted_step_ms = predicted->makespan;
       for (int replica = 0; replica < std::max(1, job.data_parallel()); ++replica) {
         for (double b : predicted->bubble) out.predicted_rank_bubble.push_back(b);
       }
     }
-    if (profiled) FillRankPredictions(job, *schedule, *predicted, request.stage_speed, clocks, out, stage_costs.optimizer);
+    if (profiled)
+      FillRankPredictions(job, *schedule, *predicted, request.stage_speed, clocks, out, stage_costs.optimizer);
     if (job.data_parallel() > 1) {
       AddReplicas(job, *schedule, *plan, costs, out);
     } else {

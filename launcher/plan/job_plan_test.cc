@@ -152,7 +152,8 @@ TEST(Partitioner, ZeroBubble_ReportsEachRanksMemoryInFlight) {
     if (name == "zb-v") job.mutable_pipeline()->set_stage_chunks(2);
     absl::StatusOr<Partition> p = Partitioner(job)(Profiled(job, 2));
     ASSERT_TRUE(p.ok()) << p.status();
-    EXPECT_THAT(p->description, HasSubstr(name == "gpipe" ? "in flight per rank 4/4 micro-batches" : "in flight per rank "));
+    EXPECT_THAT(p->description,
+                HasSubstr(name == "gpipe" ? "in flight per rank 4/4 micro-batches" : "in flight per rank "));
   }
 }
 
@@ -194,7 +195,8 @@ TEST(ApplyAutoLayout, RecordedProfiles_ChooseDeterministicallyAndExplain) {
   };
   std::string files;
   for (int mb : {1, 4, 8, 16}) {
-    files += (files.empty() ? "" : ",") + Testdata("gpt-1.3b-h200-fused-mb" + std::to_string(mb) + ".profile.textproto");
+    files +=
+        (files.empty() ? "" : ",") + Testdata("gpt-1.3b-h200-fused-mb" + std::to_string(mb) + ".profile.textproto");
   }
   auto [job, lines] = plan(files);
   ASSERT_TRUE(lines.ok()) << lines.status();
@@ -316,9 +318,7 @@ std::vector<WorkerState> GpuWorkers(const JobSpec& job, const std::vector<double
   return out;
 }
 
-std::string Counts(const Partition& p) {
-  return absl::StrJoin(p.layers_per_stage, "/");
-}
+std::string Counts(const Partition& p) { return absl::StrJoin(p.layers_per_stage, "/"); }
 
 TEST(Partitioner, EqualClocks_GiveTheClockBlindPartitionExactly) {
   JobSpec job = GpuJob(2);
@@ -330,7 +330,8 @@ TEST(Partitioner, EqualClocks_GiveTheClockBlindPartitionExactly) {
   EXPECT_EQ(weighed->layers_per_stage, blind->layers_per_stage);
   EXPECT_EQ(weighed->predicted_step_ms, blind->predicted_step_ms);
   EXPECT_EQ(weighed->predicted_compute_ms, blind->predicted_compute_ms);
-  EXPECT_THAT(weighed->description, HasSubstr("SM clocks (each GPU's last run, time ~ 1/clock): rank 0 1834 MHz, rank 1 1834 MHz"));
+  EXPECT_THAT(weighed->description,
+              HasSubstr("SM clocks (each GPU's last run, time ~ 1/clock): rank 0 1834 MHz, rank 1 1834 MHz"));
   EXPECT_THAT(blind->description, HasSubstr("clock-blind: --partition_clocks=false"));
   EXPECT_EQ(blind->planned_sm_mhz, (std::vector<double>{0, 0}));
 }
@@ -345,8 +346,7 @@ void ExpectSlowRankGetsLess(const std::vector<WorkerState>& workers) {
   blind_job.set_partition_clocks(false);
   absl::StatusOr<Partition> blind = Partitioner(blind_job)(workers);
   ASSERT_TRUE(blind.ok()) << blind.status();
-  EXPECT_LT(weighed->layers_per_stage[0], blind->layers_per_stage[0])
-      << Counts(*weighed) << " vs " << Counts(*blind);
+  EXPECT_LT(weighed->layers_per_stage[0], blind->layers_per_stage[0]) << Counts(*weighed) << " vs " << Counts(*blind);
   job.mutable_pipeline()->set_partition(Counts(*blind).replace(Counts(*blind).find('/'), 1, ","));
   absl::StatusOr<Partition> blind_at_speed = Partitioner(job)(workers);
   ASSERT_TRUE(blind_at_speed.ok()) << blind_at_speed.status();

@@ -74,8 +74,9 @@ std::pair<double, double> FitLine(const std::vector<double>& x, const std::vecto
 }
 
 std::string Name(int stages, int replicas, const std::string& schedule, int m) {
-  return absl::StrCat(stages, stages == 1 ? " stage x " : " stages x ", replicas, replicas == 1 ? " replica, " : " replicas, ",
-                      schedule, ", ", m, m == 1 ? " micro-batch" : " micro-batches");
+  return absl::StrCat(stages, stages == 1 ? " stage x " : " stages x ", replicas,
+                      replicas == 1 ? " replica, " : " replicas, ", schedule, ", ", m,
+                      m == 1 ? " micro-batch" : " micro-batches");
 }
 
 // How many of the schedule's virtual stages each rank holds.
@@ -88,13 +89,15 @@ std::vector<int> StagesPerRank(const Schedule& s) {
 }  // namespace
 
 absl::StatusOr<LayerFit> FitLayerCosts(const std::vector<LayerProfileAt>& profiles) {
-  if (profiles.empty() || profiles[0].layers.empty()) return absl::InvalidArgumentError("layout: no profile to plan from");
+  if (profiles.empty() || profiles[0].layers.empty())
+    return absl::InvalidArgumentError("layout: no profile to plan from");
   std::map<int64_t, const LayerProfileAt*> by_size;  // one profile per size: the last given
   for (const LayerProfileAt& p : profiles) {
-    if (p.micro_batch < 1) return absl::InvalidArgumentError(absl::StrCat("layout: a profile at micro-batch ", p.micro_batch));
+    if (p.micro_batch < 1)
+      return absl::InvalidArgumentError(absl::StrCat("layout: a profile at micro-batch ", p.micro_batch));
     if (p.layers.size() != profiles[0].layers.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("layout: profiles of ", profiles[0].layers.size(), " and ",
-                                                     p.layers.size(), " layers"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layout: profiles of ", profiles[0].layers.size(), " and ", p.layers.size(), " layers"));
     }
     by_size[p.micro_batch] = &p;
   }
@@ -120,8 +123,8 @@ absl::StatusOr<LayerFit> FitLayerCosts(const std::vector<LayerProfileAt>& profil
       const PlanLayer at = m.At(fit.sizes[k]);
       const double measured = f[k] + b[k];
       if (measured > 0) {
-        fit.worst_relative_error = std::max(fit.worst_relative_error,
-                                            std::abs(at.forward_ms + at.backward_ms - measured) / measured);
+        fit.worst_relative_error =
+            std::max(fit.worst_relative_error, std::abs(at.forward_ms + at.backward_ms - measured) / measured);
       }
     }
     fit.layers.push_back(m);
@@ -147,7 +150,8 @@ absl::StatusOr<LayoutCandidate> Evaluate(const LayoutRequest& r, const LayerFit&
   absl::StatusOr<Schedule> s = MakeSchedule(name, stages, m, c.chunks);
   if (!s.ok()) return s.status();
   if (s->num_stages > static_cast<int>(fit.layers.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(s->num_stages, " virtual stages for ", fit.layers.size(), " layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(s->num_stages, " virtual stages for ", fit.layers.size(), " layers"));
   }
   absl::StatusOr<SimulationResult> uniform = Simulate(*s, UniformCosts(s->num_stages));
   if (!uniform.ok()) return uniform.status();
@@ -276,8 +280,8 @@ std::string Describe(const LayoutCandidate& c) {
       "%s of %d: %.1f ms = pipeline %.1f ms (bubble %.1f%%; slowest stage %.2f ms per micro-batch, %.0f%% of it "
       "fixed; p2p %.2f ms) incl. optimizer %.1f ms + all-reduce %.1f ms; layers %s; %.1f GiB peak per device "
       "(%s micro-batches in flight)",
-      Name(c.stages, c.replicas, c.schedule, c.micro_batches), c.micro_batch, c.step_ms, c.pipeline_ms,
-      100 * c.bubble, c.slowest_stage_ms, 100 * c.fixed_share, c.p2p_ms, c.optimizer_ms, c.allreduce_ms, counts,
+      Name(c.stages, c.replicas, c.schedule, c.micro_batches), c.micro_batch, c.step_ms, c.pipeline_ms, 100 * c.bubble,
+      c.slowest_stage_ms, 100 * c.fixed_share, c.p2p_ms, c.optimizer_ms, c.allreduce_ms, counts,
       static_cast<double>(c.peak_bytes) / (1 << 30), absl::StrJoin(c.in_flight, "/"));
 }
 
@@ -288,25 +292,29 @@ std::string DescribeFit(const LayerFit& fit) {
     per_seq += l.forward_per_seq_ms + l.backward_per_seq_ms;
   }
   if (fit.sizes.size() < 2 && fit.assumed_fixed_ms > 0) {
-    return absl::StrFormat("costs from one size (%d) with an assumed fixed %.2f ms per layer (H200's, fitted to "
-                           "recorded profiles): the whole model %.2f ms fixed + %.2f ms per sequence, forward + backward",
-                           fit.sizes.empty() ? 0 : fit.sizes[0], fit.assumed_fixed_ms, fixed, per_seq);
+    return absl::StrFormat(
+        "costs from one size (%d) with an assumed fixed %.2f ms per layer (H200's, fitted to "
+        "recorded profiles): the whole model %.2f ms fixed + %.2f ms per sequence, forward + backward",
+        fit.sizes.empty() ? 0 : fit.sizes[0], fit.assumed_fixed_ms, fixed, per_seq);
   }
   if (fit.sizes.size() < 2) {
-    return absl::StrFormat("costs linear in the micro-batch (one size profiled, %d): the whole model %.2f ms per "
-                           "sequence forward + backward, no fixed cost",
-                           fit.sizes.empty() ? 0 : fit.sizes[0], per_seq);
+    return absl::StrFormat(
+        "costs linear in the micro-batch (one size profiled, %d): the whole model %.2f ms per "
+        "sequence forward + backward, no fixed cost",
+        fit.sizes.empty() ? 0 : fit.sizes[0], per_seq);
   }
-  return absl::StrFormat("costs fitted to micro-batches of %s (worst layer off by %.1f%%): the whole model %.2f ms "
-                         "fixed + %.2f ms per sequence, forward + backward",
-                         absl::StrJoin(fit.sizes, ", "), 100 * fit.worst_relative_error, fixed, per_seq);
+  return absl::StrFormat(
+      "costs fitted to micro-batches of %s (worst layer off by %.1f%%): the whole model %.2f ms "
+      "fixed + %.2f ms per sequence, forward + backward",
+      absl::StrJoin(fit.sizes, ", "), 100 * fit.worst_relative_error, fixed, per_seq);
 }
 
 std::string WhyFirst(const LayoutChoice& choice) {
   if (choice.ranked.size() < 2) return "";
   const LayoutCandidate &a = choice.ranked[0], &b = choice.ranked[1];
   const double pct = b.step_ms > 0 ? 100 * (b.step_ms - a.step_ms) / b.step_ms : 0;
-  std::string why = absl::StrFormat("%.1f%% faster than %s", pct, Name(b.stages, b.replicas, b.schedule, b.micro_batches));
+  std::string why =
+      absl::StrFormat("%.1f%% faster than %s", pct, Name(b.stages, b.replicas, b.schedule, b.micro_batches));
   // The parts of the step that differ most between the two.
   const double compute_a = a.pipeline_ms * (1 - a.bubble), compute_b = b.pipeline_ms * (1 - b.bubble);
   const double idle_a = a.pipeline_ms * a.bubble, idle_b = b.pipeline_ms * b.bubble;

@@ -27,8 +27,8 @@ struct LayerProfileAt {
 struct LayerCostModel {
   double forward_fixed_ms = 0, forward_per_seq_ms = 0;
   double backward_fixed_ms = 0, backward_per_seq_ms = 0;
-  int64_t param_bytes = 0;               // parameters, gradients and optimizer state (16 per parameter)
-  double activation_bytes_per_seq = 0;   // activations kept per micro-batch scale with its sequences
+  int64_t param_bytes = 0;              // parameters, gradients and optimizer state (16 per parameter)
+  double activation_bytes_per_seq = 0;  // activations kept per micro-batch scale with its sequences
   PlanLayer At(int64_t micro_batch) const;
 };
 
@@ -39,9 +39,9 @@ struct LayerCostModel {
 // are empty, disagree on the layer count, or hold a size below 1.
 struct LayerFit {
   std::vector<LayerCostModel> layers;
-  std::vector<int64_t> sizes;            // the micro-batch sizes fitted, ascending
-  double worst_relative_error = 0;       // of the fitted per-layer forward + backward at those sizes
-  double assumed_fixed_ms = 0;           // per layer, forward + backward, added to a one-size profile
+  std::vector<int64_t> sizes;       // the micro-batch sizes fitted, ascending
+  double worst_relative_error = 0;  // of the fitted per-layer forward + backward at those sizes
+  double assumed_fixed_ms = 0;      // per layer, forward + backward, added to a one-size profile
 };
 absl::StatusOr<LayerFit> FitLayerCosts(const std::vector<LayerProfileAt>& profiles);
 
@@ -49,16 +49,16 @@ struct LayoutRequest {
   // Measured (or estimated) at one or more micro-batch sizes; two or more give each layer a fixed cost.
   std::vector<LayerProfileAt> profiles;
   int workers = 1;
-  int64_t global_batch = 1;            // sequences per step, over all replicas
+  int64_t global_batch = 1;  // sequences per step, over all replicas
   // Schedules by the names schedule/MakeSchedule knows (with its default chunks); a name it does not
   // know, or whose rules a candidate breaks, is skipped and listed in LayoutChoice::skipped.
   std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"};
   // Zero-bubble split: the share of each layer's backward that is the weight gradient (W, deferred
   // GEMMs); the rest is the input gradient (I). An estimate: the profile times B whole.
   double weight_grad_share = 0.5;
-  int64_t memory_bytes = 0;            // usable memory per device (0: unlimited)
-  double replica_gbps = 100;           // the all-reduce's bus bandwidth between replicas
-  double replica_latency_ms = 0.05;    // per all-reduce
+  int64_t memory_bytes = 0;          // usable memory per device (0: unlimited)
+  double replica_gbps = 100;         // the all-reduce's bus bandwidth between replicas
+  double replica_latency_ms = 0.05;  // per all-reduce
   // Transfers between stages: one activation (forward) or gradient (backward) of
   // boundary_bytes_per_seq x micro-batch bytes each, at p2p_gbps after p2p_latency_ms (0 GB/s: free).
   int64_t boundary_bytes_per_seq = 0;
@@ -69,27 +69,27 @@ struct LayoutRequest {
   double layer_fixed_forward_ms = 0, layer_fixed_backward_ms = 0;
   // AdamW's step, in ms per GB of param_bytes (the fullest rank's); 0: free.
   double optimizer_ms_per_gb = 0;
-  bool shard_optimizer = false;        // ZeRO-1: each replica holds 1/D of the AdamW moments
+  bool shard_optimizer = false;  // ZeRO-1: each replica holds 1/D of the AdamW moments
 };
 
 struct LayoutCandidate {
-  int stages = 1;                      // pipeline ranks per replica
+  int stages = 1;  // pipeline ranks per replica
   int replicas = 1;
   std::string schedule;
-  int chunks = 1;                      // model chunks per rank (interleaved-1f1b, zb-v: 2)
-  int micro_batches = 1;               // per replica
-  int64_t micro_batch = 1;             // sequences per micro-batch
-  std::vector<int> layers_per_stage;   // per virtual stage
-  double pipeline_ms = 0;              // the simulated schedule, with transfers and the optimizer step
+  int chunks = 1;                     // model chunks per rank (interleaved-1f1b, zb-v: 2)
+  int micro_batches = 1;              // per replica
+  int64_t micro_batch = 1;            // sequences per micro-batch
+  std::vector<int> layers_per_stage;  // per virtual stage
+  double pipeline_ms = 0;             // the simulated schedule, with transfers and the optimizer step
   double bubble = 0;
-  double slowest_stage_ms = 0;         // forward + backward of one micro-batch on the slowest virtual stage
-  double fixed_share = 0;              // of that, the layers' fixed (size-independent) part
-  double p2p_ms = 0;                   // one transfer between stages
+  double slowest_stage_ms = 0;  // forward + backward of one micro-batch on the slowest virtual stage
+  double fixed_share = 0;       // of that, the layers' fixed (size-independent) part
+  double p2p_ms = 0;            // one transfer between stages
   double optimizer_ms = 0;
-  double allreduce_ms = 0;             // 2 (D-1)/D x the largest stage's gradient bytes / bandwidth
-  double step_ms = 0;                  // pipeline_ms + allreduce_ms (our overlap is per chunk: counted whole)
-  int64_t peak_bytes = 0;              // the fullest rank's parameters, state and activations in flight
-  std::vector<int> in_flight;          // per rank: micro-batches held at once (the simulator's)
+  double allreduce_ms = 0;     // 2 (D-1)/D x the largest stage's gradient bytes / bandwidth
+  double step_ms = 0;          // pipeline_ms + allreduce_ms (our overlap is per chunk: counted whole)
+  int64_t peak_bytes = 0;      // the fullest rank's parameters, state and activations in flight
+  std::vector<int> in_flight;  // per rank: micro-batches held at once (the simulator's)
 };
 
 struct LayoutChoice {

@@ -42,7 +42,8 @@ LayerProfileAt ReadProfile(const std::string& name) {
 // bench/results/2026-11-30-pipeline-gpt-1.3b-graphs/: 0.55 ms per GB of parameters and state).
 LayoutRequest RecordedGpt13b(int workers, int64_t memory_bytes, std::vector<int> sizes = {1, 4, 8, 16}) {
   LayoutRequest r;
-  for (int mb : sizes) r.profiles.push_back(ReadProfile(absl::StrCat("gpt-1.3b-h200-fused-mb", mb, ".profile.textproto")));
+  for (int mb : sizes)
+    r.profiles.push_back(ReadProfile(absl::StrCat("gpt-1.3b-h200-fused-mb", mb, ".profile.textproto")));
   r.workers = workers;
   r.global_batch = 32;
   r.memory_bytes = memory_bytes;
@@ -60,9 +61,7 @@ TEST(LayoutTest, MicroBatchCandidates_ForStages_AscendingUnique) {
   EXPECT_EQ(MicroBatchCandidates(8), (std::vector<int>{8, 16, 32}));  // 4 x 8 = 32 is among them
 }
 
-LayerProfileAt OneLayer(int64_t mb, double f, double b, int64_t activation) {
-  return {mb, {{f, b, 1600, activation}}};
-}
+LayerProfileAt OneLayer(int64_t mb, double f, double b, int64_t activation) { return {mb, {{f, b, 1600, activation}}}; }
 
 TEST(LayoutTest, FitLayerCosts_TwoSizes_FixedAndPerSequenceExactly) {
   absl::StatusOr<LayerFit> fit = FitLayerCosts({OneLayer(1, 0.3, 1.0, 100), OneLayer(4, 0.9, 2.5, 400)});

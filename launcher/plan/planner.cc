@@ -26,9 +26,7 @@ constexpr char kAdvice[] = "use more GPUs, fewer micro-batches in flight (1F1B),
 // Infinite a (a stage that does not fit) must never pass as "within tolerance" of a finite b.
 bool AtMost(double a, double b) { return a <= b || (std::isfinite(a) && a <= b + kRelEps * std::fabs(b)); }
 
-std::string GiB(int64_t bytes) {
-  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (int64_t{1} << 30));
-}
+std::string GiB(int64_t bytes) { return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (int64_t{1} << 30)); }
 
 absl::Status ValidateLayers(const std::vector<PlanLayer>& layers) {
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -36,8 +34,8 @@ absl::Status ValidateLayers(const std::vector<PlanLayer>& layers) {
     // NaN or negative costs would silently break the minimisation; catch a bad profile here.
     if (!(c.forward_ms >= 0) || !(c.backward_ms >= 0) || !std::isfinite(c.forward_ms + c.backward_ms) ||
         c.param_bytes < 0 || c.activation_bytes < 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "layer %d has a negative or non-finite cost; every time and byte count must be >= 0", i));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("layer %d has a negative or non-finite cost; every time and byte count must be >= 0", i));
     }
   }
   return absl::OkStatus();
@@ -49,8 +47,8 @@ absl::Status ValidateRequest(const PlanRequest& r) {
     return absl::InvalidArgumentError(absl::StrFormat("%d stages asked for; use at least 1", r.stages));
   }
   if (r.stages > n) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%d stages but the model has only %d layers; use at most %d stages", r.stages, n, n));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d stages but the model has only %d layers; use at most %d stages", r.stages, n, n));
   }
   if (!r.memory_bytes.empty() && static_cast<int>(r.memory_bytes.size()) != r.stages) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -58,19 +56,19 @@ absl::Status ValidateRequest(const PlanRequest& r) {
         r.memory_bytes.size(), r.stages));
   }
   if (!r.in_flight.empty() && static_cast<int>(r.in_flight.size()) != r.stages) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "in_flight lists %d entries but there are %d stages; give one per stage, or none for 1 each",
-        r.in_flight.size(), r.stages));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("in_flight lists %d entries but there are %d stages; give one per stage, or none for 1 each",
+                        r.in_flight.size(), r.stages));
   }
   if (!r.stage_speed.empty() && static_cast<int>(r.stage_speed.size()) != r.stages) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "stage_speed lists %d entries but there are %d stages; give one per stage, or none for 1 each",
-        r.stage_speed.size(), r.stages));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("stage_speed lists %d entries but there are %d stages; give one per stage, or none for 1 each",
+                        r.stage_speed.size(), r.stages));
   }
   for (int s = 0; s < r.stages; ++s) {
     if (!r.stage_speed.empty() && !(r.stage_speed[s] > 0 && std::isfinite(r.stage_speed[s]))) {
-      return absl::InvalidArgumentError(absl::StrFormat("stage %d has speed %g; every speed must be > 0", s,
-                                                        r.stage_speed[s]));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("stage %d has speed %g; every speed must be > 0", s, r.stage_speed[s]));
     }
     if (!r.memory_bytes.empty() && r.memory_bytes[s] < 0) {
       return absl::InvalidArgumentError(absl::StrFormat("stage %d has negative memory_bytes", s));
@@ -123,9 +121,7 @@ class CostModel {
   }
 
   bool Limited() const { return !r_.memory_bytes.empty(); }
-  int64_t Available(int s) const {
-    return Limited() ? r_.memory_bytes[s] : std::numeric_limits<int64_t>::max();
-  }
+  int64_t Available(int s) const { return Limited() ? r_.memory_bytes[s] : std::numeric_limits<int64_t>::max(); }
   bool Fits(int s, int begin, int end) const { return Bytes(s, begin, end) <= Available(s); }
 
  private:
@@ -191,8 +187,8 @@ Plan Price(const CostModel& m, const std::vector<int>& counts) {
 }
 
 absl::Status OutOfMemory(int s, int64_t needed, int64_t available, const std::string& context) {
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "stage %d needs %s but its device has %s%s; %s", s, GiB(needed), GiB(available), context, kAdvice));
+  return absl::ResourceExhaustedError(absl::StrFormat("stage %d needs %s but its device has %s%s; %s", s, GiB(needed),
+                                                      GiB(available), context, kAdvice));
 }
 
 // The first stage of `plan` over its memory, or OK.
@@ -218,8 +214,7 @@ absl::Status ExplainNoFit(const CostModel& m) {
   const Plan closest = Price(m, Reconstruct(SuffixMinMax(m.stages(), m.layers(), fill), fill));
   int tightest = 0;
   for (int s = 1; s < m.stages(); ++s) {
-    if (Fill(closest.stage_bytes[s], m.Available(s)) >
-        Fill(closest.stage_bytes[tightest], m.Available(tightest))) {
+    if (Fill(closest.stage_bytes[s], m.Available(s)) > Fill(closest.stage_bytes[tightest], m.Available(tightest))) {
       tightest = s;
     }
   }
@@ -237,21 +232,19 @@ std::vector<int> UniformCounts(int layers, int stages) {
 absl::Status ValidateCounts(const PlanRequest& r, const std::vector<int>& counts) {
   if (static_cast<int>(counts.size()) != r.stages) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--partition lists %d stage sizes but there are %d stages; give one size per stage",
-        counts.size(), r.stages));
+        "--partition lists %d stage sizes but there are %d stages; give one size per stage", counts.size(), r.stages));
   }
   int64_t sum = 0;
   for (int s = 0; s < r.stages; ++s) {
     if (counts[s] < 1) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "stage %d gets %d layers; every stage needs at least 1", s, counts[s]));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("stage %d gets %d layers; every stage needs at least 1", s, counts[s]));
     }
     sum += counts[s];
   }
   if (sum != static_cast<int64_t>(r.layers.size())) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "sizes sum to %d but the model has %d layers; make them sum to %d", sum, r.layers.size(),
-        r.layers.size()));
+        "sizes sum to %d but the model has %d layers; make them sum to %d", sum, r.layers.size(), r.layers.size()));
   }
   return absl::OkStatus();
 }

@@ -20,23 +20,23 @@ struct PlanLayer {
 };
 
 struct PlanRequest {
-  std::vector<PlanLayer> layers;          // in model order
+  std::vector<PlanLayer> layers;  // in model order
   int stages = 1;
-  std::vector<int64_t> memory_bytes;      // usable memory of each stage's device (empty: unlimited)
+  std::vector<int64_t> memory_bytes;  // usable memory of each stage's device (empty: unlimited)
   // Micro-batches whose activations stage s holds at once: for 1F1B min(stages - s, microbatches),
   // for GPipe all of them; the planner takes this vector as given (one entry per stage).
   std::vector<int> in_flight;
-  bool forward_only = false;              // inference: forward time only, no gradients or optimizer state
+  bool forward_only = false;  // inference: forward time only, no gradients or optimizer state
   // Each stage's device speed relative to the one the layer costs are for (1: as fast; 0.9: a GPU at
   // 90% of the clock takes 1/0.9 of the time), so that a slower GPU gets less work. Empty: 1 each.
   std::vector<double> stage_speed;
 };
 
 struct Plan {
-  std::vector<int> layers_per_stage;      // sums to layers.size(); every entry >= 1
-  std::vector<double> stage_ms;           // forward (+ backward) time of each stage, at its device's speed
-  std::vector<int64_t> stage_bytes;       // memory estimate of each stage
-  double bottleneck_ms = 0;               // the slowest stage
+  std::vector<int> layers_per_stage;  // sums to layers.size(); every entry >= 1
+  std::vector<double> stage_ms;       // forward (+ backward) time of each stage, at its device's speed
+  std::vector<int64_t> stage_bytes;   // memory estimate of each stage
+  double bottleneck_ms = 0;           // the slowest stage
 };
 
 // The best contiguous partition (exact, by dynamic programming or binary search over the bottleneck).

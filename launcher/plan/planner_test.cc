@@ -270,7 +270,7 @@ TEST(PlannerTest, PlanBalanced_EqualCosts_PutsSurplusOnLaterStages) {
 TEST(PlannerTest, PlanBalanced_MemoryLimit_MovesLayersOffTheFullStage) {
   PlanRequest r = Request({}, 2);
   for (int i = 0; i < 4; ++i) r.layers.push_back(Layer(1, 2, 0, kGiB));
-  r.in_flight = {2, 1};                  // 1F1B: the first stage holds two micro-batches
+  r.in_flight = {2, 1};                    // 1F1B: the first stage holds two micro-batches
   r.memory_bytes = {3 * kGiB, 10 * kGiB};  // room for one layer's activations twice, not two
   const absl::StatusOr<Plan> plan = PlanBalanced(r);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -355,8 +355,10 @@ TEST(PlannerTest, AllPlanners_BadRequest_AreInvalidArgument) {
     EXPECT_EQ(PlanUniform(r).status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(PlanExplicit(r, {1, 1}).status().code(), absl::StatusCode::kInvalidArgument);
   }
-  EXPECT_THAT(PlanBalanced(memory).status().message(), HasSubstr("memory_bytes lists 1 entries but there are 2 stages"));
-  EXPECT_THAT(PlanBalanced(in_flight).status().message(), HasSubstr("in_flight lists 3 entries but there are 2 stages"));
+  EXPECT_THAT(PlanBalanced(memory).status().message(),
+              HasSubstr("memory_bytes lists 1 entries but there are 2 stages"));
+  EXPECT_THAT(PlanBalanced(in_flight).status().message(),
+              HasSubstr("in_flight lists 3 entries but there are 2 stages"));
 }
 
 TEST(PlannerTest, PlanUniform_37LayersOver3Stages_ExtraLayersGoFirst) {

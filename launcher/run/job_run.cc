@@ -30,8 +30,8 @@ namespace {
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
-RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& supervisor, double peak_tflops,
-                         int exit_code, const std::string& root_cause) {
+RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& supervisor, double peak_tflops, int exit_code,
+                         const std::string& root_cause) {
   ReportInput in;
   in.job_id = state.job_id();
   in.job = state.job();
@@ -60,7 +60,8 @@ RunReport BuildRunReport(const CoordinatorState& state, const Supervisor& superv
   in.peak_tflops_per_device = state.job().device() == "cuda" ? peak_tflops : 0;
   in.warmup_steps = std::min<int64_t>(3, std::max<int64_t>(0, state.job().steps() - 1));
   for (const RankLedger& l : supervisor.Ledger()) {
-    if (l.first_step) in.launch_to_first_step_seconds = std::max(in.launch_to_first_step_seconds, absl::ToDoubleSeconds(*l.first_step));
+    if (l.first_step)
+      in.launch_to_first_step_seconds = std::max(in.launch_to_first_step_seconds, absl::ToDoubleSeconds(*l.first_step));
   }
   if (std::optional<Partition> p = state.partition()) {
     in.predicted_compute_ms = p->predicted_compute_ms;
@@ -87,7 +88,8 @@ std::string FailedActions(const CoordinatorState& state) {
   for (int r = 0; r < static_cast<int>(workers.size()); ++r) {
     if (workers[r].failed_action < 0) continue;
     absl::StatusOr<std::string> grid = FailureGrid(*partition, r, workers[r].failed_action);
-    if (grid.ok()) absl::StrAppend(&out, "stagehand: rank ", r, " failed at the marked action of its schedule:\n", *grid);
+    if (grid.ok())
+      absl::StrAppend(&out, "stagehand: rank ", r, " failed at the marked action of its schedule:\n", *grid);
   }
   return out;
 }
@@ -99,7 +101,8 @@ const char* SignalText(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTE
 void RemovePartialExports(const std::string& export_dir, const std::string& job_id) {
   const size_t slash = export_dir.find_last_of('/');
   const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : export_dir.substr(0, slash);
-  const std::string prefix = absl::StrCat(export_dir.substr(slash == std::string::npos ? 0 : slash + 1), ".partial-", job_id, "-");
+  const std::string prefix =
+      absl::StrCat(export_dir.substr(slash == std::string::npos ? 0 : slash + 1), ".partial-", job_id, "-");
   DIR* d = opendir(parent.c_str());
   if (d == nullptr) return;
   std::vector<std::string> partial;
@@ -234,29 +237,29 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
     return nullptr;
   }
   if (o.nodes > 1) {
-    listener->Text(absl::StrFormat("stagehand: job %s: node 0 of %d, %d %s worker%s here; coordinator %s%s; waiting for "
-                                   "the agents of nodes 1-%d; run directory %s\n",
-                                   o.job_id, o.nodes, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
-                                   spec.workers() == 1 ? "" : "s", run->server_->address(),
-                                   o.tls.enabled() ? " (mutual TLS)" : "", o.nodes - 1, o.run_dir));
+    listener->Text(absl::StrFormat(
+        "stagehand: job %s: node 0 of %d, %d %s worker%s here; coordinator %s%s; waiting for "
+        "the agents of nodes 1-%d; run directory %s\n",
+        o.job_id, o.nodes, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU", spec.workers() == 1 ? "" : "s",
+        run->server_->address(), o.tls.enabled() ? " (mutual TLS)" : "", o.nodes - 1, o.run_dir));
     exit_code = kExitSuccess;
     return run;  // the workers start once every node has joined (StartWorld)
   }
   run->supervisor_ = std::make_unique<Supervisor>(&run->state_, spawner, run->WorkerOptions());
   if (spec.program_size() > 0) {
-    listener->Text(absl::StrFormat("stagehand: job %s: %d %s worker%s of %s; c10d store 127.0.0.1:%d (MASTER_ADDR, "
-                                   "MASTER_PORT); run directory %s\n",
-                                   o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
-                                   spec.workers() == 1 ? "" : "s", absl::StrJoin(spec.program(), " "),
-                                   run->store_->port(), o.run_dir));
+    listener->Text(absl::StrFormat(
+        "stagehand: job %s: %d %s worker%s of %s; c10d store 127.0.0.1:%d (MASTER_ADDR, "
+        "MASTER_PORT); run directory %s\n",
+        o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU", spec.workers() == 1 ? "" : "s",
+        absl::StrJoin(spec.program(), " "), run->store_->port(), o.run_dir));
     (void)run->supervisor_->Start();
     exit_code = kExitSuccess;
     return run;
   }
-  listener->Text(absl::StrFormat("stagehand: job %s: %d %s worker%s, %d step%s of %s; coordinator %s; run directory %s\n",
-                                 o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
-                                 spec.workers() == 1 ? "" : "s", spec.steps(), spec.steps() == 1 ? "" : "s",
-                                 spec.model(), run->server_->address(), o.run_dir));
+  listener->Text(
+      absl::StrFormat("stagehand: job %s: %d %s worker%s, %d step%s of %s; coordinator %s; run directory %s\n",
+                      o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU", spec.workers() == 1 ? "" : "s",
+                      spec.steps(), spec.steps() == 1 ? "" : "s", spec.model(), run->server_->address(), o.run_dir));
   (void)run->supervisor_->Start();  // a spawn failure is an incident: the ticks stop the job
   exit_code = kExitSuccess;
   return run;
@@ -270,7 +273,8 @@ std::vector<std::string> JobRun::ProgramEnv(int64_t incarnation) {
     store_->Stop();
     store_ = std::make_unique<C10dStoreServer>();
     if (absl::StatusOr<int> port = store_->Start("127.0.0.1", 0); !port.ok()) {
-      listener_->Text(absl::StrCat("stagehand: the c10d store for attempt ", incarnation, ": ", Message(port.status()), "\n"));
+      listener_->Text(
+          absl::StrCat("stagehand: the c10d store for attempt ", incarnation, ": ", Message(port.status()), "\n"));
     }
   }
   std::vector<std::string> env = {"MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", store_->port())};
@@ -314,11 +318,11 @@ bool JobRun::StartWorld() {
   if (!missing.empty()) {
     const absl::Duration wait = absl::Milliseconds(options_.job.spec.timeouts().register_ms());
     if (absl::Now() - options_.launch < wait) return false;
-    FailBeforeWorld(kExitWorkerHung,
-                    absl::StrCat(missing.size() == 1 ? "node " : "nodes ", absl::StrJoin(missing, ", "),
-                                 " did not join within ", absl::FormatDuration(wait), " (is its launcher running with --nodes=",
-                                 nodes.size(), " --node_rank=", missing[0], " --coordinator_address=",
-                                 server_->address(), "?)"));
+    FailBeforeWorld(
+        kExitWorkerHung,
+        absl::StrCat(missing.size() == 1 ? "node " : "nodes ", absl::StrJoin(missing, ", "), " did not join within ",
+                     absl::FormatDuration(wait), " (is its launcher running with --nodes=", nodes.size(),
+                     " --node_rank=", missing[0], " --coordinator_address=", server_->address(), "?)"));
     return true;
   }
   absl::StatusOr<JobSpec> spec = options_.resolve_world(world, nodes);
@@ -375,9 +379,10 @@ int64_t JobRun::steps_done() const {
 bool JobRun::CheckpointAndStop(int signal, int node) {
   const JobSpec& job = state_.job();
   if (term_at_ > 0) {  // another node's signal, or ours, asked already: one checkpoint serves both
-    listener_->Text(absl::StrFormat("stagehand: %s%s: the checkpoint after step %d is under way (again to stop at "
-                                    "once)\n", node > 0 ? absl::StrCat("node ", node, ": ") : "", SignalText(signal),
-                                    term_at_));
+    listener_->Text(
+        absl::StrFormat("stagehand: %s%s: the checkpoint after step %d is under way (again to stop at "
+                        "once)\n",
+                        node > 0 ? absl::StrCat("node ", node, ": ") : "", SignalText(signal), term_at_));
     return true;
   }
   if (supervisor_ == nullptr || !supervisor_->running() || !WritesTermCheckpoints(job)) return false;
@@ -386,10 +391,11 @@ bool JobRun::CheckpointAndStop(int signal, int node) {
   term_node_ = node;
   term_at_ = state_.RequestCheckpointAndStop();
   term_deadline_ = absl::Now() + TermCheckpointTimeout(job);
-  listener_->Text(absl::StrFormat("stagehand: %s%s: every rank writes a checkpoint after step %d, then the run stops "
-                                  "(waiting up to %s; again to stop at once)\n",
-                                  node > 0 ? absl::StrCat("node ", node, " got ") : "", SignalText(signal), term_at_,
-                                  absl::FormatDuration(TermCheckpointTimeout(job))));
+  listener_->Text(
+      absl::StrFormat("stagehand: %s%s: every rank writes a checkpoint after step %d, then the run stops "
+                      "(waiting up to %s; again to stop at once)\n",
+                      node > 0 ? absl::StrCat("node ", node, " got ") : "", SignalText(signal), term_at_,
+                      absl::FormatDuration(TermCheckpointTimeout(job))));
   return true;
 }
 
@@ -428,15 +434,17 @@ bool JobRun::Tick() {
     // An agent forwards its SIGTERM only for a job that writes checkpoints (NodeAgent); should this
     // one not (its run is ending), the job stops as for our own signal.
     if (!CheckpointAndStop(ns->signal, ns->node)) {
-      listener_->Text(absl::StrCat("stagehand: node ", ns->node, " got ", SignalText(ns->signal), ": stopping the workers\n"));
+      listener_->Text(
+          absl::StrCat("stagehand: node ", ns->node, " got ", SignalText(ns->signal), ": stopping the workers\n"));
       supervisor_->Interrupt(SIGTERM, /*force=*/false);
     }
   }
   if (term_at_ > 0 && !term_timed_out_ && absl::Now() > term_deadline_) {
     term_timed_out_ = true;
-    listener_->Text(absl::StrFormat("stagehand: %s: no checkpoint after step %d within the timeout "
-                                    "(--term_checkpoint_timeout_ms); stopping the workers\n",
-                                    SignalText(term_signal_), term_at_));
+    listener_->Text(
+        absl::StrFormat("stagehand: %s: no checkpoint after step %d within the timeout "
+                        "(--term_checkpoint_timeout_ms); stopping the workers\n",
+                        SignalText(term_signal_), term_at_));
     supervisor_->Interrupt(term_signal_, /*force=*/false);
   }
   const bool over = supervisor_->Tick();
@@ -448,7 +456,8 @@ bool JobRun::Tick() {
 
 void JobRun::Interrupt(int signal, bool force) {
   if (supervisor_ == nullptr) {
-    return FailBeforeWorld(128 + signal, absl::StrCat("interrupted by ", SignalText(signal), " before every node joined"));
+    return FailBeforeWorld(128 + signal,
+                           absl::StrCat("interrupted by ", SignalText(signal), " before every node joined"));
   }
   supervisor_->Interrupt(signal, force);
 }
@@ -510,8 +519,10 @@ JobRunEnd JobRun::Finish(int first_signal, absl::string_view note) {
   if (IsModelJob(state_.job()) && end.report.step_seconds() > 0) {
     listener_->Text(SummaryLines(end.report, HasActionTiming(state_.Steps())));
   }
-  if (const std::string line = GpuSummaryLine(end.report); !line.empty()) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
-  for (const std::string& line : PredictedVsMeasuredLines(end.report)) listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
+  if (const std::string line = GpuSummaryLine(end.report); !line.empty())
+    listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
+  for (const std::string& line : PredictedVsMeasuredLines(end.report))
+    listener_->Text(absl::StrCat("stagehand: GPU: ", line, "\n"));
   if (!spec.export_dir().empty()) {
     // Also after a success: an earlier incarnation's partial export (a restart) is never left behind.
     RemovePartialExports(spec.export_dir(), state_.job_id());
@@ -531,7 +542,8 @@ JobRunEnd JobRun::Finish(int first_signal, absl::string_view note) {
 // The line a signal's arrival prints (launch.cc and serve.cc share it).
 std::string InterruptLine(int sig, int interrupts) {
   return absl::StrCat("stagehand: ", SignalText(sig), ": ", sig == SIGHUP ? "as for SIGTERM, " : "",
-                      interrupts == 1 ? "stopping the workers (again to kill them at once)" : "killing the workers", "\n");
+                      interrupts == 1 ? "stopping the workers (again to kill them at once)" : "killing the workers",
+                      "\n");
 }
 
 }  // namespace stagehand

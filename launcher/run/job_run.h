@@ -44,11 +44,11 @@ class JobListener {
 };
 
 struct JobRunOptions {
-  ResolvedJob job;                  // validated (ValidateLaunch)
+  ResolvedJob job;  // validated (ValidateLaunch)
   std::string job_id;
-  std::string secret;               // the job's secret (workers and coordinator)
+  std::string secret;  // the job's secret (workers and coordinator)
   std::string worker_binary;
-  std::string run_dir;              // checked (CheckRunDir); created by Start
+  std::string run_dir;  // checked (CheckRunDir); created by Start
   bool overwrite = false;
   std::string coordinator_address;  // host:port; port 0 picks one
   absl::Time launch = absl::Now();  // the ledger counts from it

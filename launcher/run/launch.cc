@@ -40,7 +40,6 @@
 namespace stagehand {
 namespace {
 
-
 std::string RandomHex(int bytes) {
   std::string raw(bytes, '\0');
   ssize_t n = getrandom(raw.data(), raw.size(), 0);
@@ -94,7 +93,10 @@ class ValidationSignalWatcher {
       const int sig = sigtimedwait(&set_, nullptr, &tick);
       if (sig != SIGINT && sig != SIGTERM && sig != SIGHUP) continue;
       // Raw write and _exit: nothing to flush or unwind, and the other threads only read.
-      const std::string line = absl::StrCat("stagehand: ", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP",
+      const std::string line = absl::StrCat("stagehand: ",
+                                            sig == SIGINT    ? "SIGINT"
+                                            : sig == SIGTERM ? "SIGTERM"
+                                                             : "SIGHUP",
                                             " while the job was being checked: stopped, nothing was started\n");
       ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
       (void)ignored;
@@ -140,7 +142,9 @@ class StdoutListener : public JobListener {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   }
-  void Refusal(absl::string_view line) override { std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data()); }
+  void Refusal(absl::string_view line) override {
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+  }
 };
 
 // Runs the job until every worker is gone, feeding it signals. SIGHUP (the terminal went away) is
@@ -197,7 +201,8 @@ absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, con
   JobRequest request = options.job;
   // Several hosts: the other nodes' counts come when they join, and the job is resolved again for the
   // whole world then (WorldResolver). Until then, the pipeline is checked at the stages asked for.
-  if (several && options.job.flags.pipeline().has_stages()) request.world_workers = options.job.flags.pipeline().stages();
+  if (several && options.job.flags.pipeline().has_stages())
+    request.world_workers = options.job.flags.pipeline().stages();
   absl::StatusOr<ResolvedJob> job = ResolveJob(request, inventory);
   if (!job.ok()) return job.status();
   if (several) job->spec.set_workers(job->host_workers);  // node 0's part until the world is fixed
@@ -351,8 +356,8 @@ namespace {
 
 // The runs of a sweep: one LaunchOptions per count that can run here, and the points skipped.
 struct SweepPlan {
-  std::vector<SweepPoint> points;         // in the order asked, skipped ones with their note
-  std::vector<LaunchOptions> runs;        // per point; run only where points[i].note is empty
+  std::vector<SweepPoint> points;   // in the order asked, skipped ones with their note
+  std::vector<LaunchOptions> runs;  // per point; run only where points[i].note is empty
   bool cpu = false;
 };
 
@@ -370,7 +375,10 @@ SweepPlan PlanSweep(const LaunchOptions& options, const std::vector<int>& counts
     }
     LaunchOptions o = options;
     o.run_dir = absl::StrCat(base, "/workers_", n);
-    if (plan.cpu) o.job.flags.set_workers(n); else o.job.gpus = n;
+    if (plan.cpu)
+      o.job.flags.set_workers(n);
+    else
+      o.job.gpus = n;
     if (!program) o.job.flags.mutable_pipeline()->set_stages(n);
     plan.points.push_back(p);
     plan.runs.push_back(o);
@@ -381,10 +389,10 @@ SweepPlan PlanSweep(const LaunchOptions& options, const std::vector<int>& counts
 }  // namespace
 
 int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
-  const std::string base = UserPath(options.run_dir.empty()
-                                        ? absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(),
-                                                                                 absl::LocalTimeZone()), "-sweep")
-                                        : options.run_dir);
+  const std::string base = UserPath(
+      options.run_dir.empty()
+          ? absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()), "-sweep")
+          : options.run_dir);
   std::optional<ValidationSignalWatcher> watcher(std::in_place);  // until the base directory is made
   SweepPlan plan = PlanSweep(options, counts, base);
   // Every point is checked before the first runs, so that a count the job cannot take is refused with
@@ -449,8 +457,8 @@ int Sweep(const LaunchOptions& options, const std::vector<int>& counts) {
     return exit_code;
   }
   const std::string what = !options.job.program.empty() ? absl::StrJoin(options.job.program, " ")
-                           : !results_model.empty()      ? results_model
-                                                         : options.job.flags.model();
+                           : !results_model.empty()     ? results_model
+                                                        : options.job.flags.model();
   const std::string title = absl::StrCat("stagehand sweep: ", what, plan.cpu ? " on CPU workers" : " on GPUs");
   WriteErrors errors;
   errors.Add(WriteFileAtomically(base + "/sweep.csv", SweepCsv(plan.points)));

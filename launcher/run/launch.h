@@ -25,18 +25,18 @@ inline constexpr char kVersion[] = "0.11.0";
 
 struct LaunchOptions {
   JobRequest job;
-  std::string run_dir;              // "" for runs/<time>-<name>-<id> under the working directory
-  bool overwrite = false;           // a non-empty run_dir holding an earlier run of ours is cleared
-  std::string coordinator_address;  // host:port; port 0 picks one
-  std::string worker_binary;        // "" to find it beside the launcher
-  absl::Time launch = absl::Now();  // when the launcher process started (the ledger counts from it)
+  std::string run_dir;                    // "" for runs/<time>-<name>-<id> under the working directory
+  bool overwrite = false;                 // a non-empty run_dir holding an earlier run of ours is cleared
+  std::string coordinator_address;        // host:port; port 0 picks one
+  std::string worker_binary;              // "" to find it beside the launcher
+  absl::Time launch = absl::Now();        // when the launcher process started (the ledger counts from it)
   double peak_tflops_per_device = 989.0;  // for MFU: dense bf16 of an H100/H200
-  bool progress_bar = false;        // a live bar (a terminal) rather than a line per step
+  bool progress_bar = false;              // a live bar (a terminal) rather than a line per step
   // Several hosts: node 0 coordinates (at coordinator_address) and runs this host's workers; a
   // node_rank > 0 is an agent (node_agent.h). node.coordinator_address is coordinator_address.
   NodeOptions node;
-  NodeTls tls;                      // the job's certificates: any non-loopback hop needs them
-  std::string job_token_file;       // the job secret shared by every node (agents on loopback)
+  NodeTls tls;                 // the job's certificates: any non-loopback hop needs them
+  std::string job_token_file;  // the job secret shared by every node (agents on loopback)
 };
 
 struct LaunchResult {
@@ -63,8 +63,8 @@ LaunchResult Launch(const LaunchOptions& options);
 // `launcher --sweep=1,2,4`: the same job, a model or a program (`-- PROGRAM`), at each worker count
 // (counts beyond the visible GPUs are skipped with a note), each run in <run_dir>/workers_<N>, then
 // sweep.csv, sweep.md and sweep.svg in <run_dir> (sweep_report.h: a program's runs compare by the
-// throughput its script reports). Every count is checked before the first runs (a refused one: exit 2, nothing started).
-// Returns 0 when every run that was not skipped succeeded, else the first failure's code.
+// throughput its script reports). Every count is checked before the first runs (a refused one: exit 2, nothing
+// started). Returns 0 when every run that was not skipped succeeded, else the first failure's code.
 int Sweep(const LaunchOptions& options, const std::vector<int>& counts);
 
 }  // namespace stagehand

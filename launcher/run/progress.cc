@@ -12,9 +12,9 @@
 namespace stagehand {
 
 std::string Progress::AllReduceHeader() {
-  return absl::StrFormat("#%12s %12s %8s %6s %10s %8s %8s %7s\n#%12s %12s %8s %6s %10s %8s %8s %7s\n", "size",
-                         "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "(B)", "(elements)", "", "",
-                         "(us)", "(GB/s)", "(GB/s)", "");
+  return absl::StrFormat("#%12s %12s %8s %6s %10s %8s %8s %7s\n#%12s %12s %8s %6s %10s %8s %8s %7s\n", "size", "count",
+                         "type", "redop", "time", "algbw", "busbw", "#wrong", "(B)", "(elements)", "", "", "(us)",
+                         "(GB/s)", "(GB/s)", "");
 }
 
 std::string Progress::AllReduceRow(int64_t elements, int ranks, double seconds) {
@@ -22,8 +22,8 @@ std::string Progress::AllReduceRow(int64_t elements, int ranks, double seconds) 
   const double algbw = seconds > 0 ? bytes / seconds / 1e9 : 0;
   const double busbw = ranks > 0 ? algbw * 2.0 * (ranks - 1) / ranks : 0;
   // #wrong is 0 by construction: every rank checks every element and fails the job otherwise.
-  return absl::StrFormat(" %12d %12d %8s %6s %10.1f %8.2f %8.2f %7d\n", static_cast<int64_t>(bytes), elements,
-                         "float", "sum", seconds * 1e6, algbw, busbw, 0);
+  return absl::StrFormat(" %12d %12d %8s %6s %10.1f %8.2f %8.2f %7d\n", static_cast<int64_t>(bytes), elements, "float",
+                         "sum", seconds * 1e6, algbw, busbw, 0);
 }
 
 void Progress::Update(const CoordinatorState& state) {
@@ -78,7 +78,8 @@ void Progress::Done() {
   if (bar_ && drawn_) write_("\n");
   if (busbw_count_ > 0) {
     write_(absl::StrFormat("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : %.3f GB/s (%d rank%s, %d step%s)\n",
-                 busbw_sum_ / busbw_count_, ranks_, ranks_ == 1 ? "" : "s", busbw_count_, busbw_count_ == 1 ? "" : "s"));
+                           busbw_sum_ / busbw_count_, ranks_, ranks_ == 1 ? "" : "s", busbw_count_,
+                           busbw_count_ == 1 ? "" : "s"));
     busbw_count_ = 0;
   }
 }

@@ -111,7 +111,8 @@ TEST(PrintStep, EveryRanksParameters_PrintedOnceWithTheTotal) {
   p.PrintStep(r, job);
   r.set_step(1);
   p.PrintStep(r, job);
-  EXPECT_NE(text.find("stagehand: parameters: 3500000 (3.50M): rank 0 1.50M, rank 1 2.00M\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("stagehand: parameters: 3500000 (3.50M): rank 0 1.50M, rank 1 2.00M\n"), std::string::npos)
+      << text;
   EXPECT_EQ(text.find("parameters"), text.rfind("parameters")) << text;
 }
 

@@ -245,11 +245,21 @@ std::string JsonString(absl::string_view s) {
   std::string out = "\"";
   for (const char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
@@ -304,9 +314,9 @@ class Track {
 std::string ActionEvent(const ActionTiming& a, int rank, int64_t step, std::pair<int64_t, int64_t> slice) {
   std::string args = absl::StrCat(R"({"step":)", step);
   if (a.bytes() > 0) absl::StrAppend(&args, R"(,"bytes":)", a.bytes());
-  return absl::StrCat("{\"name\":", JsonString(a.name()), ",\"cat\":", JsonString(a.kind()),
-                      R"(,"ph":"X","pid":)", rank, R"(,"tid":0,"ts":)", Micros(slice.first),
-                      R"(,"dur":)", Micros(slice.second), R"(,"args":)", args, "}}");
+  return absl::StrCat("{\"name\":", JsonString(a.name()), ",\"cat\":", JsonString(a.kind()), R"(,"ph":"X","pid":)",
+                      rank, R"(,"tid":0,"ts":)", Micros(slice.first), R"(,"dur":)", Micros(slice.second), R"(,"args":)",
+                      args, "}}");
 }
 
 // The earliest step start or GPU sample of the run: time zero of the trace.
@@ -363,9 +373,8 @@ std::vector<std::string> CounterEvents(const Reports& reports, int64_t origin) {
 std::vector<const ActionTiming*> ActionsInStartOrder(const StepTiming& t) {
   std::vector<const ActionTiming*> actions;
   for (const ActionTiming& a : t.actions()) actions.push_back(&a);
-  std::stable_sort(actions.begin(), actions.end(), [](const ActionTiming* x, const ActionTiming* y) {
-    return x->start_ms() < y->start_ms();
-  });
+  std::stable_sort(actions.begin(), actions.end(),
+                   [](const ActionTiming* x, const ActionTiming* y) { return x->start_ms() < y->start_ms(); });
   return actions;
 }
 
@@ -463,8 +472,8 @@ RunReport BuildReport(const ReportInput& input) {
 }
 
 const std::vector<std::string>& GpuCounterNames() {
-  static const std::vector<std::string> names = {"GPU SM clock", "GPU memory clock", "GPU power",
-                                                 "GPU temperature", "GPU utilization", "GPU throttle"};
+  static const std::vector<std::string> names = {"GPU SM clock",    "GPU memory clock", "GPU power",
+                                                 "GPU temperature", "GPU utilization",  "GPU throttle"};
   return names;
 }
 
@@ -477,15 +486,16 @@ std::string GpuSummaryLine(const RunReport& report) {
   // The slowest: the most compute per step where the workers timed it (the pipeline's bottleneck),
   // else the lowest clock.
   const bool timed = std::any_of(gpus.begin(), gpus.end(), [](const RankReport* r) { return Busy(*r) > 0; });
-  const RankReport* slowest = *std::max_element(gpus.begin(), gpus.end(), [timed](const RankReport* a, const RankReport* b) {
-    return timed ? Busy(*a) < Busy(*b) : a->telemetry().sm_mhz_mean() > b->telemetry().sm_mhz_mean();
-  });
+  const RankReport* slowest =
+      *std::max_element(gpus.begin(), gpus.end(), [timed](const RankReport* a, const RankReport* b) {
+        return timed ? Busy(*a) < Busy(*b) : a->telemetry().sm_mhz_mean() > b->telemetry().sm_mhz_mean();
+      });
   const StepTelemetry& t = slowest->telemetry();
   std::string why = ThrottleText(t);
-  std::string line = absl::StrCat("rank ", slowest->rank(), gpus.size() > 1 ? " is the slowest" : "",
-                                  timed ? absl::StrFormat(" (%.1f ms of compute per step)", Busy(*slowest)) : "", ": ",
-                                  why.empty() ? "not throttled" : why,
-                                  absl::StrFormat(", SM clock %.0f MHz mean", t.sm_mhz_mean()));
+  std::string line =
+      absl::StrCat("rank ", slowest->rank(), gpus.size() > 1 ? " is the slowest" : "",
+                   timed ? absl::StrFormat(" (%.1f ms of compute per step)", Busy(*slowest)) : "", ": ",
+                   why.empty() ? "not throttled" : why, absl::StrFormat(", SM clock %.0f MHz mean", t.sm_mhz_mean()));
   const RankReport* fastest = nullptr;
   for (const RankReport* r : gpus) {
     if (r != slowest && (fastest == nullptr || r->telemetry().sm_mhz_mean() > fastest->telemetry().sm_mhz_mean())) {
@@ -493,7 +503,8 @@ std::string GpuSummaryLine(const RunReport& report) {
     }
   }
   if (fastest != nullptr) {
-    absl::StrAppend(&line, absl::StrFormat(" vs rank %d's %.0f MHz", fastest->rank(), fastest->telemetry().sm_mhz_mean()));
+    absl::StrAppend(&line,
+                    absl::StrFormat(" vs rank %d's %.0f MHz", fastest->rank(), fastest->telemetry().sm_mhz_mean()));
   } else {
     absl::StrAppend(&line, absl::StrFormat(" (%.0f min)", t.sm_mhz_min()));
   }
@@ -517,10 +528,12 @@ std::vector<std::string> PredictedVsMeasuredLines(const RunReport& report) {
         r->telemetry().sm_mhz_mean());
     const RankReport* fastest = nullptr;
     for (const RankReport* o : gpus) {
-      if (o != r && (fastest == nullptr || o->telemetry().sm_mhz_mean() > fastest->telemetry().sm_mhz_mean())) fastest = o;
+      if (o != r && (fastest == nullptr || o->telemetry().sm_mhz_mean() > fastest->telemetry().sm_mhz_mean()))
+        fastest = o;
     }
     if (fastest != nullptr) {
-      absl::StrAppend(&line, absl::StrFormat(" vs rank %d's %.0f MHz", fastest->rank(), fastest->telemetry().sm_mhz_mean()));
+      absl::StrAppend(&line,
+                      absl::StrFormat(" vs rank %d's %.0f MHz", fastest->rank(), fastest->telemetry().sm_mhz_mean()));
     }
     absl::StrAppend(&line, r->planned_sm_mhz() > 0
                                ? absl::StrFormat(" (the partition weighed it at %.0f MHz)", r->planned_sm_mhz())
@@ -556,8 +569,7 @@ std::string ChromeTrace(const std::vector<ReportStepRequest>& steps, int ranks) 
   }
   for (std::string& e : ActionEvents(reports)) events.push_back(std::move(e));
   for (std::string& e : CounterEvents(reports, TraceOrigin(reports))) events.push_back(std::move(e));
-  return absl::StrCat("{\"traceEvents\":[\n", absl::StrJoin(events, ",\n"),
-                      "\n],\n\"displayTimeUnit\":\"ms\"}\n");
+  return absl::StrCat("{\"traceEvents\":[\n", absl::StrJoin(events, ",\n"), "\n],\n\"displayTimeUnit\":\"ms\"}\n");
 }
 
 std::string FlopsText(double tflops) {
@@ -594,9 +606,11 @@ std::string PredictionLine(const RunReport& report, bool action_timing) {
   }
   if (action_timing) {
     absl::StrAppend(&line, "; bubble per rank predicted");
-    for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.predicted_bubble_fraction()));
+    for (const RankReport& r : report.ranks())
+      absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.predicted_bubble_fraction()));
     absl::StrAppend(&line, ", measured");
-    for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
+    for (const RankReport& r : report.ranks())
+      absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
   }
   return absl::StrCat(line, "\n");
 }
@@ -605,20 +619,21 @@ std::string PredictionLine(const RunReport& report, bool action_timing) {
 
 std::string SummaryLines(const RunReport& report, bool action_timing) {
   const bool gpu = report.job().device() == "cuda";
-  std::string line = absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s", report.step_seconds(),
-                                     report.tokens_per_second());
+  std::string line =
+      absl::StrFormat("stagehand: %.4f s/step  %.0f tokens/s", report.step_seconds(), report.tokens_per_second());
   // A family of the user's has no FLOP count: no FLOP/s and no MFU rather than zeros.
   if (report.tflops() > 0) {
     absl::StrAppend(&line, "  ", FlopsText(report.tflops()));
     if (gpu) absl::StrAppend(&line, absl::StrFormat("  MFU %.1f%%", 100 * report.mfu()));
   }
   if (report.inference_perplexity() > 0) {  // inference with weights: over every step's batch
-    absl::StrAppend(&line, absl::StrFormat("  loss %.4f  perplexity %.3f", report.inference_loss(),
-                                           report.inference_perplexity()));
+    absl::StrAppend(
+        &line, absl::StrFormat("  loss %.4f  perplexity %.3f", report.inference_loss(), report.inference_perplexity()));
   }
   if (action_timing) {
     absl::StrAppend(&line, "  bubble");
-    for (const RankReport& r : report.ranks()) absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
+    for (const RankReport& r : report.ranks())
+      absl::StrAppend(&line, absl::StrFormat(" %.1f%%", 100 * r.bubble_fraction()));
   }
   std::string out = absl::StrFormat("%s (after %d warm-up step%s)\n", line, static_cast<int>(report.warmup_steps()),
                                     report.warmup_steps() == 1 ? "" : "s");

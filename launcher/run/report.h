@@ -22,22 +22,22 @@ struct ReportInput {
   JobSpec job;
   int exit_code = 0;
   std::string root_cause;
-  std::vector<ReportStepRequest> steps;  // every step report of every rank, in arrival order
-  std::vector<std::string> hosts;        // per rank
-  std::vector<std::string> devices;      // per rank, e.g. "NVIDIA H200" or "cpu"
+  std::vector<ReportStepRequest> steps;     // every step report of every rank, in arrival order
+  std::vector<std::string> hosts;           // per rank
+  std::vector<std::string> devices;         // per rank, e.g. "NVIDIA H200" or "cpu"
   std::vector<std::pair<int, int>> layers;  // per rank: [first, last) pipeline layers
   double peak_tflops_per_device = 989.0;    // H100/H200 dense bf16
-  int64_t warmup_steps = 0;              // steps left out of the means (min(3, steps - 1) by default)
+  int64_t warmup_steps = 0;                 // steps left out of the means (min(3, steps - 1) by default)
   double launch_to_first_step_seconds = 0;
-  std::vector<GpuHealth> health;         // per rank: its GPU's pre-flight readings (empty for CPU runs)
+  std::vector<GpuHealth> health;  // per rank: its GPU's pre-flight readings (empty for CPU runs)
   // Per rank, from the partition (empty: no measured profile): its predicted compute per step and the
   // SM clock the partition weighed it at (0: clock-blind).
   std::vector<double> predicted_compute_ms;
   std::vector<double> planned_sm_mhz;
 };
 
-// Aggregates: steps done (every rank reported them), step time (the rank holding the loss, else the slowest rank), tokens/s, TFLOP/s, MFU,
-// and per rank the mean breakdown, bubble fraction, communication bandwidth and peak memory.
+// Aggregates: steps done (every rank reported them), step time (the rank holding the loss, else the slowest rank),
+// tokens/s, TFLOP/s, MFU, and per rank the mean breakdown, bubble fraction, communication bandwidth and peak memory.
 RunReport BuildReport(const ReportInput& input);
 
 // Whether any step carries per-action timing or a compute breakdown (not so with --timing=false):
@@ -80,11 +80,10 @@ std::string FlopsText(double tflops);
 std::string SecondsText(double seconds);
 
 // The lines that end a model run (each "stagehand: ...\n"): the summary (step time, tokens/s, FLOP/s
-// and MFU on GPUs where the model's FLOPs are known, the measured bubble with `action_timing`) and, where one is meaningful, the predicted
-// step beside the measured one: from the workers' measured profile, or from a built-in family's
-// estimate on GPUs (its figures are a GPU's: on CPU workers it predicts nothing worth printing). A
-// prediction missed by 3x or more says so in words ("measured 0.940 s/step, 21x the predicted
-// 0.0440 s ...").
+// and MFU on GPUs where the model's FLOPs are known, the measured bubble with `action_timing`) and, where one is
+// meaningful, the predicted step beside the measured one: from the workers' measured profile, or from a built-in
+// family's estimate on GPUs (its figures are a GPU's: on CPU workers it predicts nothing worth printing). A prediction
+// missed by 3x or more says so in words ("measured 0.940 s/step, 21x the predicted 0.0440 s ...").
 std::string SummaryLines(const RunReport& report, bool action_timing);
 
 // Whether a run's exit code is a stop by SIGINT (130) or by SIGTERM/SIGHUP (143): not a failure.

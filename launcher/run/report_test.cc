@@ -103,8 +103,7 @@ ReportInput TwoRankRun() {
     const bool warm = s < 2;
     // Rank 0: forward 20+s, bubble 1 - (65+s)/100; comm (s+1) MB in 0.5*(s+1) ms.
     const Timing t0 = warm ? Timing{100, 999, 999, 999, 999, 999, 1, 1000}
-                           : Timing{100, 20.0 + s, 40, 5, 10, 25.0 - s, int64_t{1000000} * (s + 1),
-                                    0.5 * (s + 1)};
+                           : Timing{100, 20.0 + s, 40, 5, 10, 25.0 - s, int64_t{1000000} * (s + 1), 0.5 * (s + 1)};
     // Rank 1: bubble 1 - (85+s)/100, except step 4 where compute exceeds the step (clamped to 0).
     const Timing t1 = warm ? Timing{100, 999, 999, 999, 999, 999, 0, 0}
                            : Timing{s == 4 ? 80.0 : 100.0, 30, 50.0 + s, 5, 2, 13.0 - s, 0, 0};
@@ -141,8 +140,8 @@ TEST(StepFlops, TinyLlama_CountsGroupedQueryAttentionAndSwiGlu) {
   job.mutable_pipeline()->set_global_batch(32);
   // 6 * tokens * (22 * (2 H^2 + 2 H * 256 + 3 H * 5632) + V H) + 6 * L * GB * S^2 * H.
   const double h = 2048, tokens = 32 * 1024.0;
-  const double expected = 6 * tokens * (22 * (2 * h * h + 2 * h * 256 + 3 * h * 5632) + 32000 * h) +
-                          6 * 22 * 32 * 1024.0 * 1024 * h;
+  const double expected =
+      6 * tokens * (22 * (2 * h * h + 2 * h * 256 + 3 * h * 5632) + 32000 * h) + 6 * 22 * 32 * 1024.0 * 1024 * h;
   EXPECT_THAT(StepFlops(job), DoubleNear(expected, expected * 1e-9));
 }
 
@@ -221,9 +220,9 @@ TEST(BuildReport, TwoRanks_StepTimeFromHeadAndBubblePerRank) {
   EXPECT_THAT(first.backward_ms(), DoubleNear(40, kTol));
   EXPECT_THAT(first.optimizer_ms(), DoubleNear(5, kTol));
   EXPECT_THAT(first.wait_ms(), DoubleNear(10, kTol));
-  EXPECT_THAT(first.idle_ms(), DoubleNear(22, kTol));       // (23+22+21)/3
+  EXPECT_THAT(first.idle_ms(), DoubleNear(22, kTol));            // (23+22+21)/3
   EXPECT_THAT(first.bubble_fraction(), DoubleNear(0.32, kTol));  // (0.33+0.32+0.31)/3
-  EXPECT_THAT(first.comm_gbps(), DoubleNear(2, kTol));      // 12e6 bytes / 6 ms
+  EXPECT_THAT(first.comm_gbps(), DoubleNear(2, kTol));           // 12e6 bytes / 6 ms
   EXPECT_EQ(first.peak_memory_bytes(), 900);
 
   const RankReport& head = r.ranks(1);
@@ -236,7 +235,7 @@ TEST(BuildReport, TwoRanks_StepTimeFromHeadAndBubblePerRank) {
   EXPECT_THAT(head.backward_ms(), DoubleNear(53, kTol));  // (52+53+54)/3
   EXPECT_THAT(head.optimizer_ms(), DoubleNear(5, kTol));
   EXPECT_THAT(head.wait_ms(), DoubleNear(2, kTol));
-  EXPECT_THAT(head.idle_ms(), DoubleNear(10, kTol));       // (11+10+9)/3
+  EXPECT_THAT(head.idle_ms(), DoubleNear(10, kTol));  // (11+10+9)/3
   // 0.13, 0.12, and step 4's 1 - 89/80 < 0 clamped to 0.
   EXPECT_THAT(head.bubble_fraction(), DoubleNear(0.25 / 3, kTol));
   EXPECT_EQ(head.comm_gbps(), 0);
@@ -269,7 +268,8 @@ ReportInput ProgramRun(double peak_tflops_per_device) {
   in.peak_tflops_per_device = peak_tflops_per_device;
   in.warmup_steps = 1;
   for (int rank = 0; rank < 2; ++rank) {
-    const std::vector<std::pair<int, double>> seconds_per_step = {{0, 10.0}, {1, 0.5 - 0.1 * rank}, {2, 0.3 - 0.1 * rank}};
+    const std::vector<std::pair<int, double>> seconds_per_step = {
+        {0, 10.0}, {1, 0.5 - 0.1 * rank}, {2, 0.3 - 0.1 * rank}};
     for (const auto& [step, seconds] : seconds_per_step) {
       ReportStepRequest r = WithLoss(Step(rank, step, seconds, 0, 0), 1);
       r.set_samples(16);
@@ -359,8 +359,8 @@ TEST(ReportJson, TwoRanks_ParsesBackToTheSameReport) {
   RunReport parsed;
   const auto status = google::protobuf::util::JsonStringToMessage(*json, &parsed);
   ASSERT_TRUE(status.ok()) << status.ToString();
-  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(parsed, report))
-      << parsed.DebugString() << "\nvs\n" << report.DebugString();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(parsed, report)) << parsed.DebugString() << "\nvs\n"
+                                                                                  << report.DebugString();
 }
 
 TEST(ReportJson, ZeroFields_ArePrinted) {
@@ -389,9 +389,7 @@ std::vector<Struct> Events(const Struct& trace, const std::string& ph) {
 }
 
 double Num(const Struct& event, const std::string& field) { return event.fields().at(field).number_value(); }
-std::string Str(const Struct& event, const std::string& field) {
-  return event.fields().at(field).string_value();
-}
+std::string Str(const Struct& event, const std::string& field) { return event.fields().at(field).string_value(); }
 
 // Complete events of each (pid, tid) must come in ts order and not overlap. Compared in integer
 // nanoseconds: the trace prints microseconds with three decimals, and summing doubles could differ in
@@ -425,8 +423,7 @@ ActionTiming Action(const std::string& name, const std::string& kind, double sta
   return a;
 }
 
-ReportStepRequest Timed(int rank, int64_t step, int64_t start_unix_micros,
-                        std::vector<ActionTiming> actions) {
+ReportStepRequest Timed(int rank, int64_t step, int64_t start_unix_micros, std::vector<ActionTiming> actions) {
   ReportStepRequest r = Step(rank, step, 0.01, 64, 0);
   r.mutable_timing()->set_start_unix_micros(start_unix_micros);
   for (ActionTiming& a : actions) *r.mutable_timing()->add_actions() = std::move(a);
@@ -454,8 +451,7 @@ TEST(ChromeTrace, TwoRanks_MetadataPerRankAndOrderedSlices) {
       if (Num(m, "pid") == rank) by_name[Str(m, "name")] = &m;
     }
     ASSERT_EQ(by_name.count("process_name"), 1) << rank;
-    EXPECT_EQ(Str(by_name["process_name"]->fields().at("args").struct_value(), "name"),
-              absl::StrCat("rank ", rank));
+    EXPECT_EQ(Str(by_name["process_name"]->fields().at("args").struct_value(), "name"), absl::StrCat("rank ", rank));
     ASSERT_EQ(by_name.count("thread_name"), 1) << rank;
     EXPECT_EQ(Str(by_name["thread_name"]->fields().at("args").struct_value(), "name"), "actions");
     ASSERT_EQ(by_name.count("process_sort_index"), 1) << rank;
@@ -465,9 +461,9 @@ TEST(ChromeTrace, TwoRanks_MetadataPerRankAndOrderedSlices) {
   ASSERT_EQ(slices.size(), 8);
   EXPECT_THAT(TrackViolations(trace), IsEmpty());
   // By rank, then step, then action; ts from the earliest step start of the run.
-  const std::vector<std::pair<std::string, double>> expected = {
-      {"F0", 0}, {"SA0>1", 2000}, {"F1", 10000}, {"SA1>1", 12000},
-      {"wait RA0", 1000}, {"F0", 2000}, {"F1", 11000}, {"OPT", 13000}};
+  const std::vector<std::pair<std::string, double>> expected = {{"F0", 0},        {"SA0>1", 2000},    {"F1", 10000},
+                                                                {"SA1>1", 12000}, {"wait RA0", 1000}, {"F0", 2000},
+                                                                {"F1", 11000},    {"OPT", 13000}};
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_EQ(Str(slices[i], "name"), expected[i].first) << i;
     EXPECT_THAT(Num(slices[i], "ts"), DoubleNear(expected[i].second, 1e-6)) << i;
@@ -508,9 +504,9 @@ TEST(ChromeTrace, OverlappingActions_AreClampedToThePreviousEnd) {
   EXPECT_THAT(TrackViolations(trace), IsEmpty()) << json;
   const std::vector<Struct> slices = Events(trace, "X");
   ASSERT_EQ(slices.size(), 4);
-  EXPECT_THAT(Num(slices[1], "ts"), DoubleNear(3000, 1e-6));  // B0 moved to F0's end...
+  EXPECT_THAT(Num(slices[1], "ts"), DoubleNear(3000, 1e-6));   // B0 moved to F0's end...
   EXPECT_THAT(Num(slices[1], "dur"), DoubleNear(1500, 1e-6));  // ...and keeps its end at 4.5 ms
-  EXPECT_THAT(Num(slices[2], "ts"), DoubleNear(4500, 1e-6));  // F1 after B0
+  EXPECT_THAT(Num(slices[2], "ts"), DoubleNear(4500, 1e-6));   // F1 after B0
   EXPECT_THAT(Num(slices[2], "dur"), DoubleNear(800, 1e-6));
   EXPECT_EQ(Str(slices[3], "name"), "X0");
   EXPECT_EQ(Num(slices[3], "dur"), 0);  // never negative
@@ -525,7 +521,6 @@ TEST(ChromeTrace, NameWithQuoteAndControls_IsEscaped) {
   EXPECT_EQ(Str(slices[0], "name"), name);
   EXPECT_THAT(json, Not(HasSubstr("\t")));
 }
-
 
 // --- GPU telemetry ---
 
@@ -667,7 +662,8 @@ TEST(GpuSummaryLine, TwoRanks_NamesTheSlowestAndWhy) {
 TEST(GpuSummaryLine, OneRankNotThrottled) {
   RunReport report;
   *report.add_ranks() = GpuRank(0, 0, 1980, 0);  // timing off: no compute figure
-  EXPECT_EQ(GpuSummaryLine(report), "rank 0: not throttled, SM clock 1980 MHz mean (1930 min); 695 W mean of 700 W, 68 C max");
+  EXPECT_EQ(GpuSummaryLine(report),
+            "rank 0: not throttled, SM clock 1980 MHz mean (1930 min); 695 W mean of 700 W, 68 C max");
 }
 
 TEST(GpuSummaryLine, NoTiming_LowestClockIsTheSlowest) {
@@ -684,11 +680,12 @@ TEST(PredictedVsMeasuredLines, TwoRanks_EachBesideItsMeasuredComputeAndClock) {
   report.mutable_ranks(0)->set_planned_sm_mhz(1760);
   *report.add_ranks() = GpuRank(1, 400, 1841, 0);
   report.mutable_ranks(1)->set_predicted_compute_ms(410);
-  EXPECT_THAT(PredictedVsMeasuredLines(report),
-              testing::ElementsAre("rank 0: predicted 412.0 ms, measured 421.0 ms (+2.2%) of forward + backward per step, SM "
-                          "clock 1752 MHz mean vs rank 1's 1841 MHz (the partition weighed it at 1760 MHz)",
-                          "rank 1: predicted 410.0 ms, measured 400.0 ms (-2.4%) of forward + backward per step, SM "
-                          "clock 1841 MHz mean vs rank 0's 1752 MHz (clock-blind partition)"));
+  EXPECT_THAT(
+      PredictedVsMeasuredLines(report),
+      testing::ElementsAre("rank 0: predicted 412.0 ms, measured 421.0 ms (+2.2%) of forward + backward per step, SM "
+                           "clock 1752 MHz mean vs rank 1's 1841 MHz (the partition weighed it at 1760 MHz)",
+                           "rank 1: predicted 410.0 ms, measured 400.0 ms (-2.4%) of forward + backward per step, SM "
+                           "clock 1841 MHz mean vs rank 0's 1752 MHz (clock-blind partition)"));
 }
 
 TEST(PredictedVsMeasuredLines, NoPredictionOrNoTiming_NoLine) {
@@ -776,8 +773,9 @@ TEST(SummaryLines, PredictionMissedByThreeTimesOrMore_SaysSoInWords) {
   r.set_mfu(0.3);
   r.set_predicted_step_seconds(0.044);
   r.set_predicted_from("estimate");
-  EXPECT_THAT(SummaryLines(r, false),
-              HasSubstr("\nstagehand: measured 0.940 s/step, 21x the predicted 0.0440 s (from the model's estimate)\n"));
+  EXPECT_THAT(
+      SummaryLines(r, false),
+      HasSubstr("\nstagehand: measured 0.940 s/step, 21x the predicted 0.0440 s (from the model's estimate)\n"));
   EXPECT_THAT(SummaryLines(r, false), HasSubstr("300.0 TFLOP/s  MFU 30.0%"));
   r.set_step_seconds(0.01);
   r.set_predicted_step_seconds(0.05);
@@ -787,7 +785,8 @@ TEST(SummaryLines, PredictionMissedByThreeTimesOrMore_SaysSoInWords) {
 }
 
 TEST(EndLine, Success_SingularAndPlural) {
-  EXPECT_EQ(EndLine({0, "", 1, 1, 1, 0.5, "runs/a"}), "stagehand: done: 1 worker, 1 step in 0.50 s; run directory runs/a\n");
+  EXPECT_EQ(EndLine({0, "", 1, 1, 1, 0.5, "runs/a"}),
+            "stagehand: done: 1 worker, 1 step in 0.50 s; run directory runs/a\n");
   EXPECT_EQ(EndLine({0, "", 10, 10, 2, 2.1, "runs/a"}),
             "stagehand: done: 2 workers, 10 steps in 2.10 s; run directory runs/a\n");
 }

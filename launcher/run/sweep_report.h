@@ -13,13 +13,13 @@ namespace stagehand {
 struct SweepPoint {
   int workers = 0;
   int stages = 0;
-  bool ok = false;              // the run at this count succeeded
-  std::string note;             // why it was skipped or failed
+  bool ok = false;   // the run at this count succeeded
+  std::string note;  // why it was skipped or failed
   double step_seconds = 0;
   double tokens_per_second = 0;
-  double samples_per_second = 0;  // a program that reports samples (stagehand.step(samples=...))
+  double samples_per_second = 0;           // a program that reports samples (stagehand.step(samples=...))
   std::vector<int64_t> peak_memory_bytes;  // per worker
-  int micro_batches = 0;        // for the bubble bound; 0 when not a pipeline
+  int micro_batches = 0;                   // for the bubble bound; 0 when not a pipeline
   std::string run_dir;
 };
 

@@ -90,12 +90,14 @@ absl::Status WriteSecretFile(const std::string& dir, const std::string& name, ab
 absl::Status CheckStateDirMode(const std::string& dir) {
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) {
-    return absl::Status(ErrnoCode(errno), absl::StrCat("cannot stat the state directory ", dir, ": ", ErrnoText(errno)));
+    return absl::Status(ErrnoCode(errno),
+                        absl::StrCat("cannot stat the state directory ", dir, ": ", ErrnoText(errno)));
   }
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "the state directory %s is writable by group or others (mode %04o): they could replace the job store or "
-        "the admin token; run chmod go-w %s, or pass another --state_dir", dir, st.st_mode & 07777, dir));
+        "the admin token; run chmod go-w %s, or pass another --state_dir",
+        dir, st.st_mode & 07777, dir));
   }
   return absl::OkStatus();
 }
@@ -113,12 +115,11 @@ std::string FreeAdminName(const std::vector<TokenRecord>& tokens) {
 }  // namespace
 
 absl::Status ValidateName(absl::string_view name, absl::string_view what) {
-  const bool chars_ok = std::all_of(name.begin(), name.end(), [](char c) {
-    return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
-  });
+  const bool chars_ok = std::all_of(name.begin(), name.end(),
+                                    [](char c) { return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-'; });
   if (!name.empty() && name.size() <= kMaxNameLength && chars_ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, " '", ClipInput(name, kMaxNameLength + 8), "' is not 1 to ", kMaxNameLength,
-                                                 " of the characters A-Z a-z 0-9 . _ -"));
+  return absl::InvalidArgumentError(absl::StrCat(what, " '", ClipInput(name, kMaxNameLength + 8), "' is not 1 to ",
+                                                 kMaxNameLength, " of the characters A-Z a-z 0-9 . _ -"));
 }
 
 absl::StatusOr<std::string> MintToken() {
@@ -214,7 +215,8 @@ absl::Status CheckStateFiles(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) {
     if (errno == ENOENT) return absl::OkStatus();
-    return absl::Status(ErrnoCode(errno), absl::StrCat("cannot read the state directory ", dir, ": ", ErrnoText(errno)));
+    return absl::Status(ErrnoCode(errno),
+                        absl::StrCat("cannot read the state directory ", dir, ": ", ErrnoText(errno)));
   }
   for (dirent* e = ::readdir(d); e != nullptr; e = ::readdir(d)) {
     if (absl::EndsWith(e->d_name, ".token")) names.push_back(e->d_name);
@@ -262,7 +264,8 @@ absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string&
   });
   if (have_admin && !mint_new) {
     if (::access(path.c_str(), F_OK) == 0) return std::string();
-    return absl::StrCat("note: ", path, " is gone; the admin token minted before still works and is not minted "
+    return absl::StrCat("note: ", path,
+                        " is gone; the admin token minted before still works and is not minted "
                         "again (restart with --new_admin_token to mint another into that file)");
   }
   absl::StatusOr<std::string> token = MintToken();
@@ -274,6 +277,5 @@ absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string&
   if (absl::Status s = store.AddToken({name, control::ROLE_ADMIN, TokenHash(*token), absl::Now()}); !s.ok()) return s;
   return absl::StrCat("admin token '", name, "' written to ", path);
 }
-
 
 }  // namespace stagehand

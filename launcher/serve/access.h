@@ -91,7 +91,6 @@ absl::StatusOr<std::string> EnsureAdminToken(JobStore& store, const std::string&
 // one line naming the file and what to run (chmod, or move it away); OK when `dir` does not exist yet.
 absl::Status CheckStateFiles(const std::string& dir);
 
-
 }  // namespace stagehand
 
 #endif  // STAGEHAND_LAUNCHER_SERVE_ACCESS_H_

@@ -243,7 +243,8 @@ TEST(ReadTokenFileTest, ReadTokenFile_Fifo_RefusedAtOnce) {
   }
   absl::StatusOr<TokenFile> file = result.get();
   EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(file.status().message()), HasSubstr("--token_file=" + path + ": not a regular file but a FIFO"));
+  EXPECT_THAT(std::string(file.status().message()),
+              HasSubstr("--token_file=" + path + ": not a regular file but a FIFO"));
 }
 
 TEST(ReadTokenFileTest, ReadTokenFile_WhitespaceAround_IsTrimmed) {

@@ -34,8 +34,8 @@ grpc::Status ToGrpc(const absl::Status& status) {
   grpc::Status out = ToGrpcStatus(status);
   if (out.error_message().size() <= kMaxStatusMessageBytes) return out;
   const std::string& m = out.error_message();
-  return grpc::Status(out.error_code(), absl::StrCat(m.substr(0, kMaxStatusMessageBytes - 40), "... (cut: ",
-                                                     m.size(), " bytes in all)"));
+  return grpc::Status(out.error_code(),
+                      absl::StrCat(m.substr(0, kMaxStatusMessageBytes - 40), "... (cut: ", m.size(), " bytes in all)"));
 }
 
 template <typename T>
@@ -65,8 +65,8 @@ absl::StatusOr<Caller> ControlService::Authenticate(const grpc::ServerContext& c
   return service_->Authenticate(value);
 }
 
-#define STAGEHAND_AUTHENTICATE(caller, context)                         \
-  absl::StatusOr<Caller> caller = Authenticate(*(context));             \
+#define STAGEHAND_AUTHENTICATE(caller, context)             \
+  absl::StatusOr<Caller> caller = Authenticate(*(context)); \
   if (!caller.ok()) return ToGrpc(caller.status())
 
 grpc::Status ControlService::GetServerInfo(Context*, const control::GetServerInfoRequest*,
@@ -114,7 +114,8 @@ grpc::Status ControlService::WatchJob(Context* context, const control::WatchJobR
     if (stopping_) {
       return Unavailable(absl::StrCat("the server is shutting down; resume with after_seq=", last_seq));
     }
-    absl::StatusOr<EventBatch> batch = service_->Events(*caller, request->id(), last_seq, !request->no_lines(), kStreamWait);
+    absl::StatusOr<EventBatch> batch =
+        service_->Events(*caller, request->id(), last_seq, !request->no_lines(), kStreamWait);
     if (!batch.ok()) return ToGrpc(batch.status());
     for (const control::JobEvent& event : batch->events) {
       if (!writer->Write(event)) return ClientGone();
@@ -138,8 +139,8 @@ grpc::Status ControlService::Logs(Context* context, const control::LogsRequest* 
   for (;;) {
     if (context->IsCancelled()) return ClientGone();
     if (stopping_) return Unavailable(absl::StrCat("the server is shutting down; resume from offset ", offset));
-    absl::StatusOr<LogRead> read = service_->ReadLog(*caller, request->id(), request->launcher() ? kLauncherLogRank : request->rank(),
-                                                       offset, kChunkBytes, wait);
+    absl::StatusOr<LogRead> read = service_->ReadLog(
+        *caller, request->id(), request->launcher() ? kLauncherLogRank : request->rank(), offset, kChunkBytes, wait);
     if (!read.ok()) return ToGrpc(read.status());
     if (!read->data.empty()) {
       control::LogChunk chunk;
@@ -164,8 +165,9 @@ grpc::Status ControlService::FetchFile(Context* context, const control::FetchFil
     absl::StatusOr<FileRead> read = service_->ReadFile(*caller, request->id(), request->path(), offset, kChunkBytes);
     if (!read.ok()) return ToGrpc(read.status());
     if (read->data.empty() && !read->eof) {
-      return grpc::Status(grpc::StatusCode::INTERNAL,
-                          absl::StrCat(request->path().substr(0, 200), ": read nothing at offset ", offset, " before its end"));
+      return grpc::Status(
+          grpc::StatusCode::INTERNAL,
+          absl::StrCat(request->path().substr(0, 200), ": read nothing at offset ", offset, " before its end"));
     }
     control::FileChunk chunk;
     if (first) chunk.set_total_bytes(read->total_bytes);  // sent even for an empty file
@@ -221,15 +223,16 @@ namespace {
 absl::Status CheckTlsOptions(const ControlServerOptions& o, const ListenAddress& address) {
   const bool tls = !o.tls_cert.empty() || !o.tls_key.empty();
   if (tls && (o.tls_cert.empty() || o.tls_key.empty())) {
-    return absl::InvalidArgumentError("--tls_cert and --tls_key go together: pass both (the server's certificate and its key)");
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together: pass both (the server's certificate and its key)");
   }
   if (!o.tls_client_ca.empty() && !tls) {
     return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key (mutual TLS is TLS first)");
   }
   if (!address.loopback && !tls) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--listen=", o.listen, " is not a loopback address: pass --tls_cert=FILE --tls_key=FILE (and ",
-        "--tls_client_ca=FILE for mutual TLS), or listen on 127.0.0.1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen=", o.listen, " is not a loopback address: pass --tls_cert=FILE --tls_key=FILE (and ",
+                     "--tls_client_ca=FILE for mutual TLS), or listen on 127.0.0.1"));
   }
   return absl::OkStatus();
 }

@@ -15,7 +15,7 @@
 namespace stagehand {
 
 struct ControlServerOptions {
-  std::string listen;                         // HOST:PORT; port 0 picks one
+  std::string listen;                            // HOST:PORT; port 0 picks one
   std::string tls_cert, tls_key, tls_client_ca;  // PEM paths; a non-loopback listen needs cert and key
   // gRPC threads at most. A WatchJob or a followed Logs call holds one thread for as long as it
   // lasts (see control_service.cc), so this bounds the concurrent streams; a call beyond it gets
@@ -71,8 +71,7 @@ class ControlServer {
   // INVALID_ARGUMENT: a malformed --listen, a non-loopback one without --tls_cert/--tls_key, a bad
   // PEM file (named), --tls_key without --tls_cert or --tls_client_ca without both. UNAVAILABLE: the
   // address is in use (or not this host's). `service` must outlive the server.
-  static absl::StatusOr<std::unique_ptr<ControlServer>> Start(const ControlServerOptions& options,
-                                                              JobService* service);
+  static absl::StatusOr<std::unique_ptr<ControlServer>> Start(const ControlServerOptions& options, JobService* service);
   ~ControlServer();
   const std::string& address() const { return address_; }  // with the port actually bound
   void Stop();

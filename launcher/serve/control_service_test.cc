@@ -123,10 +123,11 @@ TEST_F(ControlServiceTest, WatchJob_EndedJob_StreamsEveryEventAndEndsWithFinalSt
   AddEndedJob("j", 10, 3);
   std::vector<int64_t> seqs;
   int lines = 0;
-  absl::StatusOr<control::JobInfo> final_state = Client(kViewToken)->Watch("j", false, 0, [&](const control::JobEvent& e) {
-    seqs.push_back(e.seq());
-    lines += e.has_line();
-  });
+  absl::StatusOr<control::JobInfo> final_state =
+      Client(kViewToken)->Watch("j", false, 0, [&](const control::JobEvent& e) {
+        seqs.push_back(e.seq());
+        lines += e.has_line();
+      });
   ASSERT_TRUE(final_state.ok()) << final_state.status();
   EXPECT_EQ(final_state->state(), control::JOB_STATE_FAILED);
   EXPECT_EQ(final_state->exit_code(), 3);
@@ -172,8 +173,7 @@ TEST_F(ControlServiceTest, WatchJob_RunningJob_ReceivesEventsAsTheyCome) {
 
 TEST_F(ControlServiceTest, WatchJob_DisconnectAndResume_MissesNothing) {
   AddEndedJob("j", 20, 0);
-  auto stub = control::Control::NewStub(
-      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  auto stub = control::Control::NewStub(grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   int64_t last_seq = 0;
   {
     grpc::ClientContext context;
@@ -188,7 +188,8 @@ TEST_F(ControlServiceTest, WatchJob_DisconnectAndResume_MissesNothing) {
   }
   ASSERT_EQ(last_seq, 7);
   std::vector<int64_t> seqs;
-  auto done = Client(kViewToken)->Watch("j", false, last_seq, [&](const control::JobEvent& e) { seqs.push_back(e.seq()); });
+  auto done =
+      Client(kViewToken)->Watch("j", false, last_seq, [&](const control::JobEvent& e) { seqs.push_back(e.seq()); });
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(seqs.size(), 15u);  // 8 .. 22
   for (size_t i = 0; i < seqs.size(); ++i) EXPECT_EQ(seqs[i], static_cast<int64_t>(i) + 8);
@@ -400,9 +401,11 @@ TEST(ControlServerTest, Start_NonLoopbackWithoutTls_IsInvalidArgument) {
     options.listen = listen;
     auto server = ControlServer::Start(options, &fake);
     EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << listen;
-    EXPECT_TRUE(absl::StrContains(server.status().message(),
-                                  absl::StrCat("--listen=", listen, " is not a loopback address: pass --tls_cert=FILE "
-                                               "--tls_key=FILE (and --tls_client_ca=FILE for mutual TLS), or listen on 127.0.0.1")))
+    EXPECT_TRUE(absl::StrContains(
+        server.status().message(),
+        absl::StrCat("--listen=", listen,
+                     " is not a loopback address: pass --tls_cert=FILE "
+                     "--tls_key=FILE (and --tls_client_ca=FILE for mutual TLS), or listen on 127.0.0.1")))
         << server.status();
   }
 }

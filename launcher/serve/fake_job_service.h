@@ -274,8 +274,8 @@ class FakeJobService : public JobService {
     job.ended = true;
   }
   static absl::Status Denied(const Caller& caller, absl::string_view what) {
-    return absl::PermissionDeniedError(absl::StrCat("token ", caller.name, " (", control::Role_Name(caller.role),
-                                                    ") may not ", what));
+    return absl::PermissionDeniedError(
+        absl::StrCat("token ", caller.name, " (", control::Role_Name(caller.role), ") may not ", what));
   }
   static absl::Status NotFound(const std::string& what) { return absl::NotFoundError(absl::StrCat("no ", what)); }
 

@@ -66,9 +66,8 @@ void JobEvents::AddText(absl::string_view text) {
 
 JobEvents::Read JobEvents::After(int64_t after_seq, bool lines, absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
-  auto has_news = [this, after_seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ended_ || next_seq_ - 1 > after_seq;
-  };
+  auto has_news = [this, after_seq]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ended_ || next_seq_ - 1 > after_seq; };
   mu_.AwaitWithDeadline(absl::Condition(&has_news), deadline);
   Read out;
   const int64_t first = events_.empty() ? next_seq_ : events_.front().seq();

@@ -33,8 +33,9 @@ absl::Status DeviceQueue::CanEverFit(const control::Devices& ask) const {
   }
   const std::string cpus = Count(ask.cpu_workers(), "CPU worker", "CPU workers");
   if (ask.cpu_workers() > cpu_workers_ && cpu_workers_ == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "asks for ", cpus, " but this server runs none (--max_cpu_workers=0); pass --device=cuda or use another server"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("asks for ", cpus,
+                     " but this server runs none (--max_cpu_workers=0); pass --device=cuda or use another server"));
   }
   if (ask.cpu_workers() > cpu_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("asks for ", cpus, " but this server runs at most ", cpu_workers_,
@@ -134,8 +135,8 @@ absl::Status DeviceQueue::Restore(const std::string& id, const control::Devices&
     }
   }
   if (ask.cpu_workers() > free_cpu_workers()) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", id, " needs ", ask.cpu_workers(), " CPU workers; ",
-                                                      free_cpu_workers(), " are free"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " needs ", ask.cpu_workers(), " CPU workers; ", free_cpu_workers(), " are free"));
   }
   for (int g : sorted) gpu_busy_[g] = true;
   cpu_in_use_ += ask.cpu_workers();

@@ -97,8 +97,9 @@ TEST(DeviceQueueTest, CanEverFit_TooManyCpuWorkers_SaysWhatToPass) {
   DeviceQueue q(1, 4);
   absl::Status s = q.CanEverFit(Cpu(6));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(),
-            "asks for 6 CPU workers but this server runs at most 4 at once (--max_cpu_workers); pass --workers=4 or fewer");
+  EXPECT_EQ(
+      s.message(),
+      "asks for 6 CPU workers but this server runs at most 4 at once (--max_cpu_workers); pass --workers=4 or fewer");
   EXPECT_TRUE(q.CanEverFit(Cpu(4)).ok());
 }
 

@@ -142,10 +142,12 @@ absl::StatusOr<UniqueFd> OpenConfined(const std::string& run_dir, const std::str
     if (!next.valid()) {
       const int err = errno;
       if (err == ENOENT) {
-        return absl::NotFoundError(absl::StrCat(verb, " ", ClipInput(path), ": no such file in the job's run directory"));
+        return absl::NotFoundError(
+            absl::StrCat(verb, " ", ClipInput(path), ": no such file in the job's run directory"));
       }
       if (err == ELOOP || err == ENOTDIR) return refuse("a link, or a path through one (links are not followed)");
-      return absl::PermissionDeniedError(absl::StrCat(verb, " ", ClipInput(path), ": cannot open it: ", ErrnoText(err)));
+      return absl::PermissionDeniedError(
+          absl::StrCat(verb, " ", ClipInput(path), ": cannot open it: ", ErrnoText(err)));
     }
     dir = std::move(next);
   }
@@ -207,7 +209,9 @@ absl::Status CheckInputPath(const std::string& path, absl::string_view flag, boo
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (dir ? O_DIRECTORY : 0)));
   if (!fd.valid()) {
     const int err = errno;
-    if (err == ENOENT) return absl::InvalidArgumentError(absl::StrCat(shown, ": no such ", dir ? "directory" : "file", " on the server"));
+    if (err == ENOENT)
+      return absl::InvalidArgumentError(
+          absl::StrCat(shown, ": no such ", dir ? "directory" : "file", " on the server"));
     return absl::InvalidArgumentError(absl::StrCat(shown, ": the server cannot open it: ", ErrnoText(err)));
   }
   struct stat st;
@@ -224,9 +228,9 @@ absl::Status CheckInputPath(const std::string& path, absl::string_view flag, boo
 absl::Status CheckUnderRoots(const std::string& path, absl::string_view flag, const std::vector<std::string>& roots) {
   const std::string shown = absl::StrCat("--", flag, "=", ClipInput(path));
   auto outside = [&] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        shown, ": outside the directories this server reads and writes jobs' files in (--job_roots=",
-        absl::StrJoin(roots, ","), "); put the file there and pass its absolute path"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(shown, ": outside the directories this server reads and writes jobs' files in (--job_roots=",
+                     absl::StrJoin(roots, ","), "); put the file there and pass its absolute path"));
   };
   if (path.empty() || path[0] != '/') return outside();
   std::string probe = path;
@@ -267,7 +271,8 @@ absl::Status CheckJobInputs(const JobSpec& spec, const std::vector<std::string>&
     if (absl::Status s = check(UserPath(spec.data()), "data", false); !s.ok()) return s;
   }
   for (absl::string_view p : absl::StrSplit(spec.layout_profiles(), ',', absl::SkipWhitespace())) {
-    if (absl::Status s = check(UserPath(std::string(absl::StripAsciiWhitespace(p))), "layout_profiles", false); !s.ok()) {
+    if (absl::Status s = check(UserPath(std::string(absl::StripAsciiWhitespace(p))), "layout_profiles", false);
+        !s.ok()) {
       return s;
     }
   }
@@ -347,7 +352,8 @@ StartCreated WhatAStartWouldCreate(const std::string& state_dir) {
   // The store's files only with a store this start made: an existing one keeps its -wal (and the
   // admin token minted into it keeps its file).
   if (!exists(state_dir + "/jobs.db")) {
-    for (const char* name : {"jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "admin.token", ".admin.token.tmp"}) {
+    for (const char* name :
+         {"jobs.db", "jobs.db-wal", "jobs.db-shm", "jobs.db-journal", "admin.token", ".admin.token.tmp"}) {
       if (!exists(absl::StrCat(state_dir, "/", name))) c.files.push_back(absl::StrCat(state_dir, "/", name));
     }
   }
@@ -363,7 +369,8 @@ void RemoveCreated(const StartCreated& created) {
 }
 
 absl::StatusOr<std::unique_ptr<JobServer>> JobServer::Open(JobServerOptions options, std::vector<std::string>& notes) {
-  if (options.state_dir.empty()) return absl::InvalidArgumentError("--serve needs --state_dir=DIR (the job store and run directories)");
+  if (options.state_dir.empty())
+    return absl::InvalidArgumentError("--serve needs --state_dir=DIR (the job store and run directories)");
   options.state_dir = UserPath(options.state_dir);
   StartCreated created = WhatAStartWouldCreate(options.state_dir);
   bool locked = false;
@@ -402,7 +409,8 @@ absl::StatusOr<std::unique_ptr<JobServer>> JobServer::OpenAt(JobServerOptions op
     // Its steps as far as its run directory got (the server that counted them is gone).
     const int64_t steps = StepsDoneFromCsv(r.run_dir);
     if (steps > 0) (void)(*store)->SetStepsDone(r.id, steps);
-    notes.push_back(absl::StrCat("job ", r.id, " was running when the server ended: marked lost after ", steps, " steps"));
+    notes.push_back(
+        absl::StrCat("job ", r.id, " was running when the server ended: marked lost after ", steps, " steps"));
   }
   absl::StatusOr<std::string> admin = EnsureAdminToken(**store, options.state_dir, options.new_admin_token);
   if (!admin.ok()) return admin.status();
@@ -454,7 +462,8 @@ control::JobInfo JobServer::Info(const JobRecord& record) const {
 absl::StatusOr<JobRecord> JobServer::Record(const std::string& id) const {
   absl::StatusOr<std::optional<JobRecord>> r = store_->Get(id);
   if (!r.ok()) return r.status();
-  if (!r->has_value()) return absl::NotFoundError(absl::StrCat("no job ", ClipInput(id), " on this server; `client list` shows them"));
+  if (!r->has_value())
+    return absl::NotFoundError(absl::StrCat("no job ", ClipInput(id), " on this server; `client list` shows them"));
   return **r;
 }
 
@@ -487,9 +496,9 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const Caller& caller, const contr
     one = it->second;
   } else {
     if (v->running >= options_.max_validations) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          v->running, " submissions are being checked already (at most ", options_.max_validations,
-          " at once); submit again in a few seconds"));
+      return absl::ResourceExhaustedError(absl::StrCat(v->running, " submissions are being checked already (at most ",
+                                                       options_.max_validations,
+                                                       " at once); submit again in a few seconds"));
     }
     one = std::make_shared<Validations::One>();
     // The thread owns copies of all it uses: it may outlive this server (abandoned at shutdown).
@@ -508,8 +517,8 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const Caller& caller, const contr
     try {
       std::thread(std::move(check)).detach();
     } catch (const std::system_error& e) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot start a thread to check the job: ", e.what(),
-                                                       "; submit again in a few seconds"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot start a thread to check the job: ", e.what(), "; submit again in a few seconds"));
     }
     ++v->running;
     v->in_flight[key] = one;
@@ -579,8 +588,8 @@ absl::StatusOr<control::ListJobsResponse> JobServer::List(const Caller& caller,
   for (int s : request.states()) states.push_back(static_cast<control::JobState>(s));
   int64_t before_seq = 0;
   if (!request.page_token().empty() && (!absl::SimpleAtoi(request.page_token(), &before_seq) || before_seq <= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_token '", ClipInput(request.page_token()), "' is not one this server gave; list from the start"));
+    return absl::InvalidArgumentError(absl::StrCat("page_token '", ClipInput(request.page_token()),
+                                                   "' is not one this server gave; list from the start"));
   }
   const int asked = request.page_size() > 0 ? request.page_size() : request.limit() > 0 ? request.limit() : 100;
   const int page = std::min(asked, 1000);
@@ -612,8 +621,8 @@ absl::StatusOr<std::string> JobServer::Delete(const Caller& caller, const std::s
   absl::MutexLock lock(&mu_);
   live_.erase(id);  // a watcher holding it reads on
   ended_.erase(std::remove(ended_.begin(), ended_.end(), id), ended_.end());
-  options_.log(absl::StrCat("job ", id, ": deleted by ", caller.name, record->run_dir.empty() ? "" : "; its run directory stays: ",
-                            record->run_dir));
+  options_.log(absl::StrCat("job ", id, ": deleted by ", caller.name,
+                            record->run_dir.empty() ? "" : "; its run directory stays: ", record->run_dir));
   return record->run_dir;
 }
 
@@ -623,8 +632,8 @@ absl::StatusOr<EventBatch> JobServer::Events(const Caller& caller, const std::st
   EventBatch batch;
   if (std::shared_ptr<Live> live = LiveJob(id)) {
     if (after_seq < 0 || after_seq > live->events.last_seq()) {
-      return absl::OutOfRangeError(absl::StrCat("job ", id, " has ", live->events.last_seq(), " events, not ", after_seq,
-                                                " (the server restarted?): watch again from 0"));
+      return absl::OutOfRangeError(absl::StrCat("job ", id, " has ", live->events.last_seq(), " events, not ",
+                                                after_seq, " (the server restarted?): watch again from 0"));
     }
     JobEvents::Read read = live->events.After(after_seq, lines, absl::Now() + wait);
     batch.events = std::move(read.events);
@@ -687,7 +696,8 @@ absl::StatusOr<LogRead> JobServer::ReadLog(const Caller& caller, const std::stri
   if (!record.ok()) return record.status();
   if (record->run_dir.empty()) return absl::NotFoundError(absl::StrCat("job ", id, " has not started: no logs yet"));
   if (rank != kLauncherLogRank && (rank < 0 || rank >= record->spec.workers())) {
-    return absl::NotFoundError(absl::StrCat("job ", id, " has ranks 0 to ", record->spec.workers() - 1, ", not ", rank));
+    return absl::NotFoundError(
+        absl::StrCat("job ", id, " has ranks 0 to ", record->spec.workers() - 1, ", not ", rank));
   }
   const std::string name = rank == kLauncherLogRank ? std::string(kLauncherLog) : absl::StrCat("rank", rank, ".log");
   const absl::Time deadline = absl::Now() + wait;
@@ -700,7 +710,8 @@ absl::StatusOr<LogRead> JobServer::ReadLog(const Caller& caller, const std::stri
     }
     absl::StatusOr<UniqueFd> fd = OpenConfined(record->run_dir, name, "logs");
     absl::StatusOr<std::pair<std::string, int64_t>> read =
-        fd.ok() ? ReadAt(fd->get(), name, offset, max_bytes) : absl::StatusOr<std::pair<std::string, int64_t>>(fd.status());
+        fd.ok() ? ReadAt(fd->get(), name, offset, max_bytes)
+                : absl::StatusOr<std::pair<std::string, int64_t>>(fd.status());
     if (!read.ok() && !(running && absl::IsNotFound(read.status()))) return read.status();
     LogRead out;
     out.offset = offset;
@@ -850,7 +861,8 @@ void JobServer::Drive(const std::string& id, Live& live) {
 
 void JobServer::End(const std::string& id, Live& live, control::JobState state, int exit_code, const std::string& cause,
                     int64_t steps_done) {
-  options_.log(absl::StrCat("job ", id, ": ", absl::AsciiStrToLower(absl::StripPrefix(control::JobState_Name(state), "JOB_STATE_")),
+  options_.log(absl::StrCat("job ", id, ": ",
+                            absl::AsciiStrToLower(absl::StripPrefix(control::JobState_Name(state), "JOB_STATE_")),
                             " (exit ", exit_code, ")", cause.empty() ? "" : ": ", cause));
   if (absl::Status s = store_->MarkEnded(id, state, absl::Now(), exit_code, cause, steps_done); !s.ok()) {
     live.events.AddLine(absl::StrCat("stagehand: ", s.message()));

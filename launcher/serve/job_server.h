@@ -35,15 +35,15 @@ inline constexpr size_t kMaxSubmissionBytes = 256 * 1024;
 inline constexpr size_t kMaxListReplyBytes = 1024 * 1024;
 
 struct JobServerOptions {
-  std::string state_dir;              // jobs.db, admin.token, runs/<job id>
-  std::string worker_binary;          // "" to find it beside the launcher
-  DeviceInventory inventory;          // the host's devices (QueryDevices)
-  int max_cpu_workers = 0;            // CPU workers running at once, over all jobs (0: the cores)
+  std::string state_dir;      // jobs.db, admin.token, runs/<job id>
+  std::string worker_binary;  // "" to find it beside the launcher
+  DeviceInventory inventory;  // the host's devices (QueryDevices)
+  int max_cpu_workers = 0;    // CPU workers running at once, over all jobs (0: the cores)
   // The directories a job's paths (data, layout_profiles, init_from, resume, export_dir) must lie in,
   // links resolved: the server reads and writes them as its own user. Empty: <state_dir>/runs and
   // <state_dir>/data.
   std::vector<std::string> job_roots;
-  bool new_admin_token = false;       // mint another admin token even when one exists (the first was lost)
+  bool new_admin_token = false;  // mint another admin token even when one exists (the first was lost)
   // How many ended jobs keep their events (each up to JobEvents::kMaxLines lines) in memory; a watch of
   // an older one gets its final state only, as for jobs that ended before a restart.
   size_t ended_jobs_with_events = 64;
@@ -56,7 +56,7 @@ struct JobServerOptions {
   absl::Duration validation_deadline = absl::Seconds(20);
   std::function<absl::StatusOr<ValidatedLaunch>(const LaunchOptions&, const DeviceInventory&)> validate =
       ValidateLaunch;
-  bool tls = false;                   // for GetServerInfo
+  bool tls = false;  // for GetServerInfo
   bool mutual_tls = false;
   // The server's own log: a line when a job is queued, starts and ends (serve.cc prints them).
   std::function<void(const std::string&)> log = [](const std::string&) {};
@@ -117,7 +117,7 @@ class JobServer : public JobService {
   absl::StatusOr<std::vector<control::TokenInfo>> ListTokens(const Caller& caller) override;
 
  private:
-  struct Live;  // a job this server process knows: its events and, while it runs, its run
+  struct Live;         // a job this server process knows: its events and, while it runs, its run
   struct Validations;  // the submission checks in flight, shared with their threads (which may outlive this)
 
   JobServer(JobServerOptions options, std::unique_ptr<JobStore> store, std::unique_ptr<Access> access);

@@ -164,28 +164,36 @@ TEST(JobServerTest, Open_StateFilesThatAreLinksForeignOrLoose_AreRefused) {
     const char* expect;
   };
   const std::vector<Case> cases = {
-      {"jobs.db a link", [](const std::string& d) {
+      {"jobs.db a link",
+       [](const std::string& d) {
          WriteFile(d + "/elsewhere.db", "");
          ASSERT_EQ(symlink((d + "/elsewhere.db").c_str(), (d + "/jobs.db").c_str()), 0);
-       }, "jobs.db is a symbolic link"},
-      {"jobs.db-wal a link", [](const std::string& d) {
-         ASSERT_EQ(symlink("/nonexistent", (d + "/jobs.db-wal").c_str()), 0);
-       }, "jobs.db-wal is a symbolic link"},
-      {"jobs.lock world-writable", [](const std::string& d) {
+       },
+       "jobs.db is a symbolic link"},
+      {"jobs.db-wal a link",
+       [](const std::string& d) { ASSERT_EQ(symlink("/nonexistent", (d + "/jobs.db-wal").c_str()), 0); },
+       "jobs.db-wal is a symbolic link"},
+      {"jobs.lock world-writable",
+       [](const std::string& d) {
          WriteFile(d + "/jobs.lock", "");
          ASSERT_EQ(chmod((d + "/jobs.lock").c_str(), 0666), 0);
-       }, "chmod go-w"},
-      {"jobs.db group-writable", [](const std::string& d) {
+       },
+       "chmod go-w"},
+      {"jobs.db group-writable",
+       [](const std::string& d) {
          WriteFile(d + "/jobs.db", "");
          ASSERT_EQ(chmod((d + "/jobs.db").c_str(), 0660), 0);
-       }, "writable by group or others"},
-      {"admin.token readable by others", [](const std::string& d) {
+       },
+       "writable by group or others"},
+      {"admin.token readable by others",
+       [](const std::string& d) {
          WriteFile(d + "/admin.token", "sh_x\n");
          ASSERT_EQ(chmod((d + "/admin.token").c_str(), 0644), 0);
-       }, "chmod 600"},
-      {"a token a link", [](const std::string& d) {
-         ASSERT_EQ(symlink("/etc/passwd", (d + "/alice.token").c_str()), 0);
-       }, "alice.token is a symbolic link"},
+       },
+       "chmod 600"},
+      {"a token a link",
+       [](const std::string& d) { ASSERT_EQ(symlink("/etc/passwd", (d + "/alice.token").c_str()), 0); },
+       "alice.token is a symbolic link"},
   };
   for (const Case& c : cases) {
     const std::string dir = StateDir();

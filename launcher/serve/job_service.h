@@ -25,7 +25,7 @@ struct Caller {
 
 struct EventBatch {
   std::vector<control::JobEvent> events;  // in seq order, after the asked seq
-  bool ended = false;  // the last event is the job's final state: nothing follows
+  bool ended = false;                     // the last event is the job's final state: nothing follows
 };
 
 struct LogRead {
@@ -63,8 +63,8 @@ class JobService {
 
   // The events after `after_seq`, waiting up to `wait` for the first when there is none yet (an
   // empty batch then, not an error). `lines`: include output lines.
-  virtual absl::StatusOr<EventBatch> Events(const Caller& caller, const std::string& id, int64_t after_seq,
-                                            bool lines, absl::Duration wait) = 0;
+  virtual absl::StatusOr<EventBatch> Events(const Caller& caller, const std::string& id, int64_t after_seq, bool lines,
+                                            absl::Duration wait) = 0;
 
   virtual absl::StatusOr<control::JobInfo> Cancel(const Caller& caller, const std::string& id) = 0;
 

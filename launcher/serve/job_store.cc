@@ -252,7 +252,7 @@ std::string ColumnText(sqlite3_stmt* st, int i) {
 
 absl::Time ColumnTime(sqlite3_stmt* st, int i) {
   return sqlite3_column_type(st, i) == SQLITE_NULL ? absl::InfinitePast()
-                                                    : absl::FromUnixMicros(sqlite3_column_int64(st, i));
+                                                   : absl::FromUnixMicros(sqlite3_column_int64(st, i));
 }
 
 }  // namespace
@@ -324,8 +324,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& dir)
   const int rc = sqlite3_open_v2(path.c_str(), &db,
                                  SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | kNoFollow, nullptr);
   if (rc != SQLITE_OK) {
-    absl::Status s(CodeOf(rc), absl::StrCat(path, ": cannot open it: ",
-                                            db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc)));
+    absl::Status s(CodeOf(rc),
+                   absl::StrCat(path, ": cannot open it: ", db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc)));
     sqlite3_close(db);
     return s;
   }
@@ -354,8 +354,10 @@ absl::Status JobStore::UseWal() {
   if (!wal.ok()) return wal.status();
   if (int rc = wal->Step(); rc != SQLITE_ROW) return Error(rc, "PRAGMA journal_mode = WAL");
   if (const std::string mode = ColumnText(wal->get(), 0); mode != "wal") {
-    return absl::FailedPreconditionError(absl::StrCat(path_, ": SQLite cannot use a write-ahead log here (journal_mode "
-                                                      "stays ", mode, "); pass a --state_dir on a local disk"));
+    return absl::FailedPreconditionError(absl::StrCat(path_,
+                                                      ": SQLite cannot use a write-ahead log here (journal_mode "
+                                                      "stays ",
+                                                      mode, "); pass a --state_dir on a local disk"));
   }
   return absl::OkStatus();
 }
@@ -363,9 +365,9 @@ absl::Status JobStore::UseWal() {
 absl::Status JobStore::CheckHeader() {
   absl::StatusOr<int64_t> app = QueryInt("PRAGMA application_id");
   if (!app.ok() && app.status().code() == absl::StatusCode::kFailedPrecondition) {  // SQLITE_NOTADB
-    return absl::FailedPreconditionError(absl::StrCat(path_, " is not a stagehand job store (SQLite: ",
-                                                      sqlite3_errstr(SQLITE_NOTADB),
-                                                      "); move it away, or pass another --state_dir"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, " is not a stagehand job store (SQLite: ", sqlite3_errstr(SQLITE_NOTADB),
+                     "); move it away, or pass another --state_dir"));
   }
   if (!app.ok()) return app.status();
   absl::StatusOr<int64_t> version = QueryInt("PRAGMA user_version");
@@ -376,12 +378,13 @@ absl::Status JobStore::CheckHeader() {
   if (!fresh && *app != kApplicationId) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s is another program's SQLite database, not a stagehand job store (application_id %#x); move it away, "
-        "or pass another --state_dir", path_, static_cast<uint32_t>(*app)));
+        "or pass another --state_dir",
+        path_, static_cast<uint32_t>(*app)));
   }
   if (*version > kSchemaVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path_, " was written by a newer stagehand (schema version ", *version, "; this launcher reads up to ",
-        kSchemaVersion, "): run the newer launcher, or pass another --state_dir"));
+    return absl::FailedPreconditionError(absl::StrCat(path_, " was written by a newer stagehand (schema version ",
+                                                      *version, "; this launcher reads up to ", kSchemaVersion,
+                                                      "): run the newer launcher, or pass another --state_dir"));
   }
   return absl::OkStatus();
 }
@@ -457,8 +460,9 @@ absl::StatusOr<JobRecord> JobStore::Row(sqlite3_stmt* st) {
   const int64_t state = sqlite3_column_int64(st, 6);
   if (!control::JobState_IsValid(static_cast<int>(state)) || !job.spec.ParseFromString(ColumnText(st, 7)) ||
       !job.devices.ParseFromString(ColumnText(st, 8))) {
-    return absl::DataLossError(absl::StrCat(path_, ": job ", job.id, " is damaged (its state, spec or devices do "
-                                                   "not parse)"));
+    return absl::DataLossError(absl::StrCat(path_, ": job ", job.id,
+                                            " is damaged (its state, spec or devices do "
+                                            "not parse)"));
   }
   job.state = static_cast<control::JobState>(state);
   job.submitted = ColumnTime(st, 9);
@@ -672,8 +676,7 @@ absl::Status JobStore::AddToken(const TokenRecord& token) {
                                                    "' was revoked, and names are never reused (its jobs keep their "
                                                    "owner); pick another name"));
     }
-    return absl::AlreadyExistsError(
-        absl::StrCat("a token named '", token.name, "' exists; pick another name"));
+    return absl::AlreadyExistsError(absl::StrCat("a token named '", token.name, "' exists; pick another name"));
   }
   if (rc != SQLITE_DONE) return Error(rc, absl::StrCat("cannot add token '", token.name, "'"));
   return absl::OkStatus();
@@ -692,7 +695,7 @@ absl::StatusOr<std::vector<TokenRecord>> JobStore::FindTokens() {
     t.name = ColumnText(st->get(), 0);
     const int64_t role = sqlite3_column_int64(st->get(), 1);
     t.role = control::Role_IsValid(static_cast<int>(role)) ? static_cast<control::Role>(role)
-                                                            : control::ROLE_UNSPECIFIED;  // allows nothing
+                                                           : control::ROLE_UNSPECIFIED;  // allows nothing
     t.hash = ColumnText(st->get(), 2);
     t.created = ColumnTime(st->get(), 3);
     t.revoked = ColumnTime(st->get(), 4);

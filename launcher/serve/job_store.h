@@ -34,15 +34,15 @@ struct JobRecord {
   std::string run_dir;
   std::string root_cause;
   control::JobState state = control::JOB_STATE_QUEUED;
-  JobSpec spec;                // as the server resolved it
-  control::Devices devices;    // the ask; gpu_ordinals once it runs
+  JobSpec spec;              // as the server resolved it
+  control::Devices devices;  // the ask; gpu_ordinals once it runs
   absl::Time submitted = absl::InfinitePast();
   absl::Time started = absl::InfinitePast();
   absl::Time ended = absl::InfinitePast();
   int exit_code = 0;
   int64_t steps_done = 0;
-  int64_t seq = 0;             // insertion order, set by Insert
-  std::string spec_digest;     // SubmissionDigest of the request: what makes a retried submit the same
+  int64_t seq = 0;          // insertion order, set by Insert
+  std::string spec_digest;  // SubmissionDigest of the request: what makes a retried submit the same
 };
 
 // The job as the Control service shows it (times as Unix milliseconds, 0 while unset). The queue

@@ -31,16 +31,20 @@ void Say(const std::string& line) {
 
 // Everything that can refuse the options before anything is created: off loopback only with TLS.
 absl::Status CheckServeOptions(const ServeOptions& o) {
-  if (o.state_dir.empty()) return absl::InvalidArgumentError("--serve needs --state_dir=DIR (where the job store, the admin token and the run directories go)");
+  if (o.state_dir.empty())
+    return absl::InvalidArgumentError(
+        "--serve needs --state_dir=DIR (where the job store, the admin token and the run directories go)");
   if ((o.tls_cert.empty()) != (o.tls_key.empty())) {
-    return absl::InvalidArgumentError("--tls_cert and --tls_key go together: pass both (PEM files), or neither on loopback");
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together: pass both (PEM files), or neither on loopback");
   }
   if (!o.tls_client_ca.empty() && o.tls_cert.empty()) {
     return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key (mutual TLS is TLS first)");
   }
   if (o.tls_cert.empty() && !LoopbackListenAddress(o.listen).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--listen=", o.listen, " is not a loopback address: off this machine the server takes only TLS; pass "
+        "--listen=", o.listen,
+        " is not a loopback address: off this machine the server takes only TLS; pass "
         "--tls_cert=FILE --tls_key=FILE (and --tls_client_ca=FILE for mutual TLS), or --listen=127.0.0.1:PORT"));
   }
   return absl::OkStatus();
@@ -88,8 +92,9 @@ int Serve(const ServeOptions& options) {
   }
   for (const std::string& note : notes) Say(note);
   const control::GetServerInfoResponse info = (*server)->Info();
-  Say(absl::StrCat("serving on ", (*control)->address(), so.tls ? (so.mutual_tls ? " (mutual TLS)" : " (TLS)") : " (plaintext, loopback)",
-                   "; ", info.gpus(), " GPU", info.gpus() == 1 ? "" : "s", ", up to ", info.cpu_workers(),
+  Say(absl::StrCat("serving on ", (*control)->address(),
+                   so.tls ? (so.mutual_tls ? " (mutual TLS)" : " (TLS)") : " (plaintext, loopback)", "; ", info.gpus(),
+                   " GPU", info.gpus() == 1 ? "" : "s", ", up to ", info.cpu_workers(),
                    " CPU workers at once; state in ", options.state_dir));
   sigset_t set;
   sigemptyset(&set);
@@ -106,7 +111,10 @@ int Serve(const ServeOptions& options) {
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
       ++signals;
       const int running = (*server)->Running();
-      Say(absl::StrCat(sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP", ": stopping",
+      Say(absl::StrCat(sig == SIGINT    ? "SIGINT"
+                       : sig == SIGTERM ? "SIGTERM"
+                                        : "SIGHUP",
+                       ": stopping",
                        running > 0 ? absl::StrCat(" (", running, " running job", running == 1 ? "" : "s",
                                                   signals == 1 ? " stopped; again to kill them at once)" : " killed)")
                                    : ""));

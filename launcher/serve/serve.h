@@ -11,12 +11,12 @@ namespace stagehand {
 struct ServeOptions {
   std::string listen = "127.0.0.1:7070";  // HOST:PORT; a non-loopback HOST needs TLS
   std::string state_dir;
-  std::string tls_cert, tls_key;           // PEM files: the server's certificate and key
-  std::string tls_client_ca;               // PEM: clients must present a certificate it signed
-  std::string worker_binary;               // "" to find it beside the launcher
-  int max_cpu_workers = 0;                 // 0: the cores
-  std::string job_roots;                   // comma-separated directories jobs' paths must lie in ("": defaults)
-  bool new_admin_token = false;            // mint another admin token into <state_dir>/admin.token
+  std::string tls_cert, tls_key;  // PEM files: the server's certificate and key
+  std::string tls_client_ca;      // PEM: clients must present a certificate it signed
+  std::string worker_binary;      // "" to find it beside the launcher
+  int max_cpu_workers = 0;        // 0: the cores
+  std::string job_roots;          // comma-separated directories jobs' paths must lie in ("": defaults)
+  bool new_admin_token = false;   // mint another admin token into <state_dir>/admin.token
   double peak_tflops_per_device = 989.0;
 };
 

@@ -23,7 +23,7 @@ namespace stagehand {
 namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
-constexpr int kReadsPerWake = 16;   // then the other connections get their turn
+constexpr int kReadsPerWake = 16;  // then the other connections get their turn
 constexpr int kAcceptsPerWake = 64;
 
 // The 16-byte IPv6 form of an address (IPv4 as ::ffff:a.b.c.d), so that both families compare.
@@ -87,7 +87,8 @@ C10dStoreServer::~C10dStoreServer() { Stop(); }
 absl::StatusOr<int> C10dStoreServer::Start(const std::string& bind_address, int port) {
   if (started_) return absl::FailedPreconditionError("the c10d store was started already");
   if (port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("c10d store port ", port, " is not 0 to 65535 (0: pick a free one)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("c10d store port ", port, " is not 0 to 65535 (0: pick a free one)"));
   }
   sockaddr_storage address;
   socklen_t length = 0;
@@ -185,9 +186,9 @@ void C10dStoreServer::Run() {
     for (Connection& c : connections) {
       if (c.closed) state.Disconnect(c.id);
     }
-    connections.erase(std::remove_if(connections.begin(), connections.end(),
-                                     [](const Connection& c) { return c.closed; }),
-                      connections.end());
+    connections.erase(
+        std::remove_if(connections.begin(), connections.end(), [](const Connection& c) { return c.closed; }),
+        connections.end());
     if (fds[1].revents & POLLIN) {
       if (!AcceptAll(state, connections, next_id)) {
         accept_after = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
@@ -198,13 +199,11 @@ void C10dStoreServer::Run() {
   // The connections' sockets close as `connections` goes.
 }
 
-bool C10dStoreServer::AcceptAll(C10dStoreState& state, std::vector<Connection>& connections,
-                                uint64_t& next_id) {
+bool C10dStoreServer::AcceptAll(C10dStoreState& state, std::vector<Connection>& connections, uint64_t& next_id) {
   for (int i = 0; i < kAcceptsPerWake; ++i) {
     sockaddr_storage peer;
     socklen_t length = sizeof peer;
-    UniqueFd fd(accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&peer), &length,
-                        SOCK_NONBLOCK | SOCK_CLOEXEC));
+    UniqueFd fd(accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&peer), &length, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd.valid()) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {

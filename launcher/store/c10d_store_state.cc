@@ -61,8 +61,8 @@ class C10dStoreState::Reader {
   bool Count(uint64_t* out) {
     if (!Fixed(out)) return false;
     if (*out > limits_.max_keys_per_request) {
-      error_ = absl::ResourceExhaustedError(absl::StrCat(
-          *out, " keys in one request; the store takes at most ", limits_.max_keys_per_request));
+      error_ = absl::ResourceExhaustedError(
+          absl::StrCat(*out, " keys in one request; the store takes at most ", limits_.max_keys_per_request));
       return false;
     }
     return true;
@@ -83,8 +83,8 @@ class C10dStoreState::Reader {
     uint64_t n = 0;
     if (!Fixed(&n)) return false;
     if (n > max) {
-      error_ = absl::ResourceExhaustedError(
-          absl::StrCat("a ", what, " of ", n, " bytes; the store takes at most ", max));
+      error_ =
+          absl::ResourceExhaustedError(absl::StrCat("a ", what, " of ", n, " bytes; the store takes at most ", max));
       return false;
     }
     if (!Have(n)) return false;
@@ -128,8 +128,8 @@ absl::Status C10dStoreState::Receive(ClientId id, absl::string_view bytes) {
     }
     if (*parsed == Parse::kNeedMore) {
       if (reader.needed() > limits_.max_request_bytes) {
-        status = absl::ResourceExhaustedError(
-            absl::StrCat("a request of more than ", limits_.max_request_bytes, " bytes"));
+        status =
+            absl::ResourceExhaustedError(absl::StrCat("a request of more than ", limits_.max_request_bytes, " bytes"));
         break;
       }
       client.input_needed = reader.needed();
@@ -142,8 +142,7 @@ absl::Status C10dStoreState::Receive(ClientId id, absl::string_view bytes) {
   return status;
 }
 
-absl::StatusOr<C10dStoreState::Parse> C10dStoreState::ProcessOne(ClientId id, Client& client,
-                                                                 Reader& reader) {
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::ProcessOne(ClientId id, Client& client, Reader& reader) {
   uint8_t type = 0;
   if (!reader.Fixed(&type)) return Parse::kNeedMore;
   if (type >= kNumQueries) {
@@ -159,9 +158,9 @@ absl::StatusOr<C10dStoreState::Parse> C10dStoreState::ProcessOne(ClientId id, Cl
     uint32_t magic = 0;
     if (!reader.Fixed(&magic)) return Parse::kNeedMore;
     if (magic != kC10dValidationMagic) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "VALIDATE with magic 0x", absl::Hex(magic), " (torch's is 0x", absl::Hex(kC10dValidationMagic),
-          "): not a torch TCPStore client"));
+      return absl::InvalidArgumentError(absl::StrCat("VALIDATE with magic 0x", absl::Hex(magic), " (torch's is 0x",
+                                                     absl::Hex(kC10dValidationMagic),
+                                                     "): not a torch TCPStore client"));
     }
     client.validated = true;
     return Parse::kDone;
@@ -171,8 +170,8 @@ absl::StatusOr<C10dStoreState::Parse> C10dStoreState::ProcessOne(ClientId id, Cl
   return parsed;
 }
 
-absl::StatusOr<C10dStoreState::Parse> C10dStoreState::Dispatch(ClientId id, Client& client,
-                                                               C10dQuery query, Reader& r) {
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::Dispatch(ClientId id, Client& client, C10dQuery query,
+                                                               Reader& r) {
   std::string& out = client.output;
   switch (query) {
     case C10dQuery::kValidate:
@@ -375,8 +374,7 @@ absl::StatusOr<C10dStoreState::Parse> C10dStoreState::QueuePush(Reader& r) {
   return Parse::kDone;
 }
 
-absl::StatusOr<C10dStoreState::Parse> C10dStoreState::QueuePopOrLen(std::string& out, C10dQuery query,
-                                                                    Reader& r) {
+absl::StatusOr<C10dStoreState::Parse> C10dStoreState::QueuePopOrLen(std::string& out, C10dQuery query, Reader& r) {
   absl::string_view key;
   if (!r.Key(&key)) return Parse::kNeedMore;
   auto it = queues_.find(key);
@@ -398,9 +396,9 @@ absl::Status C10dStoreState::CheckGrowth(size_t old_bytes, size_t new_bytes, abs
   if (new_bytes <= old_bytes || total_bytes_ - old_bytes + new_bytes <= limits_.max_total_bytes) {
     return absl::OkStatus();
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      what, " of key ", KeyForLog(key), " would make the store hold ", total_bytes_ - old_bytes + new_bytes,
-      " bytes; it holds at most ", limits_.max_total_bytes));
+  return absl::ResourceExhaustedError(absl::StrCat(what, " of key ", KeyForLog(key), " would make the store hold ",
+                                                   total_bytes_ - old_bytes + new_bytes, " bytes; it holds at most ",
+                                                   limits_.max_total_bytes));
 }
 
 absl::Status C10dStoreState::SetValue(const std::string& key, std::string value, absl::string_view what) {
@@ -512,8 +510,7 @@ bool C10dStoreState::WantsInput(ClientId id) const {
 
 bool C10dStoreState::HasPendingInput(ClientId id) const {
   auto it = clients_.find(id);
-  return it != clients_.end() && !it->second.input.empty() &&
-         it->second.input.size() >= it->second.input_needed;
+  return it != clients_.end() && !it->second.input.empty() && it->second.input.size() >= it->second.input_needed;
 }
 
 size_t C10dStoreState::num_waiting() const {

@@ -58,13 +58,13 @@ inline constexpr uint32_t kC10dValidationMagic = 0x3C85F7CE;
 // What one store holds and accepts. A request over a limit closes its connection (the protocol has
 // no error answer); the store and every other connection go on.
 struct C10dStoreLimits {
-  size_t max_key_bytes = 8 * 1024;                // torch's own server allows 8 KiB too
-  size_t max_value_bytes = size_t{64} << 20;      // one value, one queue item
-  size_t max_total_bytes = size_t{512} << 20;     // keys, values and queued items held, and one answer
-  size_t max_keys_per_request = 128 * 1024;       // CHECK, WAIT, MULTI_GET, MULTI_SET
-  size_t max_request_bytes = size_t{128} << 20;   // one request as it arrives (a MULTI_SET's all)
-  size_t output_pause_bytes = size_t{1} << 20;    // unsent answers above which a connection's
-                                                  // further requests wait (it does not read them)
+  size_t max_key_bytes = 8 * 1024;               // torch's own server allows 8 KiB too
+  size_t max_value_bytes = size_t{64} << 20;     // one value, one queue item
+  size_t max_total_bytes = size_t{512} << 20;    // keys, values and queued items held, and one answer
+  size_t max_keys_per_request = 128 * 1024;      // CHECK, WAIT, MULTI_GET, MULTI_SET
+  size_t max_request_bytes = size_t{128} << 20;  // one request as it arrives (a MULTI_SET's all)
+  size_t output_pause_bytes = size_t{1} << 20;   // unsent answers above which a connection's
+                                                 // further requests wait (it does not read them)
 };
 
 class C10dStoreState {
@@ -138,8 +138,7 @@ class C10dStoreState {
   // SetValue checks the growth against max_total_bytes; StoreValue does not (checked before).
   absl::Status SetValue(const std::string& key, std::string value, absl::string_view what);
   void StoreValue(const std::string& key, std::string value);
-  absl::Status CheckGrowth(size_t old_bytes, size_t new_bytes, absl::string_view what,
-                           const std::string& key) const;
+  absl::Status CheckGrowth(size_t old_bytes, size_t new_bytes, absl::string_view what, const std::string& key) const;
   bool KeyReady(const std::string& key) const;
   void StartWait(ClientId id, Client& client, std::vector<std::string> keys);
   void EndWait(ClientId id, Client& client);

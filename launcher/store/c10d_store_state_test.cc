@@ -378,10 +378,18 @@ TEST(C10dStoreStateFuzz, RandomInput_NeverCrashes) {
       const int fields = next() % 4;
       for (int f = 0; f < fields; ++f) {
         switch (next() % 4) {
-          case 0: r.Str(small_key()); break;
-          case 1: r.Str(std::string(next() % 300, 'v')); break;
-          case 2: r.U64(next() % 10); break;
-          default: r.I64(static_cast<int64_t>(next()) - (1 << 30)); break;
+          case 0:
+            r.Str(small_key());
+            break;
+          case 1:
+            r.Str(std::string(next() % 300, 'v'));
+            break;
+          case 2:
+            r.U64(next() % 10);
+            break;
+          default:
+            r.I64(static_cast<int64_t>(next()) - (1 << 30));
+            break;
         }
       }
       bytes = r.bytes();
@@ -447,9 +455,9 @@ TEST_F(C10dStoreStateLimitsTest, TotalBytes_Refused_AndNothingChanged) {
   EXPECT_EQ(state_.num_keys(), i - 1);
   // A MULTI_SET over the limit sets none of its keys.
   const size_t keys = state_.num_keys();
-  EXPECT_EQ(Send(3, Request(C10dQuery::kMultiSet).U64(2).Str("/m1").Str("1").Str("/m2").Str(std::string(100, 'v')))
-                .code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(
+      Send(3, Request(C10dQuery::kMultiSet).U64(2).Str("/m1").Str("1").Str("/m2").Str(std::string(100, 'v'))).code(),
+      absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(state_.num_keys(), keys);
   // Replacing a value with a smaller one is always taken.
   ASSERT_TRUE(Send(1, Set("/k0", "")).ok());

@@ -19,10 +19,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const std::string flag = "--max_value_bytes=";
-    if (!absl::StartsWith(arg, flag) ||
-        !absl::SimpleAtoi(arg.substr(flag.size()), &options.limits.max_value_bytes)) {
-      std::fprintf(stderr, "store_server_for_test: unknown argument '%s' (takes --max_value_bytes=N)\n",
-                   arg.c_str());
+    if (!absl::StartsWith(arg, flag) || !absl::SimpleAtoi(arg.substr(flag.size()), &options.limits.max_value_bytes)) {
+      std::fprintf(stderr, "store_server_for_test: unknown argument '%s' (takes --max_value_bytes=N)\n", arg.c_str());
       return 2;
     }
   }

@@ -22,9 +22,7 @@ class FakeProcessSpawner : public ProcessSpawner {
   struct SentSignal {
     int pid = 0;
     int signal = 0;
-    bool operator==(const SentSignal& other) const {
-      return pid == other.pid && signal == other.signal;
-    }
+    bool operator==(const SentSignal& other) const { return pid == other.pid && signal == other.signal; }
   };
 
   // Returns the next fake pid (1000, 1001, ...) and records the spec; or, once after FailNextSpawn,

@@ -48,8 +48,8 @@ class FakeTerminalSink : public TerminalSink {
   bool AwaitBlocked(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     return mu_.AwaitWithTimeout(
-        absl::Condition(+[](FakeTerminalSink* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->waiting_ > 0; },
-                        this),
+        absl::Condition(
+            +[](FakeTerminalSink* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->waiting_ > 0; }, this),
         timeout);
   }
   std::string text() const {

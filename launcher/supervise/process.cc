@@ -203,8 +203,8 @@ absl::Status CheckSpec(const ProcessSpec& spec) {
     return absl::InvalidArgumentError("ProcessSpec.argv is empty: argv[0] must be the executable");
   }
   if (spec.secret.size() > kMaxSecretBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("the secret has ", spec.secret.size(),
-                                                   " bytes; at most ", kMaxSecretBytes, " fit"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the secret has ", spec.secret.size(), " bytes; at most ", kMaxSecretBytes, " fit"));
   }
   if (access(spec.argv[0].c_str(), X_OK) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot execute ", spec.argv[0]));
@@ -239,8 +239,8 @@ ProcessExit ToProcessExit(int pid, int wait_status) {
 class OutputForwarder {
  public:
   // stop_fd becoming readable ends the thread before EOF (a grandchild may hold the pipe open).
-  OutputForwarder(UniqueFd pipe, UniqueFd log, std::string log_path, std::string prefix,
-                  TerminalWriter* terminal, int stop_fd)
+  OutputForwarder(UniqueFd pipe, UniqueFd log, std::string log_path, std::string prefix, TerminalWriter* terminal,
+                  int stop_fd)
       : pipe_(std::move(pipe)),
         log_(std::move(log)),
         log_path_(std::move(log_path)),
@@ -336,8 +336,7 @@ ChildRegistry& Children() {
 
 class PosixProcessSpawner : public ProcessSpawner {
  public:
-  explicit PosixProcessSpawner(TerminalWriter* terminal)
-      : terminal_(terminal), stop_fd_(eventfd(0, EFD_CLOEXEC)) {
+  explicit PosixProcessSpawner(TerminalWriter* terminal) : terminal_(terminal), stop_fd_(eventfd(0, EFD_CLOEXEC)) {
     CHECK(stop_fd_.get() >= 0) << "eventfd: " << ErrnoText(errno);
     rlimit limit;
     max_fd_ = getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
@@ -367,7 +366,7 @@ class PosixProcessSpawner : public ProcessSpawner {
   // Forked, exec not yet confirmed; Reap keeps the exits of these in early_exits_ for Spawn to settle.
   absl::flat_hash_set<int> starting_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, ProcessExit> early_exits_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<int> running_ ABSL_GUARDED_BY(mu_);  // exec'd, not yet reaped
+  absl::flat_hash_set<int> running_ ABSL_GUARDED_BY(mu_);     // exec'd, not yet reaped
   std::vector<ProcessExit> unreported_ ABSL_GUARDED_BY(mu_);  // reaped early, for the next Reap
   // Every pid this spawner started (for SignalGroup and DrainOutput), with its output's forwarder.
   absl::flat_hash_map<int, std::shared_ptr<OutputForwarder>> outputs_ ABSL_GUARDED_BY(mu_);
@@ -413,15 +412,14 @@ absl::StatusOr<int> PosixProcessSpawner::Spawn(const ProcessSpec& spec) {
     Abandon(*pid);
     return absl::ErrnoToStatus(err, absl::StrCat("cannot execute ", spec.argv[0]));
   }
-  Started(*pid, std::make_shared<OutputForwarder>(std::move(fds->output.read), std::move(fds->log),
-                                                  spec.log_path, spec.output_prefix, terminal_,
-                                                  stop_fd_.get()));
+  Started(*pid, std::make_shared<OutputForwarder>(std::move(fds->output.read), std::move(fds->log), spec.log_path,
+                                                  spec.output_prefix, terminal_, stop_fd_.get()));
   return *pid;
 }
 
 absl::StatusOr<int> PosixProcessSpawner::Fork(const SpawnFds& fds, const ExecArgs& args) {
-  const ChildFds child_fds{fds.dev_null.get(), fds.output.write.get(), fds.secret_read.get(),
-                           fds.status.write.get(), max_fd_};
+  const ChildFds child_fds{fds.dev_null.get(), fds.output.write.get(), fds.secret_read.get(), fds.status.write.get(),
+                           max_fd_};
   const pid_t parent_pid = getpid();
   // Both held across fork so that no Reap (of any spawner) can reap the child before it is ours.
   ChildRegistry& children = Children();
@@ -463,8 +461,7 @@ void PosixProcessSpawner::Started(int pid, std::shared_ptr<OutputForwarder> outp
 
 // Threads of children long gone are joined as new ones start, so that restarts do not pile them up.
 void PosixProcessSpawner::JoinFinishedForwarders() {
-  auto finished = std::stable_partition(unjoined_.begin(), unjoined_.end(),
-                                        [](const auto& f) { return !f->done(); });
+  auto finished = std::stable_partition(unjoined_.begin(), unjoined_.end(), [](const auto& f) { return !f->done(); });
   for (auto it = finished; it != unjoined_.end(); ++it) (*it)->Join();
   unjoined_.erase(finished, unjoined_.end());
 }

@@ -78,8 +78,7 @@ bool ProcessEnded(int pid) {
 int ParentOf(int pid) {
   for (absl::string_view line : absl::StrSplit(ReadFile(absl::StrCat("/proc/", pid, "/status")), '\n')) {
     int ppid = 0;
-    if (absl::ConsumePrefix(&line, "PPid:") &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &ppid)) {
+    if (absl::ConsumePrefix(&line, "PPid:") && absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &ppid)) {
       return ppid;
     }
   }
@@ -144,8 +143,7 @@ class ProcessTest : public ::testing::Test {
     int grandchild = -1;
     EXPECT_TRUE(WaitFor([&] {
       const std::string log = ReadFile(spec.log_path);
-      return log.find('\n') != std::string::npos &&
-             absl::SimpleAtoi(log.substr(0, log.find('\n')), &grandchild);
+      return log.find('\n') != std::string::npos && absl::SimpleAtoi(log.substr(0, log.find('\n')), &grandchild);
     }));
     return grandchild;
   }
@@ -226,8 +224,7 @@ TEST_F(ProcessTest, DrainOutput_ManyLines_AllLoggedWhenItReturns) {
   const int pid = Spawn(spec);
   WaitForExit(pid);
   spawner_->DrainOutput(pid, kPatience);
-  const std::vector<std::string> lines =
-      absl::StrSplit(ReadFile(spec.log_path), '\n', absl::SkipEmpty());
+  const std::vector<std::string> lines = absl::StrSplit(ReadFile(spec.log_path), '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 5000);
   EXPECT_EQ(lines.front(), "1");
   EXPECT_EQ(lines.back(), "5000");
@@ -246,7 +243,8 @@ TEST_F(ProcessTest, DrainOutput_GrandchildHoldsPipe_ReturnsAfterTimeout) {
 TEST_F(ProcessTest, Spawn_Secret_ReadFromSecretFdNotFromEnvOrArgv) {
   const std::string secret = "s3cr3t-token";
   ProcessSpec spec = ShellSpec(
-      "cat <&\"$STAGEHAND_SECRET_FD\" > \"$1\"; tr '\\0' '\\n' < /proc/$$/environ > \"$2\"; tr '\\0' ' ' < /proc/$$/cmdline > \"$3\"; "
+      "cat <&\"$STAGEHAND_SECRET_FD\" > \"$1\"; tr '\\0' '\\n' < /proc/$$/environ > \"$2\"; tr '\\0' ' ' < "
+      "/proc/$$/cmdline > \"$3\"; "
       "echo \"fd=$STAGEHAND_SECRET_FD\"");
   spec.argv.insert(spec.argv.end(), {"sh", Path("secret"), Path("env"), Path("cmdline")});
   spec.env.push_back("STAGEHAND_SECRET_FD=9");  // a stale value must not win
@@ -322,8 +320,7 @@ TEST_F(ProcessTest, Spawn_ExecveFailsInChild_ReturnsErrorAndReapReportsNothing) 
   ASSERT_EQ(chmod(spec.argv[0].c_str(), 0755), 0);
   const absl::StatusOr<int> pid = spawner_->Spawn(spec);
   ASSERT_FALSE(pid.ok());
-  EXPECT_THAT(pid.status().message(),
-              HasSubstr(absl::StrCat("cannot execute ", spec.argv[0], ": Exec format error")));
+  EXPECT_THAT(pid.status().message(), HasSubstr(absl::StrCat("cannot execute ", spec.argv[0], ": Exec format error")));
   EXPECT_THAT(spawner_->Reap(), IsEmpty());
 }
 
@@ -541,8 +538,10 @@ TEST(TerminalWriterTest, Spawn_TerminalStalled_LogCompleteTerminalGetsTheRestCou
   const std::vector<std::string> shown = absl::StrSplit(terminal->text(), '\n', absl::SkipEmpty());
   ASSERT_EQ(shown.size(), 20000 - dropped + 1);
   EXPECT_EQ(shown.front(), "[rank 0] 1");
-  EXPECT_EQ(shown.back(), absl::StrCat("[stagehand] ", dropped, " lines of worker output not shown (the terminal "
-                                       "was not reading); see ", log));
+  EXPECT_EQ(shown.back(), absl::StrCat("[stagehand] ", dropped,
+                                       " lines of worker output not shown (the terminal "
+                                       "was not reading); see ",
+                                       log));
   for (size_t i = 0; i + 1 < shown.size(); ++i) {
     ASSERT_EQ(shown[i], absl::StrCat("[rank 0] ", i + 1)) << "the lines shown are the first, in order";
   }

@@ -186,7 +186,8 @@ std::vector<std::string> ProgramEnvironment(const std::vector<std::string>& base
   };
   auto name_of = [](const std::string& e) { return e.substr(0, e.find('=')); };
   for (const std::string& e : base) {
-    const bool overridden = std::any_of(extra.begin(), extra.end(), [&](const std::string& x) { return named(x, name_of(e)); });
+    const bool overridden =
+        std::any_of(extra.begin(), extra.end(), [&](const std::string& x) { return named(x, name_of(e)); });
     if (!is_set_here(e) && !overridden) env.push_back(e);
   }
   for (const std::string& e : extra) {
@@ -265,17 +266,15 @@ ProcessSpec Supervisor::SpecFor(int index) const {
     r.error_file = absl::StrCat(options_.run_dir, "/rank", index, ".error.json");
     r.steps_file = ProgramStepsFile(options_.run_dir, index);
     spec.argv.assign(job.program().begin(), job.program().end());
-    spec.env = ProgramEnvironment(base, options_.program_env ? options_.program_env(incarnation_)
-                                                             : std::vector<std::string>{}, r);
+    spec.env = ProgramEnvironment(
+        base, options_.program_env ? options_.program_env(incarnation_) : std::vector<std::string>{}, r);
     spec.cwd = job.program_cwd();
     spec.output_prefix = absl::StrCat("[rank ", index, "] ");
     spec.log_path = absl::StrCat(options_.run_dir, "/rank", index, ".log");
     return spec;
   }
-  spec.argv = {options_.worker_binary,
-               absl::StrCat("--coordinator=", options_.coordinator_address),
-               absl::StrCat("--job_id=", state_->job_id()),
-               absl::StrCat("--worker_index=", index),
+  spec.argv = {options_.worker_binary, absl::StrCat("--coordinator=", options_.coordinator_address),
+               absl::StrCat("--job_id=", state_->job_id()), absl::StrCat("--worker_index=", index),
                absl::StrCat("--incarnation=", incarnation_)};
   spec.argv.insert(spec.argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   for (const std::string& e : options_.env) {
@@ -314,7 +313,8 @@ absl::Status Supervisor::Start() {
     absl::StatusOr<int> pid = spawner_->Spawn(SpecFor(i));
     if (!pid.ok()) {
       never_started(i, std::string(pid.status().message()));
-      Record(Kind::kLaunch, kExitLaunchFailed, absl::StrCat("could not start worker ", i, ": ", pid.status().message()));
+      Record(Kind::kLaunch, kExitLaunchFailed,
+             absl::StrCat("could not start worker ", i, ": ", pid.status().message()));
       return pid.status();
     }
     slots_[i].pid = *pid;
@@ -327,7 +327,8 @@ std::string Supervisor::Describe(int rank) const {
   std::vector<WorkerState> workers = state_->Workers();
   const WorkerState& w = workers[rank];
   const Slot& s = slots_[rank];
-  std::string where = w.registered ? absl::StrCat(" (host ", w.host, ", pid ", s.pid, ")") : absl::StrCat(" (pid ", s.pid, ")");
+  std::string where =
+      w.registered ? absl::StrCat(" (host ", w.host, ", pid ", s.pid, ")") : absl::StrCat(" (pid ", s.pid, ")");
   if (state_->nodes() > 1) {
     const int node = state_->NodeOfRank(rank);
     const NodeState n = state_->Nodes()[node];
@@ -373,8 +374,8 @@ int Supervisor::exit_code() const {
 std::string Supervisor::root_cause() const {
   if (const Incident* i = RootIncident()) {
     if (restarts_ == 0 || waiting_restart_) return i->text;
-    return absl::StrCat(i->text, " (after ", restarts_, restarts_ == 1 ? " restart" : " restarts", ", --max_restarts=",
-                        state_->job().max_restarts(), ")");
+    return absl::StrCat(i->text, " (after ", restarts_, restarts_ == 1 ? " restart" : " restarts",
+                        ", --max_restarts=", state_->job().max_restarts(), ")");
   }
   if (interrupt_signal_ == 0) return "";
   return absl::StrCat("interrupted by ", interrupt_signal_ == SIGINT    ? "SIGINT"
@@ -448,7 +449,7 @@ void Supervisor::Judge(int rank, int exit_code, int signal, const std::string* r
   }
   const WorkerState w = state_->Workers()[rank];
   if (signal == 0 && exit_code == 0 && w.finished && w.ok) return;
-  if (program() && signal == 0 && exit_code == 0) return;  // a program's success is its exit code
+  if (program() && signal == 0 && exit_code == 0) return;                   // a program's success is its exit code
   if (signal == 0 && exit_code == kWorkerExitStopped && stopping_) return;  // it did as told
   // A remote rank's agent signals it the stop notice after the stop reached it: then not a crash (as a
   // local rank's exit after our SIGTERM is none). Before that, a kill is the cause that set it off.
@@ -462,7 +463,7 @@ void Supervisor::Judge(int rank, int exit_code, int signal, const std::string* r
   // which must not displace its cause. A signal is still a crash: nothing we sent yet kills.
   if (signal == 0 && stopping_ && !w.registered) return;
   std::string how = signal != 0 ? absl::StrCat("was killed by signal ", SignalName(signal))
-                                  : absl::StrCat("exited with code ", exit_code);
+                                : absl::StrCat("exited with code ", exit_code);
   // Its own last error line says why, which is otherwise only in its log.
   const std::string error = remote_error != nullptr
                                 ? OneLine(*remote_error)
@@ -514,7 +515,8 @@ void Supervisor::CheckLoss(bool at_end) {
   const int64_t first = first_non_finite_[diverged] + 1, n = non_finite_[diverged];  // steps 1-based, as printed
   Record(Kind::kReportedFailure, kExitWorkerFailed,
          absl::StrCat("the loss was ", std::isnan(last_loss_) ? "NaN" : "infinite", " at ",
-                      n == 1 ? absl::StrCat("step ", first) : absl::StrCat(n, " steps in a row (", first, "-", first + n - 1, ")"),
+                      n == 1 ? absl::StrCat("step ", first)
+                             : absl::StrCat(n, " steps in a row (", first, "-", first + n - 1, ")"),
                       " on rank ", diverged, ": the training diverged; pass a lower --lr (this run's: ",
                       absl::StrFormat("%g", job.lr()), ")"));
 }

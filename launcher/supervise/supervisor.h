@@ -23,11 +23,11 @@ namespace stagehand {
 // Exit codes of the launcher (README.md lists them).
 enum ExitCode {
   kExitSuccess = 0,
-  kExitWorkerFailed = 1,     // a worker exited non-zero, was killed, or reported an error
-  kExitUsage = 2,            // bad flags or job: nothing was started
-  kExitWorkerHung = 3,       // a worker missed heartbeats, stalled, or never registered
-  kExitLaunchFailed = 4,     // a worker could not be started, or the coordinator could not serve
-  kExitInterrupted = 130,    // SIGINT (128 + 2); SIGTERM gives 143
+  kExitWorkerFailed = 1,   // a worker exited non-zero, was killed, or reported an error
+  kExitUsage = 2,          // bad flags or job: nothing was started
+  kExitWorkerHung = 3,     // a worker missed heartbeats, stalled, or never registered
+  kExitLaunchFailed = 4,   // a worker could not be started, or the coordinator could not serve
+  kExitInterrupted = 130,  // SIGINT (128 + 2); SIGTERM gives 143
 };
 // SIGTERM (or SIGHUP) with checkpoints on: every rank wrote a checkpoint at one step and the run
 // stopped there; --resume=RUN_DIR continues it (EX_TEMPFAIL of sysexits.h: try again).
@@ -39,8 +39,8 @@ struct SupervisorOptions {
   std::string worker_binary;
   std::string coordinator_address;
   std::string run_dir;
-  std::vector<std::string> env;   // the environment every worker starts from
-  std::vector<GpuInfo> gpus;      // one per worker for GPU jobs (pinned by UUID)
+  std::vector<std::string> env;              // the environment every worker starts from
+  std::vector<GpuInfo> gpus;                 // one per worker for GPU jobs (pinned by UUID)
   absl::Time launch = absl::InfinitePast();  // when the launcher started; default: construction
   // Several hosts. The ranks this supervisor spawns: [first_rank, first_rank + local_workers); -1:
   // every rank of the job (one host). Node 0 judges the other ranks' exits as their agents report
@@ -189,20 +189,20 @@ class Supervisor {
   bool sent_term_ = false;
   bool sent_kill_ = false;
   std::vector<Incident> incidents_;
-  std::vector<bool> reported_;  // per rank: its Finish(ok=false) is among the incidents
-  size_t steps_seen_ = 0;             // step reports CheckLoss has read
-  std::vector<int64_t> non_finite_;   // per rank: its last losses that were NaN or infinite, in a row
+  std::vector<bool> reported_;             // per rank: its Finish(ok=false) is among the incidents
+  size_t steps_seen_ = 0;                  // step reports CheckLoss has read
+  std::vector<int64_t> non_finite_;        // per rank: its last losses that were NaN or infinite, in a row
   std::vector<int64_t> first_non_finite_;  // per rank: the step that began that run of them
-  std::vector<int64_t> finite_;       // per rank: its finite losses so far
-  double last_loss_ = 0;              // the last non-finite loss seen (NaN or an infinity)
-  int interrupt_signal_ = 0;    // the first SIGINT/SIGTERM, when it came before any incident
+  std::vector<int64_t> finite_;            // per rank: its finite losses so far
+  double last_loss_ = 0;                   // the last non-finite loss seen (NaN or an infinity)
+  int interrupt_signal_ = 0;               // the first SIGINT/SIGTERM, when it came before any incident
   // Restarts (--max_restarts): every worker again, a newer incarnation, after a backoff.
   int restarts_ = 0;
   int64_t incarnation_ = 1;
   bool waiting_restart_ = false;
   bool restarts_prevented_ = false;
   absl::Time restart_at_;
-  absl::Time attempt_start_;    // this incarnation's launch (its registration deadline counts from it)
+  absl::Time attempt_start_;  // this incarnation's launch (its registration deadline counts from it)
 };
 
 }  // namespace stagehand

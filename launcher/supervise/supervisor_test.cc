@@ -269,8 +269,7 @@ TEST_F(SupervisorTest, Tick_WorkerKilledBySigkill_FailsNamingRankSignalAndSteps)
   spawner_.Kill(Pid(1), SIGKILL);
   EXPECT_FALSE(supervisor_->Tick());
   EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
-  EXPECT_THAT(supervisor_->root_cause(),
-              AllOf(HasSubstr("rank 1"), HasSubstr("signal 9"), HasSubstr("after 5 steps")));
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 1"), HasSubstr("signal 9"), HasSubstr("after 5 steps")));
   EXPECT_TRUE(state_->stopping());
   EXPECT_THAT(spawner_.signals(), IsEmpty()) << "the workers get the stop notice first";
 }
@@ -305,8 +304,8 @@ TEST_F(SupervisorTest, Tick_AfterFailure_TermsAfterStopNoticeAndKillsAfterGrace)
   EXPECT_THAT(spawner_.signals(), IsEmpty());
   EXPECT_FALSE(TickAfter(kTick));
   // SIGCONT follows SIGTERM so that a stopped worker acts on it; the dead rank 1 gets nothing.
-  EXPECT_THAT(spawner_.signals(), ElementsAre(Sent{Pid(0), SIGTERM}, Sent{Pid(2), SIGTERM},
-                                              Sent{Pid(0), SIGCONT}, Sent{Pid(2), SIGCONT}));
+  EXPECT_THAT(spawner_.signals(),
+              ElementsAre(Sent{Pid(0), SIGTERM}, Sent{Pid(2), SIGTERM}, Sent{Pid(0), SIGCONT}, Sent{Pid(2), SIGCONT}));
 
   EXPECT_FALSE(TickAfter(kGrace - kTick));
   EXPECT_THAT(spawner_.signals(), SizeIs(4));
@@ -674,12 +673,26 @@ TEST(ProgramEnvironment, TorchrunsVariables) {
   r.error_file = "/r/rank3.error.json";
   const std::vector<std::string> env =
       ProgramEnvironment({"PATH=/bin", "RANK=99"}, {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=4242"}, r);
-  for (const char* want :
-       {"PATH=/bin", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=4242", "RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=4",
-        "LOCAL_WORLD_SIZE=2", "GROUP_RANK=1", "GROUP_WORLD_SIZE=2", "ROLE_RANK=3", "ROLE_WORLD_SIZE=4",
-        "ROLE_NAME=default", "TORCHELASTIC_RESTART_COUNT=2", "TORCHELASTIC_MAX_RESTARTS=5", "TORCHELASTIC_RUN_ID=job-1",
-        "TORCHELASTIC_USE_AGENT_STORE=True", "TORCHELASTIC_ERROR_FILE=/r/rank3.error.json", "OMP_NUM_THREADS=1",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING=1", "PYTHONUNBUFFERED=1"}) {
+  for (const char* want : {"PATH=/bin",
+                           "MASTER_ADDR=127.0.0.1",
+                           "MASTER_PORT=4242",
+                           "RANK=3",
+                           "LOCAL_RANK=1",
+                           "WORLD_SIZE=4",
+                           "LOCAL_WORLD_SIZE=2",
+                           "GROUP_RANK=1",
+                           "GROUP_WORLD_SIZE=2",
+                           "ROLE_RANK=3",
+                           "ROLE_WORLD_SIZE=4",
+                           "ROLE_NAME=default",
+                           "TORCHELASTIC_RESTART_COUNT=2",
+                           "TORCHELASTIC_MAX_RESTARTS=5",
+                           "TORCHELASTIC_RUN_ID=job-1",
+                           "TORCHELASTIC_USE_AGENT_STORE=True",
+                           "TORCHELASTIC_ERROR_FILE=/r/rank3.error.json",
+                           "OMP_NUM_THREADS=1",
+                           "TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+                           "PYTHONUNBUFFERED=1"}) {
     EXPECT_THAT(env, Contains(want));
   }
   EXPECT_THAT(env, ::testing::Not(Contains("RANK=99")));  // ours wins
@@ -706,8 +719,8 @@ TEST(ParseProgramStep, EveryKey_AndBadValues_AreNoStep) {
   EXPECT_FALSE(r->has_loss());
   EXPECT_EQ(r->samples(), 0);
   EXPECT_EQ(r->flops(), 0);
-  for (const char* bad : {"seconds=0.1", "step=1 samples=-1", "step=1 flops=inf", "step=1 flops=nan",
-                          "step=1 flops=-2", "step=1 watts=3", "step=1 samples"}) {
+  for (const char* bad : {"seconds=0.1", "step=1 samples=-1", "step=1 flops=inf", "step=1 flops=nan", "step=1 flops=-2",
+                          "step=1 watts=3", "step=1 samples"}) {
     EXPECT_FALSE(ParseProgramStep(bad, 0, 0).has_value()) << bad;
   }
 }
@@ -735,7 +748,8 @@ TEST_F(SupervisorTest, Tick_WorkerExitsWithAnErrorInItsLog_RootCauseCarriesIt) {
   EXPECT_FALSE(supervisor_->Tick());
   EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
   EXPECT_EQ(supervisor_->root_cause(),
-            absl::StrCat("rank 0 (pid ", Pid(0), ") exited with code 1 after 0 steps: profiling the model on this "
+            absl::StrCat("rank 0 (pid ", Pid(0),
+                         ") exited with code 1 after 0 steps: profiling the model on this "
                          "worker's device failed: INVALID_ARGUMENT: --heads, --kv_heads are for attention models; "
                          "mlp-lm has no attention: drop them"));
   unlink((run_dir_ + "/rank0.log").c_str());

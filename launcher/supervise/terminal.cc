@@ -130,7 +130,7 @@ void TerminalWriter::Queue(std::string text, absl::string_view log) {
   if (!queue_.empty() && bytes_ + cost > options_.max_bytes) {
     ++dropped_;
     if (queue_.back().gap.empty()) queue_.push_back(Entry{});  // a gap is charged nothing: at most
-    ++queue_.back().gap[std::string(log)];                      // one follows each queued line
+    ++queue_.back().gap[std::string(log)];                     // one follows each queued line
     return;
   }
   bytes_ += cost;
@@ -141,10 +141,11 @@ std::string TerminalWriter::Notices(const std::map<std::string, int64_t>& gap) {
   std::string out;
   for (const auto& [log, count] : gap) {
     if (log.empty()) {
-      absl::StrAppend(&out, "[stagehand] ", count, " lines of the launcher's output not shown (the terminal was not reading)\n");
+      absl::StrAppend(&out, "[stagehand] ", count,
+                      " lines of the launcher's output not shown (the terminal was not reading)\n");
     } else {
-      absl::StrAppend(&out, "[stagehand] ", count, " lines of worker output not shown (the terminal was not reading); see ",
-                      log, "\n");
+      absl::StrAppend(&out, "[stagehand] ", count,
+                      " lines of worker output not shown (the terminal was not reading); see ", log, "\n");
     }
   }
   return out;
@@ -189,13 +190,13 @@ bool TerminalWriter::Flush(absl::Duration patience) {
       int64_t before;
     } args{this, before};
     const absl::Time deadline = (writing_ ? write_began_ : absl::Now()) + patience;
-    const bool moved = mu_.AwaitWithDeadline(
-        absl::Condition(
-            +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return a->w->broken_ || a->w->written_ != a->before || (a->w->queue_.empty() && !a->w->writing_);
-            },
-            &args),
-        deadline);
+    const bool moved = mu_.AwaitWithDeadline(absl::Condition(
+                                                 +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                                   return a->w->broken_ || a->w->written_ != a->before ||
+                                                          (a->w->queue_.empty() && !a->w->writing_);
+                                                 },
+                                                 &args),
+                                             deadline);
     if (!moved) return false;
   }
 }

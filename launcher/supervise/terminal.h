@@ -80,12 +80,12 @@ class TerminalWriter {
   const TerminalOptions options_;
   mutable absl::Mutex mu_;
   std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
-  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // charged by the lines in queue_
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // the thread holds an entry it has not written yet
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;        // charged by the lines in queue_
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;    // the thread holds an entry it has not written yet
   absl::Time write_began_ ABSL_GUARDED_BY(mu_);  // when it took that entry
-  int64_t written_ ABSL_GUARDED_BY(mu_) = 0;   // entries written: Flush's measure of progress
+  int64_t written_ ABSL_GUARDED_BY(mu_) = 0;     // entries written: Flush's measure of progress
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;   // the sink failed: lines are discarded uncounted
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // the sink failed: lines are discarded uncounted
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts once the members above exist
 };

@@ -87,8 +87,12 @@ class EmbeddingImpl : public PipelineLayerImpl {
 class AttentionImpl : public PipelineLayerImpl {
  public:
   AttentionImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
-      : hidden_(c.hidden), heads_(c.heads), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
-        fused_qkv_grad_(c.fused_qkv_grad), fused_residual_grad_(c.fused_residual_grad),
+      : hidden_(c.hidden),
+        heads_(c.heads),
+        fused_layernorm_(c.fused_layernorm),
+        fused_norm_backward_(c.fused_norm_backward),
+        fused_qkv_grad_(c.fused_qkv_grad),
+        fused_residual_grad_(c.fused_residual_grad),
         residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)),
         fused_bias_grad_(c.fused_bias_grad) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
@@ -137,9 +141,12 @@ class AttentionImpl : public PipelineLayerImpl {
 class MlpImpl : public PipelineLayerImpl {
  public:
   MlpImpl(const GptConfig& c, int layer, uint64_t seed, const torch::Device& device)
-      : hidden_(c.hidden), fused_layernorm_(c.fused_layernorm), fused_norm_backward_(c.fused_norm_backward),
+      : hidden_(c.hidden),
+        fused_layernorm_(c.fused_layernorm),
+        fused_norm_backward_(c.fused_norm_backward),
         fused_residual_grad_(c.fused_residual_grad),
-        residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)), fused_gelu_(c.fused_gelu),
+        residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)),
+        fused_gelu_(c.fused_gelu),
         fused_gelu_gemm_(c.fused_gelu_gemm) {
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden})));
     fc1_ = register_module("fc1", Dense(c.hidden, 4 * c.hidden, true, device));
@@ -191,10 +198,14 @@ class HeadImpl : public PipelineLayerImpl {
 std::shared_ptr<PipelineLayerImpl> MakeLayer(const GptConfig& config, int layer, uint64_t seed,
                                              const torch::Device& device) {
   switch (DecoderLayerKindOf(layer, config.layers)) {
-    case DecoderLayerKind::kEmbedding: return std::make_shared<EmbeddingImpl>(config, seed, device);
-    case DecoderLayerKind::kAttention: return std::make_shared<AttentionImpl>(config, layer, seed, device);
-    case DecoderLayerKind::kMlp: return std::make_shared<MlpImpl>(config, layer, seed, device);
-    case DecoderLayerKind::kHead: return std::make_shared<HeadImpl>(config, seed, device);
+    case DecoderLayerKind::kEmbedding:
+      return std::make_shared<EmbeddingImpl>(config, seed, device);
+    case DecoderLayerKind::kAttention:
+      return std::make_shared<AttentionImpl>(config, layer, seed, device);
+    case DecoderLayerKind::kMlp:
+      return std::make_shared<MlpImpl>(config, layer, seed, device);
+    case DecoderLayerKind::kHead:
+      return std::make_shared<HeadImpl>(config, seed, device);
   }
   return nullptr;
 }
@@ -203,7 +214,9 @@ std::shared_ptr<PipelineLayerImpl> MakeLayer(const GptConfig& config, int layer,
 class GptPipelineStage final : public Stage {
  public:
   GptPipelineStage(const GptConfig& config, const StageOptions& o)
-      : config_(config), first_layer_(o.first_layer), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()),
+      : config_(config),
+        first_layer_(o.first_layer),
+        module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()),
         defer_wgrad_(DefersWeightGradients(*o.job)) {
     module_->to(o.device);
     if (o.job != nullptr && LowersDenseWeights(*o.job, o.device, config.bf16_autocast)) {

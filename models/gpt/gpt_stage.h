@@ -20,7 +20,7 @@ struct GptConfig {
   int64_t vocab = 32768;
   int64_t hidden = 2048;
   int64_t heads = 16;
-  int64_t layers = 24;   // transformer blocks
+  int64_t layers = 24;  // transformer blocks
   int64_t seq = 1024;
   bool bf16_autocast = true;  // bf16 autocast over fp32 parameters (CUDA); false: plain fp32
   // Under bf16 autocast on CUDA, each LayerNorm that feeds a GEMM writes its bf16 output in one kernel

@@ -256,7 +256,7 @@ TEST(GptStage, FutureTokens_DoNotChangeEarlierLogits) {
 TEST(GptStage, WrongInput_Throws) {
   const GptConfig c = Tiny();
   GptStage first(c, 0, 2, 1), middle(c, 2, 3, 1);
-  EXPECT_THROW(first(torch::zeros({1, c.seq, c.hidden})), c10::Error);      // hidden states to the embedding
+  EXPECT_THROW(first(torch::zeros({1, c.seq, c.hidden})), c10::Error);       // hidden states to the embedding
   EXPECT_THROW(middle(torch::zeros({1, c.seq}, torch::kLong)), c10::Error);  // tokens to a block
   EXPECT_THROW(middle(torch::zeros({1, c.seq, c.hidden + 1})), c10::Error);  // wrong width
   EXPECT_THROW(GptStage(c, 2, 2, 1), c10::Error);                            // an empty range
@@ -290,9 +290,9 @@ TEST(GptStage, Gradients_MatchFiniteDifferences) {
   objective().backward();
   std::map<std::string, torch::Tensor> params;
   for (const auto& item : model->named_parameters()) params[item.key()] = item.value();
-  for (const char* name : {"layers.0.weight", "layers.1.qkv.weight", "layers.1.qkv.bias", "layers.1.proj.weight",
-                           "layers.2.fc1.weight", "layers.2.fc2.weight", "layers.2.fc2.bias", "layers.1.ln1.weight",
-                           "layers.3.lm_head.weight"}) {
+  for (const char* name :
+       {"layers.0.weight", "layers.1.qkv.weight", "layers.1.qkv.bias", "layers.1.proj.weight", "layers.2.fc1.weight",
+        "layers.2.fc2.weight", "layers.2.fc2.bias", "layers.1.ln1.weight", "layers.3.lm_head.weight"}) {
     ASSERT_TRUE(params.count(name)) << name;
     torch::Tensor p = params[name];
     ASSERT_TRUE(p.grad().defined()) << name;
@@ -632,7 +632,8 @@ TEST(GptStageCuda, FusedLayerNorm_MatchesUnfusedForwardAndBackward) {
   };
   EXPECT_LT(rel(fused_logits, plain_logits), 2e-2);
   ASSERT_EQ(fused_grads.size(), plain_grads.size());
-  for (size_t i = 0; i < fused_grads.size(); ++i) EXPECT_LT(rel(fused_grads[i], plain_grads[i]), 5e-2) << "parameter " << i;
+  for (size_t i = 0; i < fused_grads.size(); ++i)
+    EXPECT_LT(rel(fused_grads[i], plain_grads[i]), 5e-2) << "parameter " << i;
 }
 
 // Parameters drawn on the device depend on (seed, layer) alone, as on the CPU: any split gives the
@@ -693,8 +694,8 @@ TEST(GptStageCuda, DISABLED_ReferenceModel_OneGpuStep) {
   torch::cuda::synchronize();
   const double step_s = seconds_since(t0) / 8;
   const double peak_gib = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].peak / 1073741824.0;
-  std::cout << "gpt-1.3b: " << CountParameters(*model) << " parameters, CPU init " << init_s << " s, step "
-            << step_s << " s (" << 32 * c->seq / step_s << " tokens/s), mean loss " << loss_sum.item<double>() / 8
+  std::cout << "gpt-1.3b: " << CountParameters(*model) << " parameters, CPU init " << init_s << " s, step " << step_s
+            << " s (" << 32 * c->seq / step_s << " tokens/s), mean loss " << loss_sum.item<double>() / 8
             << ", peak allocated " << peak_gib << " GiB\n";
 }
 

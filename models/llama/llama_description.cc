@@ -63,8 +63,9 @@ class Llama final : public DecoderDescription {
     *out.mutable_options() = o.options();
     if (absl::Status s = CheckCommon(out); !s.ok()) return s;
     if (out.kv_heads() < 1 || out.heads() % out.kv_heads() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--kv_heads=", out.kv_heads(), " must divide --heads=",
-                                                     out.heads(), " (grouped-query attention shares each key/value "
+      return absl::InvalidArgumentError(absl::StrCat("--kv_heads=", out.kv_heads(),
+                                                     " must divide --heads=", out.heads(),
+                                                     " (grouped-query attention shares each key/value "
                                                      "head among heads / kv_heads query heads)"));
     }
     if ((out.hidden() / out.heads()) % 2 != 0) {
@@ -72,10 +73,10 @@ class Llama final : public DecoderDescription {
                                                      out.hidden() / out.heads(), ": change --hidden or --heads"));
     }
     if (out.ffn_hidden() < 1) return absl::InvalidArgumentError("--ffn_hidden must be at least 1");
-    if (absl::Status s = CheckOptions(out, "llama",
-                                      {"fused_norm_backward", "fused_cross_entropy", "fused_rotary", "fused_swiglu",
-                                       "fused_residual_gemm", "cutlass_residual_gemm", "fused_residual_grad",
-                                       "fused_embedding_grad"});
+    if (absl::Status s = CheckOptions(
+            out, "llama",
+            {"fused_norm_backward", "fused_cross_entropy", "fused_rotary", "fused_swiglu", "fused_residual_gemm",
+             "cutlass_residual_gemm", "fused_residual_grad", "fused_embedding_grad"});
         !s.ok()) {
       return s;
     }

@@ -57,8 +57,8 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const Rotary& r) {
 // as many passes again in the backward.
 class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& cos, const torch::Tensor& sin) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
     return Run(x, cos, sin, /*backward=*/false);
   }
@@ -70,9 +70,10 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
   }
   static torch::Tensor Run(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool backward) {
     torch::Tensor y = torch::empty_like(x, torch::MemoryFormat::Contiguous);
-    const cudaError_t e = RotaryBf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), cos.data_ptr<float>(),
-                                 sin.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), x.size(0),
-                                 x.size(1), x.size(2), x.size(3), backward, at::cuda::getCurrentCUDAStream());
+    const cudaError_t e =
+        RotaryBf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), cos.data_ptr<float>(),
+                   sin.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), x.size(0), x.size(1),
+                   x.size(2), x.size(3), backward, at::cuda::getCurrentCUDAStream());
     TORCH_CHECK(e == cudaSuccess, "RotaryBf16: ", cudaGetErrorString(e));
     return y;
   }
@@ -81,9 +82,9 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
 // x [B, S, heads, d] (the projection's output viewed by heads) -> [B, heads, S, d] with rotary
 // embeddings: the fused kernel where it applies (bf16, contiguous, CUDA, 2^31 pairs at most), else ATen.
 torch::Tensor RotaryHeads(const torch::Tensor& x, const Rotary& r, bool fused) {
-  if (fused && x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.numel() / 2 < (int64_t{1} << 31) &&
-      r.cos.is_cuda() && r.cos.scalar_type() == torch::kFloat32 && r.cos.is_contiguous() && r.sin.is_contiguous() &&
-      r.cos.size(0) >= x.size(1) && r.cos.size(1) == x.size(3)) {
+  if (fused && x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() &&
+      x.numel() / 2 < (int64_t{1} << 31) && r.cos.is_cuda() && r.cos.scalar_type() == torch::kFloat32 &&
+      r.cos.is_contiguous() && r.sin.is_contiguous() && r.cos.size(0) >= x.size(1) && r.cos.size(1) == x.size(3)) {
     return RotaryFunction::apply(x, r.cos, r.sin).transpose(1, 2);
   }
   return ApplyRotary(x.transpose(1, 2), r);
@@ -184,9 +185,8 @@ class RmsNormToBf16Function : public torch::autograd::Function<RmsNormToBf16Func
 bool FusedRmsNormApplies(const torch::Tensor& x, const torch::Tensor& w) {
   auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
   return x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && aligned(x) &&
-         at::autocast::is_autocast_enabled(at::kCUDA) &&
-         at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 && w.scalar_type() == torch::kFloat32 &&
-         w.is_contiguous() && aligned(w) && LayerNormToBf16Supports(x.size(-1));
+         at::autocast::is_autocast_enabled(at::kCUDA) && at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16 &&
+         w.scalar_type() == torch::kFloat32 && w.is_contiguous() && aligned(w) && LayerNormToBf16Supports(x.size(-1));
 }
 
 // RMSNorm in fp32 (or wider: the gradient check runs in double) whatever autocast does:
@@ -211,7 +211,8 @@ class RmsNormImpl : public torch::nn::Module {
   // backward) x passes through the norm's function, whose fused backward adds the residual stream's
   // gradient to dx in its own pass.
   std::pair<torch::Tensor, torch::Tensor> ForwardWithSkip(const torch::Tensor& x, bool fused_skip) {
-    if (!fused_skip || !fused_ || !fused_backward_ || !torch::GradMode::is_enabled() || !FusedRmsNormApplies(x, weight)) {
+    if (!fused_skip || !fused_ || !fused_backward_ || !torch::GradMode::is_enabled() ||
+        !FusedRmsNormApplies(x, weight)) {
       return {forward(x), x};
     }
     torch::autograd::variable_list out = RmsNormToBf16Function::apply(x, weight, eps_, fused_backward_, true);
@@ -243,7 +244,8 @@ std::string BlockPrefix(int layer) { return absl::StrCat("model.layers.", (layer
 
 class EmbeddingImpl : public PipelineLayerImpl {
  public:
-  EmbeddingImpl(const LlamaConfig& c, uint64_t seed, const torch::Device& device) : fused_grad_(c.fused_embedding_grad) {
+  EmbeddingImpl(const LlamaConfig& c, uint64_t seed, const torch::Device& device)
+      : fused_grad_(c.fused_embedding_grad) {
     weight_ = register_parameter("weight", torch::empty({c.vocab, c.hidden}, torch::TensorOptions().device(device)));
     at::Generator gen = LayerGenerator(seed, 0, device);
     torch::NoGradGuard no_grad;
@@ -266,8 +268,14 @@ class EmbeddingImpl : public PipelineLayerImpl {
 class AttentionImpl : public PipelineLayerImpl {
  public:
   AttentionImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device)
-      : layer_(layer), hidden_(c.hidden), heads_(c.heads), kv_heads_(c.kv_heads), head_dim_(c.head_dim()),
-        seq_(c.seq), fused_rotary_(c.fused_rotary), fused_residual_grad_(c.fused_residual_grad),
+      : layer_(layer),
+        hidden_(c.hidden),
+        heads_(c.heads),
+        kv_heads_(c.kv_heads),
+        head_dim_(c.head_dim()),
+        seq_(c.seq),
+        fused_rotary_(c.fused_rotary),
+        fused_residual_grad_(c.fused_residual_grad),
         residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)) {
     norm_ = register_module("input_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
     q_ = register_module("q_proj", Dense(c.hidden, c.heads * head_dim_, false, device));
@@ -315,9 +323,13 @@ class AttentionImpl : public PipelineLayerImpl {
 class MlpImpl : public PipelineLayerImpl {
  public:
   MlpImpl(const LlamaConfig& c, int layer, uint64_t seed, const torch::Device& device)
-      : layer_(layer), hidden_(c.hidden), fused_swiglu_(c.fused_swiglu), fused_residual_grad_(c.fused_residual_grad),
+      : layer_(layer),
+        hidden_(c.hidden),
+        fused_swiglu_(c.fused_swiglu),
+        fused_residual_grad_(c.fused_residual_grad),
         residual_gemm_(ResidualGemmOf(c.fused_residual_gemm, c.cutlass_residual_gemm)) {
-    norm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
+    norm_ = register_module("post_attention_layernorm",
+                            RmsNorm(c.hidden, c.norm_eps, c.fused_rmsnorm, c.fused_norm_backward));
     gate_ = register_module("gate_proj", Dense(c.hidden, c.ffn_hidden, false, device));
     up_ = register_module("up_proj", Dense(c.hidden, c.ffn_hidden, false, device));
     down_ = register_module("down_proj", Dense(c.ffn_hidden, c.hidden, false, device));
@@ -358,7 +370,9 @@ class HeadImpl : public PipelineLayerImpl {
     CheckHidden(x, hidden_, "the head");
     return lm_head_(norm_(x));
   }
-  Named NamedParametersHf() override { return {{"model.norm.weight", norm_->weight}, {"lm_head.weight", lm_head_->weight}}; }
+  Named NamedParametersHf() override {
+    return {{"model.norm.weight", norm_->weight}, {"lm_head.weight", lm_head_->weight}};
+  }
 
  private:
   int64_t hidden_;
@@ -369,10 +383,14 @@ class HeadImpl : public PipelineLayerImpl {
 std::shared_ptr<PipelineLayerImpl> MakeLayer(const LlamaConfig& config, int layer, uint64_t seed,
                                              const torch::Device& device) {
   switch (DecoderLayerKindOf(layer, config.layers)) {
-    case DecoderLayerKind::kEmbedding: return std::make_shared<EmbeddingImpl>(config, seed, device);
-    case DecoderLayerKind::kAttention: return std::make_shared<AttentionImpl>(config, layer, seed, device);
-    case DecoderLayerKind::kMlp: return std::make_shared<MlpImpl>(config, layer, seed, device);
-    case DecoderLayerKind::kHead: return std::make_shared<HeadImpl>(config, seed, device);
+    case DecoderLayerKind::kEmbedding:
+      return std::make_shared<EmbeddingImpl>(config, seed, device);
+    case DecoderLayerKind::kAttention:
+      return std::make_shared<AttentionImpl>(config, layer, seed, device);
+    case DecoderLayerKind::kMlp:
+      return std::make_shared<MlpImpl>(config, layer, seed, device);
+    case DecoderLayerKind::kHead:
+      return std::make_shared<HeadImpl>(config, seed, device);
   }
   return nullptr;
 }
@@ -381,7 +399,8 @@ std::shared_ptr<PipelineLayerImpl> MakeLayer(const LlamaConfig& config, int laye
 class LlamaPipelineStage final : public Stage {
  public:
   LlamaPipelineStage(const LlamaConfig& config, const StageOptions& o)
-      : config_(config), module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()),
+      : config_(config),
+        module_(config, o.first_layer, o.last_layer, o.seed, o.init_device()),
         defer_wgrad_(DefersWeightGradients(*o.job)) {
     module_->to(o.device);
     if (o.job != nullptr && LowersDenseWeights(*o.job, o.device, config.bf16_autocast)) {
@@ -429,12 +448,12 @@ class LlamaPipelineStage final : public Stage {
 // Sizes the layers cannot be built with: Resolve rejects them, but a stage may be asked for with a
 // spec that did not go through it.
 absl::Status CheckBuildable(const LlamaConfig& c) {
-  if (c.vocab < 1 || c.hidden < 1 || c.heads < 1 || c.kv_heads < 1 || c.ffn_hidden < 1 || c.layers < 1 ||
-      c.seq < 1 || c.rope_theta <= 0 || c.norm_eps <= 0) {
+  if (c.vocab < 1 || c.hidden < 1 || c.heads < 1 || c.kv_heads < 1 || c.ffn_hidden < 1 || c.layers < 1 || c.seq < 1 ||
+      c.rope_theta <= 0 || c.norm_eps <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a Llama needs positive sizes, rope_theta and norm_eps; got vocab ", c.vocab, ", hidden ", c.hidden,
-        ", heads ", c.heads, ", kv_heads ", c.kv_heads, ", ffn_hidden ", c.ffn_hidden, ", layers ", c.layers, ", seq ",
-        c.seq, ", rope_theta ", c.rope_theta, ", norm_eps ", c.norm_eps, ": resolve the spec with LlamaDescription()"));
+        "a Llama needs positive sizes, rope_theta and norm_eps; got vocab ", c.vocab, ", hidden ", c.hidden, ", heads ",
+        c.heads, ", kv_heads ", c.kv_heads, ", ffn_hidden ", c.ffn_hidden, ", layers ", c.layers, ", seq ", c.seq,
+        ", rope_theta ", c.rope_theta, ", norm_eps ", c.norm_eps, ": resolve the spec with LlamaDescription()"));
   }
   if (c.hidden % c.heads != 0 || c.heads % c.kv_heads != 0 || c.head_dim() % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("heads (", c.heads, ") must divide hidden (", c.hidden,
@@ -461,17 +480,16 @@ class LlamaFamily final : public ModelFamily {
     if (absl::Status s = CheckBuildable(config); !s.ok()) return s;
     if (o.first_layer < 0 || o.first_layer >= o.last_layer || o.last_layer > config.pipeline_layers() ||
         o.num_layers != config.pipeline_layers()) {
-      return absl::InvalidArgumentError(absl::StrCat("a Llama stage holds layers [first, last) of 0..",
-                                                     config.pipeline_layers(), " (num_layers ",
-                                                     config.pipeline_layers(), "), got [", o.first_layer, ", ",
-                                                     o.last_layer, ") of ", o.num_layers));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a Llama stage holds layers [first, last) of 0..", config.pipeline_layers(), " (num_layers ",
+                       config.pipeline_layers(), "), got [", o.first_layer, ", ", o.last_layer, ") of ", o.num_layers));
     }
     // No exception crosses the family's API: allocation or device errors while building become INTERNAL.
     try {
       return std::unique_ptr<Stage>(std::make_unique<LlamaPipelineStage>(config, o));
     } catch (const c10::Error& e) {
-      return absl::InternalError(absl::StrCat("building Llama layers [", o.first_layer, ", ", o.last_layer,
-                                              ") on ", o.device.str(), ": ", e.what_without_backtrace()));
+      return absl::InternalError(absl::StrCat("building Llama layers [", o.first_layer, ", ", o.last_layer, ") on ",
+                                              o.device.str(), ": ", e.what_without_backtrace()));
     }
   }
 };

@@ -22,11 +22,11 @@ namespace stagehand {
 struct LlamaConfig {
   int64_t vocab = 32000;
   int64_t hidden = 2048;
-  int64_t heads = 32;      // query heads
-  int64_t kv_heads = 4;    // key/value heads, each shared by heads / kv_heads query heads
+  int64_t heads = 32;    // query heads
+  int64_t kv_heads = 4;  // key/value heads, each shared by heads / kv_heads query heads
   int64_t ffn_hidden = 5632;
-  int64_t layers = 22;     // transformer blocks
-  int64_t seq = 1024;      // the longest sequence: the rotary tables' length
+  int64_t layers = 22;  // transformer blocks
+  int64_t seq = 1024;   // the longest sequence: the rotary tables' length
   double rope_theta = 10000;
   double norm_eps = 1e-5;
   bool bf16_autocast = true;  // bf16 autocast over fp32 parameters (CUDA); false: plain fp32

@@ -111,7 +111,8 @@ torch::Tensor RefAttention(const torch::Tensor& n, std::map<std::string, torch::
   const int64_t b = n.size(0), s = n.size(1), d = m.hidden() / m.heads(), group = m.heads() / m.kv_heads();
   auto split = [&](const torch::Tensor& y, int64_t h) { return y.view({b, s, h, d}).permute({0, 2, 1, 3}); };
   torch::Tensor q = RefRope(split(torch::matmul(n, p[pre + "self_attn.q_proj.weight"].t()), m.heads()), m.rope_theta());
-  torch::Tensor k = RefRope(split(torch::matmul(n, p[pre + "self_attn.k_proj.weight"].t()), m.kv_heads()), m.rope_theta());
+  torch::Tensor k =
+      RefRope(split(torch::matmul(n, p[pre + "self_attn.k_proj.weight"].t()), m.kv_heads()), m.rope_theta());
   torch::Tensor v = split(torch::matmul(n, p[pre + "self_attn.v_proj.weight"].t()), m.kv_heads());
   k = k.repeat_interleave(group, 1);  // query head j reads key/value head j / group
   v = v.repeat_interleave(group, 1);
@@ -125,8 +126,9 @@ torch::Tensor RefAttention(const torch::Tensor& n, std::map<std::string, torch::
 torch::Tensor ReferenceLogits(std::map<std::string, torch::Tensor> p, const ModelSpec& m, const torch::Tensor& tokens) {
   torch::NoGradGuard no_grad;
   const double eps = m.norm_eps();
-  torch::Tensor x = p["model.embed_tokens.weight"].index_select(0, tokens.reshape({-1})).view(
-      {tokens.size(0), tokens.size(1), m.hidden()});
+  torch::Tensor x = p["model.embed_tokens.weight"]
+                        .index_select(0, tokens.reshape({-1}))
+                        .view({tokens.size(0), tokens.size(1), m.hidden()});
   for (int64_t i = 0; i < m.layers(); ++i) {
     const std::string pre = absl::StrCat("model.layers.", i, ".");
     x = x + RefAttention(RefRmsNorm(x, p[pre + "input_layernorm.weight"], eps), p, pre, m);
@@ -188,7 +190,7 @@ TEST(LlamaStage, NamedParameters_MiddleStage_CountBlocksFromZero) {
   std::vector<std::string> names;
   for (const auto& [name, p] : middle->NamedParameters()) names.push_back(name);
   const std::vector<std::string> want = {
-      "model.layers.1.input_layernorm.weight", "model.layers.1.self_attn.q_proj.weight",
+      "model.layers.1.input_layernorm.weight",  "model.layers.1.self_attn.q_proj.weight",
       "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
       "model.layers.1.self_attn.o_proj.weight", "model.layers.1.post_attention_layernorm.weight",
       "model.layers.1.mlp.gate_proj.weight",    "model.layers.1.mlp.up_proj.weight",
@@ -215,16 +217,16 @@ TEST(LlamaStage, Forward_AnySplit_MatchesWholeModel) {
     std::vector<std::unique_ptr<Stage>> stages;
     for (size_t i = 0; i + 1 < cut.size(); ++i) {
       stages.push_back(MakeStage(job, cut[i], cut[i + 1]));
-      ASSERT_EQ(stages.back()->Output(2).sizes, (std::vector<int64_t>{2, job.model_spec().seq(),
-                                                                      i + 2 == cut.size() ? job.model_spec().vocab()
-                                                                                          : job.model_spec().hidden()}));
+      ASSERT_EQ(stages.back()->Output(2).sizes,
+                (std::vector<int64_t>{2, job.model_spec().seq(),
+                                      i + 2 == cut.size() ? job.model_spec().vocab() : job.model_spec().hidden()}));
       for (auto& [name, p] : stages.back()->NamedParameters()) {
         EXPECT_TRUE(torch::equal(p, whole_params.at(name))) << name << " differs with cut at " << cut[1];
       }
     }
     const torch::Tensor got = RunStages(stages, tokens);
-    EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-6)) << "cut at " << cut[1] << ": max difference "
-                                                        << (got - want).abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-6))
+        << "cut at " << cut[1] << ": max difference " << (got - want).abs().max().item<double>();
   }
 }
 
@@ -275,12 +277,16 @@ TEST(LlamaStage, Backward_Double_MatchesFiniteDifferences) {
   const torch::Tensor w = torch::randn({2, c.seq, c.vocab}, torch::kDouble);
   auto objective = [&] { return (module->forward(tokens) * w).sum(); };
   objective().backward();
-  const std::vector<std::string> checked = {
-      "model.embed_tokens.weight",         "model.layers.0.input_layernorm.weight",
-      "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
-      "model.layers.1.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight",
-      "model.layers.2.mlp.gate_proj.weight",    "model.layers.3.mlp.down_proj.weight",
-      "model.norm.weight",                 "lm_head.weight"};
+  const std::vector<std::string> checked = {"model.embed_tokens.weight",
+                                            "model.layers.0.input_layernorm.weight",
+                                            "model.layers.0.self_attn.q_proj.weight",
+                                            "model.layers.0.self_attn.k_proj.weight",
+                                            "model.layers.1.self_attn.v_proj.weight",
+                                            "model.layers.1.self_attn.o_proj.weight",
+                                            "model.layers.2.mlp.gate_proj.weight",
+                                            "model.layers.3.mlp.down_proj.weight",
+                                            "model.norm.weight",
+                                            "lm_head.weight"};
   torch::NoGradGuard no_grad;
   for (const std::string& name : checked) {
     torch::Tensor flat = p.at(name).view({-1});
@@ -310,8 +316,7 @@ TEST(LlamaStage, Train_SyntheticCorpus_LossFallsWellBelowUniform) {
   double first = 0, last = 0;
   for (int step = 0; step < 60; ++step) {
     const torch::Tensor batch = corpus->Batch(step, 0, 8);
-    const torch::Tensor loss =
-        stage->Loss(stage->Forward(batch.slice(1, 0, m.seq())), batch.slice(1, 1, m.seq() + 1));
+    const torch::Tensor loss = stage->Loss(stage->Forward(batch.slice(1, 0, m.seq())), batch.slice(1, 1, m.seq() + 1));
     stage->Backward(loss, torch::Tensor());
     adam.Step();
     adam.ZeroGrad();
@@ -329,11 +334,11 @@ TEST(LlamaStage, Forward_WrongInput_ThrowsC10Error) {
   const int n = NumLayers(job);
   std::unique_ptr<Stage> first = MakeStage(job, 0, 2), rest = MakeStage(job, 2, n);
   const torch::Tensor hidden = torch::zeros({2, m.seq(), m.hidden()});
-  EXPECT_THROW(first->Forward(hidden), c10::Error);                                  // hidden states for tokens
-  EXPECT_THROW(first->Forward(Tokens(m, 2, 1).view({-1})), c10::Error);              // [B * S] tokens
+  EXPECT_THROW(first->Forward(hidden), c10::Error);                      // hidden states for tokens
+  EXPECT_THROW(first->Forward(Tokens(m, 2, 1).view({-1})), c10::Error);  // [B * S] tokens
   EXPECT_THROW(first->Forward(torch::full({2, m.seq()}, m.vocab(), torch::kLong)), c10::Error);  // id >= vocab
-  EXPECT_THROW(rest->Forward(torch::zeros({2, m.seq(), m.hidden() + 1})), c10::Error);  // wrong width
-  EXPECT_THROW(rest->Forward(Tokens(m, 2, 1)), c10::Error);                          // tokens for hidden states
+  EXPECT_THROW(rest->Forward(torch::zeros({2, m.seq(), m.hidden() + 1})), c10::Error);           // wrong width
+  EXPECT_THROW(rest->Forward(Tokens(m, 2, 1)), c10::Error);  // tokens for hidden states
   std::unique_ptr<Stage> attention = MakeStage(job, 1, 2);
   EXPECT_THROW(attention->Forward(torch::zeros({2, m.seq() + 1, m.hidden()})), c10::Error);  // past the tables
 }
@@ -384,9 +389,7 @@ TEST(LlamaFamily, MakeStage_BadLayerRange_IsInvalidArgument) {
   EXPECT_EQ(MakeLlamaFamily()->MakeStage(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(LlamaFamily, Description_IsLlamas) {
-  EXPECT_EQ(MakeLlamaFamily()->description().family(), "llama");
-}
+TEST(LlamaFamily, Description_IsLlamas) { EXPECT_EQ(MakeLlamaFamily()->description().family(), "llama"); }
 
 // bf16 autocast on the GPU against the same parameters in fp32: the values a bf16 GEMM rounds to.
 TEST(LlamaStageCuda, Forward_Bf16Autocast_CloseToFp32) {
@@ -416,15 +419,18 @@ TEST(LlamaStageCuda, RmsNormToBf16_MatchesAtenThenCast) {
     const torch::Tensor w = torch::rand({cols}, torch::kCUDA) + 0.5;
     torch::Tensor y = torch::empty({37, cols}, x.options().dtype(torch::kBFloat16));
     torch::Tensor rstd = torch::empty({37}, x.options());
-    ASSERT_EQ(RmsNormToBf16(x.data_ptr<float>(), w.data_ptr<float>(),
-                            reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), rstd.data_ptr<float>(), 37, cols,
-                            1e-5f, at::cuda::getCurrentCUDAStream()),
-              cudaSuccess);
+    ASSERT_EQ(
+        RmsNormToBf16(x.data_ptr<float>(), w.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
+                      rstd.data_ptr<float>(), 37, cols, 1e-5f, at::cuda::getCurrentCUDAStream()),
+        cudaSuccess);
     const torch::Tensor want_rstd = torch::rsqrt(x.pow(2).mean(-1) + 1e-5);
     const torch::Tensor want = (x * want_rstd.unsqueeze(-1) * w).to(torch::kBFloat16);
     EXPECT_TRUE(torch::allclose(rstd, want_rstd, 1e-5, 1e-6)) << cols;
-    const double ulps = ((y.to(torch::kFloat32) - want.to(torch::kFloat32)).abs() /
-                         want.to(torch::kFloat32).abs().clamp_min(1e-30)).max().item<double>() / (1.0 / 128);
+    const double ulps =
+        ((y.to(torch::kFloat32) - want.to(torch::kFloat32)).abs() / want.to(torch::kFloat32).abs().clamp_min(1e-30))
+            .max()
+            .item<double>() /
+        (1.0 / 128);
     EXPECT_LE(ulps, 1.0) << cols;
   }
   EXPECT_EQ(RmsNormToBf16(nullptr, nullptr, nullptr, nullptr, 1, 100, 1e-5f, nullptr), cudaErrorInvalidValue);
@@ -483,8 +489,8 @@ TEST(LlamaStageCuda, RotaryKernel_MatchesFormulaForwardAndBackward) {
     torch::Tensor y = torch::full({b, s, heads, d}, std::nan(""), f32.dtype(torch::kBFloat16));
     const torch::Tensor& in = backward ? dy : x;
     ASSERT_EQ(RotaryBf16(reinterpret_cast<const uint16_t*>(in.data_ptr<at::BFloat16>()), cos.data_ptr<float>(),
-                     sin.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), b, s, heads, d,
-                     backward, at::cuda::getCurrentCUDAStream()),
+                         sin.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), b, s, heads, d,
+                         backward, at::cuda::getCurrentCUDAStream()),
               cudaSuccess);
     EXPECT_TRUE(y.isfinite().all().item<bool>());
     EXPECT_LT(rel(y, backward ? xr.grad() : want.detach()), 1e-2);
@@ -498,12 +504,14 @@ TEST(LlamaStageCuda, SwiGluKernels_MatchFp32Autograd) {
   const auto f32 = torch::TensorOptions().device(torch::kCUDA);
   for (int64_t n : {1001, 4096 * 3}) {  // one at a time, and pairs
     SCOPED_TRACE(n);
-    const torch::Tensor g = (torch::randn({n}, f32) * 3).to(torch::kBFloat16), u = torch::randn({n}, f32).to(torch::kBFloat16);
+    const torch::Tensor g = (torch::randn({n}, f32) * 3).to(torch::kBFloat16),
+                        u = torch::randn({n}, f32).to(torch::kBFloat16);
     const torch::Tensor dy = torch::randn({n}, f32).to(torch::kBFloat16);
     torch::Tensor gr = g.to(torch::kFloat32).requires_grad_(true), ur = u.to(torch::kFloat32).requires_grad_(true);
     const torch::Tensor want = at::silu(gr) * ur;
     want.backward(dy.to(torch::kFloat32));
-    torch::Tensor y = torch::full({n}, std::nan(""), f32.dtype(torch::kBFloat16)), dg = torch::empty_like(y), du = torch::empty_like(y);
+    torch::Tensor y = torch::full({n}, std::nan(""), f32.dtype(torch::kBFloat16)), dg = torch::empty_like(y),
+                  du = torch::empty_like(y);
     auto p = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
     ASSERT_EQ(SwiGluForward(p(g), p(u), p(y), n, at::cuda::getCurrentCUDAStream()), cudaSuccess);
     ASSERT_EQ(SwiGluBackward(p(g), p(u), p(dy), p(dg), p(du), n, at::cuda::getCurrentCUDAStream()), cudaSuccess);

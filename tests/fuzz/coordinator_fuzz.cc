@@ -73,7 +73,8 @@ void Apply(CoordinatorState& state, const uint8_t* data, size_t size) {
     }
     case Rpc::kBarrier: {
       BarrierRequest r;
-      if (Parse(data, size, r)) state.BarrierAsync(r.barrier_id(), r.rank(), r.incarnation(), past, [](absl::Status) {});
+      if (Parse(data, size, r))
+        state.BarrierAsync(r.barrier_id(), r.rank(), r.incarnation(), past, [](absl::Status) {});
       break;
     }
     case Rpc::kHeartbeat: {

@@ -12,10 +12,10 @@
 
 #include "gtest/gtest.h"
 
-#define ASSERT_NCCL_OK(call)                                                           \
-  do {                                                                                 \
-    ncclResult_t r_ = (call);                                                          \
-    ASSERT_EQ(r_, ncclSuccess) << #call << ": " << ncclGetErrorString(r_);            \
+#define ASSERT_NCCL_OK(call)                                               \
+  do {                                                                     \
+    ncclResult_t r_ = (call);                                              \
+    ASSERT_EQ(r_, ncclSuccess) << #call << ": " << ncclGetErrorString(r_); \
   } while (0)
 
 namespace {
@@ -32,8 +32,8 @@ TEST(GpuSmoke, Matmul_EachGpu_MatchesCpuDouble) {
   for (int d = 0; d < n; ++d) {
     auto dev = torch::Device(torch::kCUDA, d);
     auto got = torch::matmul(a.to(dev, torch::kFloat32), b.to(dev, torch::kFloat32)).to(torch::kCPU, torch::kFloat64);
-    EXPECT_TRUE(torch::allclose(got, expected, 1e-3, 1e-3)) << "GPU " << d << " max error "
-        << (got - expected).abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(got, expected, 1e-3, 1e-3))
+        << "GPU " << d << " max error " << (got - expected).abs().max().item<double>();
   }
 }
 
@@ -53,15 +53,15 @@ TEST(GpuSmoke, NcclAllReduce_AllGpus_SumIsExact) {
     for (int d = 0; d < n; ++d) {
       // Rank d holds d+1 everywhere, plus a ramp so that misplaced elements are caught.
       auto dev = torch::Device(torch::kCUDA, d);
-      bufs.push_back(torch::arange(elements, torch::TensorOptions().dtype(torch::kFloat32).device(dev))
-                         .remainder(1024) + (d + 1));
+      bufs.push_back(
+          torch::arange(elements, torch::TensorOptions().dtype(torch::kFloat32).device(dev)).remainder(1024) + (d + 1));
     }
     for (int d = 0; d < n; ++d) at::cuda::getCurrentCUDAStream(d).synchronize();
     auto t0 = std::chrono::steady_clock::now();
     ASSERT_NCCL_OK(ncclGroupStart());
     for (int d = 0; d < n; ++d) {
-      ASSERT_NCCL_OK(ncclAllReduce(bufs[d].data_ptr(), bufs[d].data_ptr(), elements, ncclFloat32, ncclSum,
-                                   comms[d], at::cuda::getCurrentCUDAStream(d).stream()));
+      ASSERT_NCCL_OK(ncclAllReduce(bufs[d].data_ptr(), bufs[d].data_ptr(), elements, ncclFloat32, ncclSum, comms[d],
+                                   at::cuda::getCurrentCUDAStream(d).stream()));
     }
     ASSERT_NCCL_OK(ncclGroupEnd());
     for (int d = 0; d < n; ++d) at::cuda::getCurrentCUDAStream(d).synchronize();

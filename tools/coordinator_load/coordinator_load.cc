@@ -201,8 +201,8 @@ class Load {
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one TCP connection per channel
       args.SetInt("stagehand.load_channel", i);
       if (minimal_stack) args.SetInt(GRPC_ARG_MINIMAL_STACK, 1);
-      stubs_.push_back(Coordinator::NewStub(
-          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+      stubs_.push_back(
+          Coordinator::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
     }
     stats_[kRegister].latency_ns.resize(workers);
     stats_[kSet].latency_ns.resize(workers + 1);
@@ -278,11 +278,10 @@ class Load {
     call->request.mutable_device()->set_kind(DEVICE_KIND_CPU);
     call->request.mutable_device()->set_name("cpu");
     const int64_t start = NowNanos();
-    Stub(rank)->Register(&call->context, &call->request, &call->response,
-                         [this, call, rank, start](grpc::Status s) {
-                           if (Finished(kRegister, rank, start, s, rank)) return Publish(rank);
-                           WorkerDone();
-                         });
+    Stub(rank)->Register(&call->context, &call->request, &call->response, [this, call, rank, start](grpc::Status s) {
+      if (Finished(kRegister, rank, start, s, rank)) return Publish(rank);
+      WorkerDone();
+    });
   }
 
   // The worker's address; rank 0 also the unique id (after its address, so each Set is one call).
@@ -398,10 +397,11 @@ double PrintReport(const Load& load, int workers, int channels, pid_t coordinato
   std::printf("# coordinator: heap in use %.1f MiB before, %.1f MiB after: %.2f KiB per worker kept\n",
               before.heap_bytes / 1048576.0, after.heap_bytes / 1048576.0,
               (after.heap_bytes - before.heap_bytes) / 1024.0 / workers);
-  std::printf("# coordinator: RSS %.1f MiB before, %.1f MiB after, peak %.1f MiB: %.2f KiB per worker at the "
-              "peak (%d calls in flight); CPU %.2f s\n",
-              before.rss_kib / 1024.0, after.rss_kib / 1024.0, after.hwm_kib / 1024.0,
-              (after.hwm_kib - before.rss_kib) / static_cast<double>(workers), workers, after.cpu_s - before.cpu_s);
+  std::printf(
+      "# coordinator: RSS %.1f MiB before, %.1f MiB after, peak %.1f MiB: %.2f KiB per worker at the "
+      "peak (%d calls in flight); CPU %.2f s\n",
+      before.rss_kib / 1024.0, after.rss_kib / 1024.0, after.hwm_kib / 1024.0,
+      (after.hwm_kib - before.rss_kib) / static_cast<double>(workers), workers, after.cpu_s - before.cpu_s);
   std::printf("# the simulated workers (this process): CPU %.2f s\n", tool_cpu_s);
   return wall;
 }
