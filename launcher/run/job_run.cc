@@ -219,6 +219,18 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
       return nullptr;
     }
   }
+  if (spec.program_size() > 0) {
+    // A program's ranks are not ours to instrument: the launcher reads their GPUs (program_gpus.h).
+    absl::StatusOr<std::unique_ptr<ProgramGpus>> gpus = ProgramGpus::Start(
+        spec, o.job.gpus,
+        [listener](const std::string& line) { listener->Text(absl::StrCat("stagehand: health: ", line, "\n")); });
+    if (!gpus.ok()) {
+      listener->Refusal(absl::StrCat("stagehand: health: ", Message(gpus.status())));
+      exit_code = kExitLaunchFailed;
+      return nullptr;
+    }
+    run->program_gpus_ = *std::move(gpus);
+  }
   // Created only now, after everything that can refuse the job, so a refusal leaves nothing behind.
   if (absl::Status s = PrepareRunDir(o.run_dir, o.overwrite); !s.ok()) {
     listener->Refusal(absl::StrCat("stagehand: ", Message(s)));
@@ -420,6 +432,9 @@ void JobRun::ReadProgramSteps() {
     for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
       if (std::optional<ReportStepRequest> step =
               ParseProgramStep(absl::string_view(pending).substr(start, nl - start), r, supervisor_->incarnation())) {
+        if (program_gpus_ != nullptr) {
+          if (std::optional<StepTelemetry> t = program_gpus_->TakeStep(r)) *step->mutable_telemetry() = *std::move(t);
+        }
         state_.RecordProgramStep(*step);
       }
     }

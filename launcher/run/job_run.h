@@ -20,6 +20,7 @@
 #include "launcher/job/job.h"
 #include "launcher/multihost/nodes.h"
 #include "launcher/supervise/process.h"
+#include "launcher/run/program_gpus.h"
 #include "launcher/run/progress.h"
 #include "launcher/run/report.h"
 #include "launcher/supervise/supervisor.h"
@@ -121,6 +122,7 @@ class JobRun {
   // A program job: how far each rank's steps file (ProgramStepsFile) has been read, and a line cut short.
   std::vector<int64_t> steps_read_;
   std::vector<std::string> steps_partial_;
+  std::unique_ptr<ProgramGpus> program_gpus_;  // a program job on GPUs: health gate and telemetry
   void ReadProgramSteps();
   std::unique_ptr<Files> files_;
   std::unique_ptr<Supervisor> supervisor_;

@@ -1,0 +1,78 @@
+// The launcher's readings of a program job's GPUs (program_gpus.h).
+#include "launcher/run/program_gpus.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/job_option.h"
+#include "telemetry/health.h"
+#include "telemetry/nvml_monitor.h"
+
+namespace stagehand {
+
+absl::StatusOr<std::unique_ptr<ProgramGpus>> ProgramGpus::Start(const JobSpec& job, const std::vector<GpuInfo>& gpus,
+                                                                const OpenMonitor& open,
+                                                                const std::function<void(const std::string&)>& print,
+                                                                absl::Duration interval) {
+  auto out = std::make_unique<ProgramGpus>();
+  if (job.device() != "cuda" || gpus.empty()) return out;
+  std::vector<std::unique_ptr<GpuMonitor>> monitors;
+  std::vector<std::string> errors(gpus.size());
+  std::vector<std::string> unopened;
+  for (size_t r = 0; r < gpus.size(); ++r) {
+    absl::StatusOr<std::unique_ptr<GpuMonitor>> monitor = open(gpus[r].uuid);
+    if (monitor.ok()) {
+      monitors.push_back(*std::move(monitor));
+    } else {
+      monitors.push_back(nullptr);
+      errors[r] = std::string(monitor.status().message());
+      unopened.push_back(absl::StrCat("rank ", r, " (", gpus[r].uuid, "): ", errors[r]));
+    }
+  }
+  const std::optional<HealthMode> mode = ParseHealthMode(job.health());
+  if (mode && *mode != HealthMode::kOff) {
+    std::vector<GpuHealth> readings;
+    for (size_t r = 0; r < gpus.size(); ++r) {
+      if (monitors[r] != nullptr) {
+        readings.push_back(monitors[r]->ReadHealth());
+      } else {
+        GpuHealth h;  // unreadable: the gate warns (or, strict, refuses) as for a worker's
+        h.set_uuid(gpus[r].uuid);
+        h.set_error(errors[r]);
+        readings.push_back(std::move(h));
+      }
+    }
+    const HealthVerdict verdict = JudgeHealth(readings, *mode);
+    for (const std::string& w : verdict.warnings) print(w);
+    if (verdict.refused()) return absl::FailedPreconditionError(absl::StrJoin(verdict.refusals, "; "));
+    if (!verdict.summary.empty()) print(verdict.summary);
+  }
+  if (!BoolOption(job, JobSpec::kTelemetryFieldNumber)) return out;
+  if (!unopened.empty()) print(absl::StrCat("no telemetry for ", absl::StrJoin(unopened, "; ")));
+  out->samplers_.resize(gpus.size());
+  for (size_t r = 0; r < gpus.size(); ++r) {
+    if (monitors[r] != nullptr)
+      out->samplers_[r] = std::make_unique<TelemetrySampler>(std::move(monitors[r]), interval);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ProgramGpus>> ProgramGpus::Start(const JobSpec& job, const std::vector<GpuInfo>& gpus,
+                                                                const std::function<void(const std::string&)>& print) {
+  return Start(
+      job, gpus, [](const std::string& uuid) { return OpenNvmlMonitor(uuid); }, print);
+}
+
+std::optional<StepTelemetry> ProgramGpus::TakeStep(int rank) {
+  if (rank < 0 || rank >= static_cast<int>(samplers_.size()) || samplers_[rank] == nullptr) return std::nullopt;
+  return samplers_[rank]->TakeStep();
+}
+
+int ProgramGpus::sampled() const {
+  int n = 0;
+  for (const auto& s : samplers_) n += s != nullptr;
+  return n;
+}
+
+}  // namespace stagehand
