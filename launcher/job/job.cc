@@ -732,6 +732,8 @@ const std::vector<std::string>& KnownModels() {
 
 absl::StatusOr<JobSpec> ReadJobFile(const std::string& path) { return ParseJobFile(path, "--job=" + path); }
 
+std::string CommandLine(const JobSpec& spec) { return ClipInput(absl::StrJoin(spec.program(), " ")); }
+
 // The job file and the token file are the user's paths: relative to where they ran `bazel run`.
 absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
   JobSpec spec = r.spec.value_or(JobSpec());
@@ -856,16 +858,17 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
   out.host_workers = out.spec.workers();
   if (request.world_workers) out.spec.set_workers(*request.world_workers);
-  if (!request.program.empty()) {  // a program job: the rest is the model's
-    if (absl::Status s = ResolveProgram(request, out.spec); !s.ok()) return s;
-    return out;
-  }
-  // A program comes from the command line only (-- PROGRAM), never from a job file, a resumed run's
-  // job.textproto or a server's submission: a submit token must not make the server a shell.
+  // A program comes from the command line only (-- PROGRAM, or a server's command job), never from a
+  // job file, a resumed run's job.textproto or a submission's JobSpec: a submit token must not make the
+  // server a shell unless its admin says so (--allow_commands).
   if (out.spec.program_size() > 0 || !out.spec.program_cwd().empty()) {
     return Invalid(
         "the job names a program (its `program` field): a program is given on the launcher's "
         "command line only (launcher [flags] -- PROGRAM ARGS); drop the field");
+  }
+  if (!request.program.empty()) {  // a program job: the rest is the model's
+    if (absl::Status s = ResolveProgram(request, out.spec); !s.ok()) return s;
+    return out;
   }
   const bool model_given = !out.spec.model().empty();
   if (!model_given) ChooseDefaultModel(request, steps_given, out);
