@@ -787,9 +787,13 @@ std::string UserDirectory() {
 // user's directory to run in. None of the model's flags apply; --model is refused.
 absl::Status ResolveProgram(const JobRequest& request, JobSpec& spec) {
   const std::string& name = request.program[0];
-  if (!request.flags.model().empty()) {
-    return Invalid(absl::StrCat("--model=", request.flags.model(), " with a program (-- ", name,
-                                "): the program is the job; drop --model"));
+  // The typed --model, or a server's submission's (the client's flags merged into its JobSpec).
+  const std::string model = !request.flags.model().empty() ? request.flags.model()
+                            : request.spec                 ? request.spec->model()
+                                                           : "";
+  if (!model.empty()) {
+    return Invalid(
+        absl::StrCat("--model=", model, " with a program (-- ", name, "): the program is the job; drop --model"));
   }
   const std::string cwd = UserDirectory();
   std::string path;
