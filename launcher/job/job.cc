@@ -732,7 +732,9 @@ const std::vector<std::string>& KnownModels() {
 
 absl::StatusOr<JobSpec> ReadJobFile(const std::string& path) { return ParseJobFile(path, "--job=" + path); }
 
-std::string CommandLine(const JobSpec& spec) { return ClipInput(absl::StrJoin(spec.program(), " ")); }
+std::string CommandLine(const JobSpec& spec, size_t max_bytes) {
+  return ClipInput(absl::StrJoin(spec.program(), " "), max_bytes);
+}
 
 // The job file and the token file are the user's paths: relative to where they ran `bazel run`.
 absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {

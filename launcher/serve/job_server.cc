@@ -469,7 +469,7 @@ absl::StatusOr<Caller> JobServer::Authenticate(absl::string_view token) { return
 
 control::JobInfo JobServer::Info(const JobRecord& record) const {
   control::JobInfo info = ToJobInfo(record);
-  info.set_command(CommandLine(record.spec));
+  info.set_command(CommandLine(record.spec, 200));  // as inputs are echoed: escaped, clipped
   if (record.state == control::JOB_STATE_QUEUED) info.set_queue_position(queue_.Position(record.id));
   if (auto it = live_.find(record.id); it != live_.end() && it->second->running) {
     info.set_steps_done(it->second->steps_done);
@@ -591,8 +591,8 @@ absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const c
   control::JobInfo info = Info(*stored);
   live->events.AddState(info, false);
   options_.log(absl::StrCat("job ", record.id, " (",
-                            record.spec.program_size() > 0 ? CommandLine(record.spec) : record.spec.name(), ") from ",
-                            caller.name, ": queued"));
+                            record.spec.program_size() > 0 ? CommandLine(record.spec, 200) : record.spec.name(),
+                            ") from ", caller.name, ": queued"));
   for (const std::string& note : job->notes) live->events.AddLine(absl::StrCat("stagehand: ", note));
   return info;
 }
