@@ -56,6 +56,9 @@ constexpr char kUsage[] =
     "stagehand client: submits and follows jobs on a `launcher --serve` server.\n"
     "\n"
     "  client submit [--job=FILE] [job flags] [--watch]   queue a job; prints its id last\n"
+    "  client submit [job flags] [--watch] -- PROGRAM ARGS\n"
+    "                                                     a command on the server's host, once per worker\n"
+    "                                                     (a server started with --allow_commands)\n"
     "  client list                                        the jobs, newest first\n"
     "  client status ID                                   one job\n"
     "  client watch ID [--no_lines]                       its output as a foreground run prints it\n"
@@ -187,7 +190,9 @@ absl::StatusOr<std::string> SubmissionId() {
   return id;
 }
 
-int Submit(ControlClient& client, const ParsedFlags& parsed, const JobFlags& job_flags) {
+// `program`: a command job's PROGRAM ARGS (empty: a job of stagehand's worker).
+int Submit(ControlClient& client, const ParsedFlags& parsed, const JobFlags& job_flags,
+           const std::vector<std::string>& program) {
   const JobRequest request = JobRequestFromFlags(parsed, job_flags);
   absl::StatusOr<JobSpec> spec = MergeJobRequest(request);
   if (!spec.ok()) return Fail(spec.status());
@@ -197,11 +202,22 @@ int Submit(ControlClient& client, const ParsedFlags& parsed, const JobFlags& job
   submit.set_submission_id(*submission_id);  // the client's retries reuse it: queued once
   *submit.mutable_job() = *std::move(spec);
   if (request.gpus) submit.set_gpus(*request.gpus);
+  for (const std::string& word : program) submit.add_program(word);
   if (const size_t bytes = submit.ByteSizeLong(); bytes > 256 * 1024) {  // the server's kMaxSubmissionBytes
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("the job is ", bytes / 1024,
                      " KiB serialized; a server takes at most 256 KiB (a --schedule_file or --job "
                      "file that large is too): make it smaller")));
+  }
+  if (!program.empty()) {
+    // A server of control protocol 1 knows no commands: it would drop the field and run the job without it.
+    absl::StatusOr<control::GetServerInfoResponse> info = client.Info();
+    if (!info.ok()) return Fail(info.status());
+    if (info->protocol() < 2) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("the server runs stagehand ", info->version(),
+                                                          " (control protocol ", info->protocol(),
+                                                          "), which takes no commands (-- PROGRAM); update it")));
+    }
   }
   absl::StatusOr<control::JobInfo> job = client.Submit(submit);
   if (!job.ok()) return Fail(job.status());
@@ -211,13 +227,18 @@ int Submit(ControlClient& client, const ParsedFlags& parsed, const JobFlags& job
   return absl::GetFlag(FLAGS_watch) ? Watch(client, job->id(), absl::GetFlag(FLAGS_no_lines)) : 0;
 }
 
+// A job's name, else a command job's command (as the server escaped and clipped it).
+std::string NameOrCommand(const control::JobInfo& job) {
+  return job.name().empty() && !job.command().empty() ? job.command() : job.name();
+}
+
 int List(ControlClient& client) {
   absl::StatusOr<std::vector<control::JobInfo>> jobs = client.ListAll({}, std::max(0, absl::GetFlag(FLAGS_limit)));
   if (!jobs.ok()) return Fail(jobs.status());
   const char* format = "%-18s %-20s %-10s %-14s %-14s %-5s %s\n";
   std::printf(format, "ID", "NAME", "STATE", "DEVICES", "SUBMITTED BY", "AGE", "EXIT");
   for (const control::JobInfo& j : *jobs) {
-    std::printf(format, j.id().c_str(), j.name().c_str(), StateName(j.state()).c_str(), Devices(j).c_str(),
+    std::printf(format, j.id().c_str(), NameOrCommand(j).c_str(), StateName(j.state()).c_str(), Devices(j).c_str(),
                 j.submitted_by().c_str(), Age(j.submit_time_ms()).c_str(),
                 HasExitCode(j) ? absl::StrCat(j.exit_code()).c_str() : "-");
   }
@@ -239,13 +260,18 @@ int Status(ControlClient& client, const std::string& id) {
   absl::StatusOr<control::JobInfo> job = client.Get(id);
   if (!job.ok()) return Fail(job.status());
   const control::JobInfo& j = *job;
-  std::printf("job %s (%s): %s\n", j.id().c_str(), j.name().c_str(), StateName(j.state()).c_str());
+  std::printf("job %s (%s): %s\n", j.id().c_str(), NameOrCommand(j).c_str(), StateName(j.state()).c_str());
+  if (!j.command().empty()) std::printf("  command: %s\n", j.command().c_str());
   if (j.queue_position() > 0) std::printf("  queue position: %d\n", j.queue_position());
   std::printf("  submitted by %s, %s ago\n", j.submitted_by().c_str(), Age(j.submit_time_ms()).c_str());
   std::printf("  devices: %s\n", Devices(j).c_str());
   if (j.start_time_ms() > 0) std::printf("  started %s ago\n", Age(j.start_time_ms()).c_str());
-  std::printf("  steps done: %lld of %lld\n", static_cast<long long>(j.steps_done()),
-              static_cast<long long>(j.spec().steps()));
+  if (j.command().empty()) {
+    std::printf("  steps done: %lld of %lld\n", static_cast<long long>(j.steps_done()),
+                static_cast<long long>(j.spec().steps()));
+  } else {  // a command's steps are those its script reported (stagehand.step), of no set number
+    std::printf("  steps done: %lld\n", static_cast<long long>(j.steps_done()));
+  }
   if (HasExitCode(j)) std::printf("  exit code: %d, ended %s ago\n", j.exit_code(), Age(j.end_time_ms()).c_str());
   if (j.state() == control::JOB_STATE_LOST)
     std::printf("  no exit code (lost), ended %s ago\n", Age(j.end_time_ms()).c_str());
@@ -386,6 +412,7 @@ int Info(ControlClient& client) {
               info->protocol());
   std::printf("  gpus: %d, cpu workers: %d\n", info->gpus(), info->cpu_workers());
   std::printf("  tls: %s\n", info->mutual_tls() ? "mutual" : info->tls() ? "yes" : "no (plaintext loopback)");
+  std::printf("  commands: %s\n", info->allow_commands() ? "allowed (--allow_commands)" : "refused");
   return 0;
 }
 
@@ -394,6 +421,8 @@ int Info(ControlClient& client) {
 struct SplitArgs {
   std::vector<std::string> words;
   std::vector<char*> flags;
+  bool dashdash = false;       // `--` was given: the words after it are `submit`'s command
+  size_t before_dashdash = 0;  // the words before it
 };
 SplitArgs Split(int argc, char** argv) {
   SplitArgs out;
@@ -401,6 +430,8 @@ SplitArgs Split(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") {
+      out.dashdash = true;
+      out.before_dashdash = out.words.size();
       for (++i; i < argc; ++i) out.words.push_back(argv[i]);
       break;
     }
@@ -421,7 +452,8 @@ SplitArgs Split(int argc, char** argv) {
 // The verb's positional arguments, counted.
 bool Arity(const std::vector<std::string>& words, size_t n) { return words.size() == n; }
 
-int Run(const std::vector<std::string>& words, const ParsedFlags& parsed, const JobFlags& job_flags) {
+int Run(const SplitArgs& split, const ParsedFlags& parsed, const JobFlags& job_flags) {
+  const std::vector<std::string>& words = split.words;
   const std::string& verb = words[0];
   static const char* kVerbs[] = {"submit", "list", "status", "watch", "cancel",
                                  "delete", "logs", "fetch",  "token", "info"};
@@ -432,10 +464,18 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed, const 
   const bool one_id = verb == "status" || verb == "watch" || verb == "cancel" || verb == "delete" || verb == "logs";
   if (one_id && !Arity(words, 2)) return Usage(absl::StrCat("`", verb, "` takes one job id: client ", verb, " ID"));
   if (verb == "fetch" && !Arity(words, 3)) return Usage("`fetch` takes a job id and a file: client fetch ID FILE");
-  if (verb == "submit" && !Arity(words, 1)) {
-    return Usage(absl::StrCat("`submit` takes no arguments, got '", absl::CHexEscape(words[1].substr(0, 200)),
-                              "': a server runs no program of yours (-- PROGRAM), so that a submit token cannot make "
-                              "it a shell; `launcher [flags] -- PROGRAM` runs one on its own host"));
+  // submit: a command after `--` (client submit [flags] -- PROGRAM ARGS), nothing before it.
+  std::vector<std::string> program;
+  if (verb == "submit") {
+    const size_t positional = split.dashdash ? std::max<size_t>(split.before_dashdash, 1) : words.size();
+    if (positional > 1) {
+      return Usage(absl::StrCat("`submit` takes no arguments, got '", absl::CHexEscape(words[1].substr(0, 200)),
+                                "': a command goes after -- (client submit [flags] -- PROGRAM ARGS)"));
+    }
+    if (split.dashdash && positional == words.size()) {
+      return Usage("-- with no program after it: client submit [flags] -- PROGRAM [ARGS...] (-- python3 train.py)");
+    }
+    program.assign(words.begin() + static_cast<std::ptrdiff_t>(positional), words.end());
   }
   if ((verb == "list" || verb == "info") && !Arity(words, 1)) {
     return Usage(
@@ -444,7 +484,7 @@ int Run(const std::vector<std::string>& words, const ParsedFlags& parsed, const 
   absl::StatusOr<std::unique_ptr<ControlClient>> client = Connect();
   if (!client.ok()) return Fail(client.status());
   ControlClient& c = **client;
-  if (verb == "submit") return Submit(c, parsed, job_flags);
+  if (verb == "submit") return Submit(c, parsed, job_flags, program);
   if (verb == "list") return List(c);
   if (verb == "status") return Status(c, words[1]);
   if (verb == "watch") return Watch(c, words[1], absl::GetFlag(FLAGS_no_lines));
@@ -472,5 +512,5 @@ int main(int argc, char** argv) {
     std::fputs(help.c_str(), parsed->help ? stdout : stderr);
     return parsed->help ? 0 : stagehand::kExitUsage;
   }
-  return stagehand::Run(split.words, *parsed, job_flags);
+  return stagehand::Run(split, *parsed, job_flags);
 }

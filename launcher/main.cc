@@ -65,6 +65,10 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(bool, new_admin_token, false,
           "with --serve: mint another admin token into --state_dir/admin.token (when the first is lost); earlier "
           "admin tokens stay valid until revoked");
+ABSL_FLAG(bool, allow_commands, false,
+          "with --serve: run commands clients submit (`client submit -- PROGRAM ARGS`) on this host, as this "
+          "user, in this directory: every token that may submit (submit, admin) becomes a shell here; off, they "
+          "are refused");
 ABSL_FLAG(int, max_cpu_workers, 0, "with --serve: CPU workers running at once over all jobs (default: the cores)");
 ABSL_FLAG(std::string, job_roots, "",
           "with --serve: comma-separated directories a job's paths (--data, --layout_profiles, --init_from, "
@@ -179,7 +183,7 @@ int CheckAgentFlags(const stagehand::ParsedFlags& p) {
 // The flags a server takes; every other one shapes a job, which with --serve comes from a client.
 constexpr const char* kServeFlags[] = {"serve",       "listen",          "state_dir",       "tls_cert",
                                        "tls_key",     "tls_client_ca",   "max_cpu_workers", "worker_binary",
-                                       "peak_tflops", "new_admin_token", "job_roots"};
+                                       "peak_tflops", "new_admin_token", "job_roots",       "allow_commands"};
 
 bool IsServeFlag(const std::string& name) {
   for (const char* f : kServeFlags) {
@@ -206,6 +210,7 @@ int RunServer(const stagehand::ParsedFlags& p) {
   o.max_cpu_workers = absl::GetFlag(FLAGS_max_cpu_workers);
   o.new_admin_token = absl::GetFlag(FLAGS_new_admin_token);
   o.job_roots = absl::GetFlag(FLAGS_job_roots);
+  o.allow_commands = absl::GetFlag(FLAGS_allow_commands);
   o.peak_tflops_per_device = absl::GetFlag(FLAGS_peak_tflops);
   if (o.max_cpu_workers < 0 || o.max_cpu_workers > stagehand::kMaxWorkers) {
     std::fprintf(stderr, "stagehand: --max_cpu_workers=%d: pass 1 to %d, or 0 for the cores\n", o.max_cpu_workers,

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -74,6 +75,37 @@ TEST_F(ClientTest, Submit_JobFlags_PrintsTheIdLastAndSendsTheMergedSpec) {
   EXPECT_EQ(sent.job().steps(), 9);
   EXPECT_EQ(sent.gpus(), 2);
   EXPECT_TRUE(absl::StartsWith(sent.submission_id(), "sub-"));
+}
+
+// A command job: PROGRAM ARGS travel as given (the server resolves them), beside the job flags; status
+// and list show the command.
+TEST_F(ClientTest, Submit_Command_SendsTheWordsAfterDashDash) {
+  Result r = Client("submit --device=cpu --workers=2 -- python3 train.py --epochs 3");
+  EXPECT_EQ(r.code, 0) << r.err;
+  control::SubmitJobRequest sent = fake_.last_submit();
+  EXPECT_EQ(std::vector<std::string>(sent.program().begin(), sent.program().end()),
+            (std::vector<std::string>{"python3", "train.py", "--epochs", "3"}));
+  EXPECT_EQ(sent.job().workers(), 2);
+  EXPECT_EQ(sent.job().program_size(), 0);  // never the JobSpec's own field, which servers refuse
+  Result status = Client("status job1");
+  EXPECT_EQ(status.code, 0) << status.err;
+  EXPECT_TRUE(absl::StrContains(status.out, "  command: python3 train.py --epochs 3\n")) << status.out;
+  Result list = Client("list");
+  EXPECT_EQ(list.code, 0) << list.err;
+  EXPECT_TRUE(absl::StrContains(list.out, "python3 train.py --epochs 3")) << list.out;
+  // A job of stagehand's worker carries none.
+  ASSERT_EQ(Client("submit --device=cpu --workers=2").code, 0);
+  EXPECT_EQ(fake_.last_submit().program_size(), 0);
+}
+
+// A server of control protocol 1 would drop the command and run the job without it: refused first.
+TEST_F(ClientTest, Submit_CommandToAProtocol1Server_RefusedBeforeSending) {
+  fake_.SetProtocol(1);
+  Result r = Client("submit --device=cpu -- python3 train.py");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "control protocol 1")) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(fake_.submit_calls(), 0);
 }
 
 TEST_F(ClientTest, Watch_FailedJob_PrintsLinesAndStatesAndExitsWithItsCode) {
@@ -216,11 +248,15 @@ TEST_F(ClientTest, Errors_OneLineEach_WithTheirExitCodes) {
   EXPECT_TRUE(absl::StrContains(unknown.err, "unknown verb 'frobnicate'")) << unknown.err;
   EXPECT_EQ(Client("watch").code, 2);
   EXPECT_EQ(Client("--bogus list").code, 2);
-  // A program is not something a server runs for a token.
-  Result program = Client("submit --device=cpu -- python3 train.py");
-  EXPECT_EQ(program.code, 2) << program.err;
-  EXPECT_TRUE(absl::StrContains(program.err, "a server runs no program of yours")) << program.err;
-  EXPECT_EQ(std::count(program.err.begin(), program.err.end(), '\n'), 1) << program.err;
+  // A command goes after --, and -- needs one.
+  Result stray = Client("submit --device=cpu python3 train.py");
+  EXPECT_EQ(stray.code, 2) << stray.err;
+  EXPECT_TRUE(absl::StrContains(stray.err, "a command goes after --")) << stray.err;
+  EXPECT_EQ(std::count(stray.err.begin(), stray.err.end(), '\n'), 1) << stray.err;
+  Result empty = Client("submit --device=cpu --");
+  EXPECT_EQ(empty.code, 2) << empty.err;
+  EXPECT_TRUE(absl::StrContains(empty.err, "-- with no program after it")) << empty.err;
+  EXPECT_EQ(fake_.submit_calls(), 0);
   Result missing = Client("status nope");
   EXPECT_EQ(missing.code, 1);
   EXPECT_EQ(std::count(missing.err.begin(), missing.err.end(), '\n'), 1) << missing.err;

@@ -732,6 +732,10 @@ const std::vector<std::string>& KnownModels() {
 
 absl::StatusOr<JobSpec> ReadJobFile(const std::string& path) { return ParseJobFile(path, "--job=" + path); }
 
+std::string CommandLine(const JobSpec& spec, size_t max_bytes) {
+  return ClipInput(absl::StrJoin(spec.program(), " "), max_bytes);
+}
+
 // The job file and the token file are the user's paths: relative to where they ran `bazel run`.
 absl::StatusOr<JobSpec> ReadJob(const JobRequest& r) {
   JobSpec spec = r.spec.value_or(JobSpec());
@@ -785,9 +789,13 @@ std::string UserDirectory() {
 // user's directory to run in. None of the model's flags apply; --model is refused.
 absl::Status ResolveProgram(const JobRequest& request, JobSpec& spec) {
   const std::string& name = request.program[0];
-  if (!request.flags.model().empty()) {
-    return Invalid(absl::StrCat("--model=", request.flags.model(), " with a program (-- ", name,
-                                "): the program is the job; drop --model"));
+  // The typed --model, or a server's submission's (the client's flags merged into its JobSpec).
+  const std::string model = !request.flags.model().empty() ? request.flags.model()
+                            : request.spec                 ? request.spec->model()
+                                                           : "";
+  if (!model.empty()) {
+    return Invalid(
+        absl::StrCat("--model=", model, " with a program (-- ", name, "): the program is the job; drop --model"));
   }
   const std::string cwd = UserDirectory();
   std::string path;
@@ -856,16 +864,17 @@ absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceIn
   if (absl::Status s = ChooseDevices(request, inventory, out); !s.ok()) return s;
   out.host_workers = out.spec.workers();
   if (request.world_workers) out.spec.set_workers(*request.world_workers);
-  if (!request.program.empty()) {  // a program job: the rest is the model's
-    if (absl::Status s = ResolveProgram(request, out.spec); !s.ok()) return s;
-    return out;
-  }
-  // A program comes from the command line only (-- PROGRAM), never from a job file, a resumed run's
-  // job.textproto or a server's submission: a submit token must not make the server a shell.
+  // A program comes from the command line only (-- PROGRAM, or a server's command job), never from a
+  // job file, a resumed run's job.textproto or a submission's JobSpec: a submit token must not make the
+  // server a shell unless its admin says so (--allow_commands).
   if (out.spec.program_size() > 0 || !out.spec.program_cwd().empty()) {
     return Invalid(
         "the job names a program (its `program` field): a program is given on the launcher's "
         "command line only (launcher [flags] -- PROGRAM ARGS); drop the field");
+  }
+  if (!request.program.empty()) {  // a program job: the rest is the model's
+    if (absl::Status s = ResolveProgram(request, out.spec); !s.ok()) return s;
+    return out;
   }
   const bool model_given = !out.spec.model().empty();
   if (!model_given) ChooseDefaultModel(request, steps_given, out);

@@ -92,6 +92,12 @@ absl::StatusOr<JobSpec> MergeJobRequest(const JobRequest& request);
 // Reads a JobSpec in protobuf text format. INVALID_ARGUMENT naming the file and what is wrong.
 absl::StatusOr<JobSpec> ReadJobFile(const std::string& path);
 
+// A program job's PROGRAM ARGS as lines and listings show them: joined by spaces, non-printable bytes
+// escaped, clipped to `max_bytes` (ClipInput; a run's own lines keep any path whole, a server's
+// listing takes ClipInput's 200); "" for a job of stagehand's worker. A served command comes from a
+// token: what it shows is never raw input.
+std::string CommandLine(const JobSpec& spec, size_t max_bytes = 16384);
+
 }  // namespace stagehand
 
 #endif  // STAGEHAND_LAUNCHER_JOB_JOB_H_

@@ -86,9 +86,9 @@ std::vector<FlagGroup> HelpGroups(bool client) {
     groups.push_back({"Several hosts",
                       {"nodes", "node_rank", "coordinator_address", "coordinator_port", "slurm", "job_token_file",
                        "tls_cert", "tls_key", "tls_ca"}});
-    groups.push_back(
-        {"Serve (a job server for `client`)",
-         {"serve", "state_dir", "listen", "job_roots", "new_admin_token", "tls_client_ca", "max_cpu_workers"}});
+    groups.push_back({"Serve (a job server for `client`)",
+                      {"serve", "state_dir", "listen", "job_roots", "allow_commands", "new_admin_token",
+                       "tls_client_ca", "max_cpu_workers"}});
   }
   return groups;
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
@@ -218,7 +219,8 @@ TEST(JobTest, ResolveJob_Program_ResolvedAsAShellWould) {
 }
 
 // A program never comes in a job file or a submission (a server's JobSpec): only from the command
-// line, so that a submit token cannot make the server run a command.
+// line (a server's command job), so that a submit token cannot make the server run a command. A job
+// file's program is refused beside a command-line one too, rather than replaced by it.
 TEST(JobTest, ResolveJob_ProgramInTheJobItself_Refused) {
   JobRequest r;
   JobSpec spec;
@@ -232,6 +234,23 @@ TEST(JobTest, ResolveJob_ProgramInTheJobItself_Refused) {
   JobRequest f;
   f.job_file = WriteJobFile("with_program.textproto", "device: \"cpu\" workers: 1 program: \"/bin/true\"");
   ExpectInvalidArgument(ResolveJob(f, Inventory(0)), "the job names a program");
+  f.program = {"sh", "-c", "true"};
+  ExpectInvalidArgument(ResolveJob(f, Inventory(0)), "the job names a program");
+}
+
+// A command as lines show it: escaped and clipped, since a served command comes from a token.
+TEST(JobTest, CommandLine_EscapedAndClipped) {
+  JobSpec spec;
+  EXPECT_EQ(CommandLine(spec), "");
+  spec.add_program("/usr/bin/python3");
+  spec.add_program("train.py");
+  EXPECT_EQ(CommandLine(spec), "/usr/bin/python3 train.py");
+  spec.add_program("a\nb\x1b[2J");
+  EXPECT_EQ(CommandLine(spec), "/usr/bin/python3 train.py a\\nb\\x1b[2J");
+  spec.add_program(std::string(1000, 'x'));
+  EXPECT_EQ(CommandLine(spec).size(), 1038u);  // a run's lines keep a long command whole
+  EXPECT_LT(CommandLine(spec, 200).size(), 260u);
+  EXPECT_TRUE(absl::StrContains(CommandLine(spec, 200), "... (1034 bytes)")) << CommandLine(spec, 200);
 }
 
 TEST(JobTest, ResolveJob_TensorElementsWithAModel_Refused) {

@@ -259,11 +259,11 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
   }
   run->supervisor_ = std::make_unique<Supervisor>(&run->state_, spawner, run->WorkerOptions());
   if (spec.program_size() > 0) {
-    listener->Text(absl::StrFormat(
-        "stagehand: job %s: %d %s worker%s of %s; c10d store 127.0.0.1:%d (MASTER_ADDR, "
-        "MASTER_PORT); run directory %s\n",
-        o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU", spec.workers() == 1 ? "" : "s",
-        absl::StrJoin(spec.program(), " "), run->store_->port(), o.run_dir));
+    listener->Text(
+        absl::StrFormat("stagehand: job %s: %d %s worker%s of %s; c10d store 127.0.0.1:%d (MASTER_ADDR, "
+                        "MASTER_PORT); run directory %s\n",
+                        o.job_id, spec.workers(), spec.device() == "cuda" ? "GPU" : "CPU",
+                        spec.workers() == 1 ? "" : "s", CommandLine(spec), run->store_->port(), o.run_dir));
     (void)run->supervisor_->Start();
     exit_code = kExitSuccess;
     return run;
@@ -549,8 +549,7 @@ JobRunEnd JobRun::Finish(int first_signal, absl::string_view note) {
   }
   if (store_ != nullptr) store_->Stop();
   listener_->Text(EndLine({code, end.report.root_cause(), end.report.steps_done(), spec.steps(), spec.workers(),
-                           absl::ToDoubleSeconds(elapsed), run_dir(),
-                           spec.program_size() > 0 ? absl::StrJoin(spec.program(), " ") : ""}));
+                           absl::ToDoubleSeconds(elapsed), run_dir(), CommandLine(spec)}));
   return end;
 }
 

@@ -69,10 +69,19 @@ class FakeJobService : public JobService {
     return last_submit_;
   }
 
+  // What Info says the control protocol is (2 by default: commands known).
+  void SetProtocol(int protocol) {
+    absl::MutexLock lock(&mu_);
+    protocol_ = protocol;
+  }
+
   control::GetServerInfoResponse Info() override {
     control::GetServerInfoResponse r;
     r.set_version("fake");
-    r.set_protocol(1);
+    {
+      absl::MutexLock lock(&mu_);
+      r.set_protocol(protocol_);
+    }
     r.set_cpu_workers(4);
     return r;
   }
@@ -99,6 +108,9 @@ class FakeJobService : public JobService {
     job.info.set_id(id);
     job.info.set_submission_id(request.submission_id());
     job.info.set_name(request.job().name());
+    for (const std::string& word : request.program()) {
+      job.info.set_command(job.info.command().empty() ? word : absl::StrCat(job.info.command(), " ", word));
+    }
     *job.info.mutable_spec() = request.job();
     job.info.set_state(control::JOB_STATE_QUEUED);
     job.info.set_submitted_by(caller.name);
@@ -286,6 +298,7 @@ class FakeJobService : public JobService {
   int submit_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int page_size_ ABSL_GUARDED_BY(mu_) = 0;
   control::SubmitJobRequest last_submit_ ABSL_GUARDED_BY(mu_);
+  int protocol_ ABSL_GUARDED_BY(mu_) = 2;
 };
 
 }  // namespace stagehand

@@ -38,7 +38,14 @@ namespace {
 
 constexpr char kProtocol[] = "control protocol";
 constexpr char kLauncherLog[] = "launcher.log";
-constexpr int kControlProtocolVersion = 1;
+constexpr int kControlProtocolVersion = 2;  // 2: commands (SubmitJobRequest.program)
+
+// Why a command job is refused (at submit) or failed (queued when the server restarted) without
+// --allow_commands.
+constexpr char kNoCommands[] =
+    "this server runs no commands (-- PROGRAM): a command runs as the server's user, so it would make "
+    "every submit token a shell on the server; its admin may start it with --allow_commands, or run "
+    "`launcher [flags] -- PROGRAM` on that host";
 
 std::string RandomHex(int bytes) {
   std::string raw(bytes, '\0');
@@ -423,6 +430,15 @@ absl::StatusOr<std::unique_ptr<JobServer>> JobServer::OpenAt(JobServerOptions op
   for (const JobRecord& r : *queued) {
     auto live = std::make_shared<Live>();
     absl::MutexLock lock(&server->mu_);
+    if (r.spec.program_size() > 0 && !server->options_.allow_commands) {
+      (void)server->store_->MarkEnded(r.id, control::JOB_STATE_FAILED, absl::Now(), kExitUsage,
+                                      "not run: a command, and the server restarted without --allow_commands "
+                                      "(it runs none); submit it again to a server started with it",
+                                      0);
+      notes.push_back(
+          absl::StrCat("job ", r.id, " is a command and this server runs none (no --allow_commands): failed"));
+      continue;
+    }
     if (absl::Status fit = server->queue_.CanEverFit(r.devices); !fit.ok()) {
       (void)server->store_->MarkEnded(r.id, control::JOB_STATE_FAILED, absl::Now(), kExitUsage,
                                       absl::StrCat("this host can no longer run it: ", fit.message()), 0);
@@ -444,6 +460,7 @@ control::GetServerInfoResponse JobServer::Info() {
   info.set_cpu_workers(options_.max_cpu_workers);
   info.set_tls(options_.tls);
   info.set_mutual_tls(options_.mutual_tls);
+  info.set_allow_commands(options_.allow_commands);
   (void)kProtocol;
   return info;
 }
@@ -452,6 +469,7 @@ absl::StatusOr<Caller> JobServer::Authenticate(absl::string_view token) { return
 
 control::JobInfo JobServer::Info(const JobRecord& record) const {
   control::JobInfo info = ToJobInfo(record);
+  info.set_command(CommandLine(record.spec, 200));  // as inputs are echoed: escaped, clipped
   if (record.state == control::JOB_STATE_QUEUED) info.set_queue_position(queue_.Position(record.id));
   if (auto it = live_.find(record.id); it != live_.end() && it->second->running) {
     info.set_steps_done(it->second->steps_done);
@@ -481,6 +499,9 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const Caller& caller, const contr
   LaunchOptions lo;
   lo.job.spec = request.job();
   lo.job.spec->clear_run_dir();  // the server's: <state_dir>/runs/<job id>
+  // A command job's PROGRAM ARGS, resolved as a foreground launch here would: this host's PATH, the
+  // server's directory.
+  lo.job.program.assign(request.program().begin(), request.program().end());
   // A resumed job's carried paths (its data, its export) are held to the roots as the sent ones are.
   lo.job.check_resumed = [roots = options_.job_roots](const JobSpec& spec) { return CheckJobInputs(spec, roots); };
   if (request.has_gpus()) lo.job.gpus = request.gpus();
@@ -538,6 +559,7 @@ absl::StatusOr<ResolvedJob> JobServer::Resolve(const Caller& caller, const contr
 absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const control::SubmitJobRequest& request) {
   if (absl::Status s = Allow(caller, Verb::kSubmit); !s.ok()) return s;
   if (absl::Status s = ValidateName(request.submission_id(), "submission id"); !s.ok()) return s;
+  if (request.program_size() > 0 && !options_.allow_commands) return absl::InvalidArgumentError(kNoCommands);
   if (const size_t bytes = request.ByteSizeLong(); bytes > kMaxSubmissionBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the job is ", bytes / 1024, " KiB serialized; this server takes at most ", kMaxSubmissionBytes / 1024,
@@ -568,7 +590,9 @@ absl::StatusOr<control::JobInfo> JobServer::Submit(const Caller& caller, const c
   if (absl::Status s = queue_.Enqueue(record.id, record.devices); !s.ok()) return s;
   control::JobInfo info = Info(*stored);
   live->events.AddState(info, false);
-  options_.log(absl::StrCat("job ", record.id, " (", record.spec.name(), ") from ", caller.name, ": queued"));
+  options_.log(absl::StrCat("job ", record.id, " (",
+                            record.spec.program_size() > 0 ? CommandLine(record.spec, 200) : record.spec.name(),
+                            ") from ", caller.name, ": queued"));
   for (const std::string& note : job->notes) live->events.AddLine(absl::StrCat("stagehand: ", note));
   return info;
 }

@@ -44,6 +44,10 @@ struct JobServerOptions {
   // <state_dir>/data.
   std::vector<std::string> job_roots;
   bool new_admin_token = false;  // mint another admin token even when one exists (the first was lost)
+  // --allow_commands: a submission may carry a command (`client submit -- PROGRAM ARGS`), run on this
+  // host as the server's user, which makes every token that may submit a shell here. Off: refused at
+  // submit, and a command job still queued from a start that allowed them fails when this one opens.
+  bool allow_commands = false;
   // How many ended jobs keep their events (each up to JobEvents::kMaxLines lines) in memory; a watch of
   // an older one gets its final state only, as for jobs that ended before a restart.
   size_t ended_jobs_with_events = 64;

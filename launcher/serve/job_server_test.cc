@@ -76,11 +76,12 @@ std::string StateWithJob(const std::string& id, control::JobState state = contro
 // real one is another target's (LibTorch), so any executable stands in.
 constexpr char kAnyExecutable[] = "/bin/true";
 
-std::unique_ptr<JobServer> OpenServer(const std::string& dir) {
+std::unique_ptr<JobServer> OpenServer(const std::string& dir, bool allow_commands = false) {
   JobServerOptions o;
   o.state_dir = dir;
   o.inventory.cpu_cores = 1;
   o.worker_binary = kAnyExecutable;
+  o.allow_commands = allow_commands;
   std::vector<std::string> notes;
   absl::StatusOr<std::unique_ptr<JobServer>> server = JobServer::Open(o, notes);
   EXPECT_TRUE(server.ok()) << server.status();
@@ -231,6 +232,115 @@ TEST(JobServerTest, Submit_OverTheBound_IsRefusedWithTheBound) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "at most 256 KiB")) << refused.status();
   EXPECT_LT(refused.status().message().size(), 400u);
+}
+
+// `client submit -- sh -c ...`: a command job on one CPU worker.
+control::SubmitJobRequest CommandJob(const std::string& submission, std::vector<std::string> program) {
+  control::SubmitJobRequest r;
+  r.set_submission_id(submission);
+  r.mutable_job()->set_device("cpu");
+  r.mutable_job()->set_workers(1);
+  for (const std::string& word : program) r.add_program(word);
+  return r;
+}
+
+// Without --allow_commands a command is refused in one line that names the flag, for every role, and
+// nothing is queued; with it, the roles that may submit jobs may submit commands, resolved on this
+// host (PATH, the server's directory) and shown escaped.
+TEST(JobServerTest, Submit_Command_RefusedUnlessAllowed_ThenResolvedHere) {
+  const std::string dir = StateDir();
+  {
+    std::unique_ptr<JobServer> server = OpenServer(dir);
+    ASSERT_NE(server, nullptr);
+    EXPECT_FALSE(server->Info().allow_commands());
+    for (const Caller& caller : {Caller{"alice", control::ROLE_SUBMIT}, Caller{"admin", control::ROLE_ADMIN}}) {
+      absl::StatusOr<control::JobInfo> refused = server->Submit(caller, CommandJob("c", {"sh", "-c", "true"}));
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+      EXPECT_TRUE(absl::StrContains(refused.status().message(), "--allow_commands")) << refused.status();
+      EXPECT_FALSE(absl::StrContains(refused.status().message(), "\n")) << refused.status();
+    }
+    absl::StatusOr<control::ListJobsResponse> none = server->List(kViewer, {});
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_EQ(none->jobs_size(), 0);
+  }
+  std::unique_ptr<JobServer> server = OpenServer(dir, /*allow_commands=*/true);
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(server->Info().allow_commands());
+  EXPECT_EQ(server->Submit(kViewer, CommandJob("v", {"sh"})).status().code(), absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<control::JobInfo> job =
+      server->Submit(Caller{"alice", control::ROLE_SUBMIT}, CommandJob("c", {"sh", "-c", "echo \x1b[2J"}));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), control::JOB_STATE_QUEUED);
+  ASSERT_EQ(job->spec().program_size(), 3);
+  EXPECT_TRUE(job->spec().program(0) == "/bin/sh" || job->spec().program(0) == "/usr/bin/sh") << job->spec().program(0);
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof cwd), nullptr);
+  EXPECT_EQ(job->spec().program_cwd(),
+            std::getenv("BUILD_WORKING_DIRECTORY") ? std::getenv("BUILD_WORKING_DIRECTORY") : std::string(cwd));
+  EXPECT_EQ(job->command(), absl::StrCat(job->spec().program(0), " -c echo \\x1b[2J"));
+  absl::StatusOr<control::JobInfo> got = server->Get(kViewer, job->id());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->command(), job->command());
+  // The foreground launch's refusals hold: a program not found, --model beside it.
+  absl::StatusOr<control::JobInfo> missing =
+      server->Submit(Caller{"alice", control::ROLE_SUBMIT}, CommandJob("m", {"no-such-program-anywhere"}));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "no such program on PATH")) << missing.status();
+  control::SubmitJobRequest with_model = CommandJob("tiny", {"sh"});
+  with_model.mutable_job()->set_model("tiny");
+  EXPECT_TRUE(absl::StrContains(server->Submit(Caller{"alice", control::ROLE_SUBMIT}, with_model).status().message(),
+                                "drop --model"));
+}
+
+// The JobSpec's own program field (a job file's, or a client's that sets it) is refused with commands
+// allowed too: a command travels only as SubmitJobRequest.program.
+TEST(JobServerTest, Submit_ProgramFieldOfTheJob_RefusedEvenWithCommandsAllowed) {
+  std::unique_ptr<JobServer> server = OpenServer(StateDir(), /*allow_commands=*/true);
+  ASSERT_NE(server, nullptr);
+  for (bool with_command : {false, true}) {
+    control::SubmitJobRequest r = with_command ? CommandJob("f1", {"sh"}) : TinyJob("f0");
+    r.mutable_job()->add_program("/bin/sh");
+    absl::StatusOr<control::JobInfo> refused = server->Submit(Caller{"alice", control::ROLE_SUBMIT}, r);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), "the job names a program")) << refused.status();
+  }
+}
+
+// A command job queued when the server stopped: the next start runs it only with --allow_commands;
+// without, it fails with one line (exit 2) and is not queued.
+TEST(JobServerTest, Restart_QueuedCommandJob_RunsOnlyWhereCommandsAreAllowed) {
+  const std::string dir = StateDir();
+  std::string command_id, model_id;
+  {
+    std::unique_ptr<JobServer> server = OpenServer(dir, /*allow_commands=*/true);
+    ASSERT_NE(server, nullptr);
+    absl::StatusOr<control::JobInfo> command =
+        server->Submit(Caller{"alice", control::ROLE_SUBMIT}, CommandJob("c", {"sh", "-c", "true"}));
+    absl::StatusOr<control::JobInfo> model = server->Submit(Caller{"alice", control::ROLE_SUBMIT}, TinyJob("m"));
+    ASSERT_TRUE(command.ok() && model.ok()) << command.status() << model.status();
+    command_id = command->id();
+    model_id = model->id();
+  }
+  {
+    std::unique_ptr<JobServer> server = OpenServer(dir, /*allow_commands=*/true);  // allowed still: queued again
+    ASSERT_NE(server, nullptr);
+    absl::StatusOr<control::JobInfo> command = server->Get(kViewer, command_id);
+    ASSERT_TRUE(command.ok()) << command.status();
+    EXPECT_EQ(command->state(), control::JOB_STATE_QUEUED);
+    EXPECT_EQ(command->queue_position(), 1);
+  }
+  std::unique_ptr<JobServer> server = OpenServer(dir);
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<control::JobInfo> command = server->Get(kViewer, command_id);
+  ASSERT_TRUE(command.ok()) << command.status();
+  EXPECT_EQ(command->state(), control::JOB_STATE_FAILED);
+  EXPECT_EQ(command->exit_code(), 2);
+  EXPECT_TRUE(absl::StrContains(command->root_cause(), "--allow_commands")) << command->root_cause();
+  EXPECT_FALSE(absl::StrContains(command->root_cause(), "\n")) << command->root_cause();
+  absl::StatusOr<control::JobInfo> model = server->Get(kViewer, model_id);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->state(), control::JOB_STATE_QUEUED);
+  EXPECT_EQ(model->queue_position(), 1);  // the failed command holds no place
 }
 
 // 40 jobs of 200 KiB each (8 MiB, twice gRPC's limit): each page stays near 1 MiB, and the pages

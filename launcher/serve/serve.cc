@@ -67,6 +67,7 @@ int Serve(const ServeOptions& options) {
     so.job_roots.push_back(UserPath(std::string(absl::StripAsciiWhitespace(root))));
   }
   so.new_admin_token = options.new_admin_token;
+  so.allow_commands = options.allow_commands;
   so.peak_tflops_per_device = options.peak_tflops_per_device;
   so.tls = !options.tls_cert.empty();
   so.mutual_tls = !options.tls_client_ca.empty();
@@ -92,10 +93,11 @@ int Serve(const ServeOptions& options) {
   }
   for (const std::string& note : notes) Say(note);
   const control::GetServerInfoResponse info = (*server)->Info();
-  Say(absl::StrCat("serving on ", (*control)->address(),
-                   so.tls ? (so.mutual_tls ? " (mutual TLS)" : " (TLS)") : " (plaintext, loopback)", "; ", info.gpus(),
-                   " GPU", info.gpus() == 1 ? "" : "s", ", up to ", info.cpu_workers(),
-                   " CPU workers at once; state in ", options.state_dir));
+  Say(absl::StrCat(
+      "serving on ", (*control)->address(),
+      so.tls ? (so.mutual_tls ? " (mutual TLS)" : " (TLS)") : " (plaintext, loopback)", "; ", info.gpus(), " GPU",
+      info.gpus() == 1 ? "" : "s", ", up to ", info.cpu_workers(), " CPU workers at once; state in ", options.state_dir,
+      so.allow_commands ? "; commands allowed (--allow_commands: every submit token is a shell here)" : ""));
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);

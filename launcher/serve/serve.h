@@ -17,6 +17,7 @@ struct ServeOptions {
   int max_cpu_workers = 0;        // 0: the cores
   std::string job_roots;          // comma-separated directories jobs' paths must lie in ("": defaults)
   bool new_admin_token = false;   // mint another admin token into <state_dir>/admin.token
+  bool allow_commands = false;    // submissions may carry a command (JobServerOptions::allow_commands)
   double peak_tflops_per_device = 989.0;
 };
 
