@@ -359,16 +359,10 @@ int main(int argc, char** argv) {
                  "train.py, as with torchrun)\n");
     return stagehand::kExitUsage;
   }
-  if (!parsed->rest.empty()) {
-    const char* not_with = absl::GetFlag(FLAGS_serve)       ? "--serve"
-                           : absl::GetFlag(FLAGS_nodes) > 1 ? "--nodes"
-                           : absl::GetFlag(FLAGS_slurm)     ? "--slurm"
-                                                            : nullptr;
-    if (not_with != nullptr) {
-      std::fprintf(stderr, "stagehand: %s with a program (-- %s): a program runs on one host, for now; drop %s\n",
-                   not_with, parsed->rest[0].c_str(), not_with);
-      return stagehand::kExitUsage;
-    }
+  if (!parsed->rest.empty() && absl::GetFlag(FLAGS_serve)) {
+    std::fprintf(stderr, "stagehand: --serve with a program (-- %s): a server's jobs come from clients; drop --serve\n",
+                 parsed->rest[0].c_str());
+    return stagehand::kExitUsage;
   }
   if (parsed->help) {
     std::fputs(stagehand::FlagsHelp(kUsage, {"launcher/main.cc", stagehand::kJobFlagsFile},

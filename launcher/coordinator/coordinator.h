@@ -70,6 +70,9 @@ struct NodeState {
   absl::Time last_heartbeat = absl::InfinitePast();  // coordinator clock
   bool lost = false;                                 // its agent's connection closed while its workers ran
   std::string lost_reason;
+  // A program job: `-- PROGRAM ARGS` as typed on its command line (empty: a job of ours). An agent's
+  // must equal node 0's; each node runs its own.
+  std::vector<std::string> program;
 };
 
 // The workers of every registered node on `node`'s machine, its own among them (only its own when its
@@ -226,7 +229,8 @@ class CoordinatorState {
   bool world_fixed() const;
   // The final job, its `workers` the sum over the nodes, from node 0's launcher once every node
   // registered: gives each node its first rank (node-major) and completes the agents' RegisterAgent.
-  void SetWorld(JobSpec job);
+  // A program job: `store_host` and `store_port` are its c10d store's, which the agents' answers carry.
+  void SetWorld(JobSpec job, const std::string& store_host = "", int store_port = 0);
   // RegisterAgent (protos/coordinator.proto): records the node, then completes `done` once the world
   // is fixed (or `deadline`, or the job stops). `peer_address` is the agent's address as seen here.
   void RegisterAgentAsync(const RegisterAgentRequest& request, const std::string& peer_address, absl::Time deadline,
@@ -338,6 +342,8 @@ class CoordinatorState {
   std::vector<NodeState> nodes_ ABSL_GUARDED_BY(mu_);  // empty: a job of one host
   bool world_fixed_ ABSL_GUARDED_BY(mu_) = true;       // false between ExpectNodes(N > 1) and SetWorld
   std::map<int, RemoteExit> remote_exits_ ABSL_GUARDED_BY(mu_);
+  std::string store_host_ ABSL_GUARDED_BY(mu_);  // a program job's c10d store (SetWorld)
+  int store_port_ ABSL_GUARDED_BY(mu_) = 0;
   // What every rank's Assignment has in common (job, world, peers), built once per world: copying
   // it is cheaper than building N of them. Reset when a registration changes the world.
   std::optional<Assignment> common_assignment_ ABSL_GUARDED_BY(mu_);

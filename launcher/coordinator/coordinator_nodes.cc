@@ -16,6 +16,19 @@ namespace {
 
 absl::Status ShuttingDownError() { return absl::UnavailableError("the coordinator is shutting down: the job is over"); }
 
+// "-- python3 train.py" for a program, "no program (a job of ours)" for none.
+std::string ProgramText(const std::vector<std::string>& program) {
+  return program.empty() ? "no program (a job of ours)" : absl::StrCat("-- ", absl::StrJoin(program, " "));
+}
+
+// An agent's program against node 0's: each node runs its own command line's, so they must be the same.
+absl::Status CheckProgram(int node, const std::vector<std::string>& agent, const std::vector<std::string>& node0) {
+  if (agent == node0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("node ", node, " runs ", ProgramText(agent), " but node 0 runs ",
+                                                 ProgramText(node0),
+                                                 ": give every node the same -- PROGRAM ARGS (or none)"));
+}
+
 }  // namespace
 
 int WorkersOnMachine(const std::vector<NodeState>& nodes, int node) {
@@ -59,9 +72,11 @@ bool CoordinatorState::world_fixed() const {
   return world_fixed_;
 }
 
-void CoordinatorState::SetWorld(JobSpec job) {
+void CoordinatorState::SetWorld(JobSpec job, const std::string& store_host, int store_port) {
   Completions completions;  // before the lock: runs once it is released
   absl::MutexLock lock(&mu_);
+  store_host_ = store_host;
+  store_port_ = store_port;
   int rank = 0;
   for (NodeState& n : nodes_) {
     n.first_rank = rank;
@@ -132,6 +147,11 @@ absl::Status CoordinatorState::RecordAgent(const RegisterAgentRequest& request, 
         absl::StrCat("node ", node, " joined after the job started; a restarted agent cannot rejoin a running job"));
   }
   if (stop_reason_) return StoppingError();
+  const std::vector<std::string> program(request.program().begin(), request.program().end());
+  if (absl::Status s = CheckProgram(node, program, nodes_[0].program); !s.ok()) {
+    StopLocked(std::string(s.message()), absl::StrCat("node ", node));  // the job cannot run: every node stops
+    return s;
+  }
   n = NodeState();
   n.registered = true;
   n.incarnation = request.incarnation();
@@ -142,6 +162,7 @@ absl::Status CoordinatorState::RecordAgent(const RegisterAgentRequest& request, 
   n.device = request.device();
   n.workers = request.workers();
   n.gpus.assign(request.gpus().begin(), request.gpus().end());
+  n.program = program;
   n.last_heartbeat = now_();
   LOG(INFO) << "node " << node << " joined: " << n.workers << " " << n.device << " workers at " << peer_address
             << " (host " << n.host << ", pid " << n.pid << ")";
@@ -165,6 +186,8 @@ std::optional<absl::StatusOr<RegisterAgentResponse>> CoordinatorState::AgentResu
     r.set_secret(secret_);
     r.set_address(n.address);
     r.set_workers_on_machine(WorkersOnMachine(nodes_, node));
+    r.set_store_host(store_host_);
+    r.set_store_port(store_port_);
     return r;
   }
   if (shut_down_) return ShuttingDownError();
@@ -183,6 +206,7 @@ void CoordinatorState::RegisterAgentAsync(const RegisterAgentRequest& request, c
   absl::MutexLock lock(&mu_);
   if (absl::Status s = RecordAgent(request, peer_address); !s.ok()) {
     completions.Add([done, s] { done(s); });
+    PollWaitsLocked(completions);  // a refusal may have stopped the job: the other agents' waits end
     return;
   }
   const int node = request.node_rank();

@@ -784,9 +784,9 @@ std::string UserDirectory() {
   return getcwd(buf, sizeof buf) != nullptr ? buf : ".";
 }
 
-// A program job: PROGRAM resolved as a shell would (a path with a slash against the user's
-// directory, a bare name on PATH) to an executable regular file, its arguments as given, and the
-// user's directory to run in. None of the model's flags apply; --model is refused.
+}  // namespace
+
+// None of the model's flags apply to a program; --model is refused.
 absl::Status ResolveProgram(const JobRequest& request, JobSpec& spec) {
   const std::string& name = request.program[0];
   // The typed --model, or a server's submission's (the client's flags merged into its JobSpec).
@@ -837,8 +837,6 @@ absl::Status ResolveProgram(const JobRequest& request, JobSpec& spec) {
   spec.clear_model();
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<ResolvedJob> ResolveJob(const JobRequest& request, const DeviceInventory& inventory) {
   ResolvedJob out;

@@ -72,6 +72,12 @@ inline constexpr int64_t kMaxPipelinePairs = 4096;  // stages x chunks per worke
 // itself comes from node 0). The same checks and messages as ResolveJob's; INVALID_ARGUMENT (exit 2).
 absl::StatusOr<ResolvedJob> ResolveHostDevices(const JobRequest& request, const DeviceInventory& inventory);
 
+// A program job (request.program): PROGRAM resolved as a shell would (a path with a slash against the
+// user's directory, a bare name on PATH) to an executable regular file, into `spec`'s program (its
+// arguments as given) and program_cwd (the user's directory); an agent resolves its own this way.
+// --model is refused. INVALID_ARGUMENT with one line.
+absl::Status ResolveProgram(const JobRequest& request, JobSpec& spec);
+
 // How long a SIGTERM checkpoint may take when the job does not say (term_checkpoint_timeout_ms).
 inline constexpr int64_t kDefaultTermCheckpointMs = 120000;
 // A resolved job whose SIGTERM (or SIGHUP) has every rank write a checkpoint before the run stops

@@ -58,6 +58,15 @@ std::string FindProgramModuleDir() {
   return "";
 }
 
+std::vector<std::string> ProgramStoreEnv(const std::string& host, int port) {
+  std::vector<std::string> env = {absl::StrCat("MASTER_ADDR=", host), absl::StrCat("MASTER_PORT=", port)};
+  if (const std::string module = FindProgramModuleDir(); !module.empty()) {
+    const char* had = std::getenv("PYTHONPATH");
+    env.push_back(absl::StrCat("PYTHONPATH=", module, had != nullptr && *had ? ":" : "", had != nullptr ? had : ""));
+  }
+  return env;
+}
+
 std::vector<std::string> WorkerEnvironment(int workers, int cores) {
   std::vector<std::string> launcher_env;
   for (char** e = environ; *e != nullptr; ++e) launcher_env.emplace_back(*e);

@@ -18,6 +18,10 @@ absl::StatusOr<std::string> FindWorker(const std::string& given);
 // the runfiles of the test or binary that runs it ($RUNFILES_DIR, $TEST_SRCDIR); "" when none has it.
 std::string FindProgramModuleDir();
 
+// What a program job's ranks get beside torchrun's variables: MASTER_ADDR and MASTER_PORT (the c10d
+// store at `host`:`port`) and PYTHONPATH with the `stagehand` module ahead of the launcher's own.
+std::vector<std::string> ProgramStoreEnv(const std::string& host, int port);
+
 // The workers' environment: the launcher's, less what the supervisor sets per worker, with OMP threads
 // shared out among `workers` and NVLink multicast off. Everything else passes unchanged, NCCL's
 // socket and InfiniBand settings among it (NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY, NCCL_IB_HCA,

@@ -44,6 +44,7 @@ absl::Status NodeAgent::Join() {
   r.set_device(options_.device);
   r.set_workers(options_.workers);
   r.set_machine(options_.machine);
+  for (const std::string& arg : options_.program) r.add_program(arg);
   for (const GpuInfo& g : options_.gpus) {
     NodeGpu* gpu = r.add_gpus();
     gpu->set_uuid(g.uuid);
@@ -52,13 +53,27 @@ absl::Status NodeAgent::Join() {
   }
   absl::StatusOr<RegisterAgentResponse> joined = client_->RegisterAgent(r, options_.register_timeout);
   if (!joined.ok()) return joined.status();
+  // Node 0 compares the programs; one that did not (an older coordinator) is refused here.
+  if ((joined->job().program_size() > 0) != !options_.program.empty() ||
+      (!options_.program.empty() && joined->store_port() == 0)) {
+    return absl::InvalidArgumentError(
+        options_.program.empty() ? "node 0 runs a program: give every node the same -- PROGRAM ARGS"
+                                 : "node 0 runs no program, or names no c10d store for one: give every node the "
+                                   "same -- PROGRAM ARGS (or none)");
+  }
   joined_ = *std::move(joined);
   client_->SetSecret(joined_.secret());
   return absl::OkStatus();
 }
 
 void NodeAgent::Start(const std::string& run_dir) {
-  view_ = std::make_unique<CoordinatorState>(joined_.job(), joined_.job_id(), joined_.secret(), now_);
+  JobSpec job = joined_.job();
+  if (!options_.program.empty()) {  // this host's own program, never the one node 0 named
+    job.clear_program();
+    for (const std::string& arg : options_.program_resolved) job.add_program(arg);
+    job.set_program_cwd(options_.program_cwd);
+  }
+  view_ = std::make_unique<CoordinatorState>(job, joined_.job_id(), joined_.secret(), now_);
   SupervisorOptions so;
   so.worker_binary = options_.worker_binary;
   so.coordinator_address = options_.node.coordinator_address;
@@ -71,6 +86,13 @@ void NodeAgent::Start(const std::string& run_dir) {
   so.local_workers = options_.workers;
   so.worker_args = WorkerNodeArgs(options_.tls, joined_.address());
   so.worker_args.push_back("--run_dir=" + run_dir);  // node 0's run directory is on node 0's host
+  so.node_rank = options_.node.node_rank;
+  so.nodes = options_.node.nodes;
+  if (!options_.program.empty()) {
+    so.program_env = [host = joined_.store_host(), port = joined_.store_port()](int64_t) {
+      return ProgramStoreEnv(host, port);
+    };
+  }
   so.report_exit = [this, run_dir](int rank, const ProcessExit& e) {
     ReportWorkerExitRequest r;
     r.set_node_rank(options_.node.node_rank);
@@ -315,7 +337,14 @@ int RunAgent(const AgentLaunch& launch) {
   absl::StatusOr<ResolvedJob> devices = ResolveHostDevices(host, QueryDevices());
   absl::StatusOr<std::string> worker = FindWorker(launch.worker_binary);
   absl::StatusOr<std::string> token = launch.job_token_file.empty() ? "" : ReadJobToken(launch.job_token_file);
-  for (const absl::Status& s : {devices.status(), worker.status(), token.status()}) {
+  JobSpec program;  // a program job: this host's own, resolved here as on node 0
+  absl::Status resolved = absl::OkStatus();
+  if (!launch.program.empty()) {
+    JobRequest r;
+    r.program = launch.program;
+    resolved = ResolveProgram(r, program);
+  }
+  for (const absl::Status& s : {devices.status(), worker.status(), token.status(), resolved}) {
     if (!s.ok()) {
       std::fprintf(stderr, "stagehand: %s\n", Message(s).c_str());
       return kExitUsage;
@@ -346,6 +375,9 @@ int RunAgent(const AgentLaunch& launch) {
   o.pid = getpid();
   if (launch.register_timeout_ms) o.register_timeout = absl::Milliseconds(*launch.register_timeout_ms);
   o.launch = launch.launch;
+  o.program = launch.program;
+  o.program_resolved.assign(program.program().begin(), program.program().end());
+  o.program_cwd = program.program_cwd();
   std::unique_ptr<ProcessSpawner> spawner = NewPosixProcessSpawner();
   NodeAgent agent(client->get(), spawner.get(), o);
   Line(absl::StrFormat("stagehand: node %d of %d: %d %s worker%s here; joining the coordinator at %s",

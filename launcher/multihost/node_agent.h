@@ -40,6 +40,10 @@ struct NodeAgentOptions {
   int pid = 0;
   absl::Duration register_timeout = absl::Minutes(2);
   absl::Time launch = absl::InfinitePast();
+  // A program job: this host's own `-- PROGRAM ARGS`, as typed (node 0 compares them with its own)
+  // and as resolved here (what this host's ranks run, in program_cwd). Never a command from the network.
+  std::vector<std::string> program, program_resolved;
+  std::string program_cwd;
 };
 
 class NodeAgent {
@@ -122,6 +126,7 @@ struct AgentLaunch {
   std::optional<int> gpus, workers;
   std::optional<int64_t> register_timeout_ms;
   absl::Time launch = absl::Now();
+  std::vector<std::string> program;  // `-- PROGRAM ARGS` as typed; empty: a job of ours
 };
 int RunAgent(const AgentLaunch& launch);
 

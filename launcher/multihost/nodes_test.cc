@@ -164,6 +164,70 @@ TEST_F(ThreeNodes, RegisterAgent_JobStopsBeforeTheWorld_IsFailedPreconditionWith
   EXPECT_THAT(std::string(a1_.Get()->status().message()), HasSubstr("node 2 did not join"));
 }
 
+// A program job: each node runs its own command line's program, so an agent's must be node 0's; one
+// that is not (other arguments, none) is refused and the job stops, ending the other agents' waits.
+TEST(ProgramNodes, RegisterAgent_OtherProgram_IsInvalidArgumentAndStopsTheJob) {
+  FakeClock clock;
+  CoordinatorState state(CpuJob(2), "job-1", "secret-of-the-job-0123456789abcd", clock.AsFunction());
+  NodeState node0 = Node0(2);
+  node0.program = {"python3", "train.py"};
+  state.ExpectNodes(3, node0);
+  RegisterAgentRequest same = Agent(1, 1);
+  same.add_program("python3");
+  same.add_program("train.py");
+  Answer a1, a2;
+  state.RegisterAgentAsync(same, "198.18.0.12", kFar, a1.Callback());
+  EXPECT_FALSE(a1.Get().has_value());  // the same program: waits for the world
+  RegisterAgentRequest other = Agent(2, 1);
+  other.add_program("python3");
+  other.add_program("train.py");
+  other.add_program("--steps=3");
+  state.RegisterAgentAsync(other, "198.18.0.13", kFar, a2.Callback());
+  ASSERT_TRUE(a2.Get().has_value());
+  EXPECT_TRUE(absl::IsInvalidArgument(a2.Get()->status())) << a2.Get()->status();
+  EXPECT_THAT(std::string(a2.Get()->status().message()),
+              HasSubstr("node 2 runs -- python3 train.py --steps=3 but node 0 runs -- python3 train.py"));
+  ASSERT_TRUE(state.stop_reason().has_value());
+  ASSERT_TRUE(a1.Get().has_value());
+  EXPECT_TRUE(absl::IsFailedPrecondition(a1.Get()->status())) << a1.Get()->status();
+  EXPECT_THAT(std::string(a1.Get()->status().message()), HasSubstr("node 2 runs"));
+}
+
+TEST(ProgramNodes, RegisterAgent_NoProgramAgainstNodeZerosProgram_AndTheReverse_AreRefused) {
+  for (bool node0_program : {true, false}) {
+    FakeClock clock;
+    CoordinatorState state(CpuJob(1), "job-1", "secret-of-the-job-0123456789abcd", clock.AsFunction());
+    NodeState node0 = Node0(1);
+    if (node0_program) node0.program = {"python3", "train.py"};
+    state.ExpectNodes(2, node0);
+    RegisterAgentRequest r = Agent(1, 1);
+    if (!node0_program) r.add_program("python3");
+    Answer a;
+    state.RegisterAgentAsync(r, "198.18.0.12", kFar, a.Callback());
+    ASSERT_TRUE(a.Get().has_value());
+    EXPECT_TRUE(absl::IsInvalidArgument(a.Get()->status())) << a.Get()->status();
+    EXPECT_THAT(std::string(a.Get()->status().message()), HasSubstr("no program (a job of ours)"));
+  }
+}
+
+TEST(ProgramNodes, SetWorld_TheStoresAddressGoesToEveryAgent) {
+  FakeClock clock;
+  CoordinatorState state(CpuJob(1), "job-1", "secret-of-the-job-0123456789abcd", clock.AsFunction());
+  NodeState node0 = Node0(1);
+  node0.program = {"python3", "train.py"};
+  state.ExpectNodes(2, node0);
+  RegisterAgentRequest r = Agent(1, 1);
+  r.add_program("python3");
+  r.add_program("train.py");
+  Answer a;
+  state.RegisterAgentAsync(r, "198.18.0.12", kFar, a.Callback());
+  state.SetWorld(CpuJob(1), "198.18.0.11", 41234);
+  ASSERT_TRUE(a.Get().has_value());
+  ASSERT_TRUE(a.Get()->ok()) << a.Get()->status();
+  EXPECT_EQ((*a.Get())->store_host(), "198.18.0.11");
+  EXPECT_EQ((*a.Get())->store_port(), 41234);
+}
+
 // Nodes on one machine (loopback, network namespaces): each agent hears how many workers of the job
 // share its machine's cores, its own among them; an agent whose machine is unknown counts its own.
 TEST(NodesOnOneMachine, RegisterAgent_AnswersTheWorkersOfEveryNodeOnItsMachine) {
@@ -496,6 +560,52 @@ TEST_F(AgentTest, Start_AloneOnItsMachine_OrAnOlderCoordinator_CountsItsOwnWorke
   agent.Start("/tmp/agent-run");
   ASSERT_THAT(spawner_.specs(), SizeIs(2));
   EXPECT_THAT(spawner_.specs()[0].env, Contains("OMP_NUM_THREADS=4"));
+}
+
+// A program job: the agent sends its own program as typed, runs it as resolved on its own host (not
+// the one node 0's answer names), with torchrun's multi-node variables and node 0's store.
+TEST_F(AgentTest, Program_RunsItsOwnCommandLinesProgram_WithNodeZerosStore) {
+  RegisterAgentResponse joined = Joined();
+  joined.mutable_job()->set_model("");
+  joined.mutable_job()->add_program("/node0/bin/python3");
+  joined.mutable_job()->add_program("train.py");
+  joined.mutable_job()->set_program_cwd("/node0/dir");
+  joined.set_store_host("198.18.0.11");
+  joined.set_store_port(41234);
+  FakeAgentClient client(joined);
+  NodeAgentOptions o;
+  o.node = {3, 1, "198.18.0.11:29500"};
+  o.device = "cpu";
+  o.workers = 2;
+  o.worker_binary = "/w";
+  o.program = {"python3", "train.py"};
+  o.program_resolved = {"/usr/bin/python3", "train.py"};
+  o.program_cwd = "/here";
+  NodeAgent agent(&client, &spawner_, o, clock_.AsFunction());
+  ASSERT_TRUE(agent.Join().ok());
+  const RegisterAgentRequest sent = client.registered();
+  EXPECT_THAT(sent.program(), ::testing::ElementsAre("python3", "train.py"));
+  agent.Start("/tmp/agent-run");
+  ASSERT_THAT(spawner_.specs(), SizeIs(2));
+  const ProcessSpec second = spawner_.specs()[1];
+  EXPECT_THAT(second.argv, ::testing::ElementsAre("/usr/bin/python3", "train.py"));
+  EXPECT_EQ(second.cwd, "/here");
+  for (const char* want : {"RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=4", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=1",
+                           "GROUP_WORLD_SIZE=3", "ROLE_RANK=3", "MASTER_ADDR=198.18.0.11", "MASTER_PORT=41234",
+                           "TORCHELASTIC_RUN_ID=job-1", "TORCHELASTIC_ERROR_FILE=/tmp/agent-run/rank3.error.json"}) {
+    EXPECT_THAT(second.env, Contains(want));
+  }
+}
+
+TEST_F(AgentTest, Program_NodeZeroRunsNone_RefusedAtJoin) {
+  NodeAgentOptions o;
+  o.node = {3, 1, "198.18.0.11:29500"};
+  o.device = "cpu";
+  o.workers = 2;
+  o.worker_binary = "/w";
+  o.program = {"python3", "train.py"};
+  NodeAgent agent(&client_, &spawner_, o, clock_.AsFunction());  // Joined(): a job of ours
+  EXPECT_TRUE(absl::IsInvalidArgument(agent.Join()));
 }
 
 TEST_F(AgentTest, WorkersSucceed_EachExitReported_Exit0) {

@@ -196,6 +196,7 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
     node0.pid = getpid();
     node0.device = spec.device();
     node0.workers = spec.workers();
+    node0.program = o.program;
     run->state_.ExpectNodes(o.nodes, node0);  // before serving: an agent may call at once
   }
   CoordinatorServerOptions server_options;
@@ -210,11 +211,11 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
     return nullptr;
   }
   run->server_ = *std::move(server);
-  if (spec.program_size() > 0) {
-    // On this host's loopback: the ranks of a program job run here (several hosts: refused before).
-    run->store_ = std::make_unique<C10dStoreServer>();
-    if (absl::StatusOr<int> port = run->store_->Start("127.0.0.1", 0); !port.ok()) {
-      listener->Refusal(absl::StrCat("stagehand: the c10d store for the program's ranks: ", Message(port.status())));
+  if (spec.program_size() > 0 && o.nodes <= 1) {
+    // On this host's loopback: the ranks of a program job run here (several hosts: once every node
+    // has joined, StartWorld, when the nodes' addresses are known).
+    if (absl::Status s = run->StartStore(); !s.ok()) {
+      listener->Refusal(absl::StrCat("stagehand: the c10d store for the program's ranks: ", Message(s)));
       exit_code = kExitLaunchFailed;
       return nullptr;
     }
@@ -277,24 +278,25 @@ std::unique_ptr<JobRun> JobRun::Start(JobRunOptions options, ProcessSpawner* spa
   return run;
 }
 
+// A program job's c10d store on store_host_, open to store_peers_ (all when empty), on a port it picks.
+absl::Status JobRun::StartStore() {
+  if (store_ != nullptr) store_->Stop();
+  C10dStoreOptions so;
+  so.allowed_peers = store_peers_;
+  store_ = std::make_unique<C10dStoreServer>(so);
+  return store_->Start(store_host_, 0).status();
+}
+
 // A program job's attempt: its c10d store (a new one from the second attempt on, so that no rank
 // reads the last attempt's keys) and the `stagehand` module ahead of the launcher's PYTHONPATH.
 std::vector<std::string> JobRun::ProgramEnv(int64_t incarnation) {
   if (incarnation != store_incarnation_) {
     store_incarnation_ = incarnation;
-    store_->Stop();
-    store_ = std::make_unique<C10dStoreServer>();
-    if (absl::StatusOr<int> port = store_->Start("127.0.0.1", 0); !port.ok()) {
-      listener_->Text(
-          absl::StrCat("stagehand: the c10d store for attempt ", incarnation, ": ", Message(port.status()), "\n"));
+    if (absl::Status s = StartStore(); !s.ok()) {
+      listener_->Text(absl::StrCat("stagehand: the c10d store for attempt ", incarnation, ": ", Message(s), "\n"));
     }
   }
-  std::vector<std::string> env = {"MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", store_->port())};
-  if (const std::string module = FindProgramModuleDir(); !module.empty()) {
-    const char* had = std::getenv("PYTHONPATH");
-    env.push_back(absl::StrCat("PYTHONPATH=", module, had != nullptr && *had ? ":" : "", had != nullptr ? had : ""));
-  }
-  return env;
+  return ProgramStoreEnv(store_host_, store_->port());
 }
 
 SupervisorOptions JobRun::WorkerOptions() {
@@ -309,6 +311,7 @@ SupervisorOptions JobRun::WorkerOptions() {
     so.worker_args = WorkerNodeArgs(o.tls, host);
     so.local_workers = o.job.spec.workers();  // ranks 0.. are node 0's (node-major)
   }
+  so.nodes = o.nodes;
   return so;
 }
 
@@ -320,6 +323,11 @@ void JobRun::FailBeforeWorld(int exit_code, const std::string& why) {
 }
 
 bool JobRun::StartWorld() {
+  if (std::optional<std::string> why = state_.stop_reason()) {  // an agent's refusal: another program
+    listener_->Text(absl::StrCat("stagehand: ", *why, "\n"));
+    FailBeforeWorld(kExitUsage, *why);
+    return true;
+  }
   const std::vector<NodeState> nodes = state_.Nodes();
   std::vector<int> missing;
   int world = 0;
@@ -355,14 +363,36 @@ bool JobRun::StartWorld() {
   // workers check that they see this directory (worker/pipeline.cc, CheckNodeZeroPaths), for the
   // checkpoints and the export they write into it and beside it.
   files_->Error(WriteFileAtomically(options_.run_dir + "/job_id", options_.job_id + "\n"));
-  state_.SetWorld(*spec);
+  if (spec->program_size() > 0) {
+    // Every node's ranks rendezvous here: on the coordinator's host, open to the nodes' addresses
+    // only (loopback: to this host's own).
+    store_host_ = HostOf(server_->address());
+    if (!IsLoopbackAddress(server_->address())) {
+      for (const NodeState& n : nodes) store_peers_.push_back(n.address);
+    }
+    if (absl::Status s = StartStore(); !s.ok()) {
+      const std::string why = absl::StrCat("the c10d store for the program's ranks: ", Message(s));
+      listener_->Text(absl::StrCat("stagehand: ", why, "\n"));
+      FailBeforeWorld(kExitLaunchFailed, why);
+      return true;
+    }
+  }
+  state_.SetWorld(*spec, store_ != nullptr ? store_host_ : "", store_ != nullptr ? store_->port() : 0);
   std::string text;
   google::protobuf::TextFormat::PrintToString(state_.job(), &text);
   files_->Error(WriteFileAtomically(options_.run_dir + "/job.textproto", text));  // the whole job, not node 0's part
   supervisor_ = std::make_unique<Supervisor>(&state_, spawner_, WorkerOptions());
-  listener_->Text(absl::StrFormat("stagehand: all %d nodes joined: %d workers, %d step%s of %s: %s\n", nodes.size(),
-                                  world, spec->steps(), spec->steps() == 1 ? "" : "s", spec->model(),
-                                  DescribeNodes(state_.Nodes())));
+  if (store_ != nullptr) {
+    listener_->Text(
+        absl::StrFormat("stagehand: all %d nodes joined: %d workers of %s; c10d store %s:%d (MASTER_ADDR, "
+                        "MASTER_PORT): %s\n",
+                        nodes.size(), world, absl::StrJoin(spec->program(), " "), store_host_, store_->port(),
+                        DescribeNodes(state_.Nodes())));
+  } else {
+    listener_->Text(absl::StrFormat("stagehand: all %d nodes joined: %d workers, %d step%s of %s: %s\n", nodes.size(),
+                                    world, spec->steps(), spec->steps() == 1 ? "" : "s", spec->model(),
+                                    DescribeNodes(state_.Nodes())));
+  }
   (void)supervisor_->Start();
   return true;
 }
@@ -413,7 +443,8 @@ bool JobRun::CheckpointAndStop(int signal, int node) {
 
 // A program job's steps, as its ranks' `stagehand.step()` calls appended them since the last tick.
 void JobRun::ReadProgramSteps() {
-  const int workers = state_.job().workers();
+  // This host's ranks (0.. on node 0, node-major): another host's steps files are on that host.
+  const int workers = options_.nodes > 1 ? options_.job.spec.workers() : state_.job().workers();
   steps_read_.resize(workers, 0);
   steps_partial_.resize(workers);
   for (int r = 0; r < workers; ++r) {

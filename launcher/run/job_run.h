@@ -59,6 +59,9 @@ struct JobRunOptions {
   // 1..N-1, then fixes the world (resolve_world: the job resolved for every node's workers; a refusal
   // ends the run with exit 2) and starts every node's workers. 1: this host only, as always.
   int nodes = 1;
+  // Several hosts, a program job: `-- PROGRAM ARGS` as typed, which every agent's must equal (each
+  // runs its own); its c10d store serves on the coordinator's host, to the nodes' addresses only.
+  std::vector<std::string> program;
   NodeTls tls;  // mutual TLS of the coordinator and this host's workers (any non-loopback address)
   std::function<absl::StatusOr<JobSpec>(int world_workers, const std::vector<NodeState>& nodes)> resolve_world;
 };
@@ -115,9 +118,13 @@ class JobRun {
   JobListener* const listener_;
   CoordinatorState state_;
   std::unique_ptr<CoordinatorServer> server_;
-  // A program job's c10d store (MASTER_ADDR/MASTER_PORT), which its ranks' env:// rendezvous use.
+  // A program job's c10d store (MASTER_ADDR/MASTER_PORT), which its ranks' env:// rendezvous use: on
+  // loopback, or on several hosts on the coordinator's host, open to the nodes' addresses only.
   std::unique_ptr<C10dStoreServer> store_;
   int64_t store_incarnation_ = 1;  // the attempt store_ serves
+  std::string store_host_ = "127.0.0.1";
+  std::vector<std::string> store_peers_;  // empty: any (loopback)
+  absl::Status StartStore();
   std::vector<std::string> ProgramEnv(int64_t incarnation);
   // A program job: how far each rank's steps file (ProgramStepsFile) has been read, and a line cut short.
   std::vector<int64_t> steps_read_;

@@ -206,6 +206,12 @@ absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, con
   absl::StatusOr<ResolvedJob> job = ResolveJob(request, inventory);
   if (!job.ok()) return job.status();
   if (several) job->spec.set_workers(job->host_workers);  // node 0's part until the world is fixed
+  if (several && job->spec.program_size() > 0 && job->spec.max_restarts() > 0) {
+    // The agents start their ranks once, and every attempt needs a new store on every node.
+    return absl::InvalidArgumentError(absl::StrCat("--max_restarts=", job->spec.max_restarts(),
+                                                   " with a program on several hosts: a program restarts on one "
+                                                   "host only, for now; drop --max_restarts"));
+  }
   absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
   if (!worker.ok()) return worker.status();
   if (IsModelJob(job->spec) && !several) {
@@ -278,6 +284,7 @@ int LaunchAgent(const LaunchOptions& options) {
   if (typed.has_workers()) a.workers = typed.workers();
   if (typed.timeouts().has_register_ms()) a.register_timeout_ms = typed.timeouts().register_ms();
   a.launch = options.launch;
+  a.program = options.job.program;
   if (absl::Status s = CheckNodeOptions(a.node, a.tls, a.job_token_file); !s.ok()) {
     std::fprintf(stderr, "stagehand: %s\n", Message(s).c_str());
     return kExitUsage;
@@ -318,6 +325,7 @@ LaunchResult LaunchOne(const LaunchOptions& options, bool watch_signals) {
   ro.peak_tflops_per_device = options.peak_tflops_per_device;
   ro.progress_bar = options.progress_bar;
   ro.nodes = options.node.nodes;
+  if (ro.nodes > 1) ro.program = options.job.program;
   ro.tls = options.tls;
   if (options.node.nodes > 1) ro.resolve_world = WorldResolver(options);
   if (!options.job_token_file.empty()) {

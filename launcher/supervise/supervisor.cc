@@ -260,6 +260,8 @@ ProcessSpec Supervisor::SpecFor(int index) const {
     r.local_rank = index - options_.first_rank;
     r.world_size = static_cast<int>(slots_.size());
     r.local_world_size = local;
+    r.node = options_.node_rank;
+    r.nodes = options_.nodes;
     r.restart_count = static_cast<int>(incarnation_ - 1);
     r.max_restarts = job.max_restarts();
     r.run_id = state_->job_id();

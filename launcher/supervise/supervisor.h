@@ -57,6 +57,9 @@ struct SupervisorOptions {
   // store, which is a new one for every attempt, as torchrun's agent makes it (torch's env://
   // rendezvous adds no attempt prefix to its keys).
   std::function<std::vector<std::string>(int64_t incarnation)> program_env;
+  // A program job on several hosts: this host's node and the nodes (GROUP_RANK, GROUP_WORLD_SIZE).
+  int node_rank = 0;
+  int nodes = 1;
 };
 
 // A program job's environment for one rank, as torchrun gives it (torch/distributed/run.py and its

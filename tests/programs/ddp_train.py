@@ -1,5 +1,5 @@
-"""A small torch.distributed DDP training script in torchrun's style, for tests/program_test.sh and
-tests/program_sweep_test.sh.
+"""A small torch.distributed DDP training script in torchrun's style, for tests/program_test.sh,
+tests/program_sweep_test.sh and tests/program_nodes_test.sh.
 
 Every rank takes its shard of each global batch; DDP averages the gradients, so the run equals one
 process over the whole batch. Rank 0 prints one "step N loss X" line per step (the global batch's
@@ -33,7 +33,8 @@ def main():
 
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    assert int(os.environ["LOCAL_RANK"]) == rank  # one host
+    # Node-major ranks, the same workers on every node (one host: LOCAL_RANK is RANK).
+    assert int(os.environ["LOCAL_RANK"]) == rank - int(os.environ["GROUP_RANK"]) * int(os.environ["LOCAL_WORLD_SIZE"])
     dist.init_process_group("gloo", init_method="env://")
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).double())
