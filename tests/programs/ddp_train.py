@@ -9,6 +9,7 @@ mean loss, all-reduced) and writes them to --out; --report reports each step to 
 """
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -88,3 +89,10 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Leave without the interpreter's teardown: in about one run in twenty under our launcher a rank
+    # aborted there, after destroy_process_group ("terminate called without an active exception",
+    # no Python frame: a C++ static destructor of torch 2.11's gloo or store client). The tests here
+    # check training and supervision, not that teardown; docs/programs.md tracks it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
