@@ -89,10 +89,9 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # Leave without the interpreter's teardown: in about one run in twenty under our launcher a rank
-    # aborted there, after destroy_process_group ("terminate called without an active exception",
-    # no Python frame: a C++ static destructor of torch 2.11's gloo or store client). The tests here
-    # check training and supervision, not that teardown; docs/programs.md tracks it.
+    # Leave without the interpreter's teardown: torch 2.11's Gloo worker thread can destroy the last
+    # barrier's work (holding Python tensors) while the interpreter finalizes, and abort the rank
+    # ("terminate called without an active exception"; docs/programs.md, "Known issue").
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
