@@ -5,7 +5,8 @@
 # in the user's directory; an exception on rank 1 ends the job with exit 1 and a root cause naming
 # the exception and its file:line; --max_restarts=1 with a script that resumes from its snapshot ends
 # with the uninterrupted losses; stagehand.step() gives progress lines, steps.csv and report.json, and
-# a rank that stops reporting is hung (exit 3); kill -9 of a rank ends it with exit 1 and nothing left; bad
+# a rank that stops reporting is hung (exit 3); kill -9 of a rank ends it with exit 1 and nothing left;
+# kill -9 of the launcher leaves none of the ranks' own children (their guard kills the group); bad
 # input (-- alone, a missing or non-executable program, --model with a program) is one line, exit 2,
 # no run directory.
 # Python: $STAGEHAND_PYTHON, else the checkout's .venv/bin/python (tools/setup installs torch).
@@ -113,16 +114,33 @@ grep -q "step 3 loss" "$work/kill.out" || fail "the run to kill never reached st
 victim=$(pgrep -f -- "$train --steps 100000000" | while read -r p; do
   grep -qz '^RANK=1$' "/proc/$p/environ" 2>/dev/null && echo "$p"; done | head -n 1)
 [ -n "$victim" ] || fail "rank 1's process not found"
+guard=$(ps -o ppid= -p "$victim" | tr -d ' ')  # the rank's guard (the launcher's child): the pid it names
 kill -9 "$victim"
 set +e
 wait "$pid"
 rc=$?
 set -e
 [ "$rc" -eq 1 ] || fail "exit $rc after kill -9, not 1: $(tail -n 5 "$work/kill.out")"
-tail -n 1 "$work/kill.out" | grep -q "rank 1 (pid $victim) was killed by signal 9" || fail "$(tail -n 1 "$work/kill.out")"
+tail -n 1 "$work/kill.out" | grep -q "rank 1 (pid $guard) was killed by signal 9" || fail "$(tail -n 1 "$work/kill.out")"
 sleep 0.5
 left=$(pgrep -f -- "$train --steps 100000000" || true)
 [ -z "$left" ] || fail "processes left after the run: $(ps -o pid,args -p "$left")"
+
+step "kill -9 of the launcher: the ranks and their own children end with it"
+spawner='import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", sys.argv[1]])
+print("child started", flush=True)
+time.sleep(300)'
+"$launcher" --device=cpu --workers=2 --run_dir="$work/orphans" -- "$py" -c "$spawner" "$work/grandchild" \
+  >"$work/orphans.out" 2>&1 &
+pid=$!
+for _ in $(seq 300); do [ "$(grep -c "child started" "$work/orphans.out" 2>/dev/null)" -ge 2 ] && break; sleep 0.1; done
+[ "$(pgrep -fc -- "$work/grandchild")" -ge 4 ] || fail "the ranks' children did not start: $(cat "$work/orphans.out")"
+kill -9 "$pid"
+wait "$pid" 2>/dev/null || true
+for _ in $(seq 50); do [ -z "$(pgrep -f -- "$work/grandchild")" ] && break; sleep 0.1; done
+left=$(pgrep -f -- "$work/grandchild" || true)
+[ -z "$left" ] || fail "left after kill -9 of the launcher: $(ps -o pid,args -p "$(echo $left | tr ' ' ,)")"
 
 step "bad input: one line, exit 2, nothing created"
 check_refused() {  # WANT ARGS...

@@ -118,13 +118,15 @@ bool ArrangeFds(ChildFds* fds) {
   return true;
 }
 
-[[noreturn]] void ExecChild(ChildFds fds, pid_t parent_pid, char* const* argv, char* const* envp, const char* cwd) {
-  setpgid(0, 0);
+// `arranged`: the guard (GuardChild) put the fds in place already, and the group exists.
+[[noreturn]] void ExecChild(ChildFds fds, pid_t parent_pid, char* const* argv, char* const* envp, const char* cwd,
+                            bool arranged = false) {
+  if (!arranged) setpgid(0, 0);
   // The getppid() check covers a parent that died before the prctl took effect.
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent_pid) _exit(kExecFailedExit);
   ResetSignals();
   int err = 0;
-  if (ArrangeFds(&fds) && (cwd[0] == '\0' || chdir(cwd) == 0)) {
+  if ((arranged || ArrangeFds(&fds)) && (cwd[0] == '\0' || chdir(cwd) == 0)) {
     execve(argv[0], argv, envp);
   }
   err = errno;
@@ -137,13 +139,60 @@ bool ArrangeFds(ChildFds* fds) {
   _exit(kExecFailedExit);
 }
 
+// A program's guard (ProcessSpec::guard), between fork and its end: async-signal-safe calls only.
+// It leads the rank's process group, runs the program as its child in that group, and mirrors the
+// program's end. Signals the launcher sends the group reach the program directly; the guard takes
+// them from its blocked set and waits on. When the launcher is gone (PR_SET_PDEATHSIG, or its pid
+// no longer our parent), the guard kills the group, itself included.
+[[noreturn]] void GuardChild(ChildFds fds, pid_t parent_pid, char* const* argv, char* const* envp, const char* cwd) {
+  setpgid(0, 0);
+  prctl(PR_SET_NAME, "stagehand-guard");  // what ps and pstree show for it
+  sigset_t all;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, nullptr);  // before the prctl: its signal waits for sigtimedwait
+  if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent_pid) _exit(kExecFailedExit);
+  if (!ArrangeFds(&fds)) _exit(kExecFailedExit);
+  const pid_t guard = getpid();
+  const pid_t program = fork();
+  if (program == 0) ExecChild(fds, guard, argv, envp, cwd, /*arranged=*/true);
+  if (program < 0) _exit(kExecFailedExit);
+  // The program holds the output, the secret and the exec-status pipe; the guard needs none of them
+  // (the launcher reads EOF on the status pipe once the program's exec closed its copy).
+  for (int fd : {0, 1, 2, kSecretFd, kStatusFd}) close(fd);
+  const struct rlimit no_core = {0, 0};
+  setrlimit(RLIMIT_CORE, &no_core);  // mirroring a SIGSEGV or SIGABRT must not dump the guard's core
+  sigset_t wake;
+  sigemptyset(&wake);
+  for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) sigaddset(&wake, sig);
+  for (;;) {
+    const struct timespec tick = {0, 200 * 1000 * 1000};
+    siginfo_t info;
+    sigtimedwait(&wake, &info, &tick);              // a signal, or 200 ms: either way, look again
+    if (getppid() != parent_pid) kill(0, SIGKILL);  // the launcher is gone: the whole group with it
+    int status = 0;
+    if (waitpid(program, &status, WNOHANG) != program) continue;
+    if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+    const int sig = WTERMSIG(status);
+    struct sigaction dfl;
+    std::memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, nullptr);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    sigprocmask(SIG_UNBLOCK, &one, nullptr);
+    kill(guard, sig);  // ends the guard as the program ended (SIGKILL and SIGSTOP need no unblocking)
+    _exit(128 + sig);
+  }
+}
+
 // ---- The parent. ----
 
 // The child's argv and envp as the char* arrays execve wants, built before fork: the child of a
 // multi-threaded process may not allocate.
 class ExecArgs {
  public:
-  explicit ExecArgs(const ProcessSpec& spec) : argv_strings_(spec.argv), cwd_(spec.cwd) {
+  explicit ExecArgs(const ProcessSpec& spec) : argv_strings_(spec.argv), cwd_(spec.cwd), guard_(spec.guard) {
     const std::string secret_prefix = absl::StrCat(kSecretFdEnv, "=");
     for (const std::string& e : spec.env) {
       if (!absl::StartsWith(e, secret_prefix)) env_strings_.push_back(e);
@@ -157,6 +206,7 @@ class ExecArgs {
   char* const* argv() const { return argv_.data(); }
   char* const* envp() const { return envp_.data(); }
   const char* cwd() const { return cwd_.c_str(); }  // "": stay where the launcher is
+  bool guard() const { return guard_; }
 
  private:
   std::vector<std::string> argv_strings_;
@@ -164,6 +214,7 @@ class ExecArgs {
   std::vector<char*> argv_;
   std::vector<char*> envp_;
   std::string cwd_;
+  bool guard_ = false;
 };
 
 // Everything Spawn opens before fork, so that a failure is a Status and not a dead child.
@@ -426,6 +477,7 @@ absl::StatusOr<int> PosixProcessSpawner::Fork(const SpawnFds& fds, const ExecArg
   absl::MutexLock registry_lock(&children.mu);
   absl::MutexLock lock(&mu_);
   const pid_t pid = fork();
+  if (pid == 0 && args.guard()) GuardChild(child_fds, parent_pid, args.argv(), args.envp(), args.cwd());
   if (pid == 0) ExecChild(child_fds, parent_pid, args.argv(), args.envp(), args.cwd());
   if (pid < 0) return absl::ErrnoToStatus(errno, "fork");
   starting_.insert(pid);

@@ -24,6 +24,12 @@ struct ProcessSpec {
                                   // which the terminal's notice of dropped lines names
   std::string secret;             // written to a pipe whose read end the child inherits
   std::string cwd;                // the child's working directory ("": the launcher's)
+  // A program of the user's (a program job's rank): the child is a small guard of ours that runs
+  // the program as its own child in the same process group and ends as it ends (its exit code, or
+  // the signal that killed it). Should the launcher die, even by SIGKILL, the guard kills the whole
+  // group, so the program's own children (data loader workers, a shell's background jobs) do not
+  // outlive it; without a guard only the direct child has PR_SET_PDEATHSIG.
+  bool guard = false;
 };
 
 struct ProcessExit {

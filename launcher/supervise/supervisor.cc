@@ -271,6 +271,7 @@ ProcessSpec Supervisor::SpecFor(int index) const {
     spec.env = ProgramEnvironment(
         base, options_.program_env ? options_.program_env(incarnation_) : std::vector<std::string>{}, r);
     spec.cwd = job.program_cwd();
+    spec.guard = true;  // the program's own children die with the launcher, even by SIGKILL
     spec.output_prefix = absl::StrCat("[rank ", index, "] ");
     spec.log_path = absl::StrCat(options_.run_dir, "/rank", index, ".log");
     return spec;
