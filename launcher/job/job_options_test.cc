@@ -31,6 +31,10 @@ TEST(JobOptionsTest, EveryOptionHasAGroupAndEveryFlagAHelpText) {
     EXPECT_TRUE(groups.count(o.option->group())) << o.path << ": group \"" << o.option->group() << "\"";
     if (o.flag.empty()) continue;
     EXPECT_FALSE(o.option->help().empty()) << o.path;
+    // The help states the declared default of an unset-means-true bool, and no bool claims it otherwise.
+    if (o.is_bool()) {
+      EXPECT_EQ(o.option->default_true(), absl::StrContains(o.option->help(), "default true")) << o.path;
+    }
     EXPECT_TRUE(names.insert(o.flag).second) << "two fields are --" << o.flag;
   }
   // The options of every part of the job are there, under their flag names.

@@ -16,7 +16,10 @@ absl::StatusOr<std::unique_ptr<ProgramGpus>> ProgramGpus::Start(const JobSpec& j
                                                                 const std::function<void(const std::string&)>& print,
                                                                 absl::Duration interval) {
   auto out = std::make_unique<ProgramGpus>();
-  if (job.device() != "cuda" || gpus.empty()) return out;
+  const std::optional<HealthMode> mode = ParseHealthMode(job.health());
+  const bool gate = mode && *mode != HealthMode::kOff;
+  const bool sample = BoolOption(job, JobSpec::kTelemetryFieldNumber);
+  if (job.device() != "cuda" || gpus.empty() || (!gate && !sample)) return out;  // NVML is not opened
   std::vector<std::unique_ptr<GpuMonitor>> monitors;
   std::vector<std::string> errors(gpus.size());
   std::vector<std::string> unopened;
@@ -30,8 +33,7 @@ absl::StatusOr<std::unique_ptr<ProgramGpus>> ProgramGpus::Start(const JobSpec& j
       unopened.push_back(absl::StrCat("rank ", r, " (", gpus[r].uuid, "): ", errors[r]));
     }
   }
-  const std::optional<HealthMode> mode = ParseHealthMode(job.health());
-  if (mode && *mode != HealthMode::kOff) {
+  if (gate) {
     std::vector<GpuHealth> readings;
     for (size_t r = 0; r < gpus.size(); ++r) {
       if (monitors[r] != nullptr) {
@@ -48,7 +50,7 @@ absl::StatusOr<std::unique_ptr<ProgramGpus>> ProgramGpus::Start(const JobSpec& j
     if (verdict.refused()) return absl::FailedPreconditionError(absl::StrJoin(verdict.refusals, "; "));
     if (!verdict.summary.empty()) print(verdict.summary);
   }
-  if (!BoolOption(job, JobSpec::kTelemetryFieldNumber)) return out;
+  if (!sample) return out;
   if (!unopened.empty()) print(absl::StrCat("no telemetry for ", absl::StrJoin(unopened, "; ")));
   out->samplers_.resize(gpus.size());
   for (size_t r = 0; r < gpus.size(); ++r) {

@@ -96,6 +96,16 @@ TEST(ProgramGpusTest, HealthOffAndTelemetryOffReadNothing) {
   ASSERT_TRUE(gpus.ok()) << gpus.status();
   EXPECT_EQ((*gpus)->sampled(), 0);
   EXPECT_FALSE((*gpus)->TakeStep(0).has_value());
+  int opened = 0;  // with neither, no GPU is even opened
+  ASSERT_TRUE(ProgramGpus::Start(
+                  job, TwoGpus(),
+                  [&](const std::string& uuid) -> absl::StatusOr<std::unique_ptr<GpuMonitor>> {
+                    ++opened;
+                    return std::unique_ptr<GpuMonitor>(new FakeGpuMonitor({Sample(1)}, Healthy(uuid)));
+                  },
+                  [](const std::string&) {})
+                  .ok());
+  EXPECT_EQ(opened, 0);
 }
 
 TEST(ProgramGpusTest, AGpuNvmlCannotOpenIsWarnedAndNotSampled) {
