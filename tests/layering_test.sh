@@ -33,6 +33,7 @@ check "the engine names a model family" '(gpt|llama|Gpt|Llama)' engine/*.h engin
 check "launcher, control or client BUILD depends on a worker library" '"//(worker:[a-z_]+|(engine|nn|kernels|transport)(:[a-z_]+)?)"' launcher/BUILD.bazel launcher/*/BUILD.bazel control/BUILD.bazel client/BUILD.bazel
 check "launcher/, control/ or client/ uses LibTorch" '#include <(torch|ATen|c10)/' "${launcher[@]}"
 check "launcher, control or client BUILD depends on LibTorch" '@libtorch' launcher/BUILD.bazel launcher/*/BUILD.bazel control/BUILD.bazel client/BUILD.bazel
+check "include/ (what user programs include) includes a header of the project's" '^[[:space:]]*#include "' include/**/*.h
 
 # The rooms, lowest first. A room includes headers of its own and of rooms before it, never of one
 # after it. A room is a directory and what is under it, but for the rooms of its own inside it

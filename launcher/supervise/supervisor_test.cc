@@ -8,6 +8,8 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -27,6 +29,7 @@
 #include "launcher/coordinator/coordinator.h"
 #include "launcher/supervise/fake_clock.h"
 #include "launcher/supervise/fake_process.h"
+#include "stagehand/step.h"
 
 namespace stagehand {
 
@@ -723,6 +726,47 @@ TEST(ParseProgramStep, EveryKey_AndBadValues_AreNoStep) {
                           "step=1 watts=3", "step=1 samples"}) {
     EXPECT_FALSE(ParseProgramStep(bad, 0, 0).has_value()) << bad;
   }
+}
+
+// The lines include/stagehand/step.h writes for a C++ program parse as the Python module's do: every
+// field, a NaN loss, FLOPs and counts it must leave out (not finite, negative), in one file in order.
+TEST(ParseProgramStep, TheCppHeadersLines) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/cpp_steps_", getpid());
+  ASSERT_EQ(setenv("STAGEHAND_STEPS_FILE", path.c_str(), 1), 0);
+  stagehand::StepInfo all;
+  all.loss = 0.1;  // not a short binary fraction: the text must carry every digit
+  all.tokens = 4096;
+  all.samples = 16;
+  all.flops = 1.5e12;
+  stagehand::Step(all);
+  stagehand::Step(std::nan(""));
+  stagehand::StepInfo dropped;
+  dropped.tokens = -1;
+  dropped.flops = std::numeric_limits<double>::infinity();
+  stagehand::Step(dropped);
+  unsetenv("STAGEHAND_STEPS_FILE");
+  std::ifstream in(path);
+  std::vector<ReportStepRequest> steps;
+  for (std::string line; std::getline(in, line);) {
+    std::optional<ReportStepRequest> r = ParseProgramStep(line, 2, 0);
+    ASSERT_TRUE(r.has_value()) << line;
+    steps.push_back(*r);
+  }
+  std::remove(path.c_str());
+  ASSERT_EQ(steps.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(steps[i].step(), i);
+    EXPECT_GE(steps[i].step_seconds(), 0);
+  }
+  EXPECT_EQ(steps[0].loss(), 0.1);
+  EXPECT_EQ(steps[0].tokens(), 4096);
+  EXPECT_EQ(steps[0].samples(), 16);
+  EXPECT_EQ(steps[0].flops(), 1.5e12);
+  EXPECT_TRUE(steps[1].has_loss());
+  EXPECT_TRUE(std::isnan(steps[1].loss()));
+  EXPECT_FALSE(steps[2].has_loss());
+  EXPECT_EQ(steps[2].tokens(), 0);
+  EXPECT_EQ(steps[2].flops(), 0);
 }
 
 TEST(LastErrorLine, OneLineOfBoundedLength) {
