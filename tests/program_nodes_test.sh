@@ -93,7 +93,8 @@ for r in 0 1 2 3; do
   for want in "RANK=$r" "LOCAL_RANK=$((r % 2))" "WORLD_SIZE=4" "LOCAL_WORLD_SIZE=2" "GROUP_RANK=$node" \
     "GROUP_WORLD_SIZE=2" "ROLE_RANK=$r" "ROLE_WORLD_SIZE=4" "ROLE_NAME=default" "MASTER_ADDR=127.0.0.1" "$port" \
     "$run_id" "TORCHELASTIC_RESTART_COUNT=0" "TORCHELASTIC_MAX_RESTARTS=0" "TORCHELASTIC_USE_AGENT_STORE=True" \
-    "TORCHELASTIC_ERROR_FILE=$work/env.$node/rank$r.error.json" "OMP_NUM_THREADS=1" "CUDA_VISIBLE_DEVICES="; do
+    "TORCHELASTIC_ERROR_FILE=$work/env.$node/rank$r.error.json" "OMP_NUM_THREADS=1" "CUDA_VISIBLE_DEVICES=" \
+    "GLOO_SOCKET_IFNAME=<unset>"; do
     grep -qx -- "$want" "$log" || fail "rank $r lacks $want: $(cat "$log")"
   done
 done
