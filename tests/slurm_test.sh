@@ -7,7 +7,15 @@
 # single process (losses within 1e-5 relative, fp32); scancel of a running two-node job leaves
 # nothing on either node; scancel of one that writes checkpoints (a preemption) has every rank write
 # one into node 0's run directory, both launchers exit 75, and the job resumes from it on one node;
-# the README's sbatch script trains on both nodes.
+# a program as the workers (`launcher --slurm ... -- PYTHON tests/programs/ddp_train.py`, the .venv's
+# torch, gloo on CPU): two nodes of 2 workers end with the one-node losses (1e-6 relative), every rank
+# sees torchrun's multi-node variables with node 0's address (not loopback) as MASTER_ADDR and eth0 as
+# GLOO_SOCKET_IFNAME, and an exception on node 1's rank ends the job with node 0's root cause naming
+# the rank, its node and the ValueError with its file:line; the README's sbatch script trains on both
+# nodes.
+#
+# The nodes' hostname resolves to nothing in the private /etc/hosts, so Gloo's own choice would be
+# loopback: the program job checks the launcher's GLOO_SOCKET_IFNAME.
 #
 # The nodes' names (n1, n2: what SLURM_JOB_NODELIST holds) resolve through the cluster's private
 # /etc/hosts to their namespaces' addresses (198.18.0.11, .12), so node 0 serves on n1's address and
@@ -139,7 +147,8 @@ step "two nodes match a single process: $(tr '\n' ' ' <"$work/got")"
 # --- A program as the workers (`launcher --slurm ... -- PYTHON ddp_train.py`, the .venv's torch, gloo
 # on CPU): one node is the reference; two nodes of 2 workers each end with its losses; every rank sees
 # torchrun's multi-node variables with node 0's address as MASTER_ADDR; an exception on a rank of node
-# 1 ends the job with node 0's root cause naming it.
+# 1 ends the job with node 0's root cause naming it (under --kill-on-bad-exit=1, as the sbatch script
+# runs: srun's SIGTERM to node 0 once node 1's launcher exits does not displace it).
 # same A B: the two loss files have as many lines and agree within 1e-6 relative (float64 DDP).
 same() {
   [ "$(wc -l <"$1")" -eq "$(wc -l <"$2")" ] && [ "$(wc -l <"$1")" -gt 0 ] || fail "$1 and $2 differ in length"
@@ -186,7 +195,7 @@ both_nodes_empty || fail "processes left after show_env: n1: $(node_pids 1) n2: 
 
 step "srun -N2 launcher --slurm -- PYTHON ddp_train.py --fail_rank 1 (an exception on node 1)"
 set +e
-in_ctl timeout 120 srun -N2 --ntasks-per-node=1 --output="$work/exc.%t.out" "$launcher" --slurm "${tls[@]}" \
+in_ctl timeout 120 srun -N2 --ntasks-per-node=1 --kill-on-bad-exit=1 --output="$work/exc.%t.out" "$launcher" --slurm "${tls[@]}" \
   --device=cpu --workers=1 --run_dir="$work/exc" -- "$py" "$ddp_train" --steps 1000 --fail_rank 1 --fail_step 2
 rc=$?
 set -e
