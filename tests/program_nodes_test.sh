@@ -107,7 +107,9 @@ last=$(tail -n 1 "$work/exc.0.out")
 grep -qE '^stagehand: FAILED \(exit 1\): rank 1 \(node 1 at 127\.0\.0\.1, host [^,]+, pid [0-9]+\) (exited with code 1|was killed by signal 6 \(Aborted\)): ValueError: bad batch at step 2 on rank 1 \(ddp_train.py:[0-9]+\); run directory ' \
   <<<"$last" || fail "the root cause: $(outputs exc)"
 step "$last"
-tail -n 1 "$work/exc.1.out" | grep -q "stagehand: node 1 at 127.0.0.1: rank 1 (pid [0-9]*) exited with code 1" ||
+# A raise can also end in Gloo's abort at interpreter exit (docs/programs.md, "Known issue").
+tail -n 1 "$work/exc.1.out" |
+  grep -qE 'stagehand: node 1 at 127\.0\.0\.1: rank 1 \(pid [0-9]+\) (exited with code 1|was killed by signal 6)' ||
   fail "node 1's verdict: $(outputs exc)"
 
 step "another program on node 1: one line, exit 2 on both nodes"
