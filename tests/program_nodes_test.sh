@@ -93,7 +93,8 @@ for r in 0 1 2 3; do
   for want in "RANK=$r" "LOCAL_RANK=$((r % 2))" "WORLD_SIZE=4" "LOCAL_WORLD_SIZE=2" "GROUP_RANK=$node" \
     "GROUP_WORLD_SIZE=2" "ROLE_RANK=$r" "ROLE_WORLD_SIZE=4" "ROLE_NAME=default" "MASTER_ADDR=127.0.0.1" "$port" \
     "$run_id" "TORCHELASTIC_RESTART_COUNT=0" "TORCHELASTIC_MAX_RESTARTS=0" "TORCHELASTIC_USE_AGENT_STORE=True" \
-    "TORCHELASTIC_ERROR_FILE=$work/env.$node/rank$r.error.json" "OMP_NUM_THREADS=1" "CUDA_VISIBLE_DEVICES="; do
+    "TORCHELASTIC_ERROR_FILE=$work/env.$node/rank$r.error.json" "OMP_NUM_THREADS=1" "CUDA_VISIBLE_DEVICES=" \
+    "GLOO_SOCKET_IFNAME=<unset>"; do
     grep -qx -- "$want" "$log" || fail "rank $r lacks $want: $(cat "$log")"
   done
 done
@@ -106,7 +107,9 @@ last=$(tail -n 1 "$work/exc.0.out")
 grep -qE '^stagehand: FAILED \(exit 1\): rank 1 \(node 1 at 127\.0\.0\.1, host [^,]+, pid [0-9]+\) (exited with code 1|was killed by signal 6 \(Aborted\)): ValueError: bad batch at step 2 on rank 1 \(ddp_train.py:[0-9]+\); run directory ' \
   <<<"$last" || fail "the root cause: $(outputs exc)"
 step "$last"
-tail -n 1 "$work/exc.1.out" | grep -q "stagehand: node 1 at 127.0.0.1: rank 1 (pid [0-9]*) exited with code 1" ||
+# A raise can also end in Gloo's abort at interpreter exit (docs/programs.md, "Known issue").
+tail -n 1 "$work/exc.1.out" |
+  grep -qE 'stagehand: node 1 at 127\.0\.0\.1: rank 1 \(pid [0-9]+\) (exited with code 1|was killed by signal 6)' ||
   fail "node 1's verdict: $(outputs exc)"
 
 step "another program on node 1: one line, exit 2 on both nodes"

@@ -7,7 +7,15 @@
 # single process (losses within 1e-5 relative, fp32); scancel of a running two-node job leaves
 # nothing on either node; scancel of one that writes checkpoints (a preemption) has every rank write
 # one into node 0's run directory, both launchers exit 75, and the job resumes from it on one node;
-# the README's sbatch script trains on both nodes.
+# a program as the workers (`launcher --slurm ... -- PYTHON tests/programs/ddp_train.py`, the .venv's
+# torch, gloo on CPU): two nodes of 2 workers end with the one-node losses (1e-6 relative), every rank
+# sees torchrun's multi-node variables with node 0's address (not loopback) as MASTER_ADDR and eth0 as
+# GLOO_SOCKET_IFNAME, and an exception on node 1's rank ends the job with node 0's root cause naming
+# the rank, its node and the ValueError with its file:line; the README's sbatch script trains on both
+# nodes.
+#
+# The nodes' hostname resolves to nothing in the private /etc/hosts, so Gloo's own choice would be
+# loopback: the program job checks the launcher's GLOO_SOCKET_IFNAME.
 #
 # The nodes' names (n1, n2: what SLURM_JOB_NODELIST holds) resolve through the cluster's private
 # /etc/hosts to their namespaces' addresses (198.18.0.11, .12), so node 0 serves on n1's address and
@@ -23,8 +31,14 @@ cd "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stagehand}" 2>/dev/null || true
 launcher=$PWD/launcher/launcher
 examples=$PWD/examples/slurm
 make_certs=$PWD/tools/make_certs
-[ -x "$launcher" ] && [ -f "$examples/train.sbatch" ] && [ -x "$make_certs" ] ||
-  { echo "slurm_test: launcher, examples/slurm or tools/make_certs not found in $PWD"; exit 1; }
+ddp_train=$PWD/tests/programs/ddp_train.py
+show_env=$PWD/tests/programs/show_env.py
+[ -x "$launcher" ] && [ -f "$examples/train.sbatch" ] && [ -x "$make_certs" ] && [ -f "$ddp_train" ] && [ -f "$show_env" ] ||
+  { echo "slurm_test: launcher, examples/slurm, tools/make_certs or tests/programs not found in $PWD"; exit 1; }
+# Python for the program jobs: $STAGEHAND_PYTHON, else the checkout's .venv/bin/python (tools/setup installs torch).
+checkout=$(dirname "$(dirname "$(readlink -f tests/slurm_test.sh)")")
+py=${STAGEHAND_PYTHON:-$checkout/.venv/bin/python}
+"$py" -c 'import torch.distributed' 2>/dev/null || { echo "slurm_test: $py has no torch: run tools/setup"; exit 1; }
 # shellcheck source=tests/slurm_cluster.sh
 source "$PWD/tests/slurm_cluster.sh"
 
@@ -129,6 +143,74 @@ paste -d' ' "$work/want" "$work/got" | awk '
   END { exit bad }' || fail "the two-node losses differ from a single process"
 both_nodes_empty || fail "processes left after the two-node run: n1: $(node_pids 1) n2: $(node_pids 2)"
 step "two nodes match a single process: $(tr '\n' ' ' <"$work/got")"
+
+# --- A program as the workers (`launcher --slurm ... -- PYTHON ddp_train.py`, the .venv's torch, gloo
+# on CPU): one node is the reference; two nodes of 2 workers each end with its losses; every rank sees
+# torchrun's multi-node variables with node 0's address as MASTER_ADDR; an exception on a rank of node
+# 1 ends the job with node 0's root cause naming it (under --kill-on-bad-exit=1, as the sbatch script
+# runs: srun's SIGTERM to node 0 once node 1's launcher exits does not displace it).
+# same A B: the two loss files have as many lines and agree within 1e-6 relative (float64 DDP).
+same() {
+  [ "$(wc -l <"$1")" -eq "$(wc -l <"$2")" ] && [ "$(wc -l <"$1")" -gt 0 ] || fail "$1 and $2 differ in length"
+  paste -d' ' "$1" "$2" | awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1
+    if (d > 1e-6 * a) { printf "line %d: %s against %s\n", NR, $2, $1; bad = 1 } } END { exit bad }' ||
+    fail "$2 differs from $1"
+}
+step "srun -N1 launcher --slurm -- PYTHON ddp_train.py (one worker: the reference)"
+out=$(in_ctl timeout 120 srun -N1 --ntasks-per-node=1 "$launcher" --slurm --device=cpu --workers=1 \
+  --run_dir="$work/prog1" -- "$py" "$ddp_train" --out "$work/prog1.losses" 2>&1) || fail "one node exited $?: $out"
+grep -q 'stagehand: --slurm: job [0-9]*, one node' <<<"$out" || fail "no --slurm line: $out"
+[ "$(wc -l <"$work/prog1.losses")" -eq 5 ] || fail "the reference has not 5 losses: $out"
+
+step "srun -N2 launcher --slurm -- PYTHON ddp_train.py (2 CPU workers on each node)"
+out=$(in_ctl timeout 120 srun -N2 --ntasks-per-node=1 --kill-on-bad-exit=1 "$launcher" --slurm "${tls[@]}" \
+  --device=cpu --workers=2 --run_dir="$work/prog2" -- "$py" "$ddp_train" --out "$work/prog2.losses" --report 2>&1) ||
+  fail "two nodes exited $?: $out"
+grep -q "stagehand: all 2 nodes joined: 4 workers of $py $ddp_train .*; c10d store 198\.18\.0\.11:[0-9]* (MASTER_ADDR, MASTER_PORT)" \
+  <<<"$out" || fail "no start line with node 0's store: $out"
+grep -q "stagehand: done: 4 workers of $py $ddp_train" <<<"$out" || fail "no done line: $out"
+grep -q 'stagehand: node 1 at 198.18.0.12: done' <<<"$out" || fail "node 1's agent did not finish: $out"
+[ -e "$work/prog2-node1/rank3.log" ] || fail "node 1's run directory has no rank3.log: $(ls "$work" "$work/prog2-node1")"
+same "$work/prog1.losses" "$work/prog2.losses"
+[ "$(grep -c '^[0-9]*,[0-9]*,0\.' "$work/prog2/steps.csv")" -eq 10 ] || fail "node 0's steps.csv: $(cat "$work/prog2/steps.csv")"
+both_nodes_empty || fail "processes left after the two-node program: n1: $(node_pids 1) n2: $(node_pids 2)"
+step "a program on two nodes matches one process: $(tr '\n' ' ' <"$work/prog2.losses")"
+
+step "srun -N2 launcher --slurm -- PYTHON show_env.py (each rank's variables)"
+out=$(in_ctl timeout 120 srun -N2 --ntasks-per-node=1 --kill-on-bad-exit=1 "$launcher" --slurm "${tls[@]}" \
+  --device=cpu --workers=2 --run_dir="$work/env" -- "$py" "$show_env" 2>&1) || fail "show_env exited $?: $out"
+port=$(grep -h '^MASTER_PORT=' "$work/env/rank0.log")
+[[ "$port" =~ ^MASTER_PORT=[0-9]+$ ]] || fail "rank 0 has no MASTER_PORT: $(cat "$work/env/rank0.log")"
+for r in 0 1 2 3; do
+  node=$((r / 2))
+  dir=$work/env
+  [ "$node" -eq 0 ] || dir=$work/env-node$node
+  for want in "cwd=$work" "RANK=$r" "LOCAL_RANK=$((r % 2))" "WORLD_SIZE=4" "LOCAL_WORLD_SIZE=2" "GROUP_RANK=$node" \
+    "GROUP_WORLD_SIZE=2" "ROLE_RANK=$r" "MASTER_ADDR=198.18.0.11" "$port" "TORCHELASTIC_ERROR_FILE=$dir/rank$r.error.json" \
+    "OMP_NUM_THREADS=1" "CUDA_VISIBLE_DEVICES=" "GLOO_SOCKET_IFNAME=eth0"; do
+    grep -qx -- "$want" "$dir/rank$r.log" || fail "rank $r on node $node lacks $want: $(cat "$dir/rank$r.log")"
+  done
+done
+both_nodes_empty || fail "processes left after show_env: n1: $(node_pids 1) n2: $(node_pids 2)"
+
+step "srun -N2 launcher --slurm -- PYTHON ddp_train.py --fail_rank 1 (an exception on node 1)"
+set +e
+in_ctl timeout 120 srun -N2 --ntasks-per-node=1 --kill-on-bad-exit=1 --output="$work/exc.%t.out" "$launcher" --slurm "${tls[@]}" \
+  --device=cpu --workers=1 --run_dir="$work/exc" -- "$py" "$ddp_train" --steps 1000 --fail_rank 1 --fail_step 2
+rc=$?
+set -e
+outputs() { echo "--- node 0:"; tail -n 15 "$work/exc.0.out"; echo "--- node 1:"; tail -n 15 "$work/exc.1.out"; }
+[ "$rc" -eq 1 ] || fail "srun exited $rc, not 1: $(outputs)"
+last=$(tail -n 1 "$work/exc.0.out")
+grep -qE '^stagehand: FAILED \(exit 1\): rank 1 \(node 1 at 198\.18\.0\.12, host [^,]+, pid [0-9]+\) (exited with code 1|was killed by signal 6 \(Aborted\)): ValueError: bad batch at step 2 on rank 1 \(ddp_train.py:[0-9]+\); run directory ' \
+  <<<"$last" || fail "node 0's root cause: $(outputs)"
+# A raise can also end in Gloo's abort at interpreter exit (docs/programs.md, "Known issue").
+tail -n 1 "$work/exc.1.out" |
+  grep -qE 'stagehand: node 1 at 198\.18\.0\.12: rank 1 \(pid [0-9]+\) (exited with code 1|was killed by signal 6)' ||
+  fail "node 1's verdict: $(outputs)"
+slurm_cluster_wait 20 both_nodes_empty ||
+  fail "processes left after the exception: n1: $(node_pids 1 | xargs -r ps -o pid,args -p) n2: $(node_pids 2 | xargs -r ps -o pid,args -p)"
+step "$last"
 
 # --- scancel of a running two-node job: both launchers stop their workers; nothing is left on either.
 step "scancel of a running two-node launcher --slurm"

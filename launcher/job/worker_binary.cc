@@ -1,21 +1,35 @@
 // The worker binary and its environment (see worker_binary.h).
 #include "launcher/job/worker_binary.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/fd.h"
 #include "launcher/job/run_dir.h"
 
 extern char** environ;
 
 namespace stagehand {
 namespace {
+
+std::vector<std::string> LauncherEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
+}
 
 std::string ExeDir() {
   char buf[4096];
@@ -64,14 +78,66 @@ std::vector<std::string> ProgramStoreEnv(const std::string& host, int port) {
     const char* had = std::getenv("PYTHONPATH");
     env.push_back(absl::StrCat("PYTHONPATH=", module, had != nullptr && *had ? ":" : "", had != nullptr ? had : ""));
   }
+  if (std::string gloo = GlooSocketIfnameEntry(host, LauncherEnvironment(), InterfaceToward); !gloo.empty()) {
+    env.push_back(std::move(gloo));
+  }
   return env;
 }
 
+std::string InterfaceToward(const std::string& host) {
+  sockaddr_storage to{};
+  socklen_t to_len = 0;
+  auto* to4 = reinterpret_cast<sockaddr_in*>(&to);
+  auto* to6 = reinterpret_cast<sockaddr_in6*>(&to);
+  if (inet_pton(AF_INET, host.c_str(), &to4->sin_addr) == 1) {
+    to4->sin_family = AF_INET;
+    to4->sin_port = htons(9);  // connect() of a datagram socket only picks the route: nothing is sent
+    to_len = sizeof(sockaddr_in);
+  } else if (inet_pton(AF_INET6, host.c_str(), &to6->sin6_addr) == 1) {
+    to6->sin6_family = AF_INET6;
+    to6->sin6_port = htons(9);
+    to_len = sizeof(sockaddr_in6);
+  } else {
+    return "";
+  }
+  UniqueFd fd(socket(to.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_storage from{};
+  socklen_t from_len = sizeof(from);
+  if (!fd.valid() || connect(fd.get(), reinterpret_cast<sockaddr*>(&to), to_len) != 0 ||
+      getsockname(fd.get(), reinterpret_cast<sockaddr*>(&from), &from_len) != 0) {
+    return "";
+  }
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return "";
+  std::string name;
+  for (const ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != from.ss_family) continue;
+    const bool same =
+        from.ss_family == AF_INET
+            ? reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
+                  reinterpret_cast<const sockaddr_in*>(&from)->sin_addr.s_addr
+            : std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                          &reinterpret_cast<const sockaddr_in6*>(&from)->sin6_addr, sizeof(in6_addr)) == 0;
+    if (!same) continue;
+    if ((i->ifa_flags & IFF_LOOPBACK) == 0) name = i->ifa_name;
+    break;
+  }
+  freeifaddrs(interfaces);
+  return name;
+}
+
+std::string GlooSocketIfnameEntry(const std::string& store_host, const std::vector<std::string>& launcher_env,
+                                  const std::function<std::string(const std::string&)>& interface_toward) {
+  for (const std::string& e : launcher_env) {
+    if (absl::StartsWith(e, "GLOO_SOCKET_IFNAME=")) return "";
+  }
+  const std::string interface = interface_toward(store_host);
+  return interface.empty() ? "" : absl::StrCat("GLOO_SOCKET_IFNAME=", interface);
+}
+
 std::vector<std::string> WorkerEnvironment(int workers, int cores) {
-  std::vector<std::string> launcher_env;
-  for (char** e = environ; *e != nullptr; ++e) launcher_env.emplace_back(*e);
   if (cores <= 0) cores = static_cast<int>(std::thread::hardware_concurrency());
-  return WorkerEnvironmentFrom(launcher_env, workers, cores);
+  return WorkerEnvironmentFrom(LauncherEnvironment(), workers, cores);
 }
 
 std::vector<std::string> WorkerEnvironmentFrom(const std::vector<std::string>& launcher_env, int workers, int cores) {

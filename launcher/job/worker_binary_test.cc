@@ -1,9 +1,14 @@
 // Unit tests of the workers' environment (worker_binary.h): NCCL's network settings pass through to
 // every worker, the variables the supervisor sets per worker do not, NVLink multicast is forced off,
 // and OpenMP's threads are shared out unless the launcher's environment says; the `stagehand`
-// module is found in the runfiles of what runs the launcher.
+// module is found in the runfiles of what runs the launcher; a program's ranks on several hosts get
+// Gloo's interface toward the store unless the launcher's environment names one.
 #include "launcher/job/worker_binary.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,6 +96,54 @@ TEST(FindProgramModuleDirTest, InTheRunfilesOfWhatRunsTheLauncher) {
   for (const char* dir : {"/stagehand/python/stagehand", "/stagehand/python", "/stagehand", ""}) {
     rmdir(absl::StrCat(root, dir).c_str());
   }
+}
+
+TEST(GlooSocketIfnameEntryTest, StoreOnANetworkAddress_NamesTheInterfaceTowardIt) {
+  std::string asked;
+  auto toward = [&asked](const std::string& host) {
+    asked = host;
+    return std::string("eth0");
+  };
+  EXPECT_EQ(GlooSocketIfnameEntry("198.18.0.11", {"PATH=/bin"}, toward), "GLOO_SOCKET_IFNAME=eth0");
+  EXPECT_EQ(asked, "198.18.0.11");
+}
+
+TEST(GlooSocketIfnameEntryTest, LaunchersOwnSetting_PassesThroughInstead) {
+  auto toward = [](const std::string&) { return std::string("eth0"); };
+  EXPECT_EQ(GlooSocketIfnameEntry("198.18.0.11", {"GLOO_SOCKET_IFNAME=ib0"}, toward), "");
+}
+
+TEST(GlooSocketIfnameEntryTest, NoInterface_NothingAdded) {
+  auto toward = [](const std::string&) { return std::string(); };
+  EXPECT_EQ(GlooSocketIfnameEntry("127.0.0.1", {}, toward), "");
+}
+
+TEST(InterfaceTowardTest, LoopbackOrNoAddressLiteral_None) {
+  EXPECT_EQ(InterfaceToward("127.0.0.1"), "");
+  EXPECT_EQ(InterfaceToward("::1"), "");
+  EXPECT_EQ(InterfaceToward("localhost"), "");  // no name is looked up
+  EXPECT_EQ(InterfaceToward(""), "");
+}
+
+// Toward an address of this host's own interfaces, the interface that holds it (node 0: the store is
+// on its own address). Skipped where the test sees no interface but loopback (a sandbox without a network).
+TEST(InterfaceTowardTest, OwnAddress_ItsInterface) {
+  ifaddrs* interfaces = nullptr;
+  ASSERT_EQ(getifaddrs(&interfaces), 0);
+  std::string name, address;
+  for (const ifaddrs* i = interfaces; i != nullptr && name.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || (i->ifa_flags & IFF_LOOPBACK) != 0 ||
+        (i->ifa_flags & IFF_UP) == 0) {
+      continue;
+    }
+    char text[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+    name = i->ifa_name;
+    address = text;
+  }
+  freeifaddrs(interfaces);
+  if (name.empty()) GTEST_SKIP() << "no IPv4 interface but loopback";
+  EXPECT_EQ(InterfaceToward(address), name) << address;
 }
 
 }  // namespace

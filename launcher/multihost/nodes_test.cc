@@ -419,6 +419,41 @@ TEST_F(NodeZeroSupervisor, RemoteWorkerExitsWithAnError_RootCauseCarriesItsLastE
                         "INVALID_ARGUMENT: drop --heads"));
 }
 
+// srun --kill-on-bad-exit=1 sends node 0 SIGTERM as soon as the agent of a failed rank exits, which
+// can be before the tick that judges the exit the agent reported: that failure stays the root cause.
+TEST_F(NodeZeroSupervisor, RemoteExitReportedBeforeSigterm_StaysTheRootCause) {
+  StartWorld();
+  ReportWorkerExitRequest e;
+  e.set_node_rank(1);
+  e.set_incarnation(5);
+  e.set_rank(2);
+  e.set_pid(4244);
+  e.set_exit_code(1);
+  e.set_last_error("ValueError: bad batch at step 2 on rank 2 (train.py:41)");
+  ASSERT_TRUE(state_.ReportWorkerExit(e).ok());
+  supervisor_->Interrupt(SIGTERM, /*force=*/false);
+  supervisor_->Tick();
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("rank 2 (node 1 at 198.18.0.12"));
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("ValueError: bad batch at step 2 on rank 2 (train.py:41)"));
+}
+
+// A SIGTERM before any failure: the job stops by it (exit 143), and a remote exit that follows (the
+// agent stopped its rank) does not displace it.
+TEST_F(NodeZeroSupervisor, SigtermBeforeAnyFailure_IsTheCause) {
+  StartWorld();
+  supervisor_->Interrupt(SIGTERM, /*force=*/false);
+  ReportWorkerExitRequest e;
+  e.set_node_rank(1);
+  e.set_incarnation(5);
+  e.set_rank(2);
+  e.set_exit_code(1);
+  ASSERT_TRUE(state_.ReportWorkerExit(e).ok());
+  supervisor_->Tick();
+  EXPECT_EQ(supervisor_->exit_code(), 128 + SIGTERM);
+  EXPECT_EQ(supervisor_->root_cause(), "interrupted by SIGTERM");
+}
+
 TEST_F(NodeZeroSupervisor, RemoteWorkerNeverStarted_StopsTheJobAtOnceWithExit4_NamingRankAndWhy) {
   StartWorld();
   ReportWorkerExitRequest e;

@@ -681,6 +681,9 @@ void Supervisor::StopWorkers(const std::string& reason) {
 }
 
 void Supervisor::Interrupt(int signal, bool force) {
+  // A failure an agent reported before the signal came is its cause: srun --kill-on-bad-exit=1 sends
+  // node 0 SIGTERM as soon as the agent of a failed rank exits, maybe before the tick that judges it.
+  if (!stopping_) CheckRemote();
   if (!stopping_) {
     interrupt_signal_ = signal;
     BeginStop(root_cause());

@@ -119,7 +119,9 @@ class Supervisor {
   // One pass over exits and deadlines. Returns true once every worker is gone and the run is over.
   bool Tick();
 
-  // SIGINT or SIGTERM: the first stops gracefully; a second (force) kills every worker at once.
+  // SIGINT or SIGTERM: the first stops gracefully; a second (force) kills every worker at once. On
+  // node 0, a rank's failure that an agent reported before the signal is judged first and stays the
+  // cause.
   void Interrupt(int signal, bool force);
   // The run is to end after a checkpoint (SIGTERM, job_run.h): a failure from now on is not restarted.
   void PreventRestarts() { restarts_prevented_ = true; }
