@@ -320,7 +320,7 @@ TEST_F(ThreeNodes, AgentWaitForStop_CompletesAtOnceWhenTheJobStops) {
   state_.SetWorld(CpuJob(2));
   absl::Mutex mu;
   std::optional<absl::StatusOr<WaitForStopResponse>> got;
-  state_.AgentWaitForStopAsync(2, 5, kFar, [&](absl::StatusOr<WaitForStopResponse> r) {
+  state_.AgentWaitForStopAsync(2, 5, 0, false, kFar, [&](absl::StatusOr<WaitForStopResponse> r) {
     absl::MutexLock lock(&mu);
     got = std::move(r);
   });
