@@ -3,11 +3,15 @@
 # and an agent, one job token file), each running its own command line's program. A DDP script
 # (tests/programs/ddp_train.py, the .venv's torch, gloo) on 1 and on 2 CPU workers per node ends with
 # the one-process losses (1e-6 relative); each rank sees torchrun's multi-node variables (global RANK,
-# LOCAL_RANK, GROUP_RANK = its node, one MASTER_ADDR/MASTER_PORT: node 0's store); node 0 reports its
-# own ranks' stagehand.step() progress; an exception on node 1's rank ends both launchers with exit 1
-# and node 0's root cause names the rank, its node, host and pid and the exception; another program on
-# node 1 (other arguments, none, or a program against a job of ours) is refused in one line, exit 2,
-# on both nodes; --max_restarts with a program on several hosts is one line, exit 2.
+# LOCAL_RANK, GROUP_RANK = its node, one MASTER_ADDR/MASTER_PORT: node 0's store); node 0's progress
+# lines, steps.csv and report.json hold every node's ranks' stagehand.step() reports (node 1's come
+# with its agent's heartbeats); an exception on node 1's rank ends both launchers with exit 1 and node
+# 0's root cause names the rank, its node, host and pid and the exception; --max_restarts=1 with node
+# 1's rank failing once restarts every rank on both nodes (TORCHELASTIC_RESTART_COUNT=1, a new store),
+# both say why, and the run resumes from rank 0's snapshot to the uninterrupted losses; a failure every
+# attempt exhausts the restarts (exit 1 on both); a rank on node 1 that stops reporting steps is hung
+# (node 0: exit 3, naming it); another program on node 1 (other arguments, none, or a program against
+# a job of ours) is refused in one line, exit 2, on both nodes.
 # Python: $STAGEHAND_PYTHON, else the checkout's .venv/bin/python (tools/setup installs torch).
 set -euo pipefail
 cd "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-stagehand}" 2>/dev/null || true
@@ -73,9 +77,11 @@ for n in 1 2; do
   grep -q "stagehand: node 1 at 127.0.0.1: done" "$work/n$n.1.out" || fail "node 1's verdict: $(outputs "n$n")"
   [ -e "$work/n$n.1/rank$n.log" ] || fail "node 1 does not run rank $n: $(outputs "n$n")"
   same "$work/w1.losses" "$work/n$n.losses"
-  # Node 0's ranks' steps (node 1's steps files are on node 1's host): 5 steps each.
-  [ "$(grep -c '^[0-9]*,[0-9]*,0\.' "$work/n$n.0/steps.csv")" -eq $((5 * n)) ] || fail "steps.csv: $(cat "$work/n$n.0/steps.csv")"
+  # Every rank's steps, node 1's from its steps files on its host through its agent: 5 steps each.
+  [ "$(grep -c '^[0-9]*,[0-9]*,0\.' "$work/n$n.0/steps.csv")" -eq $((5 * world)) ] || fail "steps.csv: $(cat "$work/n$n.0/steps.csv")"
+  [ "$(grep -c "^[0-9]*,$((world - 1)),0\." "$work/n$n.0/steps.csv")" -eq 5 ] || fail "no steps of rank $((world - 1)): $(cat "$work/n$n.0/steps.csv")"
   grep -qE '^stagehand: step 5  loss 0\.3753' "$work/n$n.0.out" || fail "no progress line: $(grep stagehand "$work/n$n.0.out")"
+  grep -qE '"steps_done": "?5"?' "$work/n$n.0/report.json" || fail "report.json: $(head -c 300 "$work/n$n.0/report.json")"
   [ -s "$work/n$n.1/rank$((world - 1)).steps" ] || fail "node 1's last rank wrote no steps file"
 done
 step "losses equal: $(tr '\n' ' ' <"$work/n2.losses")"
@@ -108,8 +114,7 @@ grep -qE '^stagehand: FAILED \(exit 1\): rank 1 \(node 1 at 127\.0\.0\.1, host [
   <<<"$last" || fail "the root cause: $(outputs exc)"
 step "$last"
 # A raise can also end in Gloo's abort at interpreter exit (docs/programs.md, "Known issue").
-tail -n 1 "$work/exc.1.out" |
-  grep -qE 'stagehand: node 1 at 127\.0\.0\.1: rank 1 \(pid [0-9]+\) (exited with code 1|was killed by signal 6)' ||
+tail -n 1 "$work/exc.1.out" | grep -qE "stagehand: node 1 at 127\.0\.0\.1: rank 1 \(pid [0-9]+\) (exited with code 1|was killed by signal 6);" ||
   fail "node 1's verdict: $(outputs exc)"
 
 step "another program on node 1: one line, exit 2 on both nodes"
@@ -129,13 +134,37 @@ refused model "node 1 runs -- $py $show but node 0 runs no program (a job of our
 left=$(pgrep -f -- "$work" || true)
 [ -z "$left" ] || fail "processes left after the runs: $(ps -o pid,args -p "$left")"
 
-step "--max_restarts with a program on several hosts: one line, exit 2"
-set +e
-out=$("$launcher" --nodes=2 --node_rank=0 --coordinator_address=127.0.0.1:0 --job_token_file="$token" --device=cpu \
-  --workers=1 --max_restarts=1 --run_dir="$work/restarts" -- "$py" "$train" 2>&1)
-rc=$?
-set -e
-[ "$rc" -eq 2 ] && [ "$(printf '%s\n' "$out" | wc -l)" -eq 1 ] || fail "exit $rc: $out"
-grep -qF -- "--max_restarts=1 with a program on several hosts" <<<"$out" || fail "$out"
-[ ! -e "$work/restarts" ] || fail "a run directory was created"
+step "--max_restarts=1: node 1's rank fails once, every node starts its ranks again, resuming from the snapshot"
+prog=(-- "$py" "$train" --snapshot "$work/restart.snap" --fail_rank 1 --fail_step 3 --fail_once --out "$work/restart.losses")
+two restart --device=cpu --workers=1 --max_restarts=1 "${prog[@]}" :: --device=cpu --workers=1 "${prog[@]}"
+[ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || fail "exit $rc0 and $rc1, not 0 and 0: $(outputs restart)"
+cause='rank 1 \(node 1 at 127\.0\.0\.1, host [^,]+, pid [0-9]+\) (exited with code 1|was killed by signal 6 \(Aborted\)): ValueError: bad batch at step 3 on rank 1 \(ddp_train.py:[0-9]+\)'
+grep -qE "^stagehand: restart 1 of 1: $cause; restarting every worker on every node again \(TORCHELASTIC_RESTART_COUNT=1\)" \
+  "$work/restart.0.out" || fail "node 0's restart line: $(outputs restart)"
+grep -qE "^stagehand: node 1 at 127\.0\.0\.1: restart 1 of 1: $cause; starting this node's rank 1 again \(TORCHELASTIC_RESTART_COUNT=1; c10d store 127\.0\.0\.1:[0-9]+\)" \
+  "$work/restart.1.out" || fail "node 1's restart line: $(outputs restart)"
+grep -q "attempt 1: resuming at step 3" "$work/restart.0.out" || fail "the second attempt did not resume at step 3: $(outputs restart)"
+tail -n 1 "$work/restart.1.out" | grep -q "stagehand: node 1 at 127.0.0.1: done" || fail "node 1's verdict: $(outputs restart)"
+same "$work/w1.losses" "$work/restart.losses"
+
+step "--max_restarts=1 and a failure on every attempt: exit 1 on both nodes"
+prog=(-- "$py" "$train" --steps 1000 --fail_rank 1 --fail_step 2)
+two exhausted --device=cpu --workers=1 --max_restarts=1 "${prog[@]}" :: --device=cpu --workers=1 "${prog[@]}"
+[ "$rc0" -eq 1 ] && [ "$rc1" -eq 1 ] || fail "exit $rc0 and $rc1, not 1 and 1: $(outputs exhausted)"
+[ "$(grep -c '^stagehand: restart 1 of 1: ' "$work/exhausted.0.out")" -eq 1 ] || fail "not one restart: $(outputs exhausted)"
+tail -n 1 "$work/exhausted.0.out" | grep -qE "^stagehand: FAILED \(exit 1\): rank 1 \(node 1 at .*ValueError: bad batch at step 2 on rank 1 .*\(after 1 restart, --max_restarts=1\)" ||
+  fail "the root cause: $(outputs exhausted)"
+tail -n 1 "$work/exhausted.1.out" | grep -qE "stagehand: node 1 at 127\.0\.0\.1: rank 1 \(pid [0-9]+\) (exited with code 1|was killed by signal 6);" ||
+  fail "node 1's verdict: $(outputs exhausted)"
+
+step "a rank on node 1 that stops reporting steps: hung, exit 3 on node 0, naming it"
+prog=(-- "$py" "$train" --report --steps 100 --hang_rank 1 --hang_step 3)
+two hang --device=cpu --workers=1 --progress_timeout_ms=3000 "${prog[@]}" :: --device=cpu --workers=1 "${prog[@]}"
+[ "$rc0" -eq 3 ] && [ "$rc1" -eq 1 ] || fail "exit $rc0 and $rc1, not 3 and 1: $(outputs hang)"
+tail -n 1 "$work/hang.0.out" | grep -qE 'no step reported for 3s by .*rank 1 \(node 1 at 127\.0\.0\.1, host [^)]+\) after 3 steps' ||
+  fail "the hang's root cause: $(outputs hang)"
+step "$(tail -n 1 "$work/hang.0.out")"
+[ "$(grep -c '^[0-9]*,1,0\.' "$work/hang.0/steps.csv")" -eq 3 ] || fail "steps.csv lacks rank 1's 3 steps: $(cat "$work/hang.0/steps.csv")"
+left=$(pgrep -f -- "$work" || true)
+[ -z "$left" ] || fail "processes left after the runs: $(ps -o pid,args -p "$left")"
 echo "program_nodes_test: PASS"

@@ -551,6 +551,10 @@ absl::Status CoordinatorState::ReportStep(const ReportStepRequest& request) {
 
 void CoordinatorState::RecordProgramStep(const ReportStepRequest& request) {
   absl::MutexLock lock(&mu_);
+  RecordProgramStepLocked(request);
+}
+
+void CoordinatorState::RecordProgramStepLocked(const ReportStepRequest& request) {
   if (request.rank() < 0 || request.rank() >= static_cast<int>(workers_.size())) return;
   if (!step_keys_.emplace(request.rank(), request.incarnation(), request.step()).second) return;
   steps_.push_back(request);
@@ -656,9 +660,12 @@ std::optional<Partition> CoordinatorState::partition() const {
 
 namespace stagehand {
 
-absl::Status CoordinatorState::Restart() {
+absl::Status CoordinatorState::Restart(const std::string& cause) {
   absl::MutexLock lock(&mu_);
   if (!stop_reason_) return absl::FailedPreconditionError("the job is running; stop it before restarting it");
+  ++attempt_;
+  restart_cause_ = cause.empty() ? *stop_reason_ : cause;
+  remote_exits_.clear();
   for (WorkerState& w : workers_) {
     min_incarnation_ = std::max(min_incarnation_, w.incarnation + 1);
     WorkerState fresh;

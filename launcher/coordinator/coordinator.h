@@ -202,8 +202,10 @@ class CoordinatorState {
   // Ends a stopped incarnation of the job so that the next one runs on the same service (the
   // supervisor's restarts): every slot waits for a registration of a newer incarnation than any so
   // far, and the key-value store, barriers, partition and stop are cleared; the step reports stay
-  // (keyed by incarnation). FAILED_PRECONDITION unless the job is stopping.
-  absl::Status Restart();
+  // (keyed by incarnation). Several hosts: the agents' exits are forgotten (a late one of the stopped
+  // attempt is ignored from now on), and `cause` (the root cause that made the restart) goes to the
+  // agents with StartAttempt. FAILED_PRECONDITION unless the job is stopping.
+  absl::Status Restart(const std::string& cause = "");
   std::optional<std::string> stop_reason() const;  // the first reason given to Stop()
 
   // For the server's shutdown, which must finish every call before it returns: completes every
@@ -239,10 +241,22 @@ class CoordinatorState {
   // A repeat of the same rank's exit is recorded once.
   absl::Status ReportWorkerExit(const ReportWorkerExitRequest& request);
   // WaitForStop of an agent: completes when the job stops.
-  void AgentWaitForStopAsync(int node, int64_t incarnation, absl::Time deadline, StopCallback done);
+  // `restart_count`: the attempt the agent's workers run. `until_restart` (its workers stopped with
+  // the job, which has restarts left): completes when StartAttempt announces a later attempt (with it,
+  // the restart's cause and the c10d store), not at the stop; UNAVAILABLE at Shutdown (no restart).
+  // A wait of an attempt older than the announced one completes at once with the announced one.
+  void AgentWaitForStopAsync(int node, int64_t incarnation, int64_t restart_count, bool until_restart,
+                             absl::Time deadline, StopCallback done);
+  // Node 0 runs the attempt Restart() made (its own workers are spawned): the agents' waits complete
+  // with it, so every node starts its ranks again together. Returns the attempt (0 first).
+  int64_t StartAttempt();
+  int64_t attempt() const;  // Restart()s so far: the attempt the exits and steps belong to
+  // A program job's c10d store from now on (a new one for every attempt), for StartAttempt's answers.
+  void SetProgramStore(const std::string& host, int port);
   // The agent's long poll was cancelled (its connection closed: the agent died, or its host did):
-  // the node is lost unless every one of its workers already ended.
-  void AgentDisconnected(int node, int64_t incarnation);
+  // the node is lost unless every one of its workers already ended. The wait for the stop of an
+  // attempt restarted since (the agent replaced it with its wait for the next) is no loss.
+  void AgentDisconnected(int node, int64_t incarnation, int64_t restart_count = 0, bool until_restart = false);
   std::map<int, RemoteExit> RemoteExits() const;  // rank -> exit, as the agents reported them
   int NodeOfRank(int rank) const;                 // 0 on a job of one host
 
@@ -342,6 +356,10 @@ class CoordinatorState {
   std::vector<NodeState> nodes_ ABSL_GUARDED_BY(mu_);  // empty: a job of one host
   bool world_fixed_ ABSL_GUARDED_BY(mu_) = true;       // false between ExpectNodes(N > 1) and SetWorld
   std::map<int, RemoteExit> remote_exits_ ABSL_GUARDED_BY(mu_);
+  int64_t attempt_ ABSL_GUARDED_BY(mu_) = 0;            // Restart()s so far
+  int64_t announced_attempt_ ABSL_GUARDED_BY(mu_) = 0;  // StartAttempt's: what agents' waits answer
+  std::string restart_cause_ ABSL_GUARDED_BY(mu_);      // Restart()'s cause, for the agents
+  void RecordProgramStepLocked(const ReportStepRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string store_host_ ABSL_GUARDED_BY(mu_);  // a program job's c10d store (SetWorld)
   int store_port_ ABSL_GUARDED_BY(mu_) = 0;
   // What every rank's Assignment has in common (job, world, peers), built once per world: copying

@@ -231,6 +231,12 @@ absl::StatusOr<AgentHeartbeatResponse> CoordinatorState::AgentHeartbeat(const Ag
     node_signal_ = NodeSignal{sig, request.node_rank()};
     LOG(INFO) << "node " << request.node_rank() << " got signal " << sig;
   }
+  // A program job's steps of this node's ranks, from their steps files on the agent's host.
+  const NodeState& n = nodes_[request.node_rank()];
+  for (const ReportStepRequest& step : request.steps()) {
+    if (world_fixed_ && step.rank() >= n.first_rank && step.rank() < n.first_rank + n.workers)
+      RecordProgramStepLocked(step);
+  }
   AgentHeartbeatResponse response;
   response.set_stop(stop_reason_.has_value());
   if (stop_reason_) response.set_stop_reason(*stop_reason_);
@@ -251,7 +257,8 @@ absl::Status CoordinatorState::ReportWorkerExit(const ReportWorkerExitRequest& r
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", request.rank(), " is not one of node ", request.node_rank(), "'s ranks"));
   }
-  n.last_heartbeat = now_();  // a report is a sign of life too
+  n.last_heartbeat = now_();                                        // a report is a sign of life too
+  if (request.restart_count() < attempt_) return absl::OkStatus();  // of an attempt that was restarted since
   RemoteExit e;
   e.pid = request.pid();
   e.exit_code = request.exit_code();
@@ -267,17 +274,27 @@ absl::Status CoordinatorState::ReportWorkerExit(const ReportWorkerExitRequest& r
   return absl::OkStatus();
 }
 
-void CoordinatorState::AgentWaitForStopAsync(int node, int64_t incarnation, absl::Time deadline, StopCallback done) {
+void CoordinatorState::AgentWaitForStopAsync(int node, int64_t incarnation, int64_t restart_count, bool until_restart,
+                                             absl::Time deadline, StopCallback done) {
   Completions completions;  // before the lock: runs once it is released
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckNode(node, incarnation); !s.ok()) {
     completions.Add([done, s] { done(s); });
     return;
   }
-  auto poll = [this, node, incarnation](bool expired)
+  auto poll = [this, node, incarnation, restart_count, until_restart](bool expired)
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<absl::StatusOr<WaitForStopResponse>> {
     if (nodes_[node].incarnation != incarnation) return absl::AbortedError("this agent was replaced; exit");
-    if (stop_reason_) {
+    if (announced_attempt_ > restart_count) {  // node 0 runs a later attempt: this node's ranks join it
+      WaitForStopResponse response;
+      response.set_restart_count(announced_attempt_);
+      response.set_reason(restart_cause_);
+      response.set_origin("the coordinator");
+      response.set_store_host(store_host_);
+      response.set_store_port(store_port_);
+      return response;
+    }
+    if (stop_reason_ && !until_restart) {
       WaitForStopResponse response;
       response.set_reason(*stop_reason_);
       response.set_origin(stop_origin_);
@@ -304,14 +321,38 @@ bool CoordinatorState::NodeDoneLocked(const NodeState& node) const {
   return true;
 }
 
-void CoordinatorState::AgentDisconnected(int node, int64_t incarnation) {
+void CoordinatorState::AgentDisconnected(int node, int64_t incarnation, int64_t restart_count, bool until_restart) {
   absl::MutexLock lock(&mu_);
   if (node < 1 || node >= static_cast<int>(nodes_.size())) return;
+  if (!until_restart && restart_count < attempt_) return;
   NodeState& n = nodes_[node];
   if (!n.registered || n.incarnation != incarnation || n.lost || NodeDoneLocked(n)) return;
   n.lost = true;
   n.lost_reason = "its agent's connection to the coordinator closed (the agent died, or its host did)";
   LOG(INFO) << "node " << node << " at " << n.address << ": " << n.lost_reason;
+}
+
+int64_t CoordinatorState::StartAttempt() {
+  Completions completions;  // before the lock: runs once it is released
+  absl::MutexLock lock(&mu_);
+  if (announced_attempt_ == attempt_) return attempt_;
+  announced_attempt_ = attempt_;
+  if (nodes_.empty()) return attempt_;  // one host: no agent waits for it
+  for (NodeState& n : nodes_) n.last_heartbeat = std::max(n.last_heartbeat, now_());
+  LOG(INFO) << "job " << job_id_ << ": attempt " << attempt_ << " starts on every node";
+  PollWaitsLocked(completions);
+  return attempt_;
+}
+
+int64_t CoordinatorState::attempt() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return attempt_;
+}
+
+void CoordinatorState::SetProgramStore(const std::string& host, int port) {
+  absl::MutexLock lock(&mu_);
+  store_host_ = host;
+  store_port_ = port;
 }
 
 std::map<int, RemoteExit> CoordinatorState::RemoteExits() const {

@@ -48,15 +48,16 @@ void FinishWith(grpc::ServerUnaryReactor* reactor, absl::StatusOr<T> result, Sto
 // that the node is gone, before any heartbeat timeout.
 class AgentStopReactor final : public grpc::ServerUnaryReactor {
  public:
-  AgentStopReactor(CoordinatorState* state, int node, int64_t incarnation)
-      : state_(state), node_(node), incarnation_(incarnation) {}
-  void OnCancel() override { state_->AgentDisconnected(node_, incarnation_); }
+  AgentStopReactor(CoordinatorState* state, const WaitForStopRequest& request) : state_(state), request_(request) {}
+  void OnCancel() override {
+    state_->AgentDisconnected(request_.node_rank(), request_.incarnation(), request_.restart_count(),
+                              request_.until_restart());
+  }
   void OnDone() override { delete this; }
 
  private:
   CoordinatorState* const state_;
-  const int node_;
-  const int64_t incarnation_;
+  const WaitForStopRequest request_;
 };
 
 }  // namespace
@@ -147,8 +148,9 @@ CoordinatorService::Reactor* CoordinatorService::WaitForStop(Context* context, c
                                                              WaitForStopResponse* response) {
   STAGEHAND_AUTHENTICATE(context);
   if (request->node_rank() != 0) {
-    auto* agent = new AgentStopReactor(state_, request->node_rank(), request->incarnation());
-    state_->AgentWaitForStopAsync(request->node_rank(), request->incarnation(), Deadline(*context),
+    auto* agent = new AgentStopReactor(state_, *request);
+    state_->AgentWaitForStopAsync(request->node_rank(), request->incarnation(), request->restart_count(),
+                                  request->until_restart(), Deadline(*context),
                                   [agent, response](absl::StatusOr<WaitForStopResponse> r) {
                                     FinishWith(static_cast<Reactor*>(agent), std::move(r),
                                                [response](WaitForStopResponse v) { *response = std::move(v); });

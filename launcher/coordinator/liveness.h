@@ -29,6 +29,9 @@ inline constexpr int64_t kAgentCallTimeoutMs = 500;
 inline constexpr absl::Duration kAgentHeartbeatInterval = absl::Milliseconds(kAgentHeartbeatIntervalMs);
 inline constexpr absl::Duration kAgentTimeout = absl::Milliseconds(kAgentTimeoutMs);
 inline constexpr absl::Duration kAgentCallTimeout = absl::Milliseconds(kAgentCallTimeoutMs);
+// A program job: the steps of an agent's ranks one heartbeat carries at most (the rest go with the
+// next ones), so that a flood of steps keeps each heartbeat small; a step is about 60 bytes.
+inline constexpr int kMaxStepsPerHeartbeat = 1024;
 
 // How long workers get to notice a stop (through their heartbeat) and leave by themselves,
 // aborting their communicators, before they are sent SIGTERM (and SIGCONT: a stopped one).

@@ -60,6 +60,9 @@ class GrpcAgentClient final : public AgentClient {
   }
 
   void StartWaitForStop(const WaitForStopRequest& request, StopCallback done) override {
+    // The last long poll (answered, or still in flight: ended now) is freed only once its callback
+    // has returned.
+    CancelWaitForStop();
     absl::MutexLock lock(&mu_);
     wait_ = std::make_unique<Wait>();
     Wait* w = wait_.get();

@@ -28,7 +28,8 @@ class AgentClient {
   virtual absl::StatusOr<AgentHeartbeatResponse> Heartbeat(const AgentHeartbeatRequest& request,
                                                            absl::Duration timeout) = 0;
   virtual absl::Status ReportWorkerExit(const ReportWorkerExitRequest& request, absl::Duration timeout) = 0;
-  // Starts the long poll; `done` runs once, on another thread, when it ends. One at a time.
+  // Starts the long poll; `done` runs once, on another thread, when it ends. One at a time: one still in
+  // flight is ended first (its `done` sees CANCELLED).
   virtual void StartWaitForStop(const WaitForStopRequest& request, StopCallback done) = 0;
   // Ends the long poll in flight (its `done` sees CANCELLED) and waits until `done` has run.
   virtual void CancelWaitForStop() = 0;

@@ -31,6 +31,7 @@ class FakeAgentClient : public AgentClient {
     absl::MutexLock lock(&mu_);
     ++heartbeats_;
     last_heartbeat_ = request;
+    sent_.push_back(request);
     if (unreachable_) return absl::UnavailableError("AgentHeartbeat: the coordinator is unreachable");
     AgentHeartbeatResponse r;
     r.set_checkpoint_and_stop_at(checkpoint_and_stop_at_);
@@ -59,6 +60,24 @@ class FakeAgentClient : public AgentClient {
     r.set_reason(reason);
     r.set_origin(origin);
     End(r);
+  }
+  // Node 0 starts attempt `restart_count` of the job (an agent's wait until_restart ends with it).
+  void PushRestart(int64_t restart_count, const std::string& reason, const std::string& store_host = "",
+                   int store_port = 0) {
+    WaitForStopResponse r;
+    r.set_restart_count(restart_count);
+    r.set_reason(reason);
+    r.set_origin("the coordinator");
+    r.set_store_host(store_host);
+    r.set_store_port(store_port);
+    End(r);
+  }
+  // The long poll ends with `error` (UNAVAILABLE: node 0 shut down, done with the job).
+  void EndWait(absl::Status error) { End(std::move(error)); }
+  // Every heartbeat so far, in order.
+  std::vector<AgentHeartbeatRequest> heartbeats_sent() const {
+    absl::MutexLock lock(&mu_);
+    return sent_;
   }
   void SetUnreachable(bool unreachable) {
     absl::MutexLock lock(&mu_);
@@ -118,6 +137,7 @@ class FakeAgentClient : public AgentClient {
   StopCallback wait_ ABSL_GUARDED_BY(mu_);
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   AgentHeartbeatRequest last_heartbeat_ ABSL_GUARDED_BY(mu_);
+  std::vector<AgentHeartbeatRequest> sent_ ABSL_GUARDED_BY(mu_);
   int64_t checkpoint_and_stop_at_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

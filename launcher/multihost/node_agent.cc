@@ -88,15 +88,18 @@ void NodeAgent::Start(const std::string& run_dir) {
   so.worker_args.push_back("--run_dir=" + run_dir);  // node 0's run directory is on node 0's host
   so.node_rank = options_.node.node_rank;
   so.nodes = options_.node.nodes;
+  run_dir_ = run_dir;
   if (!options_.program.empty()) {
-    so.program_env = [host = joined_.store_host(), port = joined_.store_port()](int64_t) {
-      return ProgramStoreEnv(host, port);
-    };
+    store_host_ = joined_.store_host();
+    store_port_ = joined_.store_port();
+    so.program_env = [this](int64_t) { return ProgramStoreEnv(store_host_, store_port_); };  // this attempt's
+    steps_ = std::make_unique<ProgramStepsReader>(run_dir, joined_.first_rank(), options_.workers);
   }
   so.report_exit = [this, run_dir](int rank, const ProcessExit& e) {
     ReportWorkerExitRequest r;
     r.set_node_rank(options_.node.node_rank);
     r.set_incarnation(options_.incarnation);
+    r.set_restart_count(restart_count_);
     r.set_rank(rank);
     r.set_pid(e.pid);
     r.set_exit_code(e.exit_code);
@@ -111,22 +114,35 @@ void NodeAgent::Start(const std::string& run_dir) {
     ReportWorkerExitRequest r;
     r.set_node_rank(options_.node.node_rank);
     r.set_incarnation(options_.incarnation);
+    r.set_restart_count(restart_count_);
     r.set_rank(rank);
     r.set_spawn_error(why);
     unreported_.push_back(r);  // sent on the next Tick, at once
   };
   supervisor_ = std::make_unique<Supervisor>(view_.get(), spawner_, std::move(so), now_);
   last_answer_ = now_();
+  StartWait(/*until_restart=*/false);
+  // A spawn failure is reported for each rank that did not start (report_spawn_failure), and this
+  // agent ends once the reports are through: node 0 names the cause and stops the job at once.
+  (void)supervisor_->Start();
+}
+
+void NodeAgent::StartWait(bool until_restart) {
   WaitForStopRequest w;
   w.set_node_rank(options_.node.node_rank);
   w.set_incarnation(options_.incarnation);
+  w.set_restart_count(restart_count_);
+  w.set_until_restart(until_restart);
   client_->StartWaitForStop(w, [this](absl::StatusOr<WaitForStopResponse> r) {
     absl::MutexLock lock(&mu_);
     pushed_ = std::move(r);
   });
-  // A spawn failure is reported for each rank that did not start (report_spawn_failure), and this
-  // agent ends once the reports are through: node 0 names the cause and stops the job at once.
-  (void)supervisor_->Start();
+}
+
+void NodeAgent::Print(const std::string& line) const {
+  if (options_.out) return options_.out(line);
+  std::fprintf(stdout, "%s\n", line.c_str());
+  std::fflush(stdout);
 }
 
 void NodeAgent::OnStop(const std::string& reason) {
@@ -142,10 +158,13 @@ void NodeAgent::Beat(absl::Time now) {
   r.set_node_rank(options_.node.node_rank);
   r.set_incarnation(options_.incarnation);
   r.set_term_signal(forward);
+  const size_t steps = std::min<size_t>(unsent_steps_.size(), kMaxStepsPerHeartbeat);
+  for (size_t i = 0; i < steps; ++i) *r.add_steps() = unsent_steps_[i];
   absl::StatusOr<AgentHeartbeatResponse> answer = client_->Heartbeat(r, kCallTimeout);
   now = now_();
   if (answer.ok()) {
     last_answer_ = now;
+    unsent_steps_.erase(unsent_steps_.begin(), unsent_steps_.begin() + steps);
     if (forward != 0) {
       forwarded_signal_ = forward;
       forward_signal_ = 0;
@@ -182,12 +201,65 @@ void NodeAgent::FlushExits() {
   }
 }
 
+void NodeAgent::ReadSteps() {
+  if (steps_ == nullptr) return;  // a job of ours: its workers report their steps themselves
+  for (ReportStepRequest& step : steps_->Read(supervisor_->incarnation())) unsent_steps_.push_back(std::move(step));
+  constexpr size_t kMaxUnsent = 64 * kMaxStepsPerHeartbeat;  // node 0 unreachable for long: keep the newest
+  if (unsent_steps_.size() > kMaxUnsent) unsent_steps_.erase(unsent_steps_.begin(), unsent_steps_.end() - kMaxUnsent);
+}
+
+// Node 0 decides whether the job runs again: until it is done, an agent whose workers are gone (stopped
+// with the job, failed, or done before another node's failed) may be asked to start them again.
+bool NodeAgent::MayRestart() const {
+  return !lost_ && interrupt_signal_ == 0 && term_at_ == 0 && forwarded_signal_ == 0 &&
+         restart_count_ < joined_.job().max_restarts() && supervisor_->exit_code() != kExitLaunchFailed;
+}
+
+bool NodeAgent::AwaitRestart(std::optional<absl::StatusOr<WaitForStopResponse>> pushed) {
+  if (interrupt_signal_ != 0) return true;
+  if (pushed && pushed->ok() && (*pushed)->restart_count() > restart_count_) {
+    Relaunch(**pushed);
+    return false;
+  }
+  // A stop or a cancellation is the last wait's, answered late; any other error: node 0 is done with
+  // the job (it shut down without another attempt) or gone.
+  if (pushed && !pushed->ok() && !absl::IsCancelled(pushed->status())) return true;
+  Beat(now_());
+  ReadSteps();
+  if (now_() - last_answer_ > kAgentTimeout) return true;  // node 0 went silent: no restart to wait for
+  return false;
+}
+
+void NodeAgent::Relaunch(const WaitForStopResponse& restart) {
+  restart_count_ = restart.restart_count();
+  if (restart.store_port() != 0) {
+    store_host_ = restart.store_host();
+    store_port_ = restart.store_port();
+  }
+  awaiting_restart_ = false;
+  stop_reason_.reset();
+  exits_.clear();
+  workers_gone_ = coordinator_gone_ = false;
+  last_answer_ = now_();
+  const int first = joined_.first_rank();
+  const std::string ranks = options_.workers == 1 ? absl::StrCat("rank ", first)
+                                                  : absl::StrCat("ranks ", first, "-", first + options_.workers - 1);
+  Print(absl::StrCat("stagehand: ", Name(), ": restart ", restart_count_, " of ", joined_.job().max_restarts(), ": ",
+                     restart.reason(), "; starting this node's ", ranks, " again",
+                     options_.program.empty() ? " from the newest checkpoint"
+                                              : absl::StrCat(" (TORCHELASTIC_RESTART_COUNT=", restart_count_,
+                                                             "; c10d store ", store_host_, ":", store_port_, ")")));
+  StartWait(/*until_restart=*/false);
+  supervisor_->Relaunch(restart_count_);
+}
+
 bool NodeAgent::Tick() {
   std::optional<absl::StatusOr<WaitForStopResponse>> pushed;
   {
     absl::MutexLock lock(&mu_);
     pushed = std::exchange(pushed_, std::nullopt);
   }
+  if (awaiting_restart_) return AwaitRestart(std::move(pushed));
   if (pushed && !absl::IsCancelled(pushed->status())) coordinator_gone_ = true;  // stopping, or gone
   if (pushed && workers_gone_) {
     // Waiting for rank 0's manifest (TermCheckpointSettled): node 0 is done with this host.
@@ -202,9 +274,33 @@ bool NodeAgent::Tick() {
   }
   Beat(now_());
   const bool gone = supervisor_->Tick();
+  ReadSteps();
+  if (!unsent_steps_.empty() && !unreported_.empty()) {
+    last_beat_ = absl::InfinitePast();  // a rank's last steps reach node 0 before its exit does
+    Beat(now_());
+  }
   FlushExits();
   workers_gone_ = gone && unreported_.empty();
   if (workers_gone_ && !TermCheckpointSettled(now_())) return false;
+  if (workers_gone_ && MayRestart()) {
+    awaiting_restart_ = true;
+    const auto failed = std::find_if(exits_.begin(), exits_.end(), [](const ReportWorkerExitRequest& e) {
+      return e.signal() != 0 || e.exit_code() != 0;
+    });
+    const std::string why =
+        stop_reason_ ? absl::StrCat("the job stopped: ", *stop_reason_, "; this node's workers are stopped")
+        : failed != exits_.end()
+            ? absl::StrCat("rank ", failed->rank(), " (pid ", failed->pid(), ") ",
+                           failed->signal() != 0 ? absl::StrCat("was killed by signal ", failed->signal())
+                                                 : absl::StrCat("exited with code ", failed->exit_code()))
+            : "";
+    if (!why.empty()) {
+      Print(absl::StrCat("stagehand: ", Name(), ": ", why, "; waiting for node 0 to start the job again (restart ",
+                         restart_count_ + 1, " of ", joined_.job().max_restarts(), ") or to end it"));
+    }
+    StartWait(/*until_restart=*/true);
+    return false;
+  }
   return gone && (unreported_.empty() || lost_);
 }
 

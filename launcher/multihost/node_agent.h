@@ -44,6 +44,8 @@ struct NodeAgentOptions {
   // and as resolved here (what this host's ranks run, in program_cwd). Never a command from the network.
   std::vector<std::string> program, program_resolved;
   std::string program_cwd;
+  // Where the agent's own lines go (a restart, the wait for one), one line each; empty: stdout.
+  std::function<void(const std::string& line)> out;
 };
 
 class NodeAgent {
@@ -60,8 +62,11 @@ class NodeAgent {
   const RegisterAgentResponse& joined() const { return joined_; }
   // Spawns this host's workers (after Join), their logs in `run_dir`, and starts the long poll.
   void Start(const std::string& run_dir);
-  // One pass: the stop pushed, a heartbeat when due, exits reported, the supervisor. True once every
-  // worker of this host is gone and its exit reported (or the coordinator is lost).
+  // One pass: the stop pushed, a heartbeat when due, exits reported, the supervisor; a program job's
+  // new steps (its ranks' steps files) go to node 0 with the heartbeats. True once every worker of
+  // this host is gone and its exit reported (or the coordinator is lost). A job with restarts left
+  // (--max_restarts) that node 0 stopped waits, its workers gone, for node 0's next attempt and starts
+  // them again with it (TORCHELASTIC_RESTART_COUNT counting up); node 0 done without one ends the wait.
   bool Tick();
   // SIGINT or SIGTERM to the agent: stops this host's workers (a second: kills them at once).
   void Interrupt(int signal, bool force);
@@ -72,13 +77,23 @@ class NodeAgent {
   bool ForwardTerm(int signal);
 
   int exit_code() const;
-  std::string verdict() const;                 // the closing line, naming this node
-  std::string name() const { return Name(); }  // "node K at ADDRESS"
+  std::string verdict() const;                              // the closing line, naming this node
+  int64_t restart_count() const { return restart_count_; }  // the attempt this host's workers run
+  std::string name() const { return Name(); }               // "node K at ADDRESS"
 
  private:
   void OnStop(const std::string& reason);
   void Beat(absl::Time now);
   void FlushExits();
+  void ReadSteps();
+  // The long poll: for the stop of the attempt running, or (`until_restart`) for node 0's next one.
+  void StartWait(bool until_restart);
+  // Once this host's workers are gone after node 0's stop: whether node 0 may start another attempt.
+  bool MayRestart() const;
+  // Tick while waiting for node 0's next attempt; true once the wait is over without one.
+  bool AwaitRestart(std::optional<absl::StatusOr<WaitForStopResponse>> pushed);
+  void Relaunch(const WaitForStopResponse& restart);
+  void Print(const std::string& line) const;
   // After a checkpoint-and-stop, once this host's workers are gone: true when the wait for rank 0's
   // manifest is over (found, node 0 gone, or the timeout), false to wait on.
   bool TermCheckpointSettled(absl::Time now);
@@ -106,6 +121,13 @@ class NodeAgent {
   bool term_final_ = false;        // that checkpoint is the last step's: the run ended, no stop
   bool coordinator_gone_ = false;  // the long poll ended: node 0 stopped serving
   absl::Time term_wait_until_ = absl::InfiniteFuture();
+  int64_t restart_count_ = 0;      // the attempt this host's workers run (node 0's restarts)
+  bool awaiting_restart_ = false;  // the workers stopped with the job: waiting for node 0's next attempt
+  std::string store_host_;         // a program job: this attempt's c10d store
+  int store_port_ = 0;
+  std::string run_dir_;
+  std::unique_ptr<ProgramStepsReader> steps_;  // a program job: its ranks' steps files
+  std::vector<ReportStepRequest> unsent_steps_;
 
   absl::Mutex mu_;  // the long poll's answer comes on the client's thread
   std::optional<absl::StatusOr<WaitForStopResponse>> pushed_ ABSL_GUARDED_BY(mu_);

@@ -320,7 +320,7 @@ TEST_F(ThreeNodes, AgentWaitForStop_CompletesAtOnceWhenTheJobStops) {
   state_.SetWorld(CpuJob(2));
   absl::Mutex mu;
   std::optional<absl::StatusOr<WaitForStopResponse>> got;
-  state_.AgentWaitForStopAsync(2, 5, kFar, [&](absl::StatusOr<WaitForStopResponse> r) {
+  state_.AgentWaitForStopAsync(2, 5, 0, false, kFar, [&](absl::StatusOr<WaitForStopResponse> r) {
     absl::MutexLock lock(&mu);
     got = std::move(r);
   });
@@ -349,13 +349,146 @@ TEST_F(ThreeNodes, AgentDisconnected_WhileItsRanksRun_MarksTheNodeLost_NotOnceTh
   EXPECT_FALSE(state_.Nodes()[2].lost);
 }
 
+// --- restarts across hosts (--max_restarts) and the agents' steps ---
+
+ReportWorkerExitRequest Exit(int node, int rank, int exit_code, int64_t restart_count = 0) {
+  ReportWorkerExitRequest e;
+  e.set_node_rank(node);
+  e.set_incarnation(5);
+  e.set_rank(rank);
+  e.set_pid(700 + rank);
+  e.set_exit_code(exit_code);
+  e.set_restart_count(restart_count);
+  return e;
+}
+
+// An agent's long poll, kept for the test to look at.
+struct StopAnswer {
+  absl::Mutex mu;
+  std::optional<absl::StatusOr<WaitForStopResponse>> value ABSL_GUARDED_BY(mu);
+  CoordinatorState::StopCallback Callback() {
+    return [this](absl::StatusOr<WaitForStopResponse> r) {
+      absl::MutexLock lock(&mu);
+      value = std::move(r);
+    };
+  }
+  std::optional<absl::StatusOr<WaitForStopResponse>> Get() {
+    absl::MutexLock lock(&mu);
+    return value;
+  }
+};
+
+TEST_F(ThreeNodes, Restart_ForgetsTheAgentsExits_AndALateOneOfTheStoppedAttemptIsIgnored) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2));
+  ASSERT_TRUE(state_.ReportWorkerExit(Exit(1, 2, 1)).ok());
+  EXPECT_EQ(state_.RemoteExits().count(2), 1u);
+  EXPECT_TRUE(absl::IsFailedPrecondition(state_.Restart()));  // running: nothing to restart
+  state_.Stop("rank 2 (node 1) exited with code 1", "the launcher");
+  ASSERT_TRUE(state_.Restart("rank 2 (node 1) exited with code 1").ok());
+  EXPECT_EQ(state_.attempt(), 1);
+  EXPECT_TRUE(state_.RemoteExits().empty());
+  ASSERT_TRUE(state_.ReportWorkerExit(Exit(2, 3, 15)).ok());  // attempt 0's, late: not this attempt's
+  EXPECT_TRUE(state_.RemoteExits().empty());
+  ASSERT_TRUE(state_.ReportWorkerExit(Exit(2, 3, 1, /*restart_count=*/1)).ok());
+  EXPECT_EQ(state_.RemoteExits().count(3), 1u);
+}
+
+// The coordinator decides: an agent whose workers are gone waits past the stop for node 0's next
+// attempt, which comes with the restart's cause and the attempt's c10d store; a wait of an older
+// attempt hears of the newer one at once.
+TEST_F(ThreeNodes, AgentWaitUntilRestart_IgnoresTheStop_EndsWhenNodeZeroStartsTheNextAttempt) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2), "198.18.0.11", 41234);
+  StopAnswer wait;
+  state_.AgentWaitForStopAsync(1, 5, /*restart_count=*/0, /*until_restart=*/true, kFar, wait.Callback());
+  state_.Stop("rank 2 (node 1) exited with code 1", "the launcher");
+  EXPECT_FALSE(wait.Get().has_value());
+  ASSERT_TRUE(state_.Restart("rank 2 (node 1 at 198.18.0.12) exited with code 1: ValueError: bad").ok());
+  EXPECT_FALSE(wait.Get().has_value());  // node 0 waits out its backoff first
+  state_.SetProgramStore("198.18.0.11", 41300);
+  EXPECT_EQ(state_.StartAttempt(), 1);
+  ASSERT_TRUE(wait.Get().has_value());
+  ASSERT_TRUE(wait.Get()->ok()) << wait.Get()->status();
+  const WaitForStopResponse r = **wait.Get();
+  EXPECT_EQ(r.restart_count(), 1);
+  EXPECT_EQ(r.reason(), "rank 2 (node 1 at 198.18.0.12) exited with code 1: ValueError: bad");
+  EXPECT_EQ(r.store_host(), "198.18.0.11");
+  EXPECT_EQ(r.store_port(), 41300);
+  StopAnswer late;
+  state_.AgentWaitForStopAsync(2, 5, /*restart_count=*/0, /*until_restart=*/false, kFar, late.Callback());
+  ASSERT_TRUE(late.Get().has_value() && late.Get()->ok());
+  EXPECT_EQ((*late.Get())->restart_count(), 1);
+  StopAnswer current;  // attempt 1's own wait: the stop of attempt 1, not a restart
+  state_.AgentWaitForStopAsync(2, 5, /*restart_count=*/1, /*until_restart=*/false, kFar, current.Callback());
+  EXPECT_FALSE(current.Get().has_value());
+  state_.Stop("rank 0 failed", "rank 0");
+  ASSERT_TRUE(current.Get().has_value() && current.Get()->ok());
+  EXPECT_EQ((*current.Get())->restart_count(), 0);
+  EXPECT_EQ((*current.Get())->reason(), "rank 0 failed");
+}
+
+TEST_F(ThreeNodes, AgentWaitUntilRestart_NodeZeroDoneWithoutOne_IsUnavailable) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2));
+  StopAnswer wait;
+  state_.AgentWaitForStopAsync(1, 5, 0, /*until_restart=*/true, kFar, wait.Callback());
+  state_.Stop("interrupted by SIGINT", "the launcher");
+  EXPECT_FALSE(wait.Get().has_value());
+  state_.Shutdown();
+  ASSERT_TRUE(wait.Get().has_value());
+  EXPECT_TRUE(absl::IsUnavailable(wait.Get()->status())) << wait.Get()->status();
+}
+
+// The agent replaces its wait for the stop with its wait for the restart: the first one's cancellation,
+// reaching node 0 once it restarted (the exits forgotten), is no loss; the second one's is.
+TEST_F(ThreeNodes, AgentDisconnected_TheStoppedAttemptsWaitIsNoLoss_TheRestartWaitIs) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2));
+  state_.Stop("rank 2 failed", "the launcher");
+  ASSERT_TRUE(state_.Restart().ok());
+  state_.AgentDisconnected(1, 5, /*restart_count=*/0, /*until_restart=*/false);
+  EXPECT_FALSE(state_.Nodes()[1].lost);
+  state_.AgentDisconnected(1, 5, /*restart_count=*/0, /*until_restart=*/true);
+  EXPECT_TRUE(state_.Nodes()[1].lost);
+}
+
+// A program job's steps of an agent's ranks come with its heartbeats: recorded once, for its own
+// ranks only, and they are the ranks' progress (node 0's hang check reads it).
+TEST_F(ThreeNodes, AgentHeartbeat_StepsOfItsOwnRanks_RecordedOnce_AsTheirProgress) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2));
+  clock_.Advance(absl::Seconds(1));
+  AgentHeartbeatRequest h;
+  h.set_node_rank(1);
+  h.set_incarnation(5);
+  for (const auto& [rank, step] : std::vector<std::pair<int, int>>{{2, 0}, {3, 0}, {2, 0}, {2, 1}}) {
+    ReportStepRequest& r = *h.add_steps();
+    r.set_rank(rank);
+    r.set_step(step);
+    r.set_incarnation(1);
+    r.set_has_loss(true);
+    r.set_loss(2.5);
+  }
+  ASSERT_TRUE(state_.AgentHeartbeat(h).ok());
+  ASSERT_TRUE(state_.AgentHeartbeat(h).ok());  // a retry of the same heartbeat
+  const std::vector<ReportStepRequest> steps = state_.Steps();
+  ASSERT_THAT(steps, SizeIs(2));  // rank 3 is node 2's
+  EXPECT_EQ(steps[0].rank(), 2);
+  EXPECT_EQ(steps[1].step(), 1);
+  const std::vector<WorkerState> workers = state_.Workers();
+  EXPECT_EQ(workers[2].steps_done, 2);
+  EXPECT_EQ(workers[2].last_progress, clock_.Now());
+  EXPECT_EQ(workers[3].steps_done, 0);
+}
+
 // --- node 0's Supervisor over remote ranks ---
 
 class NodeZeroSupervisor : public ThreeNodes {
  protected:
-  void StartWorld() {
+  void StartWorld(JobSpec job = CpuJob(2)) {
     JoinBoth();
-    state_.SetWorld(CpuJob(2));
+    state_.SetWorld(job);
     SupervisorOptions o;
     o.worker_binary = "/w";
     o.coordinator_address = "198.18.0.11:29500";
@@ -498,6 +631,70 @@ TEST_F(NodeZeroSupervisor, AgentConnectionClosed_IsACrashNamingTheNode) {
   EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
   EXPECT_THAT(supervisor_->root_cause(), HasSubstr("node 1 at 198.18.0.12"));
   EXPECT_THAT(supervisor_->root_cause(), HasSubstr("connection to the coordinator closed"));
+}
+
+// A rank of another node fails with restarts left: node 0 stops every node, and once every rank is
+// gone (its own reaped, the others reported) restarts the job; after the backoff it starts its own
+// ranks as the next incarnation and announces the attempt, which the agents' waits hear.
+TEST_F(NodeZeroSupervisor, RemoteRankFails_RestartsLeft_EveryNodeStartsTheNextAttemptTogether) {
+  JobSpec job = CpuJob(2);
+  job.set_max_restarts(1);
+  StartWorld(job);
+  spawner_.SetExitOnSignal(true);
+  StopAnswer wait;  // node 1's wait, once its rank is gone
+  state_.AgentWaitForStopAsync(1, 5, 0, /*until_restart=*/true, kFar, wait.Callback());
+  ReportWorkerExitRequest e = Exit(1, 2, 1);
+  e.set_last_error("ValueError: bad batch at step 3 on rank 2 (train.py:41)");
+  ASSERT_TRUE(state_.ReportWorkerExit(e).ok());
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_TRUE(state_.stopping());
+  clock_.Advance(absl::Milliseconds(600));  // past the stop notice: node 0's ranks get SIGTERM
+  Beat(1);
+  Beat(2);
+  EXPECT_FALSE(supervisor_->Tick());
+  ReportWorkerExitRequest stopped = Exit(2, 3, -1);
+  stopped.set_signal(SIGTERM);
+  ASSERT_TRUE(state_.ReportWorkerExit(stopped).ok());
+  EXPECT_FALSE(supervisor_->Tick());  // every rank gone: the restart begins
+  EXPECT_EQ(state_.attempt(), 1);
+  EXPECT_FALSE(state_.stopping());
+  EXPECT_FALSE(wait.Get().has_value());                // the backoff first
+  ASSERT_TRUE(state_.ReportWorkerExit(stopped).ok());  // attempt 0's, repeated: not judged again
+  clock_.Advance(absl::Milliseconds(1000));
+  Beat(1);
+  Beat(2);
+  EXPECT_FALSE(supervisor_->Tick());
+  ASSERT_THAT(spawner_.specs(), SizeIs(4));
+  EXPECT_THAT(spawner_.specs()[2].argv, Contains("--incarnation=2"));
+  ASSERT_TRUE(wait.Get().has_value() && wait.Get()->ok());
+  EXPECT_EQ((*wait.Get())->restart_count(), 1);
+  EXPECT_THAT((*wait.Get())->reason(), HasSubstr("rank 2 (node 1 at 198.18.0.12, host h, pid 702) exited with code 1"));
+  EXPECT_THAT((*wait.Get())->reason(), HasSubstr("ValueError: bad batch at step 3 on rank 2 (train.py:41)"));
+  EXPECT_EQ(supervisor_->incarnation(), 2);
+  // The next attempt runs: attempt 0's exits are not judged again.
+  EXPECT_FALSE(supervisor_->Tick());
+  EXPECT_FALSE(state_.stopping());
+  EXPECT_EQ(supervisor_->exit_code(), kExitSuccess);
+}
+
+// A node lost (its agent gone) cannot start its ranks again: no restart, the job fails.
+TEST_F(NodeZeroSupervisor, NodeLost_RestartsLeft_NoRestart) {
+  JobSpec job = CpuJob(2);
+  job.set_max_restarts(3);
+  StartWorld(job);
+  spawner_.SetExitOnSignal(true);
+  state_.AgentDisconnected(1, 5);
+  EXPECT_FALSE(supervisor_->Tick());
+  clock_.Advance(absl::Milliseconds(600));
+  Beat(2);
+  EXPECT_FALSE(supervisor_->Tick());
+  ReportWorkerExitRequest stopped = Exit(2, 3, -1);
+  stopped.set_signal(SIGTERM);
+  ASSERT_TRUE(state_.ReportWorkerExit(stopped).ok());
+  EXPECT_TRUE(supervisor_->Tick());
+  EXPECT_EQ(state_.attempt(), 0);
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("node 1 at 198.18.0.12"));
 }
 
 // --- the agent ---
@@ -830,6 +1027,154 @@ TEST_F(AgentTest, StopInAHeartbeat_StopsTheWorkersToo) {
 }
 
 // --- nodes.h ---
+
+// A program job on this agent: `max_restarts` as node 0's, node 0's store at 198.18.0.11:41234.
+RegisterAgentResponse ProgramJoined(int max_restarts) {
+  RegisterAgentResponse joined = Joined();
+  joined.mutable_job()->set_model("");
+  joined.mutable_job()->add_program("python3");
+  joined.mutable_job()->add_program("train.py");
+  joined.mutable_job()->set_max_restarts(max_restarts);
+  joined.set_store_host("198.18.0.11");
+  joined.set_store_port(41234);
+  return joined;
+}
+
+NodeAgentOptions ProgramAgent(std::vector<std::string>* lines) {
+  NodeAgentOptions o;
+  o.node = {3, 1, "198.18.0.11:29500"};
+  o.device = "cpu";
+  o.workers = 2;
+  o.worker_binary = "/w";
+  o.program = {"python3", "train.py"};
+  o.program_resolved = {"/usr/bin/python3", "train.py"};
+  o.program_cwd = "/here";
+  o.out = [lines](const std::string& line) { lines->push_back(line); };
+  return o;
+}
+
+// A rank here fails with restarts left: the agent stops its other rank at node 0's stop, waits for
+// node 0's next attempt (saying so), then starts both ranks again with it: the next restart count,
+// that attempt's store, a line naming the cause; they succeed and the agent exits 0.
+TEST_F(AgentTest, Restart_WaitsForNodeZerosNextAttempt_ThenStartsItsRanksAgainWithIt) {
+  FakeAgentClient client(ProgramJoined(1));
+  std::vector<std::string> lines;
+  NodeAgent agent(&client, &spawner_, ProgramAgent(&lines), clock_.AsFunction());
+  ASSERT_TRUE(agent.Join().ok());
+  agent.Start("/tmp/agent-run");
+  spawner_.SetExitOnSignal(true);
+  spawner_.Exit(FakeProcessSpawner::kFirstPid, 1);
+  EXPECT_FALSE(agent.Tick());
+  client.PushStop("rank 2 (node 1 at 198.18.0.12, host h1, pid 1000) exited with code 1: ValueError: bad",
+                  "the launcher");
+  EXPECT_FALSE(agent.Tick());  // rank 3 gets SIGTERM (a program hears of no stop but signals)
+  EXPECT_FALSE(agent.Tick());  // gone: the wait for node 0's decision
+  ASSERT_THAT(client.exits(), SizeIs(2));
+  EXPECT_EQ(client.exits()[0].restart_count(), 0);
+  EXPECT_TRUE(client.wait_request().until_restart());
+  EXPECT_EQ(client.wait_request().restart_count(), 0);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_THAT(lines.back(), HasSubstr("node 1 at 198.18.0.12: the job stopped: rank 2 (node 1"));
+  EXPECT_THAT(lines.back(), HasSubstr("waiting for node 0 to start the job again (restart 1 of 1)"));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_FALSE(agent.Tick());  // node 0's backoff: still waiting, heartbeating
+  client.PushRestart(1, "rank 2 (node 1 at 198.18.0.12, host h1, pid 1000) exited with code 1: ValueError: bad",
+                     "198.18.0.11", 41300);
+  EXPECT_FALSE(agent.Tick());
+  ASSERT_THAT(spawner_.specs(), SizeIs(4));
+  for (const char* want : {"RANK=2", "TORCHELASTIC_RESTART_COUNT=1", "TORCHELASTIC_MAX_RESTARTS=1",
+                           "MASTER_ADDR=198.18.0.11", "MASTER_PORT=41300"}) {
+    EXPECT_THAT(spawner_.specs()[2].env, Contains(want));
+  }
+  EXPECT_THAT(spawner_.specs()[3].env, Contains("RANK=3"));
+  EXPECT_EQ(agent.restart_count(), 1);
+  EXPECT_FALSE(client.wait_request().until_restart());  // attempt 1's stop, if it comes
+  EXPECT_EQ(client.wait_request().restart_count(), 1);
+  EXPECT_EQ(lines.back(),
+            "stagehand: node 1 at 198.18.0.12: restart 1 of 1: rank 2 (node 1 at 198.18.0.12, host h1, pid 1000) "
+            "exited with code 1: ValueError: bad; starting this node's ranks 2-3 again "
+            "(TORCHELASTIC_RESTART_COUNT=1; c10d store 198.18.0.11:41300)");
+  spawner_.Exit(FakeProcessSpawner::kFirstPid + 2, 0);
+  spawner_.Exit(FakeProcessSpawner::kFirstPid + 3, 0);
+  EXPECT_TRUE(agent.Tick());  // no restart left to wait for
+  ASSERT_THAT(client.exits(), SizeIs(4));
+  EXPECT_EQ(client.exits()[3].restart_count(), 1);
+  EXPECT_EQ(agent.exit_code(), kExitSuccess);
+  EXPECT_THAT(agent.verdict(), HasSubstr("done"));
+}
+
+// Node 0 ends without another attempt (restarts exhausted, a launch failure, an interrupt): the wait
+// ends with its shutdown, and the agent exits 1 with the job's stop.
+TEST_F(AgentTest, Restart_NodeZeroEndsWithoutOne_Exit1WithTheStop) {
+  FakeAgentClient client(ProgramJoined(2));
+  std::vector<std::string> lines;
+  NodeAgent agent(&client, &spawner_, ProgramAgent(&lines), clock_.AsFunction());
+  ASSERT_TRUE(agent.Join().ok());
+  agent.Start("/tmp/agent-run");
+  spawner_.SetExitOnSignal(true);
+  client.PushStop("interrupted by SIGINT", "the launcher");
+  EXPECT_FALSE(agent.Tick());
+  EXPECT_FALSE(agent.Tick());
+  EXPECT_TRUE(client.wait_request().until_restart());
+  client.EndWait(absl::UnavailableError("WaitForStop: the coordinator is shutting down: the job is over"));
+  EXPECT_TRUE(agent.Tick());
+  EXPECT_EQ(agent.exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(agent.verdict(), HasSubstr("the job stopped: interrupted by SIGINT"));
+}
+
+TEST_F(AgentTest, Restart_NodeZeroSilentWhileWaiting_EndsTheWait) {
+  FakeAgentClient client(ProgramJoined(1));
+  std::vector<std::string> lines;
+  NodeAgent agent(&client, &spawner_, ProgramAgent(&lines), clock_.AsFunction());
+  ASSERT_TRUE(agent.Join().ok());
+  agent.Start("/tmp/agent-run");
+  spawner_.SetExitOnSignal(true);
+  client.PushStop("rank 0 failed", "the launcher");
+  EXPECT_FALSE(agent.Tick());
+  EXPECT_FALSE(agent.Tick());
+  client.SetUnreachable(true);
+  clock_.Advance(kAgentTimeout / 2);
+  EXPECT_FALSE(agent.Tick());
+  clock_.Advance(kAgentTimeout / 2 + absl::Milliseconds(10));
+  EXPECT_TRUE(agent.Tick());
+  EXPECT_EQ(agent.exit_code(), kExitWorkerFailed);
+}
+
+// A program job's ranks here report their steps into their steps files on this host: the agent sends
+// the new ones with its heartbeats (each once), and a rank's last ones before its exit report.
+TEST_F(AgentTest, ProgramSteps_GoToNodeZeroWithTheHeartbeats_TheLastOnesBeforeTheExit) {
+  const std::string dir = FreshDir("agent_steps");
+  FakeAgentClient client(ProgramJoined(0));
+  std::vector<std::string> lines;
+  NodeAgent agent(&client, &spawner_, ProgramAgent(&lines), clock_.AsFunction());
+  ASSERT_TRUE(agent.Join().ok());
+  agent.Start(dir);
+  std::ofstream(dir + "/rank2.steps") << "step=0 seconds=0.5 loss=2.5 samples=8\nstep=1 seconds=0.4 loss=2\n";
+  std::ofstream(dir + "/rank3.steps") << "step=0 seconds=0.5 loss=2.5\nstep=1 seco";  // the second cut short
+  EXPECT_FALSE(agent.Tick());  // read; sent with the next heartbeat
+  clock_.Advance(kAgentHeartbeatInterval);
+  EXPECT_FALSE(agent.Tick());
+  AgentHeartbeatRequest h = client.last_heartbeat();
+  ASSERT_EQ(h.steps_size(), 3);
+  EXPECT_EQ(h.steps(0).rank(), 2);
+  EXPECT_EQ(h.steps(1).step(), 1);
+  EXPECT_EQ(h.steps(1).incarnation(), 1);
+  EXPECT_EQ(h.steps(2).rank(), 3);
+  EXPECT_EQ(h.steps(0).samples(), 8);
+  clock_.Advance(kAgentHeartbeatInterval);
+  EXPECT_FALSE(agent.Tick());
+  EXPECT_EQ(client.last_heartbeat().steps_size(), 0);  // each step once
+  std::ofstream(dir + "/rank2.steps", std::ios::app) << "step=2 seconds=0.4 loss=1.5\n";
+  spawner_.Exit(FakeProcessSpawner::kFirstPid, 0);
+  const int beats = client.heartbeats();
+  EXPECT_FALSE(agent.Tick());  // no heartbeat due, but the exit goes: its steps first
+  EXPECT_EQ(client.heartbeats(), beats + 1);
+  ASSERT_EQ(client.last_heartbeat().steps_size(), 1);
+  EXPECT_EQ(client.last_heartbeat().steps(0).step(), 2);
+  ASSERT_THAT(client.exits(), SizeIs(1));
+  for (const char* f : {"/rank2.steps", "/rank3.steps"}) unlink((dir + f).c_str());
+  rmdir(dir.c_str());
+}
 
 TEST(NodeOptions, NonLoopbackWithoutTls_IsRefusedNamingTheFlags) {
   absl::Status s = CheckNodeOptions({2, 0, "198.18.0.11:29500"}, {}, "");

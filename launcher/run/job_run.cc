@@ -295,6 +295,7 @@ std::vector<std::string> JobRun::ProgramEnv(int64_t incarnation) {
     if (absl::Status s = StartStore(); !s.ok()) {
       listener_->Text(absl::StrCat("stagehand: the c10d store for attempt ", incarnation, ": ", Message(s), "\n"));
     }
+    state_.SetProgramStore(store_host_, store_->port());  // several hosts: the agents' ranks join it
   }
   return ProgramStoreEnv(store_host_, store_->port());
 }
@@ -441,36 +442,19 @@ bool JobRun::CheckpointAndStop(int signal, int node) {
   return true;
 }
 
-// A program job's steps, as its ranks' `stagehand.step()` calls appended them since the last tick.
+// A program job's steps, as its ranks' `stagehand.step()` calls appended them since the last tick:
+// this host's ranks' (0.. on node 0, node-major); the agents send theirs with their heartbeats.
 void JobRun::ReadProgramSteps() {
-  // This host's ranks (0.. on node 0, node-major): another host's steps files are on that host.
-  const int workers = options_.nodes > 1 ? options_.job.spec.workers() : state_.job().workers();
-  steps_read_.resize(workers, 0);
-  steps_partial_.resize(workers);
-  for (int r = 0; r < workers; ++r) {
-    const int fd = open(ProgramStepsFile(options_.run_dir, r).c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) continue;
-    char buf[1 << 16];
-    for (int reads = 0; reads < 16; ++reads) {  // bounded per tick: a flood waits for the next
-      const ssize_t n = pread(fd, buf, sizeof buf, steps_read_[r]);
-      if (n <= 0) break;
-      steps_read_[r] += n;
-      steps_partial_[r].append(buf, static_cast<size_t>(n));
+  if (steps_reader_ == nullptr) {
+    const int workers = options_.nodes > 1 ? options_.job.spec.workers() : state_.job().workers();
+    steps_reader_ = std::make_unique<ProgramStepsReader>(options_.run_dir, 0, workers);
+  }
+  for (ReportStepRequest& step : steps_reader_->Read(supervisor_->incarnation())) {
+    if (program_gpus_ != nullptr) {
+      if (std::optional<StepTelemetry> t = program_gpus_->TakeStep(step.rank()))
+        *step.mutable_telemetry() = *std::move(t);
     }
-    close(fd);
-    std::string& pending = steps_partial_[r];
-    size_t start = 0;
-    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
-      if (std::optional<ReportStepRequest> step =
-              ParseProgramStep(absl::string_view(pending).substr(start, nl - start), r, supervisor_->incarnation())) {
-        if (program_gpus_ != nullptr) {
-          if (std::optional<StepTelemetry> t = program_gpus_->TakeStep(r)) *step->mutable_telemetry() = *std::move(t);
-        }
-        state_.RecordProgramStep(*step);
-      }
-    }
-    pending.erase(0, start);
-    if (pending.size() > 4096) pending.clear();  // no line is this long: not ours
+    state_.RecordProgramStep(step);
   }
 }
 

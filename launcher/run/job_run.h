@@ -126,9 +126,8 @@ class JobRun {
   std::vector<std::string> store_peers_;  // empty: any (loopback)
   absl::Status StartStore();
   std::vector<std::string> ProgramEnv(int64_t incarnation);
-  // A program job: how far each rank's steps file (ProgramStepsFile) has been read, and a line cut short.
-  std::vector<int64_t> steps_read_;
-  std::vector<std::string> steps_partial_;
+  // A program job: this host's ranks' steps files (ProgramStepsFile), read on every tick.
+  std::unique_ptr<ProgramStepsReader> steps_reader_;
   std::unique_ptr<ProgramGpus> program_gpus_;  // a program job on GPUs: health gate and telemetry
   void ReadProgramSteps();
   std::unique_ptr<Files> files_;

@@ -206,12 +206,6 @@ absl::StatusOr<ValidatedLaunch> ValidateLaunch(const LaunchOptions& options, con
   absl::StatusOr<ResolvedJob> job = ResolveJob(request, inventory);
   if (!job.ok()) return job.status();
   if (several) job->spec.set_workers(job->host_workers);  // node 0's part until the world is fixed
-  if (several && job->spec.program_size() > 0 && job->spec.max_restarts() > 0) {
-    // The agents start their ranks once, and every attempt needs a new store on every node.
-    return absl::InvalidArgumentError(absl::StrCat("--max_restarts=", job->spec.max_restarts(),
-                                                   " with a program on several hosts: a program restarts on one "
-                                                   "host only, for now; drop --max_restarts"));
-  }
   absl::StatusOr<std::string> worker = FindWorker(options.worker_binary);
   if (!worker.ok()) return worker.status();
   if (IsModelJob(job->spec) && !several) {

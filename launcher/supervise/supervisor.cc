@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
@@ -201,6 +202,37 @@ std::vector<std::string> ProgramEnvironment(const std::vector<std::string>& base
   }
   for (const auto& [name, value] : set) env.push_back(absl::StrCat(name, "=", value));
   return env;
+}
+
+ProgramStepsReader::ProgramStepsReader(std::string run_dir, int first_rank, int ranks)
+    : run_dir_(std::move(run_dir)), first_rank_(first_rank), read_(ranks, 0), partial_(ranks) {}
+
+std::vector<ReportStepRequest> ProgramStepsReader::Read(int64_t incarnation) {
+  std::vector<ReportStepRequest> steps;
+  for (int i = 0; i < static_cast<int>(read_.size()); ++i) {
+    const int rank = first_rank_ + i;
+    const int fd = open(ProgramStepsFile(run_dir_, rank).c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) continue;
+    char buf[1 << 16];
+    for (int reads = 0; reads < 16; ++reads) {  // bounded per call: a flood waits for the next
+      const ssize_t n = pread(fd, buf, sizeof buf, read_[i]);
+      if (n <= 0) break;
+      read_[i] += n;
+      partial_[i].append(buf, static_cast<size_t>(n));
+    }
+    close(fd);
+    std::string& pending = partial_[i];
+    size_t start = 0;
+    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+      if (std::optional<ReportStepRequest> step =
+              ParseProgramStep(absl::string_view(pending).substr(start, nl - start), rank, incarnation)) {
+        steps.push_back(*std::move(step));
+      }
+    }
+    pending.erase(0, start);
+    if (pending.size() > 4096) pending.clear();  // no line is this long: not ours
+  }
+  return steps;
 }
 
 std::string WorkerLastError(const std::string& log_path) {
@@ -428,6 +460,7 @@ void Supervisor::CheckRemote() {
     }
     const bool silent = now - n.last_heartbeat > kAgentTimeout;
     if (live.empty() || (!n.lost && !silent)) continue;
+    node_lost_ = true;                           // no restart brings its ranks back
     for (int r : live) slots_[r].exited = true;  // its agent stops them, or they died with it
     const std::string what =
         n.lost ? n.lost_reason
@@ -616,7 +649,7 @@ void Supervisor::Escalate() {
 // restarts are left.
 bool Supervisor::ShouldRestart() const {
   const Incident* i = RootIncident();
-  return interrupt_signal_ == 0 && !restarts_prevented_ && i != nullptr && i->kind != Kind::kLaunch &&
+  return interrupt_signal_ == 0 && !restarts_prevented_ && !node_lost_ && i != nullptr && i->kind != Kind::kLaunch &&
          restarts_ < state_->job().max_restarts();
 }
 
@@ -627,12 +660,13 @@ void Supervisor::BeginRestart() {
   ++restarts_;
   const absl::Duration backoff = std::min(absl::Seconds(30), absl::Seconds(1) * (1 << std::min(restarts_ - 1, 5)));
   // A program resumes from whatever snapshot it keeps; it learns the attempt from TORCHELASTIC_RESTART_COUNT.
-  const std::string how = program() ? absl::StrCat("every worker again (TORCHELASTIC_RESTART_COUNT=", restarts_, ")")
-                                    : std::string("every worker from the newest checkpoint");
+  const std::string every = state_->nodes() > 1 ? "every worker on every node" : "every worker";
+  const std::string how = program() ? absl::StrCat(every, " again (TORCHELASTIC_RESTART_COUNT=", restarts_, ")")
+                                    : absl::StrCat(every, " from the newest checkpoint");
   std::printf("stagehand: restart %d of %d: %s; restarting %s in %s\n", restarts_, state_->job().max_restarts(),
               cause.c_str(), how.c_str(), absl::FormatDuration(backoff).c_str());
   std::fflush(stdout);
-  if (absl::Status s = state_->Restart(); !s.ok()) LOG(ERROR) << s.message();
+  if (absl::Status s = state_->Restart(cause); !s.ok()) LOG(ERROR) << s.message();
   incidents_.clear();
   reported_.assign(reported_.size(), false);
   std::fill(non_finite_.begin(), non_finite_.end(), 0);
@@ -652,7 +686,8 @@ bool Supervisor::Tick() {
     waiting_restart_ = false;
     attempt_start_ = now_();
     for (Slot& s : slots_) s = Slot();
-    (void)Start();  // a failure to spawn is an incident, and the end of the run
+    (void)Start();           // a failure to spawn is an incident, and the end of the run
+    state_->StartAttempt();  // several hosts: the agents start theirs now (this attempt's store is up)
     return false;
   }
   if (!agent()) {
@@ -678,6 +713,21 @@ void Supervisor::Fail(int exit_code, const std::string& why) {
 
 void Supervisor::StopWorkers(const std::string& reason) {
   if (!stopping_) BeginStop(reason);
+}
+
+void Supervisor::Relaunch(int64_t restart_count) {
+  if (state_->stopping()) (void)state_->Restart();  // the agent's own view of the job
+  restarts_ = static_cast<int>(restart_count);
+  incarnation_ = restart_count + 1;
+  incidents_.clear();
+  stopping_ = sent_term_ = sent_kill_ = false;
+  waiting_restart_ = false;
+  attempt_start_ = now_();
+  for (int r = 0; r < static_cast<int>(slots_.size()); ++r) {
+    slots_[r] = Slot();
+    slots_[r].exited = agent() && !IsLocal(r);
+  }
+  (void)Start();
 }
 
 void Supervisor::Interrupt(int signal, bool force) {

@@ -84,6 +84,20 @@ std::string ProgramStepsFile(const std::string& run_dir, int rank);
 std::optional<ReportStepRequest> ParseProgramStep(absl::string_view line, int rank, int64_t incarnation);
 std::vector<std::string> ProgramEnvironment(const std::vector<std::string>& base, const std::vector<std::string>& extra,
                                             const ProgramRank& r);
+// The steps files of ranks [first_rank, first_rank + ranks) in `run_dir`, each read on from where the
+// last Read stopped: the lines appended since, as step reports of `incarnation` (a line cut short
+// waits for its end). Bounded per call (a flood waits for the next); not thread-safe.
+class ProgramStepsReader {
+ public:
+  ProgramStepsReader(std::string run_dir, int first_rank, int ranks);
+  std::vector<ReportStepRequest> Read(int64_t incarnation);
+
+ private:
+  const std::string run_dir_;
+  const int first_rank_;
+  std::vector<int64_t> read_;         // per rank: bytes read so far
+  std::vector<std::string> partial_;  // per rank: a line cut short
+};
 
 // A Python traceback's exception in the tail of a log: "ValueError: bad batch (train.py:42)", the
 // type and message of its last line with the file (its base name) and line of its innermost frame;
@@ -133,6 +147,10 @@ class Supervisor {
   // An agent: the coordinator stopped the job (or was lost); stop the workers (SIGTERM after the
   // notice, SIGKILL after the grace period). The cause is node 0's to name.
   void StopWorkers(const std::string& reason);
+  // An agent, once every one of its workers is gone: node 0 restarted the job (--max_restarts) as
+  // attempt `restart_count` (1, 2, ...); spawns this host's workers again as that attempt (incarnation
+  // restart_count + 1, TORCHELASTIC_RESTART_COUNT=restart_count). A spawn failure is reported as at Start.
+  void Relaunch(int64_t restart_count);
 
   // The run's verdict: the best-ranked incident (see Incident), else the interrupt, else success.
   int exit_code() const;
@@ -141,6 +159,7 @@ class Supervisor {
   absl::Time launch_time() const { return launch_; }
 
   int64_t incarnation() const { return incarnation_; }  // 1, then one more per restart
+  int restarts() const { return restarts_; }
 
  private:
   struct Slot {
@@ -206,6 +225,7 @@ class Supervisor {
   int64_t incarnation_ = 1;
   bool waiting_restart_ = false;
   bool restarts_prevented_ = false;
+  bool node_lost_ = false;  // several hosts: an agent was lost (its ranks cannot start again)
   absl::Time restart_at_;
   absl::Time attempt_start_;  // this incarnation's launch (its registration deadline counts from it)
 };
