@@ -527,7 +527,9 @@ TEST(LauncherCycles, StartKill_200Cycles_NoProcessLeft) {
     kill(l.pid(), sig);
     const int code = l.Wait(std::chrono::seconds(15));
     ASSERT_NE(code, -1) << "cycle " << i << ": the launcher did not exit after signal " << sig << "\n" << l.output();
-    if (sig == SIGKILL) EXPECT_EQ(code, 128 + SIGKILL) << "cycle " << i;
+    if (sig == SIGKILL) {
+      EXPECT_EQ(code, 128 + SIGKILL) << "cycle " << i;
+    }
     const bool none_left = WaitFor([&] { return PidsWith("--job_id=" + job).empty(); }, std::chrono::seconds(5));
     ASSERT_TRUE(none_left) << "cycle " << i << " (signal " << sig << ", moment " << i % 4 << "): processes of job "
                            << job << " remain\n"

@@ -558,6 +558,9 @@ void CoordinatorState::RecordProgramStepLocked(const ReportStepRequest& request)
   if (request.rank() < 0 || request.rank() >= static_cast<int>(workers_.size())) return;
   if (!step_keys_.emplace(request.rank(), request.incarnation(), request.step()).second) return;
   steps_.push_back(request);
+  // An attempt that was restarted since (an agent's backlog): kept in steps.csv, but no progress of
+  // the running attempt, whose ranks' counts Restart() reset.
+  if (request.incarnation() <= attempt_) return;
   WorkerState& slot = workers_[request.rank()];
   if (request.step() + 1 > slot.steps_done) slot.steps_done = request.step() + 1;
   slot.last_progress = now_();

@@ -250,6 +250,7 @@ void NodeAgent::Relaunch(const WaitForStopResponse& restart) {
                                               : absl::StrCat(" (TORCHELASTIC_RESTART_COUNT=", restart_count_,
                                                              "; c10d store ", store_host_, ":", store_port_, ")")));
   StartWait(/*until_restart=*/false);
+  ReadSteps();  // the last attempt's last lines, as its steps, before its incarnation ends
   supervisor_->Relaunch(restart_count_);
 }
 

@@ -482,6 +482,38 @@ TEST_F(ThreeNodes, AgentHeartbeat_StepsOfItsOwnRanks_RecordedOnce_AsTheirProgres
   EXPECT_EQ(workers[3].steps_done, 0);
 }
 
+// An agent's backlog of the attempt that was restarted, arriving after the restart: its steps are kept
+// (steps.csv), but are no progress of the new attempt, whose hang check counts from its own first step.
+TEST_F(ThreeNodes, AgentHeartbeat_StepsOfARestartedAttempt_KeptButNoProgressOfTheNewOne) {
+  JoinBoth();
+  state_.SetWorld(CpuJob(2));
+  state_.Stop("rank 2 failed", "the launcher");
+  ASSERT_TRUE(state_.Restart().ok());
+  clock_.Advance(absl::Seconds(1));
+  AgentHeartbeatRequest h;
+  h.set_node_rank(1);
+  h.set_incarnation(5);
+  for (int incarnation : {1, 2}) {
+    ReportStepRequest& r = *h.add_steps();
+    r.set_rank(2);
+    r.set_step(incarnation == 1 ? 7 : 0);
+    r.set_incarnation(incarnation);
+  }
+  ASSERT_TRUE(state_.AgentHeartbeat(h).ok());
+  EXPECT_THAT(state_.Steps(), SizeIs(2));
+  EXPECT_EQ(state_.Workers()[2].steps_done, 1);  // attempt 1's step 0, not attempt 0's step 7
+  h.clear_steps();
+  ReportStepRequest& old = *h.add_steps();
+  old.set_rank(2);
+  old.set_step(8);
+  old.set_incarnation(1);
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(state_.AgentHeartbeat(h).ok());
+  EXPECT_THAT(state_.Steps(), SizeIs(3));
+  EXPECT_EQ(state_.Workers()[2].steps_done, 1);
+  EXPECT_EQ(state_.Workers()[2].last_progress, clock_.Now() - absl::Seconds(1));
+}
+
 // --- node 0's Supervisor over remote ranks ---
 
 class NodeZeroSupervisor : public ThreeNodes {
@@ -569,6 +601,28 @@ TEST_F(NodeZeroSupervisor, RemoteExitReportedBeforeSigterm_StaysTheRootCause) {
   EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
   EXPECT_THAT(supervisor_->root_cause(), HasSubstr("rank 2 (node 1 at 198.18.0.12"));
   EXPECT_THAT(supervisor_->root_cause(), HasSubstr("ValueError: bad batch at step 2 on rank 2 (train.py:41)"));
+}
+
+// The same with restarts left: the signal ends the run; the failure is its cause, and no restart follows.
+TEST_F(NodeZeroSupervisor, RemoteExitReportedBeforeSigterm_RestartsLeft_NoRestart) {
+  JobSpec job = CpuJob(2);
+  job.set_max_restarts(2);
+  StartWorld(job);
+  spawner_.SetExitOnSignal(true);
+  ASSERT_TRUE(state_.ReportWorkerExit(Exit(1, 2, 1)).ok());
+  supervisor_->Interrupt(SIGTERM, /*force=*/false);
+  clock_.Advance(absl::Milliseconds(600));  // past the stop notice: node 0's ranks get SIGTERM
+  Beat(1);
+  Beat(2);
+  EXPECT_FALSE(supervisor_->Tick());
+  ReportWorkerExitRequest stopped = Exit(2, 3, -1);
+  stopped.set_signal(SIGTERM);
+  ASSERT_TRUE(state_.ReportWorkerExit(stopped).ok());
+  EXPECT_TRUE(supervisor_->Tick());  // every rank gone: over, no restart
+  EXPECT_EQ(state_.attempt(), 0);
+  EXPECT_EQ(supervisor_->restarts(), 0);
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), HasSubstr("rank 2 (node 1 at 198.18.0.12"));
 }
 
 // A SIGTERM before any failure: the job stops by it (exit 143), and a remote exit that follows (the

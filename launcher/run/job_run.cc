@@ -443,13 +443,14 @@ bool JobRun::CheckpointAndStop(int signal, int node) {
 }
 
 // A program job's steps, as its ranks' `stagehand.step()` calls appended them since the last tick:
-// this host's ranks' (0.. on node 0, node-major); the agents send theirs with their heartbeats.
-void JobRun::ReadProgramSteps() {
+// this host's ranks' (0.. on node 0, node-major), as steps of `incarnation`; the agents send theirs
+// with their heartbeats.
+void JobRun::ReadProgramSteps(int64_t incarnation) {
   if (steps_reader_ == nullptr) {
     const int workers = options_.nodes > 1 ? options_.job.spec.workers() : state_.job().workers();
     steps_reader_ = std::make_unique<ProgramStepsReader>(options_.run_dir, 0, workers);
   }
-  for (ReportStepRequest& step : steps_reader_->Read(supervisor_->incarnation())) {
+  for (ReportStepRequest& step : steps_reader_->Read(incarnation)) {
     if (program_gpus_ != nullptr) {
       if (std::optional<StepTelemetry> t = program_gpus_->TakeStep(step.rank()))
         *step.mutable_telemetry() = *std::move(t);
@@ -477,8 +478,11 @@ bool JobRun::Tick() {
                         SignalText(term_signal_), term_at_));
     supervisor_->Interrupt(term_signal_, /*force=*/false);
   }
+  // The incarnation before the tick: a tick that begins a restart (every rank gone) has their last
+  // lines still to read, and the next attempt's ranks start only after the backoff, in a later tick.
+  const int64_t incarnation = supervisor_->incarnation();
   const bool over = supervisor_->Tick();
-  if (state_.job().program_size() > 0) ReadProgramSteps();
+  if (state_.job().program_size() > 0) ReadProgramSteps(incarnation);
   progress_.Update(state_);
   files_->AppendNew(state_, *supervisor_);
   return over;
@@ -493,7 +497,7 @@ void JobRun::Interrupt(int signal, bool force) {
 }
 
 JobRunEnd JobRun::Finish(int first_signal, absl::string_view note) {
-  if (state_.job().program_size() > 0) ReadProgramSteps();  // the last steps before the exits
+  if (state_.job().program_size() > 0) ReadProgramSteps(supervisor_->incarnation());  // the last steps before the exits
   progress_.Update(state_);
   progress_.Done();
   if (!note.empty()) listener_->Text(note);

@@ -129,7 +129,7 @@ class JobRun {
   // A program job: this host's ranks' steps files (ProgramStepsFile), read on every tick.
   std::unique_ptr<ProgramStepsReader> steps_reader_;
   std::unique_ptr<ProgramGpus> program_gpus_;  // a program job on GPUs: health gate and telemetry
-  void ReadProgramSteps();
+  void ReadProgramSteps(int64_t incarnation);
   std::unique_ptr<Files> files_;
   std::unique_ptr<Supervisor> supervisor_;
   Progress progress_;

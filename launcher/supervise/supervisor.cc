@@ -686,8 +686,8 @@ bool Supervisor::Tick() {
     waiting_restart_ = false;
     attempt_start_ = now_();
     for (Slot& s : slots_) s = Slot();
-    (void)Start();           // a failure to spawn is an incident, and the end of the run
-    state_->StartAttempt();  // several hosts: the agents start theirs now (this attempt's store is up)
+    // A failure to spawn is an incident, and the end of the run: the agents are not asked to start.
+    if (Start().ok() && !stopping_) state_->StartAttempt();  // several hosts: this attempt's store is up
     return false;
   }
   if (!agent()) {
@@ -731,6 +731,7 @@ void Supervisor::Relaunch(int64_t restart_count) {
 }
 
 void Supervisor::Interrupt(int signal, bool force) {
+  restarts_prevented_ = true;  // a signal ends the run, whatever stopped it first
   // A failure an agent reported before the signal came is its cause: srun --kill-on-bad-exit=1 sends
   // node 0 SIGTERM as soon as the agent of a failed rank exits, maybe before the tick that judges it.
   if (!stopping_) CheckRemote();

@@ -297,6 +297,21 @@ TEST_F(SupervisorTest, Tick_CrashWithARestartLeft_RespawnsANewerIncarnationThenG
   EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("signal 9"), HasSubstr("after 1 restart")));
 }
 
+// Ctrl-C while the others of a failed rank are being stopped: the run ends, restarts left or not, with
+// the failure as its cause.
+TEST_F(SupervisorTest, Interrupt_WhileAFailureStopsTheRun_NoRestart) {
+  Init(2, DEVICE_KIND_CPU, /*max_restarts=*/1);
+  StartAndRegisterAll();
+  spawner_.Kill(Pid(1), SIGKILL);
+  EXPECT_FALSE(supervisor_->Tick());
+  supervisor_->Interrupt(SIGINT, /*force=*/false);
+  spawner_.Exit(Pid(0), 1);
+  EXPECT_TRUE(TickAfter(kTick)) << "no restart after a signal";
+  EXPECT_THAT(spawner_.specs(), SizeIs(2));
+  EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
+  EXPECT_THAT(supervisor_->root_cause(), AllOf(HasSubstr("rank 1"), HasSubstr("signal 9")));
+}
+
 TEST_F(SupervisorTest, Tick_AfterFailure_TermsAfterStopNoticeAndKillsAfterGrace) {
   Init(3);
   StartAndRegisterAll();
