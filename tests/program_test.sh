@@ -94,6 +94,8 @@ timeout 120 "$launcher" --device=cpu --workers=2 --run_dir="$work/report" -- "$p
 grep -qE '^stagehand: step 5  loss 0\.3753  [0-9.]+ s' "$work/report.out" || fail "no progress line: $(grep stagehand "$work/report.out")"
 [ "$(grep -c '^[0-9]*,[01],0\.' "$work/report/steps.csv")" -eq 10 ] || fail "steps.csv: $(cat "$work/report/steps.csv")"
 grep -qE '"steps_done": "?5"?' "$work/report/report.json" || fail "report.json: $(head -c 300 "$work/report/report.json")"
+grep -A 3 "startup ledger" "$work/report.out" | grep -qE '^ +1 +[0-9]+\.[0-9]{3} +[0-9]+\.[0-9]{3}$' ||
+  fail "the ledger has no first step of rank 1: $(grep -A 3 "startup ledger" "$work/report.out")"
 
 step "a rank that stops reporting steps: hung, exit 3"
 set +e

@@ -564,6 +564,7 @@ void CoordinatorState::RecordProgramStepLocked(const ReportStepRequest& request)
   WorkerState& slot = workers_[request.rank()];
   if (request.step() + 1 > slot.steps_done) slot.steps_done = request.step() + 1;
   slot.last_progress = now_();
+  slot.milestones.emplace(MILESTONE_FIRST_STEP, slot.last_progress);  // when the launcher read it
 }
 
 int64_t CoordinatorState::RequestCheckpointAndStop() {

@@ -345,7 +345,8 @@ std::string StepsCsvRow(const ReportStepRequest& r, bool gpu_columns, bool eval_
                       incarnation_column ? absl::StrCat(",", r.incarnation()) : "", "\n");
 }
 
-absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, bool gpu, const std::string& path) {
+absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, bool gpu, bool program,
+                         const std::string& path) {
   auto gpu_only = [gpu](const std::optional<absl::Duration>& d) { return gpu ? Seconds(d) : std::string("n/a"); };
   std::string table = absl::StrCat("# launch_unix_micros=", absl::ToUnixMicros(launch), "\n");
   absl::StrAppend(&table, "rank\tspawned\tcuda_ready\tregistered\tnccl_ready\tfirst_step\n");
@@ -354,6 +355,17 @@ absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launc
                     "\t", gpu_only(l.nccl_ready), "\t", Seconds(l.first_step), "\n");
   }
   std::string out = "stagehand: startup ledger (seconds since launch)\n";
+  if (program) {
+    bool any_step = false;
+    absl::StrAppend(&out, absl::StrFormat("  %4s %8s %10s\n", "rank", "spawned", "first_step"));
+    for (const RankLedger& l : ledger) {
+      any_step = any_step || l.first_step.has_value();
+      absl::StrAppend(&out, absl::StrFormat("  %4d %8s %10s\n", l.rank, Seconds(l.spawned), Seconds(l.first_step)));
+    }
+    if (!any_step) absl::StrAppend(&out, "  (first_step: the program called no stagehand.step())\n");
+    std::fputs(out.c_str(), stdout);
+    return WriteFileAtomically(path, table);
+  }
   if (gpu) {
     absl::StrAppend(&out, absl::StrFormat("  %4s %8s %10s %10s %10s %10s\n", "rank", "spawned", "cuda_ready",
                                           "registered", "nccl_ready", "first_step"));

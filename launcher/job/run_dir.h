@@ -94,8 +94,11 @@ std::string StepsCsvRow(const ReportStepRequest& r, bool gpu_columns = false, bo
 
 // startup_ledger.tsv at `path` (seconds from launch to each milestone, per rank), written atomically,
 // and the same table printed on stdout. `gpu`: a CPU run has no CUDA context and no NCCL communicator,
-// so the file says n/a in those columns and the printed table leaves them out.
-absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, bool gpu, const std::string& path);
+// so the file says n/a in those columns and the printed table leaves them out. `program`: the ranks of
+// `launcher -- PROGRAM` neither register nor report CUDA or NCCL, so the printed table has the spawn and
+// the first `stagehand.step()` the launcher read (the file keeps every column).
+absl::Status WriteLedger(const std::vector<RankLedger>& ledger, absl::Time launch, bool gpu, bool program,
+                         const std::string& path);
 
 }  // namespace stagehand
 

@@ -502,6 +502,8 @@ TEST_F(ThreeNodes, AgentHeartbeat_StepsOfARestartedAttempt_KeptButNoProgressOfTh
   ASSERT_TRUE(state_.AgentHeartbeat(h).ok());
   EXPECT_THAT(state_.Steps(), SizeIs(2));
   EXPECT_EQ(state_.Workers()[2].steps_done, 1);  // attempt 1's step 0, not attempt 0's step 7
+  const absl::Time first_read = clock_.Now();    // the startup ledger's first_step: when it was read
+  EXPECT_EQ(state_.Workers()[2].milestones.at(MILESTONE_FIRST_STEP), first_read);
   h.clear_steps();
   ReportStepRequest& old = *h.add_steps();
   old.set_rank(2);
@@ -512,6 +514,7 @@ TEST_F(ThreeNodes, AgentHeartbeat_StepsOfARestartedAttempt_KeptButNoProgressOfTh
   EXPECT_THAT(state_.Steps(), SizeIs(3));
   EXPECT_EQ(state_.Workers()[2].steps_done, 1);
   EXPECT_EQ(state_.Workers()[2].last_progress, clock_.Now() - absl::Seconds(1));
+  EXPECT_EQ(state_.Workers()[2].milestones.at(MILESTONE_FIRST_STEP), first_read);
 }
 
 // --- node 0's Supervisor over remote ranks ---

@@ -507,7 +507,8 @@ JobRunEnd JobRun::Finish(int first_signal, absl::string_view note) {
   files.AppendNew(state_, *supervisor_);  // the reports that came with the last exits
   if (!files.any_error()) files.Error(files.steps().Close());
   const bool gpu = state_.job().device() == "cuda";
-  files.Error(WriteLedger(supervisor_->Ledger(), supervisor_->launch_time(), gpu, run_dir() + "/startup_ledger.tsv"));
+  files.Error(WriteLedger(supervisor_->Ledger(), supervisor_->launch_time(), gpu, state_.job().program_size() > 0,
+                          run_dir() + "/startup_ledger.tsv"));
   files.Error(WriteFileAtomically(run_dir() + "/trace.json", ChromeTrace(state_.Steps(), state_.job().workers())));
   // The verdict: a failed write of the results comes first (exit 5: the run directory is not what
   // the run did), then the supervisor's.
