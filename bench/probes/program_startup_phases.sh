@@ -25,7 +25,7 @@ phases() {  # WHO I
     torchrun) BENCH_T0=$(now) "$py" -m torch.distributed.run --standalone --nproc-per-node=1 \
             bench/probes/first_allreduce_phases.py >"$log" 2>&1 ;;
   esac
-  printf "%-14s %2s %s\n" "$1" "$2" "$(grep -o 'python.*' "$log" | head -n 1)"
+  printf "%-14s %2s %s\n" "$1" "$2" "$(grep -o 'phases rank 0 .*' "$log" | head -n 1)"
 }
 {
   echo "=== $(nvidia-smi --query-gpu=name,driver_version,persistence_mode --format=csv,noheader | head -n 1)"
