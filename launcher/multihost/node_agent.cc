@@ -203,7 +203,13 @@ void NodeAgent::FlushExits() {
 
 void NodeAgent::ReadSteps() {
   if (steps_ == nullptr) return;  // a job of ours: its workers report their steps themselves
-  for (ReportStepRequest& step : steps_->Read(supervisor_->incarnation())) unsent_steps_.push_back(std::move(step));
+  for (ReportStepRequest& step : steps_->Read(supervisor_->incarnation())) {
+    if (program_gpus_ != nullptr) {
+      if (std::optional<StepTelemetry> t = program_gpus_->TakeStep(step.rank() - joined_.first_rank()))
+        *step.mutable_telemetry() = *std::move(t);
+    }
+    unsent_steps_.push_back(std::move(step));
+  }
   constexpr size_t kMaxUnsent = 64 * kMaxStepsPerHeartbeat;  // node 0 unreachable for long: keep the newest
   if (unsent_steps_.size() > kMaxUnsent) unsent_steps_.erase(unsent_steps_.begin(), unsent_steps_.end() - kMaxUnsent);
 }
@@ -490,6 +496,19 @@ int RunAgent(const AgentLaunch& launch) {
                    ? launch.run_dir
                    : absl::StrCat("runs/", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()), "-",
                                   j.job().name(), "-", j.job_id(), "-node", launch.node.node_rank));
+  if (!o.program.empty()) {
+    // A program's ranks are not ours to instrument: this host's launcher reads their GPUs, as node
+    // 0's reads its own. A refusal ends this node before its ranks start (node 0 names the node).
+    absl::StatusOr<std::unique_ptr<ProgramGpus>> gpus =
+        ProgramGpus::Start(j.job(), o.gpus, [&](const std::string& line) {
+          Line(absl::StrCat("stagehand: node ", launch.node.node_rank, ": health: ", line));
+        });
+    if (!gpus.ok()) {
+      Line(absl::StrCat("stagehand: node ", launch.node.node_rank, ": health: ", Message(gpus.status())));
+      return kExitLaunchFailed;
+    }
+    agent.SetProgramGpus(*std::move(gpus));
+  }
   if (absl::Status s = PrepareRunDir(run_dir, launch.overwrite); !s.ok()) {
     Line(absl::StrCat("stagehand: ", Message(s)));
     return kExitLaunchFailed;  // node 0 sees this node's ranks never register

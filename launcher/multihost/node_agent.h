@@ -22,6 +22,7 @@
 #include "launcher/plan/devices.h"
 #include "launcher/multihost/nodes.h"
 #include "launcher/supervise/process.h"
+#include "launcher/supervise/program_gpus.h"
 #include "launcher/supervise/supervisor.h"
 
 namespace stagehand {
@@ -60,6 +61,10 @@ class NodeAgent {
   // The error is the coordinator's, with what to check.
   absl::Status Join();
   const RegisterAgentResponse& joined() const { return joined_; }
+  // A program job on GPUs: this host's readings of its ranks' GPUs (the health gate passed, a sampler
+  // per rank, program_gpus.h), whose per-step telemetry joins each step the agent sends to node 0, as
+  // node 0's launcher does for its own ranks. After Join, before Start.
+  void SetProgramGpus(std::unique_ptr<ProgramGpus> gpus) { program_gpus_ = std::move(gpus); }
   // Spawns this host's workers (after Join), their logs in `run_dir`, and starts the long poll.
   void Start(const std::string& run_dir);
   // One pass: the stop pushed, a heartbeat when due, exits reported, the supervisor; a program job's
@@ -128,6 +133,7 @@ class NodeAgent {
   std::string run_dir_;
   std::unique_ptr<ProgramStepsReader> steps_;  // a program job: its ranks' steps files
   std::vector<ReportStepRequest> unsent_steps_;
+  std::unique_ptr<ProgramGpus> program_gpus_;  // by local rank; null: no telemetry here
 
   absl::Mutex mu_;  // the long poll's answer comes on the client's thread
   std::optional<absl::StatusOr<WaitForStopResponse>> pushed_ ABSL_GUARDED_BY(mu_);

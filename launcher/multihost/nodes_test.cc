@@ -29,7 +29,9 @@
 #include "launcher/supervise/fake_process.h"
 #include "launcher/multihost/node_agent.h"
 #include "launcher/multihost/nodes.h"
+#include "launcher/supervise/program_gpus.h"
 #include "launcher/supervise/supervisor.h"
+#include "telemetry/fake_gpu_monitor.h"
 
 namespace stagehand {
 namespace {
@@ -1229,6 +1231,49 @@ TEST_F(AgentTest, ProgramSteps_GoToNodeZeroWithTheHeartbeats_TheLastOnesBeforeTh
   ASSERT_EQ(client.last_heartbeat().steps_size(), 1);
   EXPECT_EQ(client.last_heartbeat().steps(0).step(), 2);
   ASSERT_THAT(client.exits(), SizeIs(1));
+  for (const char* f : {"/rank2.steps", "/rank3.steps"}) unlink((dir + f).c_str());
+  rmdir(dir.c_str());
+}
+
+// A program job on GPUs: the agent's readings of its own ranks' GPUs join the steps it sends,
+// by local rank (rank 2 is this host's first GPU, rank 3 its second).
+TEST_F(AgentTest, ProgramSteps_CarryThisHostsGpuTelemetry_ByLocalRank) {
+  const std::string dir = FreshDir("agent_gpu_steps");
+  FakeAgentClient client(ProgramJoined(0));
+  std::vector<std::string> lines;
+  NodeAgent agent(&client, &spawner_, ProgramAgent(&lines), clock_.AsFunction());
+  ASSERT_TRUE(agent.Join().ok());
+  JobSpec job;
+  job.set_device("cuda");
+  job.set_health("off");
+  job.set_telemetry(true);
+  std::vector<GpuInfo> gpus(2);
+  gpus[0].uuid = "GPU-a";
+  gpus[1].uuid = "GPU-b";
+  auto open = [](const std::string& uuid) -> absl::StatusOr<std::unique_ptr<GpuMonitor>> {
+    GpuSample s;
+    s.set_sm_mhz(uuid == "GPU-a" ? 1980 : 1500);
+    s.set_power_w(300);
+    return std::unique_ptr<GpuMonitor>(new FakeGpuMonitor({s}, GpuHealth()));
+  };
+  absl::StatusOr<std::unique_ptr<ProgramGpus>> sampled = ProgramGpus::Start(
+      job, gpus, open, [](const std::string&) {}, absl::Milliseconds(1));
+  ASSERT_TRUE(sampled.ok()) << sampled.status();
+  ASSERT_TRUE((*sampled)->AwaitSamples(1, absl::Seconds(10)));
+  agent.SetProgramGpus(*std::move(sampled));
+  agent.Start(dir);
+  std::ofstream(dir + "/rank2.steps") << "step=0 seconds=0.5 loss=2.5\n";
+  std::ofstream(dir + "/rank3.steps") << "step=0 seconds=0.5 loss=2.5\n";
+  EXPECT_FALSE(agent.Tick());
+  clock_.Advance(kAgentHeartbeatInterval);
+  EXPECT_FALSE(agent.Tick());
+  AgentHeartbeatRequest h = client.last_heartbeat();
+  ASSERT_EQ(h.steps_size(), 2);
+  for (const ReportStepRequest& step : h.steps()) {
+    ASSERT_TRUE(step.has_telemetry()) << step.rank();
+    EXPECT_GT(step.telemetry().samples(), 0);
+    EXPECT_EQ(step.telemetry().sm_mhz_mean(), step.rank() == 2 ? 1980 : 1500);
+  }
   for (const char* f : {"/rank2.steps", "/rank3.steps"}) unlink((dir + f).c_str());
   rmdir(dir.c_str());
 }

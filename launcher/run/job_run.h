@@ -20,7 +20,7 @@
 #include "launcher/job/job.h"
 #include "launcher/multihost/nodes.h"
 #include "launcher/supervise/process.h"
-#include "launcher/run/program_gpus.h"
+#include "launcher/supervise/program_gpus.h"
 #include "launcher/run/progress.h"
 #include "launcher/run/report.h"
 #include "launcher/supervise/supervisor.h"

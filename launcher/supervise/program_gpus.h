@@ -3,8 +3,8 @@
 // not ours to instrument, so the launcher takes both for them: the health gate before any rank
 // starts, and one sampler per rank's GPU whose summary joins each step the rank reports through
 // `stagehand.step()` (steps.csv, report.json and trace.json, as for a job of ours).
-#ifndef STAGEHAND_LAUNCHER_RUN_PROGRAM_GPUS_H_
-#define STAGEHAND_LAUNCHER_RUN_PROGRAM_GPUS_H_
+#ifndef STAGEHAND_LAUNCHER_SUPERVISE_PROGRAM_GPUS_H_
+#define STAGEHAND_LAUNCHER_SUPERVISE_PROGRAM_GPUS_H_
 
 #include <functional>
 #include <memory>
@@ -44,6 +44,8 @@ class ProgramGpus {
   std::optional<StepTelemetry> TakeStep(int rank);
 
   int sampled() const;  // ranks with a sampler
+  // Whether every sampler has taken `count` samples within `timeout` (for tests).
+  bool AwaitSamples(int count, absl::Duration timeout) const;
 
  private:
   std::vector<std::unique_ptr<TelemetrySampler>> samplers_;  // by rank; null: not sampled
@@ -51,4 +53,4 @@ class ProgramGpus {
 
 }  // namespace stagehand
 
-#endif  // STAGEHAND_LAUNCHER_RUN_PROGRAM_GPUS_H_
+#endif  // STAGEHAND_LAUNCHER_SUPERVISE_PROGRAM_GPUS_H_

@@ -1,5 +1,5 @@
 // The launcher's readings of a program job's GPUs (program_gpus.h).
-#include "launcher/run/program_gpus.h"
+#include "launcher/supervise/program_gpus.h"
 
 #include <utility>
 
@@ -75,6 +75,14 @@ int ProgramGpus::sampled() const {
   int n = 0;
   for (const auto& s : samplers_) n += s != nullptr;
   return n;
+}
+
+bool ProgramGpus::AwaitSamples(int count, absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (const auto& s : samplers_) {
+    if (s != nullptr && !s->AwaitSamples(count, deadline - absl::Now())) return false;
+  }
+  return true;
 }
 
 }  // namespace stagehand

@@ -1,6 +1,6 @@
 // A program job's GPUs read by the launcher: the health gate before any rank starts, a sampler per
 // rank whose summary joins the rank's steps; fake monitors, no GPU.
-#include "launcher/run/program_gpus.h"
+#include "launcher/supervise/program_gpus.h"
 
 #include <string>
 #include <vector>
