@@ -10,6 +10,7 @@
 #include <cerrno>
 
 #include <fstream>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -364,6 +365,13 @@ ReportWorkerExitRequest Exit(int node, int rank, int exit_code, int64_t restart_
   return e;
 }
 
+// A rank of an agent's stopped by the job's SIGTERM.
+ReportWorkerExitRequest StoppedBySigterm(int node, int rank) {
+  ReportWorkerExitRequest e = Exit(node, rank, -1);
+  e.set_signal(SIGTERM);
+  return e;
+}
+
 // An agent's long poll, kept for the test to look at.
 struct StopAnswer {
   absl::Mutex mu;
@@ -542,6 +550,14 @@ class NodeZeroSupervisor : public ThreeNodes {
     h.set_incarnation(5);
     ASSERT_TRUE(state_.AgentHeartbeat(h).ok());
   }
+  // Past the stop notice, node 0's ranks get SIGTERM (and exit by it: SetExitOnSignal) while the
+  // `beating` agents stay alive; then node 2's rank 3 reports its exit by SIGTERM: every rank is gone.
+  void StopNoticeThenNodeTwoStopped(std::initializer_list<int> beating = {1, 2}) {
+    clock_.Advance(absl::Milliseconds(600));
+    for (int node : beating) Beat(node);
+    EXPECT_FALSE(supervisor_->Tick());
+    ASSERT_TRUE(state_.ReportWorkerExit(StoppedBySigterm(2, 3)).ok());
+  }
   FakeProcessSpawner spawner_;
   std::unique_ptr<Supervisor> supervisor_;
 };
@@ -616,13 +632,7 @@ TEST_F(NodeZeroSupervisor, RemoteExitReportedBeforeSigterm_RestartsLeft_NoRestar
   spawner_.SetExitOnSignal(true);
   ASSERT_TRUE(state_.ReportWorkerExit(Exit(1, 2, 1)).ok());
   supervisor_->Interrupt(SIGTERM, /*force=*/false);
-  clock_.Advance(absl::Milliseconds(600));  // past the stop notice: node 0's ranks get SIGTERM
-  Beat(1);
-  Beat(2);
-  EXPECT_FALSE(supervisor_->Tick());
-  ReportWorkerExitRequest stopped = Exit(2, 3, -1);
-  stopped.set_signal(SIGTERM);
-  ASSERT_TRUE(state_.ReportWorkerExit(stopped).ok());
+  StopNoticeThenNodeTwoStopped();
   EXPECT_TRUE(supervisor_->Tick());  // every rank gone: over, no restart
   EXPECT_EQ(state_.attempt(), 0);
   EXPECT_EQ(supervisor_->restarts(), 0);
@@ -707,18 +717,12 @@ TEST_F(NodeZeroSupervisor, RemoteRankFails_RestartsLeft_EveryNodeStartsTheNextAt
   ASSERT_TRUE(state_.ReportWorkerExit(e).ok());
   EXPECT_FALSE(supervisor_->Tick());
   EXPECT_TRUE(state_.stopping());
-  clock_.Advance(absl::Milliseconds(600));  // past the stop notice: node 0's ranks get SIGTERM
-  Beat(1);
-  Beat(2);
-  EXPECT_FALSE(supervisor_->Tick());
-  ReportWorkerExitRequest stopped = Exit(2, 3, -1);
-  stopped.set_signal(SIGTERM);
-  ASSERT_TRUE(state_.ReportWorkerExit(stopped).ok());
+  StopNoticeThenNodeTwoStopped();
   EXPECT_FALSE(supervisor_->Tick());  // every rank gone: the restart begins
   EXPECT_EQ(state_.attempt(), 1);
   EXPECT_FALSE(state_.stopping());
-  EXPECT_FALSE(wait.Get().has_value());                // the backoff first
-  ASSERT_TRUE(state_.ReportWorkerExit(stopped).ok());  // attempt 0's, repeated: not judged again
+  EXPECT_FALSE(wait.Get().has_value());                               // the backoff first
+  ASSERT_TRUE(state_.ReportWorkerExit(StoppedBySigterm(2, 3)).ok());  // attempt 0's, repeated: not judged again
   clock_.Advance(absl::Milliseconds(1000));
   Beat(1);
   Beat(2);
@@ -744,12 +748,7 @@ TEST_F(NodeZeroSupervisor, NodeLost_RestartsLeft_NoRestart) {
   spawner_.SetExitOnSignal(true);
   state_.AgentDisconnected(1, 5);
   EXPECT_FALSE(supervisor_->Tick());
-  clock_.Advance(absl::Milliseconds(600));
-  Beat(2);
-  EXPECT_FALSE(supervisor_->Tick());
-  ReportWorkerExitRequest stopped = Exit(2, 3, -1);
-  stopped.set_signal(SIGTERM);
-  ASSERT_TRUE(state_.ReportWorkerExit(stopped).ok());
+  StopNoticeThenNodeTwoStopped(/*beating=*/{2});  // node 1 is lost
   EXPECT_TRUE(supervisor_->Tick());
   EXPECT_EQ(state_.attempt(), 0);
   EXPECT_EQ(supervisor_->exit_code(), kExitWorkerFailed);
